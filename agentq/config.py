@@ -1,0 +1,226 @@
+"""Settings: every environment variable agentq reads, each with a default and a line of
+documentation, read once into one frozen object.
+
+The names in DESIGN.md's table are a public contract; the others are ours to add.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from agentq.errors import ConfigError
+
+MAX_ITERATIONS_CEILING = 200  # seed 002's guard: no configuration may go past it
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("AGENTQ_HOME") or Path.cwd() / ".agentq")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- storage and transport -------------------------------------------------------
+    database_url: str
+    """AGENTQ_DATABASE_URL: SQLAlchemy URL; default an embedded SQLite file in AGENTQ_HOME."""
+    broker_url: str
+    """AGENTQ_BROKER_URL: Celery broker; default `memory://` (in-process broker and worker)."""
+    result_backend_url: str
+    """AGENTQ_RESULT_BACKEND_URL: Celery result backend (chords); follows a Redis broker;
+    a SQLite file in AGENTQ_HOME with the embedded broker."""
+    home: Path
+    """AGENTQ_HOME: where the embedded defaults keep their files; default ./.agentq."""
+    tool_join: str = "chord"
+    """AGENTQ_TOOL_JOIN: how a turn's tool calls join into the next step: `chord` (a Celery
+    chord on the Redis result backend, with an error callback) or `database` (the tool task
+    that stores the last result enqueues the step). Default: chord with a Redis backend,
+    database otherwise (Celery's chords do not join in an in-process worker)."""
+
+    # --- the model ------------------------------------------------------------------
+    model: str = "gpt-4o-mini"
+    """AGENTQ_MODEL: default model when the persona names none."""
+    fallback_models: tuple[str, ...] = ()
+    """AGENTQ_FALLBACK_MODELS: comma-separated models tried, in order, when the first fails."""
+    llm_timeout_s: float = 30.0
+    """AGENTQ_LLM_TIMEOUT_S: one model call's timeout."""
+    llm_retries: int = 3
+    """AGENTQ_LLM_RETRIES: retries of one model on 429, 5xx, timeouts, connection errors."""
+    llm_retry_base_s: float = 0.5
+    """AGENTQ_LLM_RETRY_BASE_S: first backoff; doubles each retry, with full jitter."""
+    llm_retry_max_s: float = 8.0
+    """AGENTQ_LLM_RETRY_MAX_S: the longest single backoff."""
+
+    # --- the loop -------------------------------------------------------------------
+    max_iterations: int = 10
+    """AGENTQ_MAX_ITERATIONS: model calls one job may make (1..200)."""
+    guest_monthly_tokens: int = 5000
+    """AGENTQ_GUEST_MONTHLY_TOKENS: a new guest's monthly token budget."""
+    budget_period_days: int = 30
+    """AGENTQ_BUDGET_PERIOD_DAYS: length of a budget period."""
+    tool_result_max_chars: int = 8000
+    """AGENTQ_TOOL_RESULT_MAX_CHARS: a tool result longer than this is cut with a marker."""
+    context_max_tokens: int = 6000
+    """AGENTQ_CONTEXT_MAX_TOKENS: token budget of the history window sent to the model."""
+    history_max_messages: int = 200
+    """AGENTQ_HISTORY_MAX_MESSAGES: most messages a turn reads from the history."""
+    default_guest_modules: tuple[str, ...] = ("math", "time", "files", "code")
+    """AGENTQ_DEFAULT_MODULES: modules offered when no persona applies."""
+    default_system_prompt: str = (
+        "You are a helpful assistant. Use the tools offered when they help; "
+        "answer plainly when they do not."
+    )
+    """AGENTQ_SYSTEM_PROMPT: system prompt when no persona applies."""
+
+    # --- tools ----------------------------------------------------------------------
+    slow_modules: tuple[str, ...] = ("code",)
+    """AGENTQ_SLOW_MODULES: modules that run on tools.slow.<module> with the slow limits."""
+    tool_time_limit_s: float = 30.0
+    """AGENTQ_TOOL_TIME_LIMIT_S: default time limit of one tool attempt."""
+    slow_tool_time_limit_s: float = 120.0
+    """AGENTQ_SLOW_TOOL_TIME_LIMIT_S: default time limit of one attempt of a slow tool."""
+
+    # --- durability -----------------------------------------------------------------
+    step_deadline_s: float = 300.0
+    """AGENTQ_STEP_DEADLINE_S: a job not advanced for this long is re-driven by the sweeper."""
+    sweep_interval_s: float = 30.0
+    """AGENTQ_SWEEP_INTERVAL_S: how often the sweeper runs."""
+    max_redrives: int = 3
+    """AGENTQ_MAX_REDRIVES: re-drives of one step before the job ends failed."""
+    result_expires_s: int = 2 * 24 * 3600
+    """AGENTQ_RESULT_EXPIRES_S: how long the result backend keeps task results (>= a day)."""
+
+    # --- processes ------------------------------------------------------------------
+    orchestrator_concurrency: int = 200
+    """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads per orchestrator process (model calls in flight)."""
+    tools_concurrency: int = 8
+    """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
+    slow_tools_concurrency: int = 2
+    """AGENTQ_SLOW_TOOLS_CONCURRENCY: processes per slow tools worker."""
+    db_pool_size: int = 10
+    """AGENTQ_DB_POOL_SIZE: database connections kept per process."""
+    public_url: str = "http://localhost:5000"
+    """AGENTQ_PUBLIC_URL: the API's address as clients see it (file URLs)."""
+    port: int = 5000
+    """PORT: the web process's port (Procfile convention)."""
+    log_level: str = "INFO"
+    """AGENTQ_LOG_LEVEL: log level of every process."""
+
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url.startswith("memory://")
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        home = _home(env)
+        database_url = env.get("AGENTQ_DATABASE_URL") or f"sqlite:///{home / 'agentq.db'}"
+        broker_url = env.get("AGENTQ_BROKER_URL") or "memory://"
+        backend = env.get("AGENTQ_RESULT_BACKEND_URL") or _backend_for(broker_url, home)
+
+        def num(name: str, default, kind=int, lo=None, hi=None):
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ConfigError(name, f"expected a {kind.__name__}, got {raw!r}") from None
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise ConfigError(name, f"{value} is outside {lo}..{hi}")
+            return value
+
+        def names(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+            raw = env.get(name)
+            if raw is None:
+                return default
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+        tool_join = env.get("AGENTQ_TOOL_JOIN") or (
+            "chord" if backend.startswith(("redis://", "rediss://")) else "database")
+        if tool_join not in ("chord", "database"):
+            raise ConfigError("AGENTQ_TOOL_JOIN", f"expected chord or database, got {tool_join!r}")
+        return cls(
+            database_url=database_url,
+            tool_join=tool_join,
+            broker_url=broker_url,
+            result_backend_url=backend,
+            home=home,
+            model=env.get("AGENTQ_MODEL") or cls.model,
+            fallback_models=names("AGENTQ_FALLBACK_MODELS", ()),
+            llm_timeout_s=num("AGENTQ_LLM_TIMEOUT_S", cls.llm_timeout_s, float, 0.1),
+            llm_retries=num("AGENTQ_LLM_RETRIES", cls.llm_retries, int, 0, 10),
+            llm_retry_base_s=num("AGENTQ_LLM_RETRY_BASE_S", cls.llm_retry_base_s, float, 0),
+            llm_retry_max_s=num("AGENTQ_LLM_RETRY_MAX_S", cls.llm_retry_max_s, float, 0),
+            max_iterations=num("AGENTQ_MAX_ITERATIONS", cls.max_iterations, int, 1,
+                               MAX_ITERATIONS_CEILING),
+            guest_monthly_tokens=num("AGENTQ_GUEST_MONTHLY_TOKENS", cls.guest_monthly_tokens,
+                                     int, 0),
+            budget_period_days=num("AGENTQ_BUDGET_PERIOD_DAYS", cls.budget_period_days, int, 1),
+            tool_result_max_chars=num("AGENTQ_TOOL_RESULT_MAX_CHARS",
+                                      cls.tool_result_max_chars, int, 100),
+            context_max_tokens=num("AGENTQ_CONTEXT_MAX_TOKENS", cls.context_max_tokens, int, 100),
+            history_max_messages=num("AGENTQ_HISTORY_MAX_MESSAGES", cls.history_max_messages,
+                                     int, 1),
+            default_guest_modules=names("AGENTQ_DEFAULT_MODULES", cls.default_guest_modules),
+            default_system_prompt=env.get("AGENTQ_SYSTEM_PROMPT") or cls.default_system_prompt,
+            slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
+            tool_time_limit_s=num("AGENTQ_TOOL_TIME_LIMIT_S", cls.tool_time_limit_s, float, 0.1),
+            slow_tool_time_limit_s=num("AGENTQ_SLOW_TOOL_TIME_LIMIT_S",
+                                       cls.slow_tool_time_limit_s, float, 0.1),
+            step_deadline_s=num("AGENTQ_STEP_DEADLINE_S", cls.step_deadline_s, float, 1),
+            sweep_interval_s=num("AGENTQ_SWEEP_INTERVAL_S", cls.sweep_interval_s, float, 0.5),
+            max_redrives=num("AGENTQ_MAX_REDRIVES", cls.max_redrives, int, 0, 100),
+            result_expires_s=num("AGENTQ_RESULT_EXPIRES_S", cls.result_expires_s, int, 86400),
+            orchestrator_concurrency=num("AGENTQ_ORCHESTRATOR_CONCURRENCY",
+                                         cls.orchestrator_concurrency, int, 1, 5000),
+            tools_concurrency=num("AGENTQ_TOOLS_CONCURRENCY", cls.tools_concurrency, int, 1),
+            slow_tools_concurrency=num("AGENTQ_SLOW_TOOLS_CONCURRENCY",
+                                       cls.slow_tools_concurrency, int, 1),
+            db_pool_size=num("AGENTQ_DB_POOL_SIZE", cls.db_pool_size, int, 1),
+            public_url=(env.get("AGENTQ_PUBLIC_URL")
+                        or f"http://localhost:{env.get('PORT') or 5000}").rstrip("/"),
+            port=num("PORT", cls.port, int, 1, 65535),
+            log_level=(env.get("AGENTQ_LOG_LEVEL") or cls.log_level).upper(),
+            extra={k: v for k, v in env.items() if k.startswith("AGENTQ_")},
+        )
+
+
+def _backend_for(broker_url: str, home: Path) -> str:
+    if broker_url.startswith(("redis://", "rediss://")):
+        return broker_url
+    if broker_url.startswith("memory://"):
+        # Not cache+memory://: Celery keeps one backend per thread, and an in-memory cache
+        # per thread loses chord counts between the worker's threads.
+        return f"db+sqlite:///{home / 'results.db'}"  # kept for task states; not for joins
+    # RabbitMQ and others: chords need a backend that counts; Postgres through SQLAlchemy
+    # would work, but Redis is what DESIGN names; make the operator choose.
+    raise ConfigError("AGENTQ_RESULT_BACKEND_URL",
+                      f"set it explicitly for broker {broker_url.split('://')[0]}://")
+
+
+_settings: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process's settings, read from the environment on first use."""
+    global _settings
+    if _settings is None:
+        _settings = Settings.from_env()
+    return _settings
+
+
+def set_settings(settings: Settings | None) -> None:
+    """Replace the process's settings (tests, the embedded runner)."""
+    global _settings
+    _settings = settings

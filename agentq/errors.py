@@ -1,0 +1,156 @@
+"""One tree of errors, with fields, not only messages.
+
+`AgentqError` is the root. `ClientError`s are rendered by the API as
+`{"error": {"code", "message", "details"}}` with their `status`; everything else that reaches
+the API boundary is a 500 with a generic message (the details go to the log).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentqError(Exception):
+    code = "internal_error"
+
+    def __init__(self, message: str, **details: Any):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class ConfigError(AgentqError):
+    code = "config_error"
+
+    def __init__(self, variable: str, problem: str):
+        super().__init__(f"{variable}: {problem}", variable=variable)
+        self.variable = variable
+
+
+class ManifestError(AgentqError):
+    """A tool module's manifest is wrong; raised at import, says what to fix."""
+    code = "manifest_error"
+
+    def __init__(self, module: str, problem: str):
+        super().__init__(f"tool module {module!r}: {problem}", module=module)
+        self.module = module
+
+
+# --- client errors (4xx at the API boundary) -------------------------------------------
+
+class ClientError(AgentqError):
+    status = 400
+    code = "bad_request"
+
+
+class ValidationFailed(ClientError):
+    status = 422
+    code = "validation_error"
+
+    def __init__(self, fields: dict[str, Any], message: str = "The request is not valid."):
+        super().__init__(message, fields=fields)
+        self.fields = fields
+
+
+class Unauthorized(ClientError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ClientError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ClientError):
+    status = 404
+    code = "not_found"
+
+    def __init__(self, kind: str, ident: str):
+        super().__init__(f"No {kind} with id {ident}.", kind=kind, id=ident)
+
+
+class Conflict(ClientError):
+    status = 409
+    code = "conflict"
+
+
+class UnsupportedMediaType(ClientError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+# --- loop errors: end a job, never a worker --------------------------------------------
+
+class JobError(AgentqError):
+    code = "job_error"
+
+
+class BudgetExceeded(JobError):
+    code = "budget_exceeded"
+
+    def __init__(self, used: int, limit: int):
+        super().__init__(f"Monthly token budget used up: {used} of {limit} tokens.",
+                         used=used, limit=limit)
+        self.used, self.limit = used, limit
+
+
+class ProviderError(JobError):
+    """Every model in the chain failed."""
+    code = "provider_error"
+
+    def __init__(self, message: str, attempts: list[dict[str, Any]] | None = None):
+        super().__init__(message, attempts=attempts or [])
+        self.attempts = attempts or []
+
+
+class ProviderTimeout(ProviderError):
+    code = "provider_timeout"
+
+    def __init__(self, timeout_s: float, model: str):
+        super().__init__(f"Model {model} did not answer within {timeout_s:g} s.")
+        self.timeout_s, self.model = timeout_s, model
+
+
+# --- tool errors: data for the model, not exceptions for us --------------------------
+
+class ToolError(AgentqError):
+    """Raised inside tool execution; turned into ToolResult(ok=False) for the model."""
+    code = "tool_error"
+    retryable = True
+
+
+class ToolNotFound(ToolError):
+    code = "tool_not_found"
+    retryable = False
+
+    def __init__(self, name: str):
+        super().__init__(f"No tool named {name!r}.", name=name)
+        self.name = name
+
+
+class ToolNotPermitted(ToolError):
+    code = "tool_not_permitted"
+    retryable = False
+
+    def __init__(self, name: str, required: str, level: str):
+        super().__init__(f"Tool {name!r} needs permission {required!r}; caller is {level!r}.",
+                         name=name, required=required, level=level)
+
+
+class ToolArgumentsInvalid(ToolError):
+    code = "invalid_arguments"
+    retryable = False
+
+    def __init__(self, name: str, problems: list[str]):
+        super().__init__(f"Invalid arguments for {name}: " + "; ".join(problems),
+                         name=name, problems=problems)
+        self.problems = problems
+
+
+class ToolTimeout(ToolError):
+    code = "tool_timeout"
+
+    def __init__(self, name: str, timeout_s: float):
+        super().__init__(f"Tool {name} did not finish within {timeout_s:g} s.",
+                         name=name, timeout_s=timeout_s)
+        self.timeout_s = timeout_s

@@ -1,0 +1,448 @@
+"""One model call, made durable: retries per model, then the next model of the chain.
+
+`LLMRouter.chat` speaks the Chat Completions API of any OpenAI-compatible server through the
+official SDK (with the SDK's own retries off: tenacity does them, so that every failed
+attempt is seen, logged and recorded). Replies are parsed from the raw JSON body, not the
+SDK's models, because real servers are quirky: null content, arguments that are not JSON,
+missing ids, missing usage, the legacy `function_call`.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import struct
+import time
+import uuid
+from functools import partial
+from typing import Any, Callable, Iterable, TypeVar
+
+import openai
+from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
+                      wait_random_exponential)
+
+from agentq.config import Settings
+from agentq.errors import ProviderError, ProviderTimeout
+from agentq.llm.names import NameMap
+from agentq.llm.types import LLMReply, StopReason, ToolCallRequest, ToolSpec
+
+log = logging.getLogger(__name__)
+
+EMBEDDING_MODEL_ENV = "AGENTQ_EMBEDDING_MODEL"
+DEFAULT_EMBEDDING_MODEL = "text-embedding-3-small"
+CHARS_PER_TOKEN = 4
+"""Token estimate when a server sends no usage: ceil(characters / CHARS_PER_TOKEN)."""
+ERROR_TEXT_MAX_CHARS = 300
+GENERATED_ID_HEX_CHARS = 24
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+RETRYABLE_4XX_STATUSES = frozenset({408, 429})
+
+_SECRET_RE = re.compile(r"\b(sk-|Bearer\s+)[A-Za-z0-9_.*-]{4,}")
+T = TypeVar("T")
+
+
+class _BadResponse(Exception):
+    """A 2xx answer we cannot use (not JSON, no choices, no embedding)."""
+
+    def __init__(self, message: str, status: int, retryable: bool):
+        super().__init__(message)
+        self.status, self.retryable = status, retryable
+
+
+_FAILURES = (openai.OpenAIError, _BadResponse)
+
+
+# --- errors -----------------------------------------------------------------------------
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, _BadResponse):
+        return exc.retryable
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in RETRYABLE_4XX_STATUSES
+    return False
+
+
+def _retry_after_s(exc: BaseException | None) -> float | None:
+    """The server's `retry-after-ms` / `retry-after` (seconds) on a 429 or 503, if any."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code not in RETRY_AFTER_STATUSES:
+        return None
+    headers = exc.response.headers
+    for header, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(header)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) / divisor
+        except ValueError:
+            continue  # an HTTP date: not honoured, the backoff applies
+        if math.isfinite(value) and value >= 0:
+            return value
+    return None
+
+
+def _status(exc: BaseException) -> int | None:
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code
+    if isinstance(exc, _BadResponse):
+        return exc.status
+    return None
+
+
+def _error_text(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, openai.APITimeoutError):
+        text = f"timeout: no answer within {timeout_s:g} s"
+    elif isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        text = f"connection error: {type(cause).__name__ if cause else ''} {cause or exc}"
+    elif isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        message = body.get("message") if isinstance(body.get("message"), str) else exc.message
+        text = f"{type(exc).__name__}: {message}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return _SECRET_RE.sub(r"\1***", " ".join(text.split()))[:ERROR_TEXT_MAX_CHARS]
+
+
+# --- the request ------------------------------------------------------------------------
+
+def _history_tool_names(messages: Iterable[dict[str, Any]]) -> Iterable[str]:
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                yield function["name"]
+        legacy = message.get("function_call")
+        if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
+            yield legacy["name"]
+        if message.get("role") in ("tool", "function") and isinstance(message.get("name"), str):
+            yield message["name"]
+
+
+def _api_function(function: dict[str, Any], names: NameMap) -> dict[str, Any]:
+    mapped = dict(function)
+    if isinstance(mapped.get("name"), str):
+        mapped["name"] = names.api(mapped["name"])
+    arguments = mapped.get("arguments")
+    if isinstance(arguments, (dict, list)):
+        mapped["arguments"] = json.dumps(arguments, ensure_ascii=False)
+    elif arguments is None and "arguments" in mapped:
+        mapped["arguments"] = ""
+    return mapped
+
+
+def _api_messages(messages: list[dict[str, Any]], names: NameMap) -> list[dict[str, Any]]:
+    """A copy of `messages` with our tool names turned into API names (inputs untouched)."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            out.append(message)
+            continue
+        mapped = dict(message)
+        if message.get("tool_calls"):
+            mapped["tool_calls"] = [
+                {**call, "function": _api_function(call["function"], names)}
+                if isinstance(call, dict) and isinstance(call.get("function"), dict) else call
+                for call in message["tool_calls"]
+            ]
+        if isinstance(message.get("function_call"), dict):
+            mapped["function_call"] = _api_function(message["function_call"], names)
+        if message.get("role") in ("tool", "function") and isinstance(message.get("name"), str):
+            mapped["name"] = names.api(message["name"])
+        out.append(mapped)
+    return out
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join((p.get("text") or "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def _request_chars(params: dict[str, Any]) -> int:
+    chars = len(json.dumps(params["tools"])) if params.get("tools") else 0
+    for message in params["messages"]:
+        if isinstance(message, dict):
+            chars += len(_text(message.get("content")))
+            for call in message.get("tool_calls") or ():
+                function = (call.get("function") or {}) if isinstance(call, dict) else {}
+                chars += len(str(function.get("name") or ""))
+                chars += len(str(function.get("arguments") or ""))
+    return chars
+
+
+def _estimate_tokens(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+# --- the reply --------------------------------------------------------------------------
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+               bool: "boolean", type(None): "null"}
+
+
+def _not_an_object(value: Any) -> str:
+    return f"arguments must be a JSON object, got {_JSON_TYPES.get(type(value), 'a value')}"
+
+
+def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str, str | None]:
+    """(arguments, raw_arguments, arguments_error) from what the server sent."""
+    if raw is None:
+        return {}, "", None
+    if isinstance(raw, dict):  # some servers send an object, not a string
+        return raw, json.dumps(raw, ensure_ascii=False), None
+    if not isinstance(raw, str):
+        return None, json.dumps(raw), _not_an_object(raw)
+    if not raw.strip():
+        return {}, raw, None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return None, raw, f"arguments are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, raw, _not_an_object(value)
+    return value, raw, None
+
+
+def _generated_id() -> str:
+    return f"call_{uuid.uuid4().hex[:GENERATED_ID_HEX_CHARS]}"
+
+
+def _tool_call(call: dict[str, Any], names: NameMap) -> ToolCallRequest:
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    arguments, raw, error = _arguments(function.get("arguments"))
+    call_id = call.get("id")
+    return ToolCallRequest(
+        id=call_id if isinstance(call_id, str) and call_id else _generated_id(),
+        name=names.ours(str(function.get("name") or "")),
+        arguments=arguments, raw_arguments=raw, arguments_error=error,
+    )
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    return None
+
+
+def _parse_chat(data: dict[str, Any], requested_model: str, names: NameMap,
+                params: dict[str, Any]) -> LLMReply:
+    choice = data["choices"][0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    content = _text(message.get("content"))
+    calls = tuple(_tool_call(c, names) for c in message.get("tool_calls") or ()
+                  if isinstance(c, dict))
+    if not calls and isinstance(message.get("function_call"), dict):
+        calls = (_tool_call({"function": message["function_call"]}, names),)
+    stop: StopReason = ("tool_use" if calls
+                        else "max_tokens" if choice.get("finish_reason") == "length"
+                        else "end_turn")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    estimated = input_tokens is None or output_tokens is None
+    if input_tokens is None:
+        input_tokens = _estimate_tokens(_request_chars(params))
+    if output_tokens is None:
+        output_tokens = _estimate_tokens(
+            len(content) + sum(len(c.name) + len(c.raw_arguments) for c in calls))
+    model = data.get("model")
+    return LLMReply(
+        content=content, tool_calls=calls, stop_reason=stop,
+        model=model if isinstance(model, str) and model.strip() else requested_model,
+        input_tokens=input_tokens, output_tokens=output_tokens, usage_estimated=estimated,
+    )
+
+
+def _json_body(response: Any) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        raise _BadResponse("the response body is not JSON", response.status_code, True) from None
+    if not isinstance(data, dict):
+        raise _BadResponse("the response body is not a JSON object", response.status_code, False)
+    return data
+
+
+def _embedding(data: dict[str, Any], status: int) -> list[float]:
+    items = data.get("data")
+    first = items[0] if isinstance(items, list) and items and isinstance(items[0], dict) else {}
+    vector = first.get("embedding")
+    if isinstance(vector, str):  # base64 of little-endian float32
+        raw = base64.b64decode(vector)
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw[: len(raw) // 4 * 4]))
+    if isinstance(vector, list) and vector and all(isinstance(v, (int, float)) for v in vector):
+        return [float(v) for v in vector]
+    raise _BadResponse("the response has no embedding", status, False)
+
+
+# --- the router -------------------------------------------------------------------------
+
+class LLMRouter:
+    """Model calls with retries and fallbacks. Thread-safe: one per process is enough."""
+
+    def __init__(self, settings: Settings, client: openai.OpenAI | None = None):
+        self._settings = settings
+        self._owns_client = client is None
+        self._client = client if client is not None else openai.OpenAI(
+            api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
+            base_url=os.environ.get("OPENAI_BASE_URL") or None,
+            max_retries=0,
+            timeout=settings.llm_timeout_s,
+        )
+        self._backoff = wait_random_exponential(multiplier=settings.llm_retry_base_s,
+                                                max=settings.llm_retry_max_s)
+        self._sleep: Callable[[float], None] = time.sleep
+
+    def close(self) -> None:
+        """Close the HTTP client if this router built it."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> "LLMRouter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def chain(self, model: str | None = None) -> list[str]:
+        """The models tried, in order: the requested (or default) one, then the fallbacks."""
+        models = [model or self._settings.model, *self._settings.fallback_models]
+        return list(dict.fromkeys(m for m in models if m))
+
+    # --- public calls -------------------------------------------------------------------
+
+    def chat(self, messages: list[dict], tools: list[ToolSpec], model: str | None = None,
+             max_tokens: int | None = None) -> LLMReply:
+        chain = self.chain(model)
+        names = NameMap([t.name for t in tools] + list(_history_tool_names(messages)))
+        params: dict[str, Any] = {"messages": _api_messages(messages, names)}
+        if tools:
+            params["tools"] = [
+                {"type": "function", "function": {"name": names.api(t.name),
+                                                  "description": t.description,
+                                                  "parameters": t.parameters}}
+                for t in tools
+            ]
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        attempts: list[dict[str, Any]] = []
+        timed_out: list[bool] = []
+        for name in chain:
+            started = time.monotonic()
+            try:
+                data = self._with_retries(name, "chat", partial(self._post_chat, name, params),
+                                          attempts)
+            except _FAILURES as exc:
+                timed_out.append(isinstance(exc, openai.APITimeoutError))
+                log.warning("llm.model_failed model=%s status=%s", name, _status(exc),
+                            extra={"event": "llm.model_failed", "model": name,
+                                   "status": _status(exc), "attempts": len(attempts)})
+                continue
+            reply = dataclasses.replace(_parse_chat(data, name, names, params),
+                                        attempts=tuple(attempts))
+            log.info("llm.reply model=%s input_tokens=%d output_tokens=%d tool_calls=%d "
+                     "latency_ms=%d failed_attempts=%d", reply.model, reply.input_tokens,
+                     reply.output_tokens, len(reply.tool_calls),
+                     (time.monotonic() - started) * 1000, len(attempts),
+                     extra={"event": "llm.reply", "model": reply.model,
+                            "requested_model": name, "input_tokens": reply.input_tokens,
+                            "output_tokens": reply.output_tokens,
+                            "usage_estimated": reply.usage_estimated,
+                            "tool_calls": len(reply.tool_calls),
+                            "stop_reason": reply.stop_reason,
+                            "failed_attempts": len(attempts)})
+            return reply
+        log.warning("llm.all_failed models=%s attempts=%d", ",".join(chain), len(attempts),
+                    extra={"event": "llm.all_failed", "models": chain, "attempts": len(attempts)})
+        if chain and all(timed_out):
+            error = ProviderTimeout(self._settings.llm_timeout_s, ", ".join(chain))
+            error.attempts = attempts
+            error.details["attempts"] = attempts
+            raise error
+        last = attempts[-1]["error"] if attempts else "no model configured"
+        raise ProviderError(f"Every model failed ({', '.join(chain)}); last error: {last}",
+                            attempts=attempts)
+
+    def embed(self, text: str, model: str | None = None) -> list[float]:
+        name = (model or self._settings.extra.get(EMBEDDING_MODEL_ENV)
+                or os.environ.get(EMBEDDING_MODEL_ENV) or DEFAULT_EMBEDDING_MODEL)
+        attempts: list[dict[str, Any]] = []
+        try:
+            return self._with_retries(name, "embed", partial(self._post_embedding, name, text),
+                                      attempts)
+        except _FAILURES as exc:
+            raise ProviderError(f"Embedding with {name} failed: {attempts[-1]['error']}",
+                                attempts=attempts) from exc
+
+    # --- one model ----------------------------------------------------------------------
+
+    def _post_chat(self, model: str, params: dict[str, Any]) -> dict[str, Any]:
+        raw = self._client.chat.completions.with_raw_response.create(
+            model=model, timeout=self._settings.llm_timeout_s, **params)
+        data = _json_body(raw.http_response)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            error = data.get("error")
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise _BadResponse(f"the response has no choices{f': {detail}' if detail else ''}",
+                               raw.http_response.status_code, False)
+        return data
+
+    def _post_embedding(self, model: str, text: str) -> list[float]:
+        raw = self._client.embeddings.with_raw_response.create(
+            model=model, input=text, encoding_format="float",
+            timeout=self._settings.llm_timeout_s)
+        return _embedding(_json_body(raw.http_response), raw.http_response.status_code)
+
+    def _with_retries(self, model: str, what: str, op: Callable[[], T],
+                      attempts: list[dict[str, Any]]) -> T:
+        """`op()` with up to `llm_retries` retries; each failure is appended to `attempts`."""
+        retrying = Retrying(
+            stop=stop_after_attempt(self._settings.llm_retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception(_is_retryable),
+            before_sleep=partial(self._log_retry, model, what),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                try:
+                    return op()
+                except _FAILURES as exc:
+                    attempts.append({"model": model,
+                                     "error": _error_text(exc, self._settings.llm_timeout_s),
+                                     "status": _status(exc)})
+                    raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = _retry_after_s(exc)
+        if retry_after is not None and retry_after <= self._settings.llm_retry_max_s:
+            return retry_after
+        return self._backoff(state)
+
+    @staticmethod
+    def _log_retry(model: str, what: str, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait_s = state.next_action.sleep if state.next_action else 0.0
+        log.warning("llm.retry call=%s model=%s attempt=%d status=%s error=%s wait_s=%.3f",
+                    what, model, state.attempt_number, _status(exc) if exc else None,
+                    type(exc).__name__, wait_s,
+                    extra={"event": "llm.retry", "call": what, "model": model,
+                           "attempt": state.attempt_number,
+                           "status": _status(exc) if exc else None,
+                           "error_type": type(exc).__name__, "wait_s": round(wait_s, 3)})

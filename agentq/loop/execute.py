@@ -1,0 +1,117 @@
+"""Running one tool call, keyed by its tool_use_id: a redelivered task runs nothing twice.
+
+Errors are values: whatever the tool does, the call ends with a stored result and the task
+returns normally, so the chord's callback always fires.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import sessionmaker
+
+from agentq.config import Settings
+from agentq.db import utcnow
+from agentq.loop.store import EventBuffer
+from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
+from agentq.tools.manifest import ToolContext
+from agentq.tools.registry import ToolRegistry, ToolResult
+
+log = logging.getLogger(__name__)
+MAX_DELIVERIES = 3
+"""A call whose task was delivered this often without storing a result (it crashed its
+worker each time) is answered with an error instead of being run again."""
+CRASHED_RESULT = {"ok": False, "result": None,
+                  "error": {"code": "tool_crashed",
+                            "message": f"The tool crashed its worker {MAX_DELIVERIES} times."}}
+CANCELLED_RESULT = {"ok": False, "result": None,
+                    "error": {"code": "cancelled", "message": "The job was cancelled before "
+                                                              "this tool ran."}}
+
+
+def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
+                      sessions: sessionmaker) -> dict[str, Any]:
+    events = EventBuffer()
+    with sessions() as session, session.begin():
+        prepared = _prepare(session, tool_use_id, settings, registry, sessions, events)
+        events.flush(session)
+    events.announce()
+    if isinstance(prepared, dict):
+        return prepared
+    name, arguments, ctx, allowed = prepared
+
+    result: ToolResult = registry.execute(name, arguments, ctx, allowed)
+    status = "succeeded" if result.ok else "failed"
+    with sessions() as session, session.begin():
+        stored = _store(session, tool_use_id, name, status,
+                        {**result.to_record(), "attempts": result.attempts}, events)
+        events.flush(session)
+        join = _join_if_last(session, tool_use_id) if settings.tool_join == "database" else None
+    events.announce()
+    return {"tool_use_id": tool_use_id, "status": status if stored else "duplicate",
+            "next_step": join}
+
+
+def _join_if_last(session, tool_use_id: str) -> tuple[str, int] | None:
+    """With `tool_join=database`: the task that stores a turn's last result names the next
+    step. The job row was updated in this transaction (its event counter), which orders
+    concurrent finishers of one job: exactly one of them sees no call pending."""
+    call = session.execute(select(ToolCall.job_id, ToolCall.iteration)
+                           .where(ToolCall.tool_use_id == tool_use_id)).one()
+    pending = session.execute(
+        select(ToolCall.id).where(ToolCall.job_id == call.job_id,
+                                  ToolCall.iteration == call.iteration,
+                                  ToolCall.status == "pending").limit(1)).first()
+    return None if pending else (str(call.job_id), call.iteration)
+
+
+def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegistry,
+             sessions: sessionmaker, events: EventBuffer):
+    """Load the call and decide whether it runs; a dict is the task's answer without it."""
+    call = session.execute(select(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
+                           ).scalar_one_or_none()
+    if call is None:
+        log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
+        return {"tool_use_id": tool_use_id, "status": "missing"}
+    if call.status != "pending":
+        return {"tool_use_id": tool_use_id, "status": call.status}
+    job = session.get(Job, call.job_id)
+    if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
+        _store(session, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
+        return {"tool_use_id": tool_use_id, "status": "cancelled"}
+    call.attempts += 1
+    call.started_at = utcnow()
+    if call.attempts > MAX_DELIVERIES:
+        session.flush()
+        _store(session, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
+        return {"tool_use_id": tool_use_id, "status": "failed"}
+    user = session.get(User, job.user_id)
+    conversation = session.get(Conversation, job.conversation_id)
+    persona = session.get(Persona, job.persona_id) if job.persona_id else None
+    allowed = registry.allowed_modules(persona.allowed_modules if persona else None)
+    ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job.id), user_id=str(user.id),
+                      conversation_id=str(conversation.id),
+                      permission_level=user.permission_level,
+                      platform=conversation.platform,
+                      platform_channel_id=conversation.platform_channel_id,
+                      platform_thread_id=conversation.platform_thread_id,
+                      session_factory=sessions,
+                      public_url=settings.public_url)
+    return call.name, call.arguments, ctx, allowed
+
+
+def _store(session, tool_use_id: str, name: str, status: str, record: dict[str, Any],
+           events: EventBuffer) -> bool:
+    """Write the result once: only a pending call takes it."""
+    row = session.execute(
+        update(ToolCall).where(ToolCall.tool_use_id == tool_use_id,
+                               ToolCall.status == "pending")
+        .values(status=status, result=record, finished_at=utcnow())
+        .returning(ToolCall.job_id)).first()
+    if row is None:
+        return False
+    error = (record.get("error") or {}).get("code")
+    events.add(row.job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
+               ok=record["ok"], error=error, attempts=record.get("attempts", 0))
+    return True

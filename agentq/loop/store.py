@@ -1,0 +1,124 @@
+"""Appending to a conversation's messages and a job's events, with their sequence numbers.
+
+Both counters live on the parent row and are advanced by one `UPDATE … RETURNING`, so
+sequence numbers are gap-free per parent and never collide across processes.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any, Callable, Iterable, Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from agentq.db import utcnow
+from agentq.loop.context import StoredMessage, estimate_tokens
+from agentq.models import Conversation, Job, JobEvent, Message
+
+log = logging.getLogger(__name__)
+
+EventHook = Callable[[str, list[dict[str, Any]]], None]
+_event_hooks: list[EventHook] = []
+
+
+def on_events(hook: EventHook) -> None:
+    """Register an observer called after events are written (e.g. a pub/sub push).
+
+    Observers run after the write, outside the job's logic; a failing one is logged and
+    never fails the job.
+    """
+    _event_hooks.append(hook)
+
+
+def _notify(job_id: str, events: list[dict[str, Any]]) -> None:
+    for hook in _event_hooks:
+        try:
+            hook(job_id, events)
+        except Exception:  # an observer never fails the job
+            log.exception("event hook failed", extra={"job_id": job_id})
+
+
+def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
+                    rows: Sequence[tuple[str, str, str | None]],
+                    now: datetime | None = None) -> list[Message]:
+    """Append (role, content, model_used) rows to a conversation, in order."""
+    if not rows:
+        return []
+    now = now or utcnow()
+    last = session.execute(
+        update(Conversation).where(Conversation.id == conversation_id)
+        .values(message_seq=Conversation.message_seq + len(rows), last_active_at=now)
+        .returning(Conversation.message_seq)).scalar_one()
+    first = last - len(rows) + 1
+    messages = [Message(id=uuid.uuid4(), conversation_id=conversation_id, job_id=job_id,
+                        seq=first + i, role=role, content=content,
+                        token_count=estimate_tokens(content), model_used=model,
+                        created_at=now)
+                for i, (role, content, model) in enumerate(rows)]
+    session.add_all(messages)
+    return messages
+
+
+def recent_messages(session: Session, conversation_id: uuid.UUID,
+                    limit: int) -> list[StoredMessage]:
+    """The newest `limit` messages, newest first (an index range scan, not the history)."""
+    rows = session.execute(
+        select(Message.seq, Message.role, Message.content, Message.token_count)
+        .where(Message.conversation_id == conversation_id)
+        .order_by(Message.seq.desc()).limit(limit)).all()
+    return [StoredMessage(seq, role, content, tokens) for seq, role, content, tokens in rows]
+
+
+class EventBuffer:
+    """Events of one transaction: written with it, announced after it commits."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
+        self.written: dict[str, list[dict[str, Any]]] = {}
+
+    def add(self, job_id: uuid.UUID, type_: str, **data: Any) -> None:
+        self.pending.append((job_id, type_, data))
+
+    def flush(self, session: Session, now: datetime | None = None) -> None:
+        now = now or utcnow()
+        by_job: dict[uuid.UUID, list[tuple[str, dict[str, Any]]]] = {}
+        for job_id, type_, data in self.pending:
+            by_job.setdefault(job_id, []).append((type_, data))
+        self.pending.clear()
+        for job_id, items in by_job.items():
+            written = append_events(session, job_id, items, now)
+            self.written.setdefault(str(job_id), []).extend(written)
+
+    def announce(self) -> None:
+        """Call after commit."""
+        for job_id, events in self.written.items():
+            _notify(job_id, events)
+        self.written.clear()
+
+
+def append_events(session: Session, job_id: uuid.UUID,
+                  items: Iterable[tuple[str, dict[str, Any]]],
+                  now: datetime | None = None) -> list[dict[str, Any]]:
+    items = list(items)
+    if not items:
+        return []
+    now = now or utcnow()
+    last = session.execute(
+        update(Job).where(Job.id == job_id)
+        .values(event_seq=Job.event_seq + len(items), last_progress_at=now)
+        .returning(Job.event_seq)).scalar_one()
+    first = last - len(items) + 1
+    out = []
+    for i, (type_, data) in enumerate(items):
+        event = JobEvent(id=uuid.uuid4(), job_id=job_id, seq=first + i, type=type_,
+                         data=data, created_at=now)
+        session.add(event)
+        out.append(event_dict(event))
+    return out
+
+
+def event_dict(event: JobEvent) -> dict[str, Any]:
+    return {"seq": event.seq, "type": event.type, "data": event.data,
+            "created_at": event.created_at.isoformat()}

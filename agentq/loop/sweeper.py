@@ -1,0 +1,58 @@
+"""The sweeper: re-drives, from Postgres, every live job whose step has not advanced within
+the deadline, so a job whose broker message was lost still completes; a job re-driven
+`max_redrives` times without progress ends `failed` instead of looping.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import sessionmaker
+
+from agentq.config import Settings
+from agentq.db import utcnow
+from agentq.loop.finish import finish_job
+from agentq.loop.step import Effect, JobEnded, NextStep
+from agentq.loop.store import EventBuffer
+from agentq.models import Job
+
+log = logging.getLogger(__name__)
+SWEEP_BATCH = 200
+
+
+def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
+    now = utcnow()
+    deadline = now - timedelta(seconds=settings.step_deadline_s)
+    effects: list[Effect] = []
+    events = EventBuffer()
+    with sessions() as session, session.begin():
+        query = (select(Job).where(Job.status.in_(("queued", "running")),
+                                   Job.last_progress_at < deadline,
+                                   or_(Job.step_lease_until.is_(None),
+                                       Job.step_lease_until < now))
+                 .order_by(Job.last_progress_at).limit(SWEEP_BATCH))
+        if session.bind.dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        for job in session.execute(query).scalars():
+            if job.redrives >= settings.max_redrives:
+                log.error("job stalled; failing it", extra={"job_id": str(job.id),
+                                                            "redrives": job.redrives})
+                finish_job(session, job, "failed", "error",
+                           "The job stopped making progress and was ended.",
+                           {"code": "stalled",
+                            "message": f"No progress after {job.redrives} re-drives.",
+                            "redrives": job.redrives}, events)
+                effects.append(JobEnded(str(job.id), "failed"))
+                continue
+            job.redrives += 1
+            job.last_progress_at = now
+            job.step_owner = job.step_lease_until = None
+            log.warning("re-driving stalled job", extra={"job_id": str(job.id),
+                                                         "iteration": job.iteration,
+                                                         "redrive": job.redrives})
+            events.add(job.id, "job_redriven", iteration=job.iteration, redrive=job.redrives)
+            effects.append(NextStep(str(job.id), job.iteration, "sweeper"))
+        events.flush(session)
+    events.announce()
+    return effects

@@ -1,0 +1,263 @@
+"""The tables: SQLAlchemy 2.x typed models. Postgres in production, SQLite embedded.
+
+Timestamps are timezone-aware UTC; ids are UUIDs. The schema itself is built only by the
+Alembic history in `migrations/` (never `create_all`), and that history is checked against
+these models by a test.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from datetime import timezone
+
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index,
+                        Integer, LargeBinary, String, Text, TypeDecorator, UniqueConstraint,
+                        Uuid)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from agentq.db import utcnow
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC in and out, on Postgres (timestamptz) and SQLite (no zones)."""
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use UTC-aware ones")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+TZ = UTCDateTime()
+
+JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+FINISH_REASONS = ("end_turn", "max_iterations", "budget_exceeded", "cancelled", "error")
+MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: TZ, dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+def _id() -> Mapped[uuid.UUID]:
+    return mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[uuid.UUID] = _id()
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    permission_level: Mapped[str] = mapped_column(String(16), default="guest")
+    token_budget_monthly: Mapped[int | None] = mapped_column(BigInteger)
+    """None = unlimited (admins, owners)."""
+    tokens_used_this_month: Mapped[int] = mapped_column(BigInteger, default=0)
+    budget_reset_at: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UserPlatformLink(Base):
+    __tablename__ = "user_platform_links"
+    __table_args__ = (UniqueConstraint("platform", "platform_user_id",
+                                       name="uq_user_platform_links_identity"),)
+    id: Mapped[uuid.UUID] = _id()
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                               index=True)
+    platform: Mapped[str] = mapped_column(String(64))
+    platform_user_id: Mapped[str] = mapped_column(String(255))
+    platform_username: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Persona(Base):
+    __tablename__ = "personas"
+    id: Mapped[uuid.UUID] = _id()
+    name: Mapped[str] = mapped_column(String(200))
+    platform: Mapped[str | None] = mapped_column(String(64))
+    platform_server_id: Mapped[str | None] = mapped_column(String(255))
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    allowed_modules: Mapped[list[Any] | None]
+    """Module names this persona may use; None = the configured default modules."""
+    default_model: Mapped[str | None] = mapped_column(String(200))
+    max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_personas_scope", "platform", "platform_server_id"),)
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+    id: Mapped[uuid.UUID] = _id()
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                               index=True)
+    persona_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("personas.id", ondelete="SET NULL"))
+    platform: Mapped[str] = mapped_column(String(64))
+    platform_channel_id: Mapped[str] = mapped_column(String(255))
+    platform_thread_id: Mapped[str | None] = mapped_column(String(255))
+    scope_key: Mapped[str] = mapped_column(String(700), unique=True)
+    """platform, channel and thread joined: one conversation per scope (NULL-safe unique)."""
+    message_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    """The last message's `seq` in this conversation."""
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_active_at: Mapped[datetime] = mapped_column(default=utcnow)
+    is_summarized: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("conversation_id", "seq",
+                                       name="uq_messages_conversation_seq"),)
+    id: Mapped[uuid.UUID] = _id()
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    token_count: Mapped[int] = mapped_column(Integer, default=0)
+    model_used: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[uuid.UUID] = _id()
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_sweep", "status", "last_progress_at"),
+        Index("ix_jobs_conversation", "conversation_id", "created_at"),
+    )
+    id: Mapped[uuid.UUID] = _id()
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"))
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                               index=True)
+    persona_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("personas.id", ondelete="SET NULL"))
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    content: Mapped[str] = mapped_column(Text)
+    attachments: Mapped[list[Any]] = mapped_column(default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    on_busy: Mapped[str] = mapped_column(String(16), default="queue")
+    model: Mapped[str | None] = mapped_column(String(200))
+    """A model asked for by this job (replays); else the persona's, else the default."""
+
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    """Model calls completed. A step is keyed by (job id, iteration)."""
+    phase: Mapped[str] = mapped_column(String(16), default="llm")
+    """What the next step does: `llm` (call the model) or `tools` (collect tool results)."""
+    step_owner: Mapped[str | None] = mapped_column(String(64))
+    step_lease_until: Mapped[datetime | None]
+    last_progress_at: Mapped[datetime] = mapped_column(default=utcnow)
+    redrives: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested_at: Mapped[datetime | None]
+    event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_estimate: Mapped[float] = mapped_column(Float, default=0.0)
+    response: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+
+    replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
+    id: Mapped[uuid.UUID] = _id()
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ToolCall(Base):
+    __tablename__ = "tool_calls"
+    __table_args__ = (Index("ix_tool_calls_job_iteration", "job_id", "iteration"),)
+    id: Mapped[uuid.UUID] = _id()
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)
+    tool_use_id: Mapped[str] = mapped_column(String(64), unique=True)
+    provider_call_id: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))
+    arguments: Mapped[dict[str, Any] | None]
+    queue: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending → succeeded | failed | cancelled."""
+    result: Mapped[dict[str, Any] | None]
+    """{"ok": bool, "result": ..., "error": {"code", "message"}} as the model will read it."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class TokenLog(Base):
+    __tablename__ = "token_logs"
+    __table_args__ = (UniqueConstraint("job_id", "iteration", name="uq_token_logs_job_turn"),)
+    id: Mapped[uuid.UUID] = _id()
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                               index=True)
+    conversation_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    model: Mapped[str] = mapped_column(String(200))
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_estimate: Mapped[float] = mapped_column(Float, default=0.0)
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    reply: Mapped[dict[str, Any] | None]
+    """The model's reply as recorded (LLMReply.to_record), for recorded replays."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FileRecord(Base):
+    __tablename__ = "files"
+    id: Mapped[uuid.UUID] = _id()
+    user_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    filename: Mapped[str] = mapped_column(String(255))
+    mime_type: Mapped[str | None] = mapped_column(String(255))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    minio_key: Mapped[str | None] = mapped_column(String(512))
+    public_url: Mapped[str | None] = mapped_column(Text)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """Documents made by tools are stored here; attachments point elsewhere (url)."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

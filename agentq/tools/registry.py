@@ -1,0 +1,202 @@
+"""The tool registry: discovers the modules in `tool_workers/`, says which tools a caller is
+offered, where each runs, and executes one call with validation, a timeout and one retry.
+
+A tool's failure is data for the model (`ToolResult(ok=False, ...)`); only a bug in our own
+code escalates.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import pkgutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from agentq.config import Settings
+from agentq.errors import (ManifestError, ToolArgumentsInvalid, ToolError, ToolNotFound,
+                           ToolNotPermitted, ToolTimeout)
+from agentq.llm.types import ToolSpec
+from agentq.tools.manifest import ToolContext, ToolDef, ToolModule, permission_rank
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2  # seed 000: one automatic retry
+RETRY_PAUSE_S = 0.2
+MAX_STORED_RESULT_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    ok: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+    attempts: int = 1
+
+    def to_record(self) -> dict[str, Any]:
+        return {"ok": self.ok, "result": self.result, "error": self.error}
+
+    @classmethod
+    def failure(cls, exc: BaseException, attempts: int = 1) -> "ToolResult":
+        if isinstance(exc, ToolError):
+            error = {"code": exc.code, "message": exc.message}
+        else:
+            error = {"code": "tool_error", "message": f"{type(exc).__name__}: {exc}"}
+        return cls(ok=False, error=error, attempts=attempts)
+
+
+def discover(package: str = "tool_workers") -> list[ToolModule]:
+    """Import every module package under `package`; each must define MODULE."""
+    pkg = importlib.import_module(package)
+    modules: list[ToolModule] = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        mod = importlib.import_module(f"{package}.{info.name}")
+        module = getattr(mod, "MODULE", None)
+        if not isinstance(module, ToolModule):
+            raise ManifestError(info.name, f"{package}.{info.name} must define "
+                                           "MODULE = define_module({...})")
+        if module.name != info.name:
+            raise ManifestError(info.name, f"declares module {module.name!r}; the package "
+                                           f"must be named the same")
+        modules.append(module)
+    return modules
+
+
+class ToolRegistry:
+    def __init__(self, settings: Settings, modules: Iterable[ToolModule] | None = None):
+        self.settings = settings
+        self.modules = {m.name: m for m in (discover() if modules is None else modules)}
+        self.tools: dict[str, ToolDef] = {}
+        for module in self.modules.values():
+            for tool in module.tools:
+                self.tools[tool.name] = tool
+        self._validators = {name: tool.validator() for name, tool in self.tools.items()}
+
+    # --- where and how long -----------------------------------------------------------
+    def is_slow(self, module: str) -> bool:
+        m = self.modules.get(module)
+        return module in self.settings.slow_modules or bool(m and m.slow)
+
+    def queue_for(self, name: str) -> str:
+        module = name.partition(".")[0]
+        return f"tools.slow.{module}" if self.is_slow(module) else f"tools.{module}"
+
+    def time_limit_for(self, name: str) -> float:
+        tool = self.tools[name]
+        module = self.modules[tool.module]
+        default = (self.settings.slow_tool_time_limit_s if self.is_slow(tool.module)
+                   else self.settings.tool_time_limit_s)
+        return tool.time_limit_s or module.time_limit_s or default
+
+    def queues(self, slow: bool) -> list[str]:
+        return sorted(self.queue_for(t.name) for m in self.modules.values()
+                      if self.is_slow(m.name) == slow for t in m.tools[:1])
+
+    # --- who may use what -------------------------------------------------------------
+    def allowed_modules(self, persona_modules: list[str] | None) -> tuple[str, ...]:
+        if persona_modules is None:
+            return self.settings.default_guest_modules
+        return tuple(persona_modules)
+
+    def offered(self, level: str, allowed_modules: Iterable[str]) -> list[ToolDef]:
+        """Tools the caller's level allows ∩ the persona's modules, in a stable order."""
+        allowed = set(allowed_modules)
+        rank = permission_rank(level)
+        return [t for name, t in sorted(self.tools.items())
+                if t.module in allowed and permission_rank(t.permission) <= rank]
+
+    def specs(self, tools: Iterable[ToolDef]) -> list[ToolSpec]:
+        return [ToolSpec(t.name, t.description, t.parameters) for t in tools]
+
+    def check(self, name: str, level: str, allowed_modules: Iterable[str]) -> ToolDef:
+        tool = self.tools.get(name)
+        if tool is None:
+            raise ToolNotFound(name)
+        if tool.module not in set(allowed_modules):
+            raise ToolNotPermitted(name, f"module {tool.module} enabled", level)
+        if permission_rank(tool.permission) > permission_rank(level):
+            raise ToolNotPermitted(name, tool.permission, level)
+        return tool
+
+    def validate(self, tool: ToolDef, arguments: Any) -> None:
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsInvalid(tool.name, ["arguments must be a JSON object"])
+        errors = sorted(self._validators[tool.name].iter_errors(arguments),
+                        key=lambda e: list(e.absolute_path))
+        if errors:
+            raise ToolArgumentsInvalid(tool.name, [
+                f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                for e in errors[:5]])
+
+    # --- running one call -------------------------------------------------------------
+    def execute(self, name: str, arguments: Any, ctx: ToolContext,
+                allowed_modules: Iterable[str]) -> ToolResult:
+        """Check, validate and run one call; retry once on a retryable failure."""
+        try:
+            tool = self.check(name, ctx.permission_level, allowed_modules)
+            self.validate(tool, arguments)
+        except ToolError as exc:
+            return ToolResult.failure(exc)
+        limit_s = self.time_limit_for(name)
+        last: BaseException | None = None
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            started = time.monotonic()
+            try:
+                value = _run_with_timeout(tool, arguments, ctx, limit_s)
+                _check_json(value)
+                log.info("tool ok", extra={"tool": name, "attempt": attempt,
+                                           "tool_use_id": ctx.tool_use_id,
+                                           "ms": round((time.monotonic() - started) * 1000)})
+                return ToolResult(ok=True, result=value, attempts=attempt)
+            except Exception as exc:  # a tool's failure is data, whatever it raised
+                last = exc
+                retryable = getattr(exc, "retryable", True)
+                log.warning("tool failed", extra={"tool": name, "attempt": attempt,
+                                                  "tool_use_id": ctx.tool_use_id,
+                                                  "error": f"{type(exc).__name__}: {exc}",
+                                                  "retryable": retryable})
+                if not retryable:
+                    return ToolResult.failure(exc, attempt)
+                if attempt < MAX_ATTEMPTS:
+                    time.sleep(RETRY_PAUSE_S)
+        assert last is not None
+        return ToolResult.failure(last, MAX_ATTEMPTS)
+
+
+def _run_with_timeout(tool: ToolDef, arguments: dict, ctx: ToolContext, limit_s: float):
+    """Run in a helper thread so a stuck tool times out; the thread is left to finish."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tool-{tool.module}")
+    try:
+        future = pool.submit(tool.function, arguments, ctx)
+        try:
+            return future.result(timeout=limit_s)
+        except FutureTimeout:
+            raise ToolTimeout(tool.name, limit_s) from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_json(value: Any) -> None:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ToolError(f"tool returned a value that is not JSON: {exc}") from None
+    if len(text) > MAX_STORED_RESULT_CHARS:
+        raise ToolError(f"tool result is {len(text)} chars; the limit is "
+                        f"{MAX_STORED_RESULT_CHARS}")
+
+
+_registry: ToolRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def get_registry(settings: Settings) -> ToolRegistry:
+    global _registry
+    with _registry_lock:
+        if _registry is None or _registry.settings is not settings:
+            _registry = ToolRegistry(settings)
+        return _registry

@@ -1,0 +1,25 @@
+"""The thin Flask API: `create_app(settings=None)` builds it."""
+from __future__ import annotations
+
+from flask import Flask, g
+
+from agentq.config import Settings, get_settings, set_settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    if settings is not None:
+        set_settings(settings)
+    settings = get_settings()
+    app = Flask("agentq", static_folder=None)
+    app.config["JSON_SORT_KEYS"] = False
+    app.json.sort_keys = False
+
+    @app.before_request
+    def _bind_settings() -> None:
+        g.settings = settings
+
+    from api import conversations, errors, files, health, jobs
+    errors.register(app)
+    for module in (jobs, conversations, files, health):
+        app.register_blueprint(module.bp)
+    return app

@@ -1,0 +1,49 @@
+"""One task base class sets our defaults once: late acks, reject on worker lost, the task
+id bound into the log context, and the per-process services (sessions, router, registry)."""
+from __future__ import annotations
+
+import threading
+
+from celery import Task
+
+from agentq import logs
+from agentq.config import get_settings
+from agentq.db import session_factory
+from agentq.tools.registry import get_registry
+
+_services_lock = threading.Lock()
+_services: dict[str, object] = {}
+
+
+def services() -> dict[str, object]:
+    """Settings, sessions, registry, router and stepper of this process, built once."""
+    with _services_lock:
+        if not _services:
+            from agentq.llm.router import LLMRouter
+            from agentq.loop.step import Stepper
+            settings = get_settings()
+            sessions = session_factory(settings)
+            registry = get_registry(settings)
+            router = LLMRouter(settings)
+            _services.update(settings=settings, sessions=sessions, registry=registry,
+                             router=router,
+                             stepper=Stepper(settings, router, registry, sessions))
+        return _services
+
+
+def reset_services() -> None:
+    with _services_lock:
+        _services.clear()
+
+
+class AgentqTask(Task):
+    abstract = True
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def __call__(self, *args, **kwargs):
+        token = logs.bind(task=self.name, task_id=self.request.id)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            logs.unbind(token)

@@ -1,0 +1,43 @@
+"""Effects → Celery messages. Called only after the transaction that wrote the rows has
+committed. A step's tool calls go out as a chord: one task per call on its module's queue,
+the next step as the callback, and an error callback so a hard failure still advances."""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from celery import chord, group
+
+from agentq.config import get_settings
+
+from agentq.loop.step import DispatchTools, Effect, JobEnded, NextStep
+from tasks.app import ORCHESTRATOR_QUEUE
+
+log = logging.getLogger(__name__)
+HARD_LIMIT_MARGIN_S = 30
+
+
+def dispatch(effects: Iterable[Effect]) -> None:
+    from tasks import orchestrator, tools
+    for effect in effects:
+        match effect:
+            case NextStep(job_id=job_id, iteration=iteration, cause=cause):
+                orchestrator.step.apply_async((job_id, iteration), {"cause": cause},
+                                              queue=ORCHESTRATOR_QUEUE)
+            case DispatchTools(job_id=job_id, iteration=iteration, calls=calls):
+                header = [tools.execute.signature(
+                    (tool_use_id,), queue=queue, immutable=True,
+                    time_limit=2 * limit_s + HARD_LIMIT_MARGIN_S)
+                    for tool_use_id, queue, limit_s in calls]
+                if get_settings().tool_join == "database":
+                    group(header).apply_async()
+                    continue
+                body = orchestrator.after_tools.signature(
+                    (job_id, iteration), queue=ORCHESTRATOR_QUEUE)
+                body.link_error(orchestrator.tools_failed.signature(
+                    (job_id, iteration), queue=ORCHESTRATOR_QUEUE, immutable=True))
+                chord(header)(body)
+            case JobEnded(job_id=job_id, status=status):
+                log.info("job ended", extra={"job_id": job_id, "status": status})
+            case _:
+                raise TypeError(f"unknown effect {effect!r}")

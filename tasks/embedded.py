@@ -1,0 +1,62 @@
+"""The embedded runner: with no broker configured, one process holds the broker (kombu's
+in-memory transport), a worker on every queue, and the sweeper; the API runs beside them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from agentq.config import Settings
+from tasks.app import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
+
+log = logging.getLogger(__name__)
+EMBEDDED_CONCURRENCY = 16
+
+
+def all_queues(settings: Settings) -> list[str]:
+    from agentq.tools.registry import get_registry
+    registry = get_registry(settings)
+    return [ORCHESTRATOR_QUEUE, MAINTENANCE_QUEUE, WEBHOOKS_QUEUE,
+            *registry.queues(slow=False), *registry.queues(slow=True)]
+
+
+class EmbeddedWorker:
+    """A Celery worker in a thread of this process, plus a sweeper thread."""
+
+    def __init__(self, settings: Settings):
+        if not settings.embedded_broker:
+            raise ValueError("the embedded worker needs the in-memory broker")
+        from tasks.app import app
+        self.settings = settings
+        self.app = app
+        self.ready = threading.Event()
+        self._stop = threading.Event()
+        ready = self.ready
+
+        class Controller(app.WorkController):
+            def on_consumer_ready(self, consumer):
+                super().on_consumer_ready(consumer)
+                ready.set()
+
+        self.worker = Controller(
+            app=app, pool_cls="threads", concurrency=EMBEDDED_CONCURRENCY,
+            queues=all_queues(settings), without_heartbeat=True, without_mingle=True,
+            without_gossip=True, loglevel=settings.log_level, hostname="embedded@localhost")
+
+    def start(self, timeout_s: float = 30) -> None:
+        threading.Thread(target=self.worker.start, name="agentq-worker", daemon=True).start()
+        threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True).start()
+        if not self.ready.wait(timeout_s):
+            log.warning("embedded worker not ready yet")
+
+    def _sweep_loop(self) -> None:
+        from tasks.maintenance import sweep
+        while not self._stop.wait(self.settings.sweep_interval_s):
+            try:
+                sweep.apply_async(queue=MAINTENANCE_QUEUE)
+            except Exception:
+                log.exception("sweep failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.worker.stop(in_sighandler=False)

@@ -1,0 +1,48 @@
+"""Orchestrator tasks: thin; the loop lives in agentq.loop.step."""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import OperationalError
+
+from agentq import logs
+from agentq.loop.step import fail_job
+from tasks.app import app
+from tasks.base import AgentqTask, services
+from tasks.dispatch import dispatch
+
+
+log = logging.getLogger(__name__)
+
+
+def _run(job_id: str, iteration: int, cause: str) -> None:
+    token = logs.bind(job_id=job_id, iteration=iteration)
+    try:
+        effects = services()["stepper"].run(job_id, iteration, cause)
+    except OperationalError:
+        # The database is away: nothing was written; the sweeper re-drives the step later.
+        log.exception("step could not reach the database")
+        raise
+    except Exception as exc:
+        log.exception("step failed")
+        effects = fail_job(services()["sessions"], job_id, exc)
+    finally:
+        logs.unbind(token)
+    dispatch(effects)
+
+
+@app.task(base=AgentqTask, name="orchestrator.step")
+def step(job_id: str, iteration: int, cause: str = "continue") -> None:
+    _run(job_id, iteration, cause)
+
+
+@app.task(base=AgentqTask, name="orchestrator.after_tools")
+def after_tools(_results, job_id: str, iteration: int) -> None:
+    """The chord's callback: every tool task of the turn has returned."""
+    _run(job_id, iteration, "callback")
+
+
+@app.task(base=AgentqTask, name="orchestrator.tools_failed")
+def tools_failed(job_id: str, iteration: int) -> None:
+    """The chord's error callback: a tool task died; the step answers it with an error."""
+    _run(job_id, iteration, "errback")
