@@ -74,6 +74,8 @@ class Settings:
     """AGENTQ_SYSTEM_PROMPT: system prompt when no persona applies."""
 
     # --- tools ----------------------------------------------------------------------
+    tool_packages: tuple[str, ...] = ("tool_workers",)
+    """AGENTQ_TOOL_PACKAGES: comma-separated packages whose subpackages are tool modules."""
     slow_modules: tuple[str, ...] = ("code",)
     """AGENTQ_SLOW_MODULES: modules that run on tools.slow.<module> with the slow limits."""
     tool_time_limit_s: float = 30.0
@@ -174,6 +176,7 @@ class Settings:
                                      int, 1),
             default_guest_modules=names("AGENTQ_DEFAULT_MODULES", cls.default_guest_modules),
             default_system_prompt=env.get("AGENTQ_SYSTEM_PROMPT") or cls.default_system_prompt,
+            tool_packages=names("AGENTQ_TOOL_PACKAGES", cls.tool_packages),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
             tool_time_limit_s=num("AGENTQ_TOOL_TIME_LIMIT_S", cls.tool_time_limit_s, float, 0.1),
             slow_tool_time_limit_s=num("AGENTQ_SLOW_TOOL_TIME_LIMIT_S",

@@ -69,7 +69,13 @@ def discover(package: str = "tool_workers") -> list[ToolModule]:
 class ToolRegistry:
     def __init__(self, settings: Settings, modules: Iterable[ToolModule] | None = None):
         self.settings = settings
-        self.modules = {m.name: m for m in (discover() if modules is None else modules)}
+        if modules is None:
+            modules = [m for package in settings.tool_packages for m in discover(package)]
+        self.modules: dict[str, ToolModule] = {}
+        for module in modules:
+            if module.name in self.modules:
+                raise ManifestError(module.name, "two tool packages define this module")
+            self.modules[module.name] = module
         self.tools: dict[str, ToolDef] = {}
         for module in self.modules.values():
             for tool in module.tools:
