@@ -14,7 +14,7 @@ import click
 from agentq import logs
 from agentq.config import get_settings
 
-PROCESS_KINDS = ("orchestrator", "tools", "tools-slow", "webhooks", "maintenance")
+PROCESS_KINDS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
 
 @click.group()
@@ -118,11 +118,13 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
 
 @main.command("beat")
 def beat() -> None:
-    """Run the periodic scheduler (the sweeper)."""
-    schedule = str(get_settings().home / "celerybeat-schedule")
-    get_settings().home.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "-s", schedule,
-            "-l", get_settings().log_level]
+    """Run the periodic scheduler (the sweeper) with a worker on the maintenance queue."""
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-B",
+            "-s", str(settings.home / "celerybeat-schedule"), "-Q", "maintenance",
+            "-P", "threads", "-c", "2", "-n", "beat@%h", "--without-gossip",
+            "--without-mingle", "-l", settings.log_level]
     os.execvp(args[0], args)
 
 

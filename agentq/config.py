@@ -93,6 +93,21 @@ class Settings:
     result_expires_s: int = 2 * 24 * 3600
     """AGENTQ_RESULT_EXPIRES_S: how long the result backend keeps task results (>= a day)."""
 
+    # --- webhooks -------------------------------------------------------------------
+    webhook_secrets: tuple[str, ...] = ()
+    """AGENTQ_WEBHOOK_SECRET: `whsec_…` secrets, space-separated for rotation (all sign)."""
+    webhook_allow_private: bool = False
+    """AGENTQ_WEBHOOK_ALLOW_PRIVATE: 1 lets callbacks reach private/loopback addresses."""
+    webhook_timeout_s: float = 15.0
+    """AGENTQ_WEBHOOK_TIMEOUT_S: one delivery attempt's timeout."""
+    webhook_retry_schedule_s: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14400,
+                                                   28800, 43200)
+    """AGENTQ_WEBHOOK_RETRY_SCHEDULE_S: delays before each retry (default: about a day)."""
+
+    # --- batches ----------------------------------------------------------------------
+    batch_max_concurrency: int = 50
+    """AGENTQ_BATCH_MAX_CONCURRENCY: a batch's jobs running at once, unless it says less."""
+
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 200
     """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads per orchestrator process (model calls in flight)."""
@@ -177,6 +192,15 @@ class Settings:
             default_guest_modules=names("AGENTQ_DEFAULT_MODULES", cls.default_guest_modules),
             default_system_prompt=env.get("AGENTQ_SYSTEM_PROMPT") or cls.default_system_prompt,
             tool_packages=names("AGENTQ_TOOL_PACKAGES", cls.tool_packages),
+            webhook_secrets=tuple((env.get("AGENTQ_WEBHOOK_SECRET") or "").split()),
+            webhook_allow_private=(env.get("AGENTQ_WEBHOOK_ALLOW_PRIVATE") or "0").lower()
+            in ("1", "true", "yes"),
+            webhook_timeout_s=num("AGENTQ_WEBHOOK_TIMEOUT_S", cls.webhook_timeout_s, float,
+                                  0.1),
+            webhook_retry_schedule_s=_delays(env.get("AGENTQ_WEBHOOK_RETRY_SCHEDULE_S"),
+                                             cls.webhook_retry_schedule_s),
+            batch_max_concurrency=num("AGENTQ_BATCH_MAX_CONCURRENCY",
+                                      cls.batch_max_concurrency, int, 1, 10000),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
             tool_time_limit_s=num("AGENTQ_TOOL_TIME_LIMIT_S", cls.tool_time_limit_s, float, 0.1),
             slow_tool_time_limit_s=num("AGENTQ_SLOW_TOOL_TIME_LIMIT_S",
@@ -197,6 +221,19 @@ class Settings:
             log_level=(env.get("AGENTQ_LOG_LEVEL") or cls.log_level).upper(),
             extra={k: v for k, v in env.items() if k.startswith("AGENTQ_")},
         )
+
+
+def _delays(raw: str | None, default: tuple[float, ...]) -> tuple[float, ...]:
+    if raw is None or not raw.strip():
+        return default
+    try:
+        delays = tuple(float(p) for p in raw.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError("AGENTQ_WEBHOOK_RETRY_SCHEDULE_S",
+                          f"expected comma-separated seconds, got {raw!r}") from None
+    if any(d < 0 for d in delays):
+        raise ConfigError("AGENTQ_WEBHOOK_RETRY_SCHEDULE_S", "delays must not be negative")
+    return delays
 
 
 def _backend_for(broker_url: str, home: Path) -> str:

@@ -117,6 +117,8 @@ class Conversation(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[datetime] = mapped_column(default=utcnow)
     is_summarized: Mapped[bool] = mapped_column(Boolean, default=False)
+    active_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """The job that owns this conversation now; one job runs per conversation at a time."""
 
 
 class Message(Base):
@@ -152,6 +154,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_sweep", "status", "last_progress_at"),
         Index("ix_jobs_conversation", "conversation_id", "created_at"),
+        Index("ix_jobs_batch_waiting", "batch_id", "waiting_for", "batch_index"),
     )
     id: Mapped[uuid.UUID] = _id()
     status: Mapped[str] = mapped_column(String(16), default="queued")
@@ -188,8 +191,14 @@ class Job(Base):
     response: Mapped[dict[str, Any] | None]
     error: Mapped[str | None] = mapped_column(Text)
 
+    waiting_for: Mapped[str | None] = mapped_column(String(16))
+    """None, or what a queued job waits for before its first step: `conversation` (another
+    job owns it: on_busy queue/interrupt) or `batch` (its batch's admission)."""
     replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    replay_mode: Mapped[str | None] = mapped_column(String(16))
     batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    batch_index: Mapped[int | None] = mapped_column(Integer)
+    custom_id: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -261,3 +270,64 @@ class FileRecord(Base):
     content: Mapped[bytes | None] = mapped_column(LargeBinary)
     """Documents made by tools are stored here; attachments point elsewhere (url)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobInput(Base):
+    """A message for a running job: steering (seed 001), injected at its next turn."""
+    __tablename__ = "job_inputs"
+    __table_args__ = (Index("ix_job_inputs_pending", "job_id", "consumed_at"),)
+    id: Mapped[uuid.UUID] = _id()
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    content: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    consumed_at: Mapped[datetime | None]
+
+
+class IdempotencyKey(Base):
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("api_key_id", "key", name="uq_idempotency_keys_key"),)
+    id: Mapped[uuid.UUID] = _id()
+    api_key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class WebhookDelivery(Base):
+    """One attempt to deliver one event; `event_id` is the stable `webhook-id`."""
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_job", "job_id", "created_at"),
+                      Index("ix_webhook_deliveries_batch", "batch_id", "created_at"))
+    id: Mapped[uuid.UUID] = _id()
+    event_id: Mapped[str] = mapped_column(String(64), index=True)
+    event_type: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    url: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending → succeeded | failed (will retry) | gave_up."""
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    next_attempt_at: Mapped[datetime | None]
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    id: Mapped[uuid.UUID] = _id()
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="messages")
+    """messages | replay."""
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    max_concurrency: Mapped[int] = mapped_column(Integer, default=50)
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]

@@ -18,8 +18,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _bind_settings() -> None:
         g.settings = settings
 
-    from api import conversations, errors, files, health, jobs
+    from agentq.notify import hub_for
+    from api import conversations, embed, errors, files, health, jobs
+    hub_for(settings)
     errors.register(app)
-    for module in (jobs, conversations, files, health):
+    for module in (jobs, conversations, files, health, embed):
         app.register_blueprint(module.bp)
     return app

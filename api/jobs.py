@@ -1,28 +1,35 @@
-"""Submit and poll: POST /v1/messages, GET /v1/jobs/<id>, GET /v1/jobs/<id>/events."""
+"""Submit and poll: POST /v1/messages, POST /v1/continue, GET /v1/jobs/<id>,
+POST /v1/jobs/<id>/cancel, GET /v1/jobs/<id>/events (JSON, or server-sent events)."""
 from __future__ import annotations
 
+import json
 import logging
 import uuid
+from typing import Iterator
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, Response, g, jsonify, request
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
+from agentq import idempotency
 from agentq.db import session_factory, session_scope
-from agentq.errors import NotFound, UnsupportedMediaType, ValidationFailed
+from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
 from agentq.loop.identity import Incoming
-from agentq.loop.step import NextStep
 from agentq.loop.store import event_dict
-from agentq.loop.submit import Submission, create_job
-from agentq.models import Job, JobEvent
+from agentq.loop.submit import Submission, cancel, submit
+from agentq.models import TERMINAL_STATUSES, Job, JobEvent
+from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
-from api.schemas import MessageRequestSchema
+from api.schemas import ContinueRequestSchema, MessageRequestSchema
 from api.views import job_object
 
 log = logging.getLogger(__name__)
 bp = Blueprint("jobs", __name__)
 MAX_WAIT_S = 60
 EVENTS_PAGE = 500
+KEEPALIVE_S = 15.0
+SSE_RETRY_MS = 1000
 
 
 def json_body() -> dict:
@@ -63,7 +70,7 @@ def load_job(session, job_id: str) -> Job:
 
 
 def enqueue_after_commit(effects) -> None:
-    """The job row is committed; if the broker refuses, the sweeper re-drives it later."""
+    """The rows are committed; if the broker refuses, the sweeper re-drives the job."""
     from tasks.dispatch import dispatch
     try:
         dispatch(effects)
@@ -71,37 +78,81 @@ def enqueue_after_commit(effects) -> None:
         log.exception("enqueue failed; the sweeper will re-drive the job")
 
 
-def answer_job(job_id: uuid.UUID, wait: float | None, created: bool):
+def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False):
     if wait:
-        wait_for_end(session_factory(g.settings), job_id, wait)
+        wait_for_end(session_factory(g.settings), hub_for(g.settings), job_id, wait)
     with session_scope(g.settings) as session:
         job = session.get(Job, job_id)
         body = job_object(job)
-    ended = job.status in ("completed", "failed", "cancelled")
-    status = 200 if (wait is not None and ended) or not created else 202
+    ended = job.status in TERMINAL_STATUSES
     response = jsonify(body)
-    response.status_code = status
+    response.status_code = 200 if (wait is not None and ended) or not created else 202
     if created:
         response.headers["Location"] = f"/v1/jobs/{job_id}"
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
     return response
+
+
+def _submit(route: str, body: dict, sub: Submission):
+    """Create (or steer) under the request's Idempotency-Key, commit, then enqueue."""
+    wait = wait_seconds()
+    key = request.headers.get("Idempotency-Key")
+    key = idempotency.check_key(key) if key is not None else None
+    digest = idempotency.request_hash(route, body)
+    for attempt in range(2):
+        try:
+            with session_scope(g.settings) as session:
+                if key is not None:
+                    earlier = idempotency.find(session, g.api_key_id, key, digest)
+                    if earlier is not None:
+                        return answer_job(earlier, wait, created=True, replayed=True)
+                submitted = submit(session, g.settings, sub)
+                if key is not None:
+                    idempotency.remember(session, g.api_key_id, key, digest,
+                                         job_id=submitted.job.id)
+                submitted.events.flush(session)
+                job_id = submitted.job.id
+            break
+        except IntegrityError:
+            if attempt or key is None:
+                raise
+            log.info("idempotency key raced; answering with the first job")
+    submitted.events.announce()
+    enqueue_after_commit(submitted.effects)
+    return answer_job(job_id, wait, created=True)
 
 
 @bp.post("/v1/messages")
 @require_key()
 def submit_message():
-    wait = wait_seconds()
-    data = MessageRequestSchema().load(json_body())
+    body = json_body()
+    data = MessageRequestSchema().load(body)
     incoming = Incoming(data["platform"], data["platform_user_id"],
                         data["platform_channel_id"], data["platform_thread_id"],
                         data["platform_server_id"])
+    return _submit("/v1/messages", body, Submission(
+        incoming=incoming, content=data["content"], attachments=data["attachments"],
+        metadata=data["metadata"], callback_url=data["callback_url"],
+        on_busy=data["on_busy"], api_key_id=g.api_key_id))
+
+
+@bp.post("/v1/continue")
+@require_key()
+def continue_conversation():
+    body = json_body()
+    data = ContinueRequestSchema().load(body)
+    conversation_id = data["conversation_id"]
     with session_scope(g.settings) as session:
-        job = create_job(session, g.settings, Submission(
-            incoming=incoming, content=data["content"], attachments=data["attachments"],
-            metadata=data["metadata"], callback_url=data["callback_url"],
-            on_busy=data["on_busy"], api_key_id=g.api_key_id))
-        job_id = job.id
-    enqueue_after_commit([NextStep(str(job_id), 0, "start")])
-    return answer_job(job_id, wait, created=True)
+        visible = g.is_admin or session.execute(
+            select(Job.id).where(Job.conversation_id == conversation_id,
+                                 Job.api_key_id == g.api_key_id).limit(1)).first()
+    if not visible:
+        raise NotFound("conversation", str(conversation_id))
+    return _submit("/v1/continue", body, Submission(
+        incoming=None, conversation_id=conversation_id, content=data["content"],
+        metadata=data["metadata"], callback_url=data["callback_url"],
+        on_busy=data["on_busy"], api_key_id=g.api_key_id))
 
 
 @bp.get("/v1/jobs/<job_id>")
@@ -109,22 +160,103 @@ def submit_message():
 def get_job(job_id: str):
     wait = wait_seconds()
     with session_scope(g.settings) as session:
-        job = load_job(session, job_id)
-        ident = job.id
+        ident = load_job(session, job_id).id
     return answer_job(ident, wait, created=False)
+
+
+@bp.post("/v1/jobs/<job_id>/cancel")
+@require_key()
+def cancel_job(job_id: str):
+    with session_scope(g.settings) as session:
+        job = load_job(session, job_id)
+        if job.status in TERMINAL_STATUSES:
+            raise Conflict(f"Job {job_id} has already ended ({job.status}).",
+                           job_id=job_id, status=job.status)
+        effects, events = cancel(session, job)
+        events.flush(session)
+        body = job_object(job)
+    events.announce()
+    enqueue_after_commit(effects)
+    response = jsonify(body)
+    response.status_code = 202
+    return response
 
 
 @bp.get("/v1/jobs/<job_id>/events")
 @require_key()
 def list_events(job_id: str):
-    try:
-        after = int(request.args.get("after", 0))
-    except ValueError:
-        raise ValidationFailed({"after": ["Must be an integer."]}) from None
+    after = _after_arg()
     with session_scope(g.settings) as session:
-        job = load_job(session, job_id)
+        ident = load_job(session, job_id).id
+    if request.accept_mimetypes.best_match(["application/json", "text/event-stream"]) \
+            == "text/event-stream":
+        return _stream(ident, after)
+    rows = _events_after(session_factory(g.settings), ident, after)
+    return jsonify({"data": rows, "has_more": len(rows) == EVENTS_PAGE})
+
+
+def _after_arg() -> int:
+    raw = request.headers.get("Last-Event-ID") or request.args.get("after", "0")
+    try:
+        after = int(raw)
+    except ValueError:
+        raise ValidationFailed({"after": ["Must be an integer (an event seq)."]}) from None
+    if after < 0:
+        raise ValidationFailed({"after": ["Must not be negative."]})
+    return after
+
+
+def _events_after(sessions, job_id: uuid.UUID, after: int) -> list[dict]:
+    with sessions() as session:
         rows = session.execute(
-            select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.seq > after)
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
             .order_by(JobEvent.seq).limit(EVENTS_PAGE)).scalars().all()
-        return jsonify({"data": [event_dict(e) for e in rows],
-                        "has_more": len(rows) == EVENTS_PAGE})
+        return [event_dict(e) for e in rows]
+
+
+def _sse(event: dict) -> str:
+    return (f"id: {event['seq']}\nevent: {event['type']}\n"
+            f"data: {json.dumps(event, default=str)}\n\n")
+
+
+def _stream(job_id: uuid.UUID, after: int) -> Response:
+    """The backlog from Postgres, then live events pushed through the hub, until job_end.
+
+    The stream holds no database connection while idle: it waits on the hub and reads
+    Postgres only to fill a gap or on a keep-alive tick.
+    """
+    sessions = session_factory(g.settings)
+    sub = hub_for(g.settings).subscribe(str(job_id))
+
+    def generate() -> Iterator[str]:
+        last = after
+        try:
+            yield f"retry: {SSE_RETRY_MS}\n\n"
+            while True:
+                batch = _events_after(sessions, job_id, last)
+                for event in batch:
+                    yield _sse(event)
+                    last = event["seq"]
+                    if event["type"] == "job_end":
+                        return
+                if len(batch) < EVENTS_PAGE:
+                    break
+            while True:
+                pushed = sub.get(KEEPALIVE_S)
+                if not pushed:
+                    yield ": keep-alive\n\n"
+                fresh = [e for e in pushed if e["seq"] > last]
+                if not pushed or (fresh and fresh[0]["seq"] != last + 1):
+                    fresh = _events_after(sessions, job_id, last)  # a gap, or a tick
+                for event in fresh:
+                    if event["seq"] <= last:
+                        continue
+                    yield _sse(event)
+                    last = event["seq"]
+                    if event["type"] == "job_end":
+                        return
+        finally:
+            sub.close()
+
+    return Response(generate(), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

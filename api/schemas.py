@@ -60,6 +60,28 @@ class MessageRequestSchema(StrictSchema):
             raise ValidationError(f"Must be at most {MAX_METADATA_BYTES} bytes as JSON.")
 
 
+class ContinueRequestSchema(StrictSchema):
+    conversation_id = fields.UUID(required=True)
+    content = fields.String(required=True,
+                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
+    callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
+    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
+    metadata = fields.Dict(keys=fields.String(), load_default=dict)
+
+    @validates("metadata")
+    def _metadata_size(self, value: dict[str, Any], **_kw) -> None:
+        if len(json.dumps(value)) > MAX_METADATA_BYTES:
+            raise ValidationError(f"Must be at most {MAX_METADATA_BYTES} bytes as JSON.")
+
+
+class EmbedRequestSchema(StrictSchema):
+    text = fields.String(required=True, validate=[validate.Length(1, 100_000), _not_blank])
+
+
+class EmbedResponseSchema(Schema):
+    embedding = fields.List(fields.Float())
+
+
 class UsageSchema(Schema):
     input_tokens = fields.Integer()
     output_tokens = fields.Integer()

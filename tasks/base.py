@@ -21,7 +21,9 @@ def services() -> dict[str, object]:
         if not _services:
             from agentq.llm.router import LLMRouter
             from agentq.loop.step import Stepper
+            from agentq.notify import hub_for
             settings = get_settings()
+            hub_for(settings)  # steps publish their events to waiting clients
             sessions = session_factory(settings)
             registry = get_registry(settings)
             router = LLMRouter(settings)

@@ -9,9 +9,8 @@ from typing import Iterable
 from celery import chord, group
 
 from agentq.config import get_settings
-
-from agentq.loop.step import DispatchTools, Effect, JobEnded, NextStep
-from tasks.app import ORCHESTRATOR_QUEUE
+from agentq.loop.effects import DispatchTools, Effect, JobEnded, NextStep, RevokeTools
+from tasks.app import ORCHESTRATOR_QUEUE, app
 
 log = logging.getLogger(__name__)
 HARD_LIMIT_MARGIN_S = 30
@@ -25,8 +24,9 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 orchestrator.step.apply_async((job_id, iteration), {"cause": cause},
                                               queue=ORCHESTRATOR_QUEUE)
             case DispatchTools(job_id=job_id, iteration=iteration, calls=calls):
+                # the task id is the tool_use_id, so a cancel can revoke it by name
                 header = [tools.execute.signature(
-                    (tool_use_id,), queue=queue, immutable=True,
+                    (tool_use_id,), queue=queue, immutable=True, task_id=tool_use_id,
                     time_limit=2 * limit_s + HARD_LIMIT_MARGIN_S)
                     for tool_use_id, queue, limit_s in calls]
                 if get_settings().tool_join == "database":
@@ -39,5 +39,8 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 chord(header)(body)
             case JobEnded(job_id=job_id, status=status):
                 log.info("job ended", extra={"job_id": job_id, "status": status})
+            case RevokeTools(tool_use_ids=ids):
+                if not get_settings().embedded_broker:
+                    app.control.revoke(list(ids))
             case _:
                 raise TypeError(f"unknown effect {effect!r}")

@@ -1,14 +1,18 @@
 """Ending a job: its response object (content, files, tool calls, error) and `job_end`."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
+from agentq.loop.busy import lock_conversation, next_waiting, pending_inputs
+from agentq.loop.effects import Effect, JobEnded, NextStep
 from agentq.loop.store import EventBuffer
 from agentq.models import TERMINAL_STATUSES, Job, ToolCall
+from agentq.webhooks.delivery import enqueue_job_event
 
 
 def extract_files(results: list[Any]) -> list[dict[str, str]]:
@@ -33,8 +37,9 @@ def extract_files(results: list[Any]) -> list[dict[str, str]]:
 
 
 def finish_job(session: Session, job: Job, status: str, reason: str, content: str,
-               error: dict[str, Any] | None, events: EventBuffer) -> None:
-    """Set the job's end state and response; the caller's transaction commits it."""
+               error: dict[str, Any] | None, events: EventBuffer) -> list[Effect]:
+    """Set the job's end state and response, hand its conversation to the next job; the
+    caller's transaction commits it and dispatches the returned effects after."""
     assert status in TERMINAL_STATUSES, status
     calls = session.execute(
         select(ToolCall).where(ToolCall.job_id == job.id)
@@ -54,3 +59,39 @@ def finish_job(session: Session, job: Job, status: str, reason: str, content: st
     job.step_owner = job.step_lease_until = None
     job.error = error["message"] if error else None
     events.add(job.id, "job_end", status=status, finish_reason=reason)
+    enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
+    return [JobEnded(str(job.id), status), *release_conversation(session, job, events)]
+
+
+def release_conversation(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
+    """The ended job's conversation goes to the next waiting job; steering that arrived
+    too late for the job's last turn becomes a follow-up job first."""
+    conversation = lock_conversation(session, job.conversation_id)
+    if conversation.active_job_id not in (None, job.id):
+        return []
+    conversation.active_job_id = None
+    late = pending_inputs(session, job.id)
+    now = utcnow()
+    if late:
+        follow_up = Job(id=uuid.uuid4(), status="queued", conversation_id=job.conversation_id,
+                        user_id=job.user_id, persona_id=job.persona_id,
+                        api_key_id=job.api_key_id,
+                        content="\n\n".join(i.content for i in late), attachments=[],
+                        meta={"follow_up_of": str(job.id)}, callback_url=job.callback_url,
+                        on_busy="queue", model=job.model, iteration=0, phase="llm",
+                        event_seq=0, redrives=0, input_tokens=0, output_tokens=0,
+                        cost_estimate=0.0, waiting_for="conversation", created_at=now,
+                        last_progress_at=now)
+        session.add(follow_up)
+        for entry in late:
+            entry.consumed_at = now
+        events.add(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
+                   inputs=len(late))
+        session.flush()
+    nxt = next_waiting(session, conversation.id)
+    if nxt is None:
+        return []
+    nxt.waiting_for = None
+    nxt.last_progress_at = now
+    conversation.active_job_id = nxt.id
+    return [NextStep(str(nxt.id), 0, "start")]

@@ -33,7 +33,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -46,42 +46,20 @@ from agentq.llm.types import LLMReply, ToolSpec
 from agentq.loop import budget, context
 from agentq.loop.decision import (Finish, Limits, RunTools, Stop, check_limits, decide,
                                   remaining_output_budget)
+from agentq.loop.effects import (Cause, DispatchTools, Effect, JobEnded, NextStep,
+                                 RevokeTools)
 from agentq.loop.finish import finish_job
+from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import EventBuffer, append_messages, recent_messages
 from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall, User
 from agentq.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-Cause = Literal["start", "callback", "errback", "sweeper", "continue"]
 LIVE = ("queued", "running")
 TOOL_LOST_ERROR = {"code": "tool_task_failed",
                    "message": "The tool task ended without a result (its worker was lost "
                               "or it hit its hard time limit)."}
-
-
-@dataclass(frozen=True)
-class NextStep:
-    job_id: str
-    iteration: int
-    cause: Cause = "continue"
-
-
-@dataclass(frozen=True)
-class DispatchTools:
-    job_id: str
-    iteration: int
-    calls: tuple[tuple[str, str, float], ...]
-    """(tool_use_id, queue, time limit in seconds) per call."""
-
-
-@dataclass(frozen=True)
-class JobEnded:
-    job_id: str
-    status: str
-
-
-Effect = NextStep | DispatchTools | JobEnded
 
 
 @dataclass
@@ -165,6 +143,15 @@ class Stepper:
                 job.step_owner = job.step_lease_until = None
                 return [redispatch]
 
+        inputs = pending_inputs(session, job.id)
+        if inputs:
+            append_messages(session, conversation.id, job.id,
+                            [("user", entry.content, None) for entry in inputs], now)
+            for entry in inputs:
+                entry.consumed_at = now
+                events.add(job.id, "steering_injected", input_id=str(entry.id),
+                           turn=job.iteration + 1)
+
         if budget.roll_period(user, now, self.settings.budget_period_days):
             log.info("budget period reset", extra={"user_id": str(user.id)})
         limits = Limits(iteration=job.iteration, max_iterations=self.settings.max_iterations,
@@ -199,17 +186,20 @@ class Stepper:
                                    ToolCall.iteration == job.iteration)
             .order_by(ToolCall.position)).scalars().all()
         pending = [c for c in calls if c.status == "pending"]
-        if pending and cause == "sweeper":
+        if pending and cause == "sweeper" and job.cancel_requested_at is None:
             log.warning("re-dispatching lost tool calls",
                         extra={"job_id": str(job.id), "count": len(pending)})
             return DispatchTools(str(job.id), job.iteration, tuple(
                 (c.tool_use_id, c.queue, self._limit(c.name)) for c in pending))
         now = utcnow()
+        cancelled = job.cancel_requested_at is not None
         for call in pending:
-            call.status, call.result, call.finished_at = "failed", {
-                "ok": False, "result": None, "error": TOOL_LOST_ERROR}, now
+            record = CANCELLED_TOOL_RESULT if cancelled else {
+                "ok": False, "result": None, "error": TOOL_LOST_ERROR}
+            call.status = "cancelled" if cancelled else "failed"
+            call.result, call.finished_at = record, now
             events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
-                       name=call.name, ok=False, error=TOOL_LOST_ERROR["code"])
+                       name=call.name, ok=False, error=record["error"]["code"])
         append_messages(session, conversation.id, job.id, [
             ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
                                         **(c.result or {})}), None)
@@ -258,6 +248,14 @@ class Stepper:
                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
                    fallback_attempts=list(reply.attempts))
 
+        if job.cancel_requested_at is not None:
+            # cancelled while the model was thinking: the call is billed once (above), its
+            # tool calls are not run, and the job ends here
+            if reply.content:
+                append_messages(session, job.conversation_id, job.id,
+                                [("assistant", reply.content, reply.model)], now)
+            return self._stop(session, job, Stop("cancelled", "The job was cancelled."),
+                              events)
         decision = decide(reply, [t.name for t in turn.tools])
         match decision:
             case Finish(content=content):
@@ -320,8 +318,7 @@ class Stepper:
 
     def _end(self, session: Session, job: Job, status: str, reason: str, content: str,
              error: dict[str, Any] | None, events: EventBuffer) -> list[Effect]:
-        finish_job(session, job, status, reason, content, error, events)
-        return [JobEnded(str(job.id), status)]
+        return finish_job(session, job, status, reason, content, error, events)
 
     def _fail_provider(self, job_id: str, iteration: int, owner: str,
                        exc: ProviderError) -> list[Effect]:
@@ -351,12 +348,13 @@ def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException) -> list[Ef
                                                 Job.status.in_(LIVE))).scalar_one_or_none()
         if job is None:
             return []
-        finish_job(session, job, "failed", "error", "The job failed with an internal error.",
-                   {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"},
-                   events)
+        effects = finish_job(session, job, "failed", "error",
+                             "The job failed with an internal error.",
+                             {"code": "internal_error",
+                              "message": f"{type(exc).__name__}: {exc}"}, events)
         events.flush(session)
     events.announce()
-    return [JobEnded(job_id, "failed")]
+    return effects
 
 
 def _tool_use_id(job_id: uuid.UUID, turn: int, position: int) -> str:
@@ -365,10 +363,15 @@ def _tool_use_id(job_id: uuid.UUID, turn: int, position: int) -> str:
 
 
 def _user_content(job: Job) -> str:
-    if not job.attachments:
-        return job.content
-    lines = [job.content, "", "[Attached files:]"]
-    for att in job.attachments:
+    return describe_attachments(job.content, job.attachments)
+
+
+def describe_attachments(content: str, attachments: list[dict]) -> str:
+    """The message text with its attachments listed for the model (seed 000)."""
+    if not attachments:
+        return content
+    lines = [content, "", "[Attached files:]"]
+    for att in attachments:
         lines.append(f"- {att.get('filename', 'file')} (file_id: {att.get('file_id', '')}, "
                      f"{att.get('size_bytes') or 0} bytes, {att.get('mime_type') or ''})")
     lines.append("Use files.read_document(file_id) to read stored text files.")

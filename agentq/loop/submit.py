@@ -1,7 +1,8 @@
-"""A message in: resolve who and where, register attachments, and create the queued job.
+"""A message in: resolve who and where, register attachments, and either create a job or,
+when the conversation is busy, apply the message's `on_busy` policy (agentq.loop.busy).
 
-The caller commits, then enqueues the first step (`NextStep(job, 0, "start")`): a worker
-never reads a job row that is not there yet.
+The caller commits, then dispatches the returned effects: a worker never reads a job row
+that is not there yet.
 """
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
+from agentq.errors import NotFound
+from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, request_cancel,
+                              steer)
+from agentq.loop.effects import Effect, NextStep, RevokeTools
+from agentq.loop.finish import finish_job
 from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
                                   resolve_user)
-from agentq.models import FileRecord, Job
+from agentq.loop.store import EventBuffer
+from agentq.models import Conversation, FileRecord, Job, Persona, User
 
 
 @dataclass
 class Submission:
-    incoming: Incoming
+    incoming: Incoming | None
     content: str
     attachments: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -28,29 +35,142 @@ class Submission:
     on_busy: str = "queue"
     api_key_id: uuid.UUID | None = None
     model: str | None = None
+    conversation_id: uuid.UUID | None = None
+    """Set instead of `incoming` to continue an existing conversation (POST /v1/continue)."""
+    persona_id: uuid.UUID | None = None
+    """Overrides the persona cascade (replays)."""
 
 
-def create_job(session: Session, settings: Settings, sub: Submission) -> Job:
+@dataclass
+class Submitted:
+    job: Job
+    """The job that answers: a new one, or the running one when the message steered it."""
+    created: bool
+    effects: list[Effect]
+    events: EventBuffer
+
+
+def submit(session: Session, settings: Settings, sub: Submission,
+           batch_id: uuid.UUID | None = None) -> Submitted:
+    """Create the job (or steer the running one); `batch_id` jobs wait for admission."""
     now = utcnow()
-    user = resolve_user(session, sub.incoming, settings, now)
-    persona = resolve_persona(session, sub.incoming)
-    conversation = resolve_conversation(session, user, sub.incoming, persona, now)
-    attachments = []
-    for att in sub.attachments:
-        record = FileRecord(id=uuid.uuid4(), user_id=user.id,
+    events = EventBuffer()
+    if sub.conversation_id is not None:
+        conversation = session.get(Conversation, sub.conversation_id)
+        if conversation is None:
+            raise NotFound("conversation", str(sub.conversation_id))
+        user = session.get(User, conversation.user_id)
+        persona = session.get(Persona, conversation.persona_id) if conversation.persona_id \
+            else None
+    else:
+        user = resolve_user(session, sub.incoming, settings, now)
+        persona = resolve_persona(session, sub.incoming)
+        conversation = resolve_conversation(session, user, sub.incoming, persona, now)
+    if sub.persona_id is not None:
+        persona = session.get(Persona, sub.persona_id)
+        if persona is None:
+            raise NotFound("persona", str(sub.persona_id))
+
+    if batch_id is not None:
+        job = _new_job(session, sub, user, persona, conversation, now, waiting_for="batch")
+        job.batch_id = batch_id
+        return Submitted(job, True, [], events)
+
+    conversation = lock_conversation(session, conversation.id)
+    owner = active_job(session, conversation)
+    if owner is not None and sub.on_busy == "reject":
+        raise busy_conflict(owner)
+    if owner is not None and sub.on_busy == "steer":
+        steer(session, owner, _with_attachments(session, sub, user, now), sub.metadata,
+              events, now)
+        return Submitted(owner, False, [], events)
+
+    job = _new_job(session, sub, user, persona, conversation, now,
+                   waiting_for="conversation" if owner is not None else None)
+    effects: list[Effect] = []
+    if owner is None:
+        conversation.active_job_id = job.id
+        effects.append(NextStep(str(job.id), 0, "start"))
+    elif sub.on_busy == "interrupt":
+        effects += interrupt(session, owner, events)
+    return Submitted(job, True, effects, events)
+
+
+def admit(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
+    """A batch job's turn: it takes its conversation, or waits for it in order."""
+    conversation = lock_conversation(session, job.conversation_id)
+    owner = active_job(session, conversation)
+    if owner is None:
+        job.waiting_for = None
+        job.last_progress_at = utcnow()
+        conversation.active_job_id = job.id
+        return [NextStep(str(job.id), 0, "start")]
+    job.waiting_for = "conversation"
+    return []
+
+
+def interrupt(session: Session, owner: Job, events: EventBuffer) -> list[Effect]:
+    """Cancel `owner`: at once if it never started, else at its next step boundary."""
+    if owner.status == "queued" and owner.started_at is None:
+        return finish_job(session, owner, "cancelled", "cancelled",
+                          "The job was cancelled before it started.",
+                          {"code": "cancelled", "message": "Interrupted by a new message."},
+                          events)
+    revoked = request_cancel(session, owner, events)
+    effects: list[Effect] = []
+    if revoked:
+        effects.append(RevokeTools(tuple(revoked)))
+    if owner.phase == "tools":
+        effects.append(NextStep(str(owner.id), owner.iteration, "callback"))
+    return effects
+
+
+def cancel(session: Session, job: Job) -> tuple[list[Effect], EventBuffer]:
+    """POST /v1/jobs/<id>/cancel on a live job."""
+    events = EventBuffer()
+    if job.status == "queued" and job.started_at is None:
+        return finish_job(session, job, "cancelled", "cancelled", "The job was cancelled.",
+                          {"code": "cancelled", "message": "Cancelled by request."},
+                          events), events
+    return interrupt(session, job, events), events
+
+
+def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
+             conversation: Conversation, now, waiting_for: str | None) -> Job:
+    job = Job(id=uuid.uuid4(), status="queued", conversation_id=conversation.id,
+              user_id=user.id, persona_id=persona.id if persona else None,
+              api_key_id=sub.api_key_id, content=sub.content, attachments=[],
+              meta=sub.metadata or {}, callback_url=sub.callback_url, on_busy=sub.on_busy,
+              model=sub.model, iteration=0, phase="llm", event_seq=0, redrives=0,
+              input_tokens=0, output_tokens=0, cost_estimate=0.0, waiting_for=waiting_for,
+              created_at=now, last_progress_at=now)
+    job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _register_attachments(session: Session, attachments: list[dict[str, Any]], user: User,
+                          job_id: uuid.UUID | None, now) -> list[dict[str, Any]]:
+    registered = []
+    for att in attachments:
+        record = FileRecord(id=uuid.uuid4(), user_id=user.id, job_id=job_id,
                             filename=att.get("filename") or "file",
                             mime_type=att.get("mime_type"), size_bytes=att.get("size_bytes"),
                             minio_key=att.get("minio_key"), public_url=att.get("url"),
                             created_at=now)
         session.add(record)
-        attachments.append({**att, "file_id": str(record.id)})
-    job = Job(id=uuid.uuid4(), status="queued", conversation_id=conversation.id,
-              user_id=user.id, persona_id=persona.id if persona else None,
-              api_key_id=sub.api_key_id, content=sub.content, attachments=attachments,
-              meta=sub.metadata or {}, callback_url=sub.callback_url, on_busy=sub.on_busy,
-              model=sub.model, iteration=0, phase="llm", event_seq=0, redrives=0,
-              input_tokens=0, output_tokens=0, cost_estimate=0.0,
-              created_at=now, last_progress_at=now)
-    session.add(job)
-    session.flush()
-    return job
+        registered.append({**att, "file_id": str(record.id)})
+    return registered
+
+
+def _with_attachments(session: Session, sub: Submission, user: User, now) -> str:
+    """A steering message's text, with its attachments described as in a new message."""
+    from agentq.loop.step import describe_attachments
+    registered = _register_attachments(session, sub.attachments, user, None, now)
+    return describe_attachments(sub.content, registered)
+
+
+def create_job(session: Session, settings: Settings, sub: Submission) -> Job:
+    """Submit a message to a conversation that is not busy (tests, the CLI)."""
+    return submit(session, settings, sub).job

@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.finish import finish_job
-from agentq.loop.step import Effect, JobEnded, NextStep
+from agentq.loop.effects import Effect, NextStep
 from agentq.loop.store import EventBuffer
 from agentq.models import Job
 
@@ -28,6 +28,7 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
     events = EventBuffer()
     with sessions() as session, session.begin():
         query = (select(Job).where(Job.status.in_(("queued", "running")),
+                                   Job.waiting_for.is_(None),
                                    Job.last_progress_at < deadline,
                                    or_(Job.step_lease_until.is_(None),
                                        Job.step_lease_until < now))
@@ -38,12 +39,12 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
             if job.redrives >= settings.max_redrives:
                 log.error("job stalled; failing it", extra={"job_id": str(job.id),
                                                             "redrives": job.redrives})
-                finish_job(session, job, "failed", "error",
-                           "The job stopped making progress and was ended.",
-                           {"code": "stalled",
-                            "message": f"No progress after {job.redrives} re-drives.",
-                            "redrives": job.redrives}, events)
-                effects.append(JobEnded(str(job.id), "failed"))
+                effects += finish_job(session, job, "failed", "error",
+                                      "The job stopped making progress and was ended.",
+                                      {"code": "stalled",
+                                       "message": f"No progress after {job.redrives} "
+                                                  "re-drives.",
+                                       "redrives": job.redrives}, events)
                 continue
             job.redrives += 1
             job.last_progress_at = now

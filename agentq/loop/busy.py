@@ -1,0 +1,111 @@
+"""One job runs per conversation at a time; what happens to the next message (`on_busy`).
+
+A conversation's `active_job_id` names the job that owns it. A message for a busy
+conversation follows its policy (seed 001's steering and follow-ups):
+
+  queue      a new job that waits (`waiting_for="conversation"`), started when the owner
+             ends, in arrival order
+  steer      a `job_inputs` row for the owner, injected as a user message at its next turn
+             boundary; if the owner ends before another turn, the input becomes a follow-up
+  interrupt  the owner is cancelled (at its next step boundary; pending tool calls answered
+             `cancelled`) and the new job waits for it to end
+  reject     409 naming the running job
+
+The conversation row is locked while deciding, so two messages racing for one conversation
+are ordered, never both started.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from agentq.db import utcnow
+from agentq.errors import Conflict
+from agentq.loop.store import EventBuffer
+from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobInput, ToolCall
+
+CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
+                         "error": {"code": "cancelled",
+                                   "message": "The job was cancelled; this tool did not run "
+                                              "to completion."}}
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A running job answered the message (steer) instead of a new job."""
+    job: Job
+
+
+def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversation:
+    query = select(Conversation).where(Conversation.id == conversation_id)
+    if session.bind.dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.execute(query.execution_options(populate_existing=True)).scalar_one()
+
+
+def active_job(session: Session, conversation: Conversation) -> Job | None:
+    if conversation.active_job_id is None:
+        return None
+    job = session.get(Job, conversation.active_job_id)
+    if job is None or job.status in TERMINAL_STATUSES:
+        conversation.active_job_id = None
+        return None
+    return job
+
+
+def request_cancel(session: Session, job: Job, events: EventBuffer,
+                   now: datetime | None = None) -> list[str]:
+    """Ask a live job to stop at its next step boundary; answer its pending tool calls.
+
+    Returns the tool_use_ids whose queued tasks should be revoked.
+    """
+    now = now or utcnow()
+    if job.cancel_requested_at is None:
+        job.cancel_requested_at = now
+        events.add(job.id, "cancel_requested")
+    pending = session.execute(
+        select(ToolCall.tool_use_id, ToolCall.name).where(
+            ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
+            ToolCall.status == "pending")).all()
+    if pending:
+        session.execute(update(ToolCall).where(
+            ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
+            ToolCall.status == "pending").values(status="cancelled",
+                                                 result=CANCELLED_TOOL_RESULT, finished_at=now))
+        for tool_use_id, name in pending:
+            events.add(job.id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
+                       ok=False, error="cancelled")
+    return [tool_use_id for tool_use_id, _ in pending]
+
+
+def steer(session: Session, job: Job, content: str, metadata: dict, events: EventBuffer,
+          now: datetime | None = None) -> JobInput:
+    entry = JobInput(id=uuid.uuid4(), job_id=job.id, content=content, meta=metadata or {},
+                     created_at=now or utcnow())
+    session.add(entry)
+    events.add(job.id, "steering_queued", input_id=str(entry.id))
+    return entry
+
+
+def pending_inputs(session: Session, job_id: uuid.UUID) -> list[JobInput]:
+    return list(session.execute(
+        select(JobInput).where(JobInput.job_id == job_id, JobInput.consumed_at.is_(None))
+        .order_by(JobInput.created_at)).scalars())
+
+
+def next_waiting(session: Session, conversation_id: uuid.UUID) -> Job | None:
+    return session.execute(
+        select(Job).where(Job.conversation_id == conversation_id,
+                          Job.waiting_for == "conversation", Job.status == "queued")
+        # an interrupting message goes before queued follow-ups
+        .order_by((Job.on_busy != "interrupt"), Job.created_at, Job.id).limit(1)
+    ).scalar_one_or_none()
+
+
+def busy_conflict(job: Job) -> Conflict:
+    return Conflict(f"The conversation is busy with job {job.id}.", job_id=str(job.id),
+                    status=job.status)

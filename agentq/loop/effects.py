@@ -1,0 +1,38 @@
+"""What a step asks the transport to do once its transaction has committed: plain values,
+so nothing in the loop knows Celery."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cause = Literal["start", "callback", "errback", "sweeper", "continue"]
+
+
+@dataclass(frozen=True)
+class NextStep:
+    job_id: str
+    iteration: int
+    cause: Cause = "continue"
+
+
+@dataclass(frozen=True)
+class DispatchTools:
+    job_id: str
+    iteration: int
+    calls: tuple[tuple[str, str, float], ...]
+    """(tool_use_id, queue, time limit in seconds) per call."""
+
+
+@dataclass(frozen=True)
+class RevokeTools:
+    """Queued tool tasks of a cancelled job (their Celery task id is the tool_use_id)."""
+    tool_use_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    job_id: str
+    status: str
+
+
+Effect = NextStep | DispatchTools | RevokeTools | JobEnded

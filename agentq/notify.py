@@ -1,0 +1,133 @@
+"""Live job events across processes: steps publish after commit, the API's waiters (`?wait=`)
+and event streams listen. Postgres stays the record; this only says "look now".
+
+With a Redis broker, events go through Redis pub/sub: each process holds ONE subscriber
+connection (a pattern subscription) and fans messages out to its local waiters, so an idle
+stream or wait holds neither a database connection nor a Redis connection of its own. With
+the embedded broker everything is in one process and a local fan-out suffices.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from typing import Any
+
+from agentq.config import Settings
+
+log = logging.getLogger(__name__)
+CHANNEL_PREFIX = "agentq:job:"
+LISTENER_RETRY_S = 1.0
+
+
+class Subscription:
+    """Events of one job, as they are published; `get` returns [] on timeout."""
+
+    def __init__(self, hub: "Hub", job_id: str):
+        self.hub, self.job_id = hub, job_id
+        self.queue: queue.Queue[list[dict[str, Any]]] = queue.Queue()
+
+    def get(self, timeout_s: float) -> list[dict[str, Any]]:
+        try:
+            return self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return []
+
+    def close(self) -> None:
+        self.hub._remove(self)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Hub:
+    """Local fan-out of events to this process's subscriptions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[str, set[Subscription]] = {}
+
+    def subscribe(self, job_id: str) -> Subscription:
+        sub = Subscription(self, job_id)
+        with self._lock:
+            self._subs.setdefault(job_id, set()).add(sub)
+        self._started()
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.job_id)
+            if subs:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.job_id]
+
+    def deliver(self, job_id: str, events: list[dict[str, Any]]) -> None:
+        with self._lock:
+            subs = list(self._subs.get(job_id, ()))
+        for sub in subs:
+            sub.queue.put(events)
+
+    def publish(self, job_id: str, events: list[dict[str, Any]]) -> None:
+        self.deliver(job_id, events)
+
+    def _started(self) -> None:
+        """Hook for hubs with a listener to start lazily."""
+
+
+class RedisHub(Hub):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        import redis
+        self._redis = redis.Redis.from_url(url)
+        self._url = url
+        self._listener: threading.Thread | None = None
+        self._listening = threading.Event()
+
+    def publish(self, job_id: str, events: list[dict[str, Any]]) -> None:
+        self._redis.publish(CHANNEL_PREFIX + job_id, json.dumps(events, default=str))
+
+    def _started(self) -> None:
+        with self._lock:
+            if self._listener is None:
+                self._listener = threading.Thread(target=self._listen, daemon=True,
+                                                  name="agentq-events")
+                self._listener.start()
+        self._listening.wait(5)
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe(CHANNEL_PREFIX + "*")
+                pubsub.get_message(timeout=1)  # the subscribe confirmation
+                self._listening.set()
+                for message in pubsub.listen():
+                    if message.get("type") != "pmessage":
+                        continue
+                    job_id = message["channel"].decode()[len(CHANNEL_PREFIX):]
+                    self.deliver(job_id, json.loads(message["data"]))
+            except Exception:
+                log.exception("event listener lost Redis; reconnecting")
+                threading.Event().wait(LISTENER_RETRY_S)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub_for(settings: Settings) -> Hub:
+    """This process's hub, made once; steps publish to it through the event hook."""
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            redis_urls = [u for u in (settings.broker_url, settings.result_backend_url)
+                          if u.startswith(("redis://", "rediss://"))]
+            _hub = RedisHub(redis_urls[0]) if redis_urls else Hub()
+            from agentq.loop.store import on_events
+            on_events(_hub.publish)
+        return _hub

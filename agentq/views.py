@@ -1,0 +1,54 @@
+"""Row → JSON object, exactly as API.md gives it: shared by the API and by the webhook
+payloads (which carry the same job and batch objects), so it lives in the library."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+from agentq.models import Batch, Job, WebhookDelivery
+
+BATCH_COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _id(value) -> str | None:
+    return str(value) if value else None
+
+
+def job_object(job: Job) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "status": job.status,
+        "finish_reason": job.finish_reason,
+        "conversation_id": str(job.conversation_id),
+        "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "iterations": job.iteration,
+        "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens,
+                  "cost_estimate": round(job.cost_estimate or 0.0, 8)},
+        "response": job.response,
+        "replay_of": _id(job.replay_of),
+        "batch_id": _id(job.batch_id),
+        "metadata": job.meta or {},
+    }
+
+
+def batch_object(batch: Batch, counts_by_status: Mapping[str, int]) -> dict[str, Any]:
+    """`counts_by_status`: the batch's jobs counted per job status (missing = 0)."""
+    counts = {"total": batch.total}
+    counts.update({key: int(counts_by_status.get(key, 0)) for key in BATCH_COUNT_KEYS})
+    return {"id": str(batch.id), "status": batch.status, "counts": counts,
+            "created_at": _iso(batch.created_at), "finished_at": _iso(batch.finished_at)}
+
+
+def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:
+    return {"id": str(delivery.id), "event_id": delivery.event_id,
+            "event_type": delivery.event_type, "url": delivery.url,
+            "attempt": delivery.attempt, "status": delivery.status,
+            "status_code": delivery.status_code, "latency_ms": delivery.latency_ms,
+            "error": delivery.error, "created_at": _iso(delivery.created_at),
+            "next_attempt_at": _iso(delivery.next_attempt_at)}

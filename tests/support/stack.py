@@ -1,0 +1,176 @@
+"""Starting the Procfile's processes on loopback against a fresh Postgres database and a
+Redis broker: used by the integration tests and the benchmarks."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_ADMIN_URL = os.environ.get("AGENTQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS", "redis://127.0.0.1:6379/9")
+READY_TIMEOUT_S = 60
+WORKERS = ("orchestrator", "tools", "tools-slow", "webhooks")
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def create_database(name: str) -> str:
+    """A fresh database, migrated by Alembic; returns its SQLAlchemy URL."""
+    import psycopg2
+    admin = psycopg2.connect(PG_ADMIN_URL)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.close()
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg2://")
+    url = f"{base}/{name}"
+    from agentq import migrate
+    from agentq.config import Settings
+    migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": url}))
+    return url
+
+
+def drop_database(name: str) -> None:
+    import psycopg2
+    from agentq.db import dispose_engines
+    dispose_engines()
+    admin = psycopg2.connect(PG_ADMIN_URL)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.close()
+
+
+def flush_redis(url: str = REDIS_URL) -> None:
+    import redis
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+class Stack:
+    """The processes of one deployment: web, workers per queue kind, beat."""
+
+    def __init__(self, database_url: str, llm_base_url: str, scratch: Path,
+                 extra_env: dict[str, str] | None = None, workers=WORKERS,
+                 web_threads: int = 16, beat: bool = True):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url
+        self.scratch = Path(scratch)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_"))}
+        env.update({
+            "AGENTQ_DATABASE_URL": database_url, "AGENTQ_BROKER_URL": REDIS_URL,
+            "AGENTQ_HOME": str(self.scratch), "AGENTQ_TEST_SCRATCH": str(self.scratch),
+            "OPENAI_BASE_URL": llm_base_url, "OPENAI_API_KEY": "sk-test",
+            "AGENTQ_PUBLIC_URL": self.base, "PORT": str(self.port),
+            "AGENTQ_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore",
+        })
+        env.update(extra_env or {})
+        self.env = env
+        self.workers = tuple(workers)
+        self.web_threads = web_threads
+        self.with_beat = beat
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+
+    def agentq_bin(self) -> str:
+        return str(Path(sys.executable).with_name("agentq"))
+
+    def start(self) -> "Stack":
+        commands = {"web": [sys.executable, "-m", "gunicorn", "--bind",
+                            f"127.0.0.1:{self.port}", "--workers", "1", "--threads",
+                            str(self.web_threads), "api.wsgi:app"]}
+        for kind in self.workers:
+            commands[kind] = [self.agentq_bin(), "worker", kind]
+        if self.with_beat:
+            commands["beat"] = [self.agentq_bin(), "beat"]
+        for name, cmd in commands.items():
+            self.logs[name] = self.scratch / f"{name}.log"
+            with self.logs[name].open("wb") as out:
+                self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
+                                                    stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        pending = set(self.workers) | ({"beat"} if self.with_beat else set())
+        while pending and time.monotonic() < deadline:
+            pending = {n for n in pending if b" ready." not in self.logs[n].read_bytes()}
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise StackError(f"{name} exited: {self.logs[name].read_text()[-3000:]}")
+            time.sleep(0.2)
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.base}/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        else:
+            raise StackError("the web process did not answer")
+        if pending:
+            raise StackError(f"not ready: {sorted(pending)}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def settings(self):
+        from agentq.config import Settings
+        return Settings.from_env(self.env)
+
+    def sessions(self):
+        from agentq.db import session_factory
+        return session_factory(self.settings())
+
+    def agentq(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.agentq_bin(), *args], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=60)
+
+    def create_key(self, name: str = "key", admin: bool = True) -> str:
+        result = self.agentq("keys", "create", name, *(["--admin"] if admin else []))
+        if result.returncode != 0:
+            raise StackError(result.stderr)
+        return result.stdout.strip()

@@ -1,0 +1,187 @@
+"""Who is asking, as which persona, in which conversation (SQLite)."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import func, select
+
+from agentq import migrate
+from agentq.config import Settings
+from agentq.db import dispose_engines, session_scope
+from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
+                                  resolve_user)
+from agentq.models import Conversation, Persona, User, UserPlatformLink
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
+                                  "AGENTQ_GUEST_MONTHLY_TOKENS": "1234",
+                                  "AGENTQ_BUDGET_PERIOD_DAYS": "7"})
+    migrate.upgrade(settings)
+    yield settings
+    dispose_engines()
+
+
+def _persona(session, name: str, *, platform=None, server=None, default=False,
+             created_at=T0) -> Persona:
+    persona = Persona(id=uuid.uuid4(), name=name, platform=platform,
+                      platform_server_id=server, is_default=default, created_at=created_at)
+    session.add(persona)
+    session.flush()
+    return persona
+
+
+# --- users ----------------------------------------------------------------------------
+
+def test_first_contact_creates_a_guest_with_a_link_and_the_guest_budget(settings):
+    # given an empty database
+    incoming = Incoming("discord", "u-1", "chan-1")
+    # when
+    with session_scope(settings) as session:
+        user = resolve_user(session, incoming, settings, now=T0)
+        user_id = user.id
+    # then
+    with session_scope(settings) as session:
+        stored = session.get(User, user_id)
+        assert stored.permission_level == "guest"
+        assert stored.token_budget_monthly == 1234
+        assert stored.tokens_used_this_month == 0
+        assert stored.budget_reset_at == T0 + timedelta(days=7)
+        links = session.execute(select(UserPlatformLink)).scalars().all()
+        assert [(l.user_id, l.platform, l.platform_user_id) for l in links] == [
+            (user_id, "discord", "u-1")]
+
+
+def test_second_contact_returns_the_same_user(settings):
+    # given a known user
+    incoming = Incoming("discord", "u-1", "chan-1")
+    with session_scope(settings) as session:
+        first = resolve_user(session, incoming, settings).id
+    # when the same platform user writes again, from another channel
+    with session_scope(settings) as session:
+        second = resolve_user(session, Incoming("discord", "u-1", "chan-2"), settings).id
+    # then
+    assert second == first
+    with session_scope(settings) as session:
+        assert session.scalar(select(func.count()).select_from(User)) == 1
+        assert session.scalar(select(func.count()).select_from(UserPlatformLink)) == 1
+
+
+def test_the_same_id_on_another_platform_is_another_user(settings):
+    # given / when
+    with session_scope(settings) as session:
+        a = resolve_user(session, Incoming("discord", "u-1", "c"), settings).id
+        b = resolve_user(session, Incoming("slack", "u-1", "c"), settings).id
+    # then
+    assert a != b
+
+
+# --- personas -------------------------------------------------------------------------
+
+def test_persona_cascade_server_then_platform_then_default_then_none(settings):
+    # given a default persona, a discord persona and one for discord server s1
+    with session_scope(settings) as session:
+        default = _persona(session, "default", default=True).id
+        platform = _persona(session, "discord", platform="discord").id
+        server = _persona(session, "s1", platform="discord", server="s1").id
+
+    def persona_for(incoming):
+        with session_scope(settings) as session:
+            found = resolve_persona(session, incoming)
+            return found.id if found else None
+
+    # when / then
+    assert persona_for(Incoming("discord", "u", "c", platform_server_id="s1")) == server
+    assert persona_for(Incoming("discord", "u", "c", platform_server_id="s2")) == platform
+    assert persona_for(Incoming("discord", "u", "c")) == platform
+    assert persona_for(Incoming("slack", "u", "c", platform_server_id="s1")) == default
+    with session_scope(settings) as session:
+        session.delete(session.get(Persona, default))
+    assert persona_for(Incoming("slack", "u", "c")) is None
+
+
+def test_the_oldest_persona_of_a_scope_wins(settings):
+    # given two personas for the same platform
+    with session_scope(settings) as session:
+        _persona(session, "newer", platform="discord", created_at=T0 + timedelta(days=1))
+        older = _persona(session, "older", platform="discord", created_at=T0).id
+    # when
+    with session_scope(settings) as session:
+        found = resolve_persona(session, Incoming("discord", "u", "c")).id
+    # then
+    assert found == older
+
+
+# --- conversations --------------------------------------------------------------------
+
+def _conversation(settings, incoming: Incoming):
+    with session_scope(settings) as session:
+        user = resolve_user(session, incoming, settings)
+        return resolve_conversation(session, user, incoming, None).id
+
+
+def test_a_thread_is_its_own_conversation(settings):
+    # given / when
+    channel = _conversation(settings, Incoming("discord", "u-1", "chan-1"))
+    thread = _conversation(settings, Incoming("discord", "u-1", "chan-1", "thread-9"))
+    other_thread = _conversation(settings, Incoming("discord", "u-1", "chan-1", "thread-10"))
+    # then
+    assert len({channel, thread, other_thread}) == 3
+    with session_scope(settings) as session:
+        stored = session.get(Conversation, thread)
+        assert (stored.platform, stored.platform_channel_id, stored.platform_thread_id) == (
+            "discord", "chan-1", "thread-9")
+
+
+def test_the_same_place_returns_the_same_conversation(settings):
+    # given a conversation in a thread
+    first = _conversation(settings, Incoming("discord", "u-1", "chan-1", "thread-9"))
+    # when the same place is seen again, also by another user
+    again = _conversation(settings, Incoming("discord", "u-1", "chan-1", "thread-9"))
+    other_user = _conversation(settings, Incoming("discord", "u-2", "chan-1", "thread-9"))
+    # then
+    assert again == first == other_user
+    with session_scope(settings) as session:
+        assert session.scalar(select(func.count()).select_from(Conversation)) == 1
+
+
+def test_the_same_channel_on_another_platform_is_another_conversation(settings):
+    # given / when
+    a = _conversation(settings, Incoming("discord", "u-1", "chan-1"))
+    b = _conversation(settings, Incoming("slack", "u-1", "chan-1"))
+    # then
+    assert a != b
+
+
+def test_a_conversation_records_its_persona(settings):
+    # given a platform persona
+    with session_scope(settings) as session:
+        persona = _persona(session, "p", platform="discord").id
+    incoming = Incoming("discord", "u-1", "chan-1")
+    # when
+    with session_scope(settings) as session:
+        user = resolve_user(session, incoming, settings)
+        conversation = resolve_conversation(session, user, incoming,
+                                            resolve_persona(session, incoming))
+        conversation_id = conversation.id
+    # then
+    with session_scope(settings) as session:
+        assert session.get(Conversation, conversation_id).persona_id == persona
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: scope_key joins platform, channel and thread with "
+                   "'\\x1f' without escaping, so ids containing that character make two "
+                   "different places share one conversation (and its history)")
+def test_two_different_places_never_share_a_conversation(settings):
+    # given two different (channel, thread) places whose ids contain the separator
+    a = Incoming("discord", "u-1", "chan\x1fthr", "x")
+    b = Incoming("discord", "u-2", "chan", "thr\x1fx")
+    # when
+    first, second = _conversation(settings, a), _conversation(settings, b)
+    # then
+    assert first != second
