@@ -46,8 +46,9 @@ class ValidationFailed(ClientError):
     status = 422
     code = "validation_error"
 
-    def __init__(self, fields: dict[str, Any], message: str = "The request is not valid."):
-        super().__init__(message, fields=fields)
+    def __init__(self, fields: dict[str, Any], message: str = "The request is not valid.",
+                 **extra: Any):
+        super().__init__(message, fields=fields, **extra)
         self.fields = fields
 
 

@@ -57,9 +57,11 @@ def find(session: Session, api_key_id: uuid.UUID, key: str, digest: str) -> uuid
     return row.job_id or row.batch_id
 
 
-def remember(session: Session, api_key_id: uuid.UUID, key: str, digest: str, *,
-             job_id: uuid.UUID | None = None, batch_id: uuid.UUID | None = None) -> None:
-    session.add(IdempotencyKey(id=uuid.uuid4(), api_key_id=api_key_id, key=key,
-                               request_hash=digest, job_id=job_id, batch_id=batch_id,
-                               created_at=utcnow()))
+def claim(session: Session, api_key_id: uuid.UUID, key: str, digest: str) -> IdempotencyKey:
+    """Take the key before anything else is written or locked: a concurrent duplicate
+    waits here on the unique index and then finds this request's job."""
+    row = IdempotencyKey(id=uuid.uuid4(), api_key_id=api_key_id, key=key,
+                         request_hash=digest, created_at=utcnow())
+    session.add(row)
     session.flush()
+    return row

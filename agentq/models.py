@@ -300,6 +300,7 @@ class WebhookDelivery(Base):
     """One attempt to deliver one event; `event_id` is the stable `webhook-id`."""
     __tablename__ = "webhook_deliveries"
     __table_args__ = (Index("ix_webhook_deliveries_job", "job_id", "created_at"),
+                      Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
                       Index("ix_webhook_deliveries_batch", "batch_id", "created_at"))
     id: Mapped[uuid.UUID] = _id()
     event_id: Mapped[str] = mapped_column(String(64), index=True)

@@ -1,13 +1,11 @@
 """Row → JSON object, exactly as API.md gives it: shared by the API and by the webhook
-payloads (which carry the same job and batch objects), so it lives in the library."""
+payloads (which carry the same job object), so it lives in the library."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
-from agentq.models import Batch, Job, WebhookDelivery
-
-BATCH_COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
+from agentq.models import Job, WebhookDelivery
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -35,14 +33,6 @@ def job_object(job: Job) -> dict[str, Any]:
         "batch_id": _id(job.batch_id),
         "metadata": job.meta or {},
     }
-
-
-def batch_object(batch: Batch, counts_by_status: Mapping[str, int]) -> dict[str, Any]:
-    """`counts_by_status`: the batch's jobs counted per job status (missing = 0)."""
-    counts = {"total": batch.total}
-    counts.update({key: int(counts_by_status.get(key, 0)) for key in BATCH_COUNT_KEYS})
-    return {"id": str(batch.id), "status": batch.status, "counts": counts,
-            "created_at": _iso(batch.created_at), "finished_at": _iso(batch.finished_at)}
 
 
 def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:

@@ -19,9 +19,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         g.settings = settings
 
     from agentq.notify import hub_for
-    from api import conversations, embed, errors, files, health, jobs
+    from api import (batches, conversations, deliveries, embed, errors, files, health,
+                     jobs)
     hub_for(settings)
     errors.register(app)
-    for module in (jobs, conversations, files, health, embed):
+    for module in (jobs, conversations, files, health, embed, deliveries, batches):
         app.register_blueprint(module.bp)
+    from api import openapi
+    app.register_blueprint(openapi.bp)
     return app

@@ -34,7 +34,11 @@ def register(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
         code = (exc.name or "error").lower().replace(" ", "_")
-        return error_response(exc.code or 500, code, exc.description or exc.name)
+        response = error_response(exc.code or 500, code, exc.description or exc.name)
+        for name, value in exc.get_headers():  # e.g. 405's Allow (RFC 9110)
+            if name.lower() not in ("content-type", "content-length"):
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

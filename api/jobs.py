@@ -107,10 +107,11 @@ def _submit(route: str, body: dict, sub: Submission):
                     earlier = idempotency.find(session, g.api_key_id, key, digest)
                     if earlier is not None:
                         return answer_job(earlier, wait, created=True, replayed=True)
+                claimed = (idempotency.claim(session, g.api_key_id, key, digest)
+                           if key is not None else None)
                 submitted = submit(session, g.settings, sub)
-                if key is not None:
-                    idempotency.remember(session, g.api_key_id, key, digest,
-                                         job_id=submitted.job.id)
+                if claimed is not None:
+                    claimed.job_id = submitted.job.id
                 submitted.events.flush(session)
                 job_id = submitted.job.id
             break

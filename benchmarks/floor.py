@@ -34,14 +34,21 @@ class Floor:
         from agentq.db import session_scope
         from agentq.loop.execute import execute_tool_call
         from agentq.loop.identity import Incoming
-        from agentq.loop.step import DispatchTools, JobEnded, NextStep
-        from agentq.loop.submit import Submission, create_job
+        from agentq.loop import submit as submit_mod
+        DispatchTools, JobEnded, NextStep = _effect_types()
         t0 = time.time()
+        sub = submit_mod.Submission(incoming=Incoming("api", user, channel), content=content)
         with session_scope(self.settings) as session:
-            job = create_job(session, self.settings,
-                             Submission(Incoming("api", user, channel), content))
-            job_id = str(job.id)
-        effects = [NextStep(job_id, 0, "start")]
+            if hasattr(submit_mod, "submit"):  # what POST /v1/messages does
+                submitted = submit_mod.submit(session, self.settings, sub)
+                submitted.events.flush(session)
+                job_id, effects = str(submitted.job.id), list(submitted.effects)
+                announce = submitted.events.announce
+            else:
+                job_id = str(submit_mod.create_job(session, self.settings, sub).id)
+                effects, announce = [NextStep(job_id, 0, "start")], None
+        if announce is not None:
+            announce()
         status = None
         while effects:
             following = []
@@ -60,6 +67,14 @@ class Floor:
 
     def close(self) -> None:
         self.router.close()
+
+
+def _effect_types():
+    try:
+        from agentq.loop.effects import DispatchTools, JobEnded, NextStep
+    except ImportError:  # before the effects had their own module
+        from agentq.loop.step import DispatchTools, JobEnded, NextStep
+    return DispatchTools, JobEnded, NextStep
 
 
 def new_ids() -> tuple[str, str]:

@@ -150,18 +150,24 @@ def machine_cpu() -> tuple[float, float]:
 class CpuMeter:
     """CPU seconds each named process used between start() and stop(), and machine load."""
 
-    def __init__(self, pids: dict[str, int]):
+    def __init__(self, pids: dict[str, int], alone: Iterable[str] = ("bench_client",)):
         self.pids = pids
+        self.alone = set(alone)
+        """Names counted without their children (the benchmark's own process is the
+        parent of the whole stack)."""
+
+    def _cpu(self, name: str) -> float:
+        return cpu_seconds(self.pids[name], with_children=name not in self.alone)
 
     def start(self) -> "CpuMeter":
         self.t0 = time.perf_counter()
-        self.before = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self.before = {n: self._cpu(n) for n in self.pids}
         self.machine0 = machine_cpu()
         return self
 
     def stop(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.t0
-        used = {n: round(cpu_seconds(p) - self.before[n], 3) for n, p in self.pids.items()}
+        used = {n: round(self._cpu(n) - self.before[n], 3) for n in self.pids}
         busy0, total0 = self.machine0
         busy1, total1 = machine_cpu()
         util = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
@@ -176,14 +182,14 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True, name="rss-sampler")
         self.pid, self.interval_s = pid, interval_s
         self.peak = self.first = rss_bytes(pid)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             self.peak = max(self.peak, rss_bytes(self.pid))
 
     def stop(self) -> dict[str, float]:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=2)
         last = rss_bytes(self.pid)
         self.peak = max(self.peak, last)
@@ -405,7 +411,7 @@ class JobWatcher(threading.Thread):
         self.pending: dict[str, threading.Event] = {}
         self.ended: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.start()
 
     def watch(self, job_id: str) -> threading.Event:
@@ -433,7 +439,7 @@ class JobWatcher(threading.Thread):
 
     def run(self) -> None:
         cur = self.conn.cursor()
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             with self.lock:
                 ids = list(self.pending)
             if not ids:
@@ -455,7 +461,7 @@ class JobWatcher(threading.Thread):
                         event.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=2)
         self.conn.close()
 

@@ -19,7 +19,8 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600
 
 def make_celery(settings: Settings) -> Celery:
     app = Celery("agentq", broker=settings.broker_url, backend=settings.result_backend_url,
-                 include=["tasks.orchestrator", "tasks.tools", "tasks.maintenance"])
+                 include=["tasks.orchestrator", "tasks.tools", "tasks.maintenance",
+                          "tasks.webhooks"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -38,7 +39,11 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={"sweep": {"task": "maintenance.sweep",
                                  "schedule": settings.sweep_interval_s,
                                  "options": {"queue": MAINTENANCE_QUEUE,
-                                             "expires": settings.sweep_interval_s}}},
+                                             "expires": settings.sweep_interval_s}},
+                         "sweep-webhooks": {"task": "maintenance.sweep_webhooks",
+                                            "schedule": settings.sweep_interval_s,
+                                            "options": {"queue": MAINTENANCE_QUEUE,
+                                                        "expires": settings.sweep_interval_s}}},
         timezone="UTC",
         # Results are needed only to join a chord; without chords nothing reads them.
         task_ignore_result=settings.tool_join != "chord",

@@ -9,7 +9,8 @@ from typing import Iterable
 from celery import chord, group
 
 from agentq.config import get_settings
-from agentq.loop.effects import DispatchTools, Effect, JobEnded, NextStep, RevokeTools
+from agentq.loop.effects import (BatchEnded, DispatchTools, Effect, JobEnded, NextStep,
+                                 RevokeTools)
 from tasks.app import ORCHESTRATOR_QUEUE, app
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,25 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 chord(header)(body)
             case JobEnded(job_id=job_id, status=status):
                 log.info("job ended", extra={"job_id": job_id, "status": status})
+                from tasks.webhooks import schedule_for_job
+                schedule_for_job(job_id)  # its webhook row was written with the end
+            case BatchEnded(batch_id=batch_id, status=status):
+                log.info("batch ended", extra={"batch_id": batch_id, "status": status})
+                _schedule_batch_webhook(batch_id)
             case RevokeTools(tool_use_ids=ids):
                 if not get_settings().embedded_broker:
                     app.control.revoke(list(ids))
             case _:
                 raise TypeError(f"unknown effect {effect!r}")
+
+
+def _schedule_batch_webhook(batch_id: str) -> None:
+    import uuid
+
+    from agentq.batches import pending_deliveries
+    from agentq.db import session_factory
+    from tasks.webhooks import schedule
+    with session_factory(get_settings())() as session:
+        ids = pending_deliveries(session, uuid.UUID(batch_id))
+    for delivery_id in ids:
+        schedule(delivery_id)

@@ -51,11 +51,13 @@ class EmbeddedWorker:
 
     def _sweep_loop(self) -> None:
         from tasks.maintenance import sweep
+        from tasks.webhooks import sweep_webhooks
         while not self._stop.wait(self.settings.sweep_interval_s):
-            try:
-                sweep.apply_async(queue=MAINTENANCE_QUEUE)
-            except Exception:
-                log.exception("sweep failed")
+            for task in (sweep, sweep_webhooks):
+                try:
+                    task.apply_async(queue=MAINTENANCE_QUEUE)
+                except Exception:
+                    log.exception("sweep failed", extra={"task": task.name})
 
     def stop(self) -> None:
         self._stop.set()

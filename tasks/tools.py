@@ -4,7 +4,7 @@ from __future__ import annotations
 from agentq import logs
 from agentq.loop.execute import execute_tool_call
 from tasks.app import app
-from agentq.loop.step import NextStep
+from agentq.loop.effects import NextStep
 from tasks.base import AgentqTask, services
 from tasks.dispatch import dispatch
 

@@ -47,6 +47,13 @@ def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversat
     return session.execute(query.execution_options(populate_existing=True)).scalar_one()
 
 
+def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
+    query = select(Job).where(Job.id == job_id)
+    if session.bind.dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+
+
 def active_job(session: Session, conversation: Conversation) -> Job | None:
     if conversation.active_job_id is None:
         return None

@@ -53,25 +53,34 @@ def render_tool_result(record: dict[str, Any], max_chars: int) -> str:
     return truncate(text, max_chars)
 
 
-def window(newest_first: Iterable[StoredMessage], max_tokens: int) -> list[StoredMessage]:
+def window(newest_first: Iterable[StoredMessage], max_tokens: int,
+           max_tool_chars: int | None = None) -> list[StoredMessage]:
     """Take messages newest first until the budget; return them oldest first.
 
-    The newest message is always kept. The window then starts at its first user message,
-    so it never opens with a tool result or half of a tool exchange.
+    Everything back to the newest user message is always kept (the question being
+    answered and this job's tool exchanges), whatever the budget; older messages only while
+    they fit. The window starts at a user message, so it never opens with a tool result or
+    half of a tool exchange. A tool result costs what the model will read of it: at most
+    `max_tool_chars`.
     """
+    cap = estimate_tokens("x" * max_tool_chars) if max_tool_chars else None
     taken: list[StoredMessage] = []
     used = 0
+    have_question = False
     for message in newest_first:
         cost = message.token_count or estimate_tokens(message.content)
-        if taken and used + cost > max_tokens:
+        if cap is not None and message.role == "tool_result":
+            cost = min(cost, cap)
+        if have_question and used + cost > max_tokens:
             break
         taken.append(message)
         used += cost
+        have_question = have_question or message.role == "user"
     taken.reverse()
     for i, message in enumerate(taken):
         if message.role == "user":
             return taken[i:]
-    return taken[-1:] if taken and taken[-1].role == "user" else []
+    return []
 
 
 def to_provider(messages: Sequence[StoredMessage], max_tool_chars: int) -> list[dict[str, Any]]:
@@ -134,5 +143,5 @@ def _drop_orphans(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def build(system_prompt: str, newest_first: Iterable[StoredMessage], *, max_tokens: int,
           max_tool_chars: int) -> list[dict[str, Any]]:
     """The whole context of a turn."""
-    history = to_provider(window(newest_first, max_tokens), max_tool_chars)
+    history = to_provider(window(newest_first, max_tokens, max_tool_chars), max_tool_chars)
     return [{"role": "system", "content": system_prompt}, *history]

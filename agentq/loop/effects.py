@@ -35,4 +35,10 @@ class JobEnded:
     status: str
 
 
-Effect = NextStep | DispatchTools | RevokeTools | JobEnded
+@dataclass(frozen=True)
+class BatchEnded:
+    batch_id: str
+    status: str
+
+
+Effect = NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded

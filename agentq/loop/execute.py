@@ -13,6 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
+from agentq.loop.busy import lock_job
 from agentq.loop.store import EventBuffer
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
@@ -76,7 +77,10 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
         return {"tool_use_id": tool_use_id, "status": "missing"}
     if call.status != "pending":
         return {"tool_use_id": tool_use_id, "status": call.status}
-    job = session.get(Job, call.job_id)
+    job = lock_job(session, call.job_id)  # the job's row before the call's, as everywhere
+    session.refresh(call)
+    if call.status != "pending":
+        return {"tool_use_id": tool_use_id, "status": call.status}
     if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
         _store(session, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
@@ -103,7 +107,11 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
 
 def _store(session, tool_use_id: str, name: str, status: str, record: dict[str, Any],
            events: EventBuffer) -> bool:
-    """Write the result once: only a pending call takes it."""
+    """Write the result once: only a pending call takes it. The job's row is locked
+    first, the order every other writer (steps, cancels) takes them in."""
+    job_id = session.execute(select(ToolCall.job_id).where(
+        ToolCall.tool_use_id == tool_use_id)).scalar_one()
+    lock_job(session, job_id)
     row = session.execute(
         update(ToolCall).where(ToolCall.tool_use_id == tool_use_id,
                                ToolCall.status == "pending")

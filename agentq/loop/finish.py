@@ -60,7 +60,17 @@ def finish_job(session: Session, job: Job, status: str, reason: str, content: st
     job.error = error["message"] if error else None
     events.add(job.id, "job_end", status=status, finish_reason=reason)
     enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
-    return [JobEnded(str(job.id), status), *release_conversation(session, job, events)]
+    # Lock order, everywhere: the ending job's row, then its batch, then conversations,
+    # then the rows of jobs that wait. (Steps, cancels and admissions all follow it.)
+    batch = None
+    if job.batch_id is not None:
+        from agentq.batches import lock_batch, on_job_end
+        batch = lock_batch(session, job.batch_id)
+    effects: list[Effect] = [JobEnded(str(job.id), status),
+                             *release_conversation(session, job, events)]
+    if batch is not None:
+        effects += on_job_end(session, job, events)
+    return effects
 
 
 def release_conversation(session: Session, job: Job, events: EventBuffer) -> list[Effect]:

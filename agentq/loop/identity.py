@@ -5,6 +5,7 @@ reads the winner's row.
 """
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +20,6 @@ from agentq.db import utcnow
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 
 T = TypeVar("T")
-SCOPE_SEP = "\x1f"
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,10 @@ class Incoming:
 
 
 def scope_key(platform: str, channel: str, thread: str | None) -> str:
-    """One conversation per (platform, channel, thread); a thread is its own."""
-    return SCOPE_SEP.join((platform, channel, thread if thread is not None else ""))
+    """One conversation per (platform, channel, thread); a thread is its own.
+
+    JSON-encoded, so no id can contain a separator that makes two places one."""
+    return json.dumps([platform, channel, thread], ensure_ascii=False, separators=(",", ":"))
 
 
 def _find_or_create(session: Session, find: Callable[[], T | None],

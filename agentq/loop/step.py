@@ -43,11 +43,11 @@ from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
+from agentq import replay
 from agentq.loop import budget, context
 from agentq.loop.decision import (Finish, Limits, RunTools, Stop, check_limits, decide,
                                   remaining_output_budget)
-from agentq.loop.effects import (Cause, DispatchTools, Effect, JobEnded, NextStep,
-                                 RevokeTools)
+from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.finish import finish_job
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import EventBuffer, append_messages, recent_messages
@@ -69,6 +69,8 @@ class _Turn:
     tools: list[ToolSpec]
     model: str
     max_tokens: int | None
+    recorded: LLMReply | None = None
+    """A recorded replay's answer for this turn: no provider is called, nothing billed."""
 
 
 class Stepper:
@@ -96,8 +98,9 @@ class Stepper:
             return outcome
 
         try:
-            reply = self.router.chat(outcome.messages, outcome.tools, model=outcome.model,
-                                     max_tokens=outcome.max_tokens)
+            reply = outcome.recorded or self.router.chat(
+                outcome.messages, outcome.tools, model=outcome.model,
+                max_tokens=outcome.max_tokens)
         except ProviderError as exc:
             return self._fail_provider(job_id, iteration, owner, exc)
 
@@ -154,9 +157,10 @@ class Stepper:
 
         if budget.roll_period(user, now, self.settings.budget_period_days):
             log.info("budget period reset", extra={"user_id": str(user.id)})
+        recorded_replay = job.replay_mode == "recorded"  # costs nothing: no budget applies
         limits = Limits(iteration=job.iteration, max_iterations=self.settings.max_iterations,
                         cancel_requested=job.cancel_requested_at is not None,
-                        budget_limit=user.token_budget_monthly,
+                        budget_limit=None if recorded_replay else user.token_budget_monthly,
                         budget_used=user.tokens_used_this_month,
                         budget_reset_at=user.budget_reset_at)
         stop = check_limits(limits)
@@ -176,7 +180,14 @@ class Stepper:
         model = job.model or (persona.default_model if persona else None) or self.settings.model
         max_tokens = remaining_output_budget(
             limits, persona.max_tokens_per_request if persona else None)
-        return _Turn(messages, self.registry.specs(offered), model, max_tokens)
+        recorded = None
+        if job.replay_mode == "recorded":
+            recorded = replay.recorded_reply(session, job, job.iteration + 1)
+            if recorded is None:
+                return self._stop(session, job, Stop(
+                    "error", f"The original job made no model call {job.iteration + 1}; "
+                             "a recorded replay cannot go further."), events)
+        return _Turn(messages, self.registry.specs(offered), model, max_tokens, recorded)
 
     def _collect(self, session: Session, job: Job, conversation: Conversation, cause: Cause,
                  events: EventBuffer) -> DispatchTools | None:
@@ -205,6 +216,9 @@ class Stepper:
                                         **(c.result or {})}), None)
             for c in calls], now)
         job.phase = "llm"
+        if job.replay_mode == "recorded":
+            for diverged in replay.divergences(session, job, calls):
+                events.add(job.id, "replay_diverged", **diverged)
         events.add(job.id, "turn_end", turn=job.iteration,
                    tool_results=[{"tool_use_id": c.tool_use_id, "name": c.name,
                                   "ok": bool((c.result or {}).get("ok"))} for c in calls])
@@ -219,7 +233,9 @@ class Stepper:
                  reply: LLMReply, turn: _Turn, events: EventBuffer) -> list[Effect]:
         now = utcnow()
         turn_no = iteration + 1
-        cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+        charged = turn.recorded is None
+        cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens) \
+            if charged else 0.0
         advanced = session.execute(
             update(Job).where(Job.id == job_id, Job.iteration == iteration,
                               Job.step_owner == owner, Job.status.in_(LIVE))
@@ -241,8 +257,9 @@ class Stepper:
                              output_tokens=reply.output_tokens, cost_estimate=cost,
                              usage_estimated=reply.usage_estimated,
                              reply=reply.to_record(), created_at=now))
-        session.execute(update(User).where(User.id == job.user_id).values(
-            tokens_used_this_month=User.tokens_used_this_month + tokens))
+        if charged:
+            session.execute(update(User).where(User.id == job.user_id).values(
+                tokens_used_this_month=User.tokens_used_this_month + tokens))
         events.add(job.id, "message_end", turn=turn_no, role="assistant", model=reply.model,
                    content=reply.content, tool_calls=[c.name for c in reply.tool_calls],
                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,

@@ -10,13 +10,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.errors import NotFound
-from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, request_cancel,
-                              steer)
+from agentq.errors import Conflict, NotFound
+from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
+                              request_cancel, steer)
 from agentq.loop.effects import Effect, NextStep, RevokeTools
 from agentq.loop.finish import finish_job
 from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
@@ -51,33 +52,21 @@ class Submitted:
 
 
 def submit(session: Session, settings: Settings, sub: Submission,
-           batch_id: uuid.UUID | None = None) -> Submitted:
-    """Create the job (or steer the running one); `batch_id` jobs wait for admission."""
+           batch_id: uuid.UUID | None = None, cache: dict | None = None) -> Submitted:
+    """Create the job (or steer the running one); `batch_id` jobs wait for admission.
+
+    `cache` remembers who and where across the lines of one batch, so a batch of many
+    messages from a few users resolves each user and conversation once."""
     now = utcnow()
     events = EventBuffer()
-    if sub.conversation_id is not None:
-        conversation = session.get(Conversation, sub.conversation_id)
-        if conversation is None:
-            raise NotFound("conversation", str(sub.conversation_id))
-        user = session.get(User, conversation.user_id)
-        persona = session.get(Persona, conversation.persona_id) if conversation.persona_id \
-            else None
-    else:
-        user = resolve_user(session, sub.incoming, settings, now)
-        persona = resolve_persona(session, sub.incoming)
-        conversation = resolve_conversation(session, user, sub.incoming, persona, now)
-    if sub.persona_id is not None:
-        persona = session.get(Persona, sub.persona_id)
-        if persona is None:
-            raise NotFound("persona", str(sub.persona_id))
-
+    user, persona, conversation = _resolve(session, settings, sub, now, cache)
     if batch_id is not None:
-        job = _new_job(session, sub, user, persona, conversation, now, waiting_for="batch")
+        job = _new_job(session, sub, user, persona, conversation, now, waiting_for="batch",
+                       flush=False)
         job.batch_id = batch_id
         return Submitted(job, True, [], events)
 
-    conversation = lock_conversation(session, conversation.id)
-    owner = active_job(session, conversation)
+    conversation, owner = lock_owner_then_conversation(session, conversation.id)
     if owner is not None and sub.on_busy == "reject":
         raise busy_conflict(owner)
     if owner is not None and sub.on_busy == "steer":
@@ -94,6 +83,54 @@ def submit(session: Session, settings: Settings, sub: Submission,
     elif sub.on_busy == "interrupt":
         effects += interrupt(session, owner, events)
     return Submitted(job, True, effects, events)
+
+
+def _resolve(session: Session, settings: Settings, sub: Submission, now,
+             cache: dict | None) -> tuple[User, Persona | None, Conversation]:
+    """The user, persona and conversation a submission goes to."""
+    if sub.conversation_id is not None:
+        conversation = session.get(Conversation, sub.conversation_id)
+        if conversation is None:
+            raise NotFound("conversation", str(sub.conversation_id))
+        user = session.get(User, conversation.user_id)
+        persona = (session.get(Persona, conversation.persona_id)
+                   if conversation.persona_id else None)
+    else:
+        incoming = sub.incoming
+        key = (incoming.platform, incoming.platform_user_id, incoming.platform_channel_id,
+               incoming.platform_thread_id, incoming.platform_server_id)
+        if cache is not None and key in cache:
+            user, persona, conversation = cache[key]
+        else:
+            user = resolve_user(session, incoming, settings, now)
+            persona = resolve_persona(session, incoming)
+            conversation = resolve_conversation(session, user, incoming, persona, now)
+            if cache is not None:
+                cache[key] = (user, persona, conversation)
+    if sub.persona_id is not None:
+        persona = session.get(Persona, sub.persona_id)
+        if persona is None:
+            raise NotFound("persona", str(sub.persona_id))
+    return user, persona, conversation
+
+
+LOCK_ATTEMPTS = 5
+
+
+def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID
+                                 ) -> tuple[Conversation, Job | None]:
+    """Lock the conversation's running job, then the conversation (the order a finishing
+    job takes them), retrying if the owner changed in between."""
+    for _ in range(LOCK_ATTEMPTS):
+        owner_id = session.execute(select(Conversation.active_job_id).where(
+            Conversation.id == conversation_id)).scalar_one()
+        if owner_id is not None:
+            lock_job(session, owner_id)
+        conversation = lock_conversation(session, conversation_id)
+        if conversation.active_job_id == owner_id:
+            return conversation, active_job(session, conversation)
+    raise Conflict("The conversation changed hands too often; try again.",
+                   conversation_id=str(conversation_id))
 
 
 def admit(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
@@ -136,7 +173,8 @@ def cancel(session: Session, job: Job) -> tuple[list[Effect], EventBuffer]:
 
 
 def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
-             conversation: Conversation, now, waiting_for: str | None) -> Job:
+             conversation: Conversation, now, waiting_for: str | None,
+             flush: bool = True) -> Job:
     job = Job(id=uuid.uuid4(), status="queued", conversation_id=conversation.id,
               user_id=user.id, persona_id=persona.id if persona else None,
               api_key_id=sub.api_key_id, content=sub.content, attachments=[],
@@ -146,7 +184,8 @@ def _new_job(session: Session, sub: Submission, user: User, persona: Persona | N
               created_at=now, last_progress_at=now)
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     session.add(job)
-    session.flush()
+    if flush:
+        session.flush()
     return job
 
 

@@ -15,7 +15,7 @@ from agentq.db import utcnow
 from agentq.loop.finish import finish_job
 from agentq.loop.effects import Effect, NextStep
 from agentq.loop.store import EventBuffer
-from agentq.models import Job
+from agentq.models import Job, WebhookDelivery
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
@@ -57,3 +57,29 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
         events.flush(session)
     events.announce()
     return effects
+
+
+DELIVERY_OVERDUE_MARGIN_S = 60.0
+"""A pending webhook delivery this late was not picked up (a lost message, a dead worker's
+lease, a retry too far off for a countdown): the sweeper enqueues it again."""
+
+
+def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
+    """Ids of overdue pending webhook deliveries, each marked due now, so that one is
+    re-enqueued at most once per margin (a duplicate is harmless: attempts claim the row)."""
+    now = utcnow()
+    overdue = now - timedelta(seconds=DELIVERY_OVERDUE_MARGIN_S)
+    with sessions() as session, session.begin():
+        query = (select(WebhookDelivery)
+                 .where(WebhookDelivery.status == "pending",
+                        WebhookDelivery.next_attempt_at < overdue)
+                 .order_by(WebhookDelivery.next_attempt_at).limit(SWEEP_BATCH))
+        if session.bind.dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        rows = session.execute(query).scalars().all()
+        for row in rows:
+            row.next_attempt_at = now
+        ids = [str(row.id) for row in rows]
+    if ids:
+        log.warning("re-enqueuing overdue webhook deliveries", extra={"count": len(ids)})
+    return ids

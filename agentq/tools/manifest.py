@@ -29,7 +29,7 @@ from jsonschema.exceptions import SchemaError
 from agentq.errors import ManifestError
 
 PERMISSION_LEVELS = ("guest", "user", "admin", "owner")
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,30}")  # always used with fullmatch
 MODULE_KEYS = {"module", "description", "tools", "slow", "time_limit_s"}
 TOOL_KEYS = {"name", "description", "parameters", "permission", "function", "time_limit_s"}
 
@@ -88,7 +88,7 @@ def define_module(manifest: dict[str, Any]) -> ToolModule:
     if not isinstance(manifest, dict):
         raise ManifestError("?", "the manifest must be a dict")
     module = manifest.get("module")
-    if not isinstance(module, str) or not NAME_RE.match(module):
+    if not isinstance(module, str) or not NAME_RE.fullmatch(module):
         raise ManifestError(str(module), "'module' must match [a-z][a-z0-9_]*")
     unknown = set(manifest) - MODULE_KEYS
     if unknown:
@@ -113,7 +113,7 @@ def define_module(manifest: dict[str, Any]) -> ToolModule:
             raise ManifestError(module, f"{where}: missing {sorted(missing)}")
         name = spec["name"]
         prefix, _, tool = str(name).partition(".")
-        if prefix != module or not NAME_RE.match(tool):
+        if prefix != module or not NAME_RE.fullmatch(tool):
             raise ManifestError(module, f"{where}: name {name!r} must be '{module}.<tool>' "
                                         "with <tool> matching [a-z][a-z0-9_]*")
         if name in seen:

@@ -31,14 +31,15 @@ from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from agentq import batches
 from agentq.config import Settings, get_settings
 from agentq.db import session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
 from agentq.models import TERMINAL_STATUSES, Batch, Job, WebhookDelivery
-from agentq.views import _iso, batch_object, job_object
+from agentq.views import _iso, job_object
 from agentq.webhooks.signing import new_event_id, signed_headers
 from agentq.webhooks.urls import FIELD, Target, resolve_and_check
 
@@ -147,12 +148,6 @@ def redeliver_job_event(session: Session, job: Job) -> WebhookDelivery:
 
 # --- the body -----------------------------------------------------------------------------
 
-def batch_job_counts(session: Session, batch_id) -> dict[str, int]:
-    rows = session.execute(select(Job.status, func.count()).where(Job.batch_id == batch_id)
-                           .group_by(Job.status)).all()
-    return {status: count for status, count in rows}
-
-
 def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
     """The exact JSON text of the event, or None when its job or batch no longer exists."""
     if delivery.job_id is not None:
@@ -164,7 +159,8 @@ def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
         batch = session.get(Batch, delivery.batch_id)
         if batch is None:
             return None
-        data = batch_object(batch, batch_job_counts(session, batch.id))
+        # the batch object exactly as GET /v1/batches/<id> gives it
+        data = batches.batch_object(batch, batches.counts(session, batch.id))
         at = batch.finished_at
     payload = {"type": delivery.event_type, "timestamp": _iso(at or delivery.created_at),
                "data": data}

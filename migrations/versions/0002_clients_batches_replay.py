@@ -63,6 +63,8 @@ def upgrade() -> None:
     op.create_index('ix_webhook_deliveries_batch', 'webhook_deliveries', ['batch_id', 'created_at'], unique=False)
     op.create_index(op.f('ix_webhook_deliveries_event_id'), 'webhook_deliveries', ['event_id'], unique=False)
     op.create_index('ix_webhook_deliveries_job', 'webhook_deliveries', ['job_id', 'created_at'], unique=False)
+    op.create_index('ix_webhook_deliveries_due', 'webhook_deliveries', ['status', 'next_attempt_at'],
+                    unique=False)
     op.create_table('job_inputs',
     sa.Column('id', sa.Uuid(), nullable=False),
     sa.Column('job_id', sa.Uuid(), nullable=False),
@@ -92,6 +94,7 @@ def downgrade() -> None:
     op.drop_column('conversations', 'active_job_id')
     op.drop_index('ix_job_inputs_pending', table_name='job_inputs')
     op.drop_table('job_inputs')
+    op.drop_index('ix_webhook_deliveries_due', table_name='webhook_deliveries')
     op.drop_index('ix_webhook_deliveries_job', table_name='webhook_deliveries')
     op.drop_index(op.f('ix_webhook_deliveries_event_id'), table_name='webhook_deliveries')
     op.drop_index('ix_webhook_deliveries_batch', table_name='webhook_deliveries')

@@ -7,7 +7,6 @@ import time
 import uuid
 
 import pytest
-import requests
 from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall

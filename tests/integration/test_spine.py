@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 import redis
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
-from agentq.models import Job, TokenLog, ToolCall, User, UserPlatformLink
+from agentq.models import TokenLog, ToolCall, User, UserPlatformLink
 from tests.integration.conftest import REDIS_URL, uid
 from tests.support.scripted_llm import call, error, text, tool_calls
 

@@ -107,10 +107,6 @@ def test_window_over_a_long_history_reads_only_what_fits():
     assert next(consumed) <= 12
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: window() returns [] when the newest messages of "
-                   "the current job are a tool exchange too big for the budget together with "
-                   "its user message: the newest message is dropped and the model gets no "
-                   "history at all (not even the question)")
 def test_window_keeps_the_newest_message_when_it_is_a_big_tool_result():
     # given a question, a tool call and a tool result bigger than the budget
     history = [_user(1, "Summarise the document"), _call(2, "t1"),
@@ -121,9 +117,6 @@ def test_window_keeps_the_newest_message_when_it_is_a_big_tool_result():
     assert taken and taken[-1].seq == 3
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: one large stored tool result (its token_count is "
-                   "that of the untruncated result) empties the whole context: build() sends "
-                   "only the system prompt, without the user's question")
 def test_build_keeps_the_question_when_a_tool_result_is_large(tmp_path):
     # given the default settings and a tool result of 40,000 characters (read_document
     # returns up to 100,000), stored with its estimated token count

@@ -174,9 +174,6 @@ def test_a_conversation_records_its_persona(settings):
         assert session.get(Conversation, conversation_id).persona_id == persona
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: scope_key joins platform, channel and thread with "
-                   "'\\x1f' without escaping, so ids containing that character make two "
-                   "different places share one conversation (and its history)")
 def test_two_different_places_never_share_a_conversation(settings):
     # given two different (channel, thread) places whose ids contain the separator
     a = Incoming("discord", "u-1", "chan\x1fthr", "x")

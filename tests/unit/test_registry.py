@@ -336,9 +336,6 @@ def test_define_module_rejects_a_bad_manifest_naming_the_problem(manifest, probl
     assert problem in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: manifest NAME_RE is applied with re.match and "
-                   "ends in '$', which also matches before a trailing newline, so module and "
-                   "tool names like 'demo\\n' / 'demo.run\\n' are accepted")
 @pytest.mark.parametrize("module, name", [("demo", "demo.run\n"), ("demo\n", "demo\n.run")])
 def test_define_module_rejects_a_name_with_a_trailing_newline(module, name):
     # given / when / then

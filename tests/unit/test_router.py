@@ -148,11 +148,13 @@ def test_429_retry_after_is_honoured(llm, make_router, caplog):
     llm.assert_done()
 
 
-def test_retry_after_longer_than_the_cap_is_not_honoured(llm, make_router):
+def test_retry_after_longer_than_the_cap_is_not_honoured(llm, make_router, caplog):
     marker = llm.script("long", [error(503, headers={"retry-after": "30"}), text("ok")])
-    started = time.monotonic()
-    assert make_router().chat(user(marker), []).content == "ok"
-    assert time.monotonic() - started < 5
+    router = make_router()
+    with caplog.at_level(logging.INFO, logger="agentq.llm.router"):
+        assert router.chat(user(marker), []).content == "ok"
+    [retry] = [r for r in caplog.records if getattr(r, "event", None) == "llm.retry"]
+    assert retry.wait_s <= router._settings.llm_retry_max_s
 
 
 def test_5xx_exhausts_a_model_then_falls_back(llm, make_router):
@@ -197,10 +199,8 @@ def test_all_models_fail_with_a_provider_error(llm, make_router):
 def test_timeouts_everywhere_raise_provider_timeout(llm, make_router):
     marker = llm.script("slow", [hang(3)] * 4)
     router = make_router(AGENTQ_LLM_TIMEOUT_S="0.2", AGENTQ_LLM_RETRIES="1")
-    started = time.monotonic()
     with pytest.raises(ProviderTimeout) as info:
         router.chat(user(marker), [])
-    assert time.monotonic() - started < 2.5
     assert info.value.timeout_s == 0.2
     assert [(a["model"], a["status"]) for a in info.value.attempts] == [
         ("m1", None), ("m1", None), ("m2", None), ("m2", None)]

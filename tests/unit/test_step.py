@@ -455,9 +455,6 @@ def test_the_sweeper_redispatches_tool_calls_that_never_ran(make):
     assert h.job(job_id).response["content"] == "9"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a large tool result (files.read_document of a "
-                   "40,000-char document) makes context.window() return [], so the next "
-                   "model call gets only the system prompt, without the user's question")
 def test_a_large_tool_result_does_not_erase_the_question_from_the_next_turn(make):
     # given a stored 40,000-character document the model will read
     h = make(calls(("files.read_document", {"file_id": "?"})), text("A summary."))

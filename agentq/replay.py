@@ -1,0 +1,143 @@
+"""Replaying a past job: the same input again, in a fresh conversation that holds the
+original's history up to that message, never touching the original's rows.
+
+- `recorded`: each model call is answered from the original's stored replies (token_logs),
+  in order, calling no provider; the tools run again, and a tool whose result differs from
+  the original's records a `replay_diverged` event (the replay goes on with the recordings).
+- `live`: the model is called again, optionally another model or persona.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any, Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from agentq.config import Settings
+from agentq.db import utcnow
+from agentq.errors import NotFound, ValidationFailed
+from agentq.llm.types import LLMReply
+from agentq.loop.effects import Effect, NextStep
+from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
+
+MODES = ("recorded", "live")
+
+
+def create_replay(session: Session, settings: Settings, original: Job, mode: str, *,
+                  model: str | None = None, persona_id: uuid.UUID | None = None,
+                  api_key_id: uuid.UUID | None = None,
+                  batch_id: uuid.UUID | None = None) -> tuple[Job, list[Effect]]:
+    if mode not in MODES:
+        raise ValidationFailed({"mode": [f"Must be one of {', '.join(MODES)}."]})
+    if mode == "recorded" and (model or persona_id):
+        raise ValidationFailed({"mode": ["A recorded replay answers from the original's "
+                                         "replies; model and persona_id need mode live."]})
+    if persona_id is not None and session.get(Persona, persona_id) is None:
+        raise NotFound("persona", str(persona_id))
+    now = utcnow()
+    source = session.get(Conversation, original.conversation_id)
+    job_id = uuid.uuid4()
+    conversation = Conversation(
+        id=uuid.uuid4(), user_id=original.user_id,
+        persona_id=persona_id or original.persona_id, platform=source.platform,
+        platform_channel_id=source.platform_channel_id,
+        platform_thread_id=source.platform_thread_id,
+        scope_key=json.dumps(["replay", str(job_id)]), message_seq=0, started_at=now,
+        last_active_at=now, is_summarized=False)
+    session.add(conversation)
+    history = _history_before(session, original, settings.history_max_messages)
+    for seq, (role, content, tokens, model_used, created_at) in enumerate(history, start=1):
+        session.add(Message(id=uuid.uuid4(), conversation_id=conversation.id, job_id=None,
+                            seq=seq, role=role, content=content, token_count=tokens,
+                            model_used=model_used, created_at=created_at))
+    conversation.message_seq = len(history)
+    job = Job(id=job_id, status="queued", conversation_id=conversation.id,
+              user_id=original.user_id, persona_id=persona_id or original.persona_id,
+              api_key_id=api_key_id, content=original.content,
+              attachments=original.attachments or [], meta=dict(original.meta or {}),
+              callback_url=None, on_busy="queue", model=model or original.model,
+              iteration=0, phase="llm", event_seq=0, redrives=0, input_tokens=0,
+              output_tokens=0, cost_estimate=0.0, replay_of=original.id, replay_mode=mode,
+              batch_id=batch_id, waiting_for="batch" if batch_id else None,
+              created_at=now, last_progress_at=now)
+    session.add(job)
+    session.flush()
+    if batch_id is not None:
+        return job, []
+    conversation.active_job_id = job.id
+    return job, [NextStep(str(job.id), 0, "start")]
+
+
+def _history_before(session: Session, original: Job,
+                    limit: int) -> Sequence[tuple[str, str, int, str | None, datetime]]:
+    """The original conversation's last `limit` messages before the original job's own."""
+    first = session.execute(select(func.min(Message.seq)).where(
+        Message.job_id == original.id)).scalar()
+    query = select(Message.role, Message.content, Message.token_count, Message.model_used,
+                   Message.created_at).where(
+        Message.conversation_id == original.conversation_id)
+    if first is not None:
+        query = query.where(Message.seq < first)
+    else:
+        query = query.where(Message.created_at < original.created_at)
+    rows = session.execute(query.order_by(Message.seq.desc()).limit(limit)).all()
+    return list(reversed(rows))
+
+
+def recorded_reply(session: Session, job: Job, turn: int) -> LLMReply | None:
+    """The original's reply for model call `turn` (1-based), or None if it made fewer."""
+    record = session.execute(select(TokenLog.reply).where(
+        TokenLog.job_id == job.replay_of, TokenLog.iteration == turn)).scalar_one_or_none()
+    return LLMReply.from_record(record) if record else None
+
+
+def divergences(session: Session, job: Job, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """Tool results of this turn that differ from the original's at the same position."""
+    if not calls:
+        return []
+    original = {c.position: c for c in session.execute(select(ToolCall).where(
+        ToolCall.job_id == job.replay_of, ToolCall.iteration == calls[0].iteration)).scalars()}
+    out = []
+    for call in calls:
+        before = original.get(call.position)
+        if before is None or before.name != call.name or _outcome(before) != _outcome(call):
+            out.append({"turn": call.iteration, "position": call.position, "tool": call.name,
+                        "original": _outcome(before) if before else None,
+                        "replay": _outcome(call)})
+    return out
+
+
+def _outcome(call: ToolCall) -> dict[str, Any]:
+    record = call.result or {}
+    if record.get("ok"):
+        return {"ok": True, "result": record.get("result")}
+    return {"ok": False, "error": (record.get("error") or {}).get("code")}
+
+
+def compare(session: Session, replay: Job) -> dict[str, Any]:
+    """The original's and the replay's answers, tool calls and usage side by side."""
+    original = session.get(Job, replay.replay_of)
+
+    def side(job: Job | None) -> dict[str, Any] | None:
+        if job is None:
+            return None
+        calls = session.execute(select(ToolCall).where(ToolCall.job_id == job.id)
+                                .order_by(ToolCall.iteration, ToolCall.position)).scalars()
+        return {"job_id": str(job.id), "status": job.status,
+                "finish_reason": job.finish_reason,
+                "content": (job.response or {}).get("content"),
+                "tool_calls": [{"turn": c.iteration, "name": c.name, "arguments": c.arguments,
+                                **_outcome(c)} for c in calls],
+                "usage": {"input_tokens": job.input_tokens,
+                          "output_tokens": job.output_tokens,
+                          "cost_estimate": job.cost_estimate},
+                "model": job.model}
+    a, b = side(original), side(replay)
+    return {"original": a, "replay": b, "mode": replay.replay_mode,
+            "same_answer": bool(a and b and a["content"] == b["content"]),
+            "same_tool_calls": bool(a and b and [
+                (c["name"], c["arguments"]) for c in a["tool_calls"]] == [
+                (c["name"], c["arguments"]) for c in b["tool_calls"]])}

@@ -1,0 +1,286 @@
+"""Batches and replay: POST /v1/batches (JSON or JSONL), GET /v1/batches/<id>,
+GET /v1/batches/<id>/results (JSONL, request order), POST /v1/batches/<id>/cancel,
+POST /v1/jobs/<id>/replay, POST /v1/batches/replay, GET /v1/jobs/<id>/compare."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Iterator
+
+from flask import Blueprint, Response, g, jsonify, request
+from marshmallow import ValidationError
+from sqlalchemy import select
+
+from agentq import batches, replay
+from agentq.db import session_factory, session_scope
+from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
+from agentq.loop.identity import Incoming
+from agentq.loop.submit import Submission, submit
+from agentq.models import Batch, Conversation, Job
+from api.auth import can_see, require_key
+from api.jobs import enqueue_after_commit, json_body, load_job, parse_uuid
+from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
+                         ReplaySchema)
+from api.views import job_object
+
+bp = Blueprint("batches", __name__)
+MAX_LINES = 10_000
+RESULTS_PAGE = 500
+NDJSON = ("application/x-ndjson", "application/jsonl", "application/json-lines")
+
+
+def _lines() -> tuple[list[Any], dict[str, Any]]:
+    """The batch's request bodies and its options, from a JSON or a JSONL body."""
+    mimetype = request.mimetype
+    if mimetype in NDJSON:
+        options = BatchOptionsSchema().load(request.args.to_dict())
+        lines = []
+        for number, raw in enumerate(request.get_data(as_text=True).splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError as exc:
+                raise ValidationFailed({"_line": [str(exc)]},
+                                       f"Line {number} is not JSON: {exc.msg}.",
+                                       line=number) from None
+        return lines, options
+    if mimetype != "application/json":
+        raise UnsupportedMediaType("Send application/json ({\"requests\": [...]}) or "
+                                   "application/x-ndjson (one request a line).")
+    body = json_body()
+    options = BatchOptionsSchema().load({k: v for k, v in body.items() if k != "requests"})
+    requests_ = body.get("requests")
+    if not isinstance(requests_, list):
+        raise ValidationFailed({"requests": ["Must be a list of POST /v1/messages bodies."]})
+    return requests_, options
+
+
+def _validate(lines: list[Any]) -> list[dict[str, Any]]:
+    """Every line, before anything is written: the first bad one names its line and field."""
+    if not lines:
+        raise ValidationFailed({"requests": ["A batch needs at least one request."]})
+    if len(lines) > MAX_LINES:
+        raise ValidationFailed({"requests": [f"At most {MAX_LINES} requests a batch."]})
+    schema, loaded = BatchLineSchema(), []
+    for number, line in enumerate(lines, start=1):
+        if not isinstance(line, dict):
+            raise ValidationFailed({"_line": ["Must be an object."]},
+                                   f"Line {number} is not a JSON object.", line=number)
+        try:
+            loaded.append(schema.load(line))
+        except ValidationError as exc:
+            fields = exc.normalized_messages()
+            raise ValidationFailed(fields, f"Line {number}: invalid field(s) "
+                                           f"{', '.join(sorted(map(str, fields)))}.",
+                                   line=number) from None
+    return loaded
+
+
+@bp.post("/v1/batches")
+@require_key()
+def create_batch():
+    lines, options = _lines()
+    loaded = _validate(lines)
+    cache: dict = {}
+    with session_scope(g.settings) as session:
+        batch = Batch(id=uuid.uuid4(), api_key_id=g.api_key_id, kind="messages",
+                      status="queued", total=len(loaded),
+                      max_concurrency=options.get("max_concurrency")
+                      or g.settings.batch_max_concurrency,
+                      callback_url=options.get("callback_url"),
+                      meta=options.get("metadata") or {})
+        session.add(batch)
+        session.flush()
+        for index, data in enumerate(loaded):
+            job = submit(session, g.settings, Submission(
+                incoming=Incoming(data["platform"], data["platform_user_id"],
+                                  data["platform_channel_id"], data["platform_thread_id"],
+                                  data["platform_server_id"]),
+                content=data["content"], attachments=data["attachments"],
+                metadata=data["metadata"], callback_url=data["callback_url"],
+                api_key_id=g.api_key_id), batch_id=batch.id, cache=cache).job
+            job.batch_index, job.custom_id = index, data.get("custom_id")
+        session.flush()
+        return _admitted(session, batch)
+
+
+def _admitted(session, batch: Batch):
+    """Admit the first jobs, answer 202 with the batch; dispatch after the commit."""
+    from agentq.loop.store import EventBuffer
+    events = EventBuffer()
+    effects = batches.admit(session, batch, events)
+    events.flush(session)
+    body = batches.batch_object(batch, batches.counts(session, batch.id))
+    session.commit()
+    events.announce()
+    enqueue_after_commit(effects)
+    response = jsonify(body)
+    response.status_code = 202
+    response.headers["Location"] = f"/v1/batches/{batch.id}"
+    return response
+
+
+def load_batch(session, batch_id: str) -> Batch:
+    batch = session.get(Batch, parse_uuid(batch_id, "batch"))
+    if batch is None or not can_see(batch.api_key_id):
+        raise NotFound("batch", batch_id)
+    return batch
+
+
+@bp.get("/v1/batches/<batch_id>")
+@require_key()
+def get_batch(batch_id: str):
+    with session_scope(g.settings) as session:
+        batch = load_batch(session, batch_id)
+        return jsonify(batches.batch_object(batch, batches.counts(session, batch.id)))
+
+
+@bp.get("/v1/batches/<batch_id>/results")
+@require_key()
+def batch_results(batch_id: str):
+    """Finished jobs so far, one job object a line, in request order."""
+    with session_scope(g.settings) as session:
+        ident = load_batch(session, batch_id).id
+    sessions = session_factory(g.settings)
+
+    def generate() -> Iterator[str]:
+        after = -1
+        while True:
+            with sessions() as session:
+                jobs = session.execute(
+                    select(Job).where(Job.batch_id == ident, Job.batch_index > after)
+                    .order_by(Job.batch_index).limit(RESULTS_PAGE)).scalars().all()
+                lines = [json.dumps({**job_object(j), "custom_id": j.custom_id,
+                                     "batch_index": j.batch_index}) + "\n"
+                         for j in jobs if j.finished_at is not None]
+            yield from lines
+            if len(jobs) < RESULTS_PAGE:
+                return
+            after = jobs[-1].batch_index
+
+    return Response(generate(), mimetype="application/x-ndjson")
+
+
+@bp.post("/v1/batches/<batch_id>/cancel")
+@require_key()
+def cancel_batch(batch_id: str):
+    from agentq.loop.busy import lock_job
+    from agentq.loop.submit import cancel as cancel_job
+    with session_scope(g.settings) as session:
+        batch = batches.lock_batch(session, load_batch(session, batch_id).id)
+        if batch.status in ("completed", "cancelled"):
+            raise Conflict(f"Batch {batch_id} has already ended ({batch.status}).",
+                           batch_id=batch_id, status=batch.status)
+        effects, events = batches.cancel_waiting(session, batch)
+        events.flush(session)
+        ident = batch.id
+    events.announce()
+    enqueue_after_commit(effects)
+    with session_factory(g.settings)() as session:
+        live = batches.live_jobs(session, ident)
+    for job_id in live:
+        with session_scope(g.settings) as session:
+            job = lock_job(session, job_id)
+            if job is None or job.status not in ("queued", "running"):
+                continue
+            effects, events = cancel_job(session, job)
+            events.flush(session)
+        events.announce()
+        enqueue_after_commit(effects)
+    with session_scope(g.settings) as session:
+        batch = session.get(Batch, ident)
+        body = batches.batch_object(batch, batches.counts(session, ident))
+    response = jsonify(body)
+    response.status_code = 202
+    return response
+
+
+@bp.post("/v1/jobs/<job_id>/replay")
+@require_key()
+def replay_job(job_id: str):
+    data = ReplaySchema().load(json_body())
+    with session_scope(g.settings) as session:
+        original = load_job(session, job_id)
+        if original.status not in ("completed", "failed", "cancelled"):
+            raise Conflict(f"Job {job_id} has not ended; replay it once it has.",
+                           status=original.status)
+        job, effects = replay.create_replay(
+            session, g.settings, original, data["mode"], model=data.get("model"),
+            persona_id=data.get("persona_id"), api_key_id=g.api_key_id)
+        body = job_object(job)
+    enqueue_after_commit(effects)
+    response = jsonify(body)
+    response.status_code = 202
+    response.headers["Location"] = f"/v1/jobs/{body['id']}"
+    return response
+
+
+@bp.post("/v1/batches/replay")
+@require_key()
+def replay_batch():
+    data = ReplayBatchSchema().load(json_body())
+    with session_scope(g.settings) as session:
+        originals = _replay_targets(session, data)
+        if not originals:
+            raise ValidationFailed({"filter": ["No ended job matches."]},
+                                   "No job to replay: nothing matched.")
+        batch = Batch(id=uuid.uuid4(), api_key_id=g.api_key_id, kind="replay",
+                      status="queued", total=len(originals),
+                      max_concurrency=data.get("max_concurrency")
+                      or g.settings.batch_max_concurrency,
+                      callback_url=data.get("callback_url"),
+                      meta={"matched": len(originals), "mode": data["mode"]})
+        session.add(batch)
+        session.flush()
+        for index, original in enumerate(originals):
+            job, _ = replay.create_replay(session, g.settings, original, data["mode"],
+                                          model=data.get("model"),
+                                          persona_id=data.get("persona_id"),
+                                          api_key_id=g.api_key_id, batch_id=batch.id)
+            job.batch_index, job.custom_id = index, str(original.id)
+        session.flush()
+        return _admitted(session, batch)
+
+
+def _replay_targets(session, data: dict[str, Any]) -> list[Job]:
+    ended = ("completed", "failed", "cancelled")
+    if data.get("job_ids"):
+        jobs = []
+        for ident in data["job_ids"]:
+            job = session.get(Job, ident)
+            if job is None or not can_see(job.api_key_id):
+                raise NotFound("job", str(ident))
+            if job.status not in ended:
+                raise Conflict(f"Job {ident} has not ended.", job_id=str(ident))
+            jobs.append(job)
+        return jobs
+    f = data["filter"]
+    query = select(Job).where(Job.status.in_(ended))
+    if not g.is_admin:
+        query = query.where(Job.api_key_id == g.api_key_id)
+    if f.get("status"):
+        query = query.where(Job.status == f["status"])
+    if f.get("finish_reason"):
+        query = query.where(Job.finish_reason == f["finish_reason"])
+    if f.get("since"):
+        query = query.where(Job.created_at >= f["since"])
+    if f.get("until"):
+        query = query.where(Job.created_at < f["until"])
+    if f.get("platform") or f.get("user_id"):
+        query = query.join(Conversation, Conversation.id == Job.conversation_id)
+        if f.get("platform"):
+            query = query.where(Conversation.platform == f["platform"])
+        if f.get("user_id"):
+            query = query.where(Job.user_id == f["user_id"])
+    return list(session.execute(query.order_by(Job.created_at).limit(MAX_LINES)).scalars())
+
+
+@bp.get("/v1/jobs/<job_id>/compare")
+@require_key()
+def compare_job(job_id: str):
+    with session_scope(g.settings) as session:
+        job = load_job(session, job_id)
+        if job.replay_of is None:
+            raise NotFound("replay", job_id)
+        return jsonify(replay.compare(session, job))

@@ -1,0 +1,424 @@
+"""GET /openapi.json: the OpenAPI 3.1 description of every route, built with apispec from the
+marshmallow schemas in api/schemas.py.
+
+The spec is built from the app's own url_map: every route the app serves must have an entry
+in OPERATIONS below, or building raises `UndocumentedRoute` (so /openapi.json answers 500 and
+tests/integration/test_openapi.py fails, naming the route). A new route ships documented or
+not at all. Entries for routes the app does not have (yet) are left out of the spec.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from importlib import metadata
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+from flask import Blueprint, Flask, current_app, jsonify
+from marshmallow import fields, validate
+
+from api import schemas
+
+bp = Blueprint("openapi", __name__)
+OPENAPI_VERSION = "3.1.0"
+IGNORED_METHODS = {"HEAD", "OPTIONS"}
+_lock = threading.Lock()
+
+
+class UndocumentedRoute(RuntimeError):
+    """A route the app serves has no entry in api/openapi.py's OPERATIONS."""
+
+
+# --- components ---------------------------------------------------------------------------
+
+# Marshmallow schemas registered under these names; nested ones get their own names
+# (Attachment, Usage, JobResponse, ...) from the plugin.
+SCHEMAS = {
+    "MessageRequest": schemas.MessageRequestSchema,
+    "ContinueRequest": schemas.ContinueRequestSchema,
+    "EmbedRequest": schemas.EmbedRequestSchema,
+    "EmbedResponse": schemas.EmbedResponseSchema,
+    "Job": schemas.JobSchema,
+    "Event": schemas.EventSchema,
+    "EventPage": schemas.EventPageSchema,
+    "MessagePage": schemas.MessagePageSchema,
+    "Delivery": schemas.DeliverySchema,
+    "DeliveryPage": schemas.DeliveryPageSchema,
+    "Error": schemas.ErrorSchema,
+    "Health": schemas.HealthSchema,
+    "NotReady": schemas.NotReadySchema,
+    "BatchLine": schemas.BatchLineSchema,
+    "BatchRequest": None,  # BatchRequestSchema below: the JSON form of POST /v1/batches
+    "Batch": schemas.BatchSchema,
+    "Replay": schemas.ReplaySchema,
+    "ReplayBatch": schemas.ReplayBatchSchema,
+    "Compare": schemas.CompareSchema,
+}
+
+
+class BatchRequestSchema(schemas.BatchOptionsSchema):
+    """POST /v1/batches as JSON: the batch options and its requests (the view reads them
+    apart; this class only documents the body)."""
+    requests = fields.List(fields.Nested(schemas.BatchLineSchema), required=True,
+                           validate=validate.Length(1, 10_000))
+
+
+SCHEMAS["BatchRequest"] = BatchRequestSchema
+
+# Objects the API always renders with every key (null where API.md allows it): the spec
+# marks all their properties required, so a response missing one breaks conformance.
+ALWAYS_COMPLETE = ("Job", "Usage", "JobResponse", "ResponseMetadata", "ToolCallSummary",
+                   "FileRef", "Message", "MessagePage", "EmbedResponse", "Error", "ErrorBody",
+                   "Batch", "BatchCounts")
+
+ERROR_STATUSES = {
+    401: ("Unauthorized", "A missing or wrong API key."),
+    403: ("Forbidden", "The key lacks the scope this route needs."),
+    404: ("NotFound", "No such object, or not one this key may see."),
+    409: ("Conflict", "The object's state does not allow this."),
+    415: ("UnsupportedMediaType", "The body is not `application/json`."),
+    422: ("ValidationError", "A field, query parameter or header is not valid; "
+                             "`details.fields` names each problem."),
+    502: ("ProviderFailed", "The model provider failed."),
+}
+
+PARAMETERS: dict[str, dict[str, Any]] = {
+    "wait": {"in": "query", "name": "wait", "required": False,
+             "description": "Hold the answer until the job ends or this many seconds pass; "
+                            "then `200` with the job if it ended.",
+             "schema": {"type": "number", "minimum": 0, "maximum": 60}},
+    "events_after": {"in": "query", "name": "after", "required": False,
+                     "description": "Only events with a larger `seq`.",
+                     "schema": {"type": "integer", "minimum": 0, "default": 0}},
+    "messages_after": {"in": "query", "name": "after", "required": False,
+                       "description": "Only messages with a larger `seq` (the page's "
+                                      "`next_after`).",
+                       "schema": {"type": "integer", "minimum": 0, "maximum": 2**62,
+                                  "default": 0}},
+    "limit": {"in": "query", "name": "limit", "required": False,
+              "description": "Page size.",
+              "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+    "idempotency_key": {"in": "header", "name": "Idempotency-Key", "required": False,
+                        "description": "The same key and body within 24 h returns the first "
+                                       "job; the same key with another body is `422`.",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
+    "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
+                      "description": "Resume after this `seq` (overrides `after`).",
+                      "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+}
+
+PATH_PARAMETERS = {
+    "job_id": "The job's id.",
+    "conversation_id": "The conversation's id.",
+    "file_id": "The file's id.",
+    "batch_id": "The batch's id.",
+}
+
+HEADERS = {
+    "Location": {"description": "The job's URL, `/v1/jobs/<id>`.",
+                 "schema": {"type": "string"}},
+    "BatchLocation": {"description": "The batch's URL, `/v1/batches/<id>`.",
+                      "schema": {"type": "string"}},
+    "Idempotent-Replayed": {"description": "`true` when an earlier request with the same "
+                                           "Idempotency-Key made this job.",
+                            "schema": {"type": "string", "enum": ["true"]}},
+}
+
+
+# --- operations, keyed by (method, path with `{}` for each path parameter) ----------------
+
+def _json(schema: str, description: str, **extra: Any) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": schema}}, **extra}
+
+
+def _job_links() -> dict[str, Any]:
+    by_id = {"job_id": "$response.body#/id"}
+    return {
+        "GetJob": {"operationId": "getJob", "parameters": by_id},
+        "CancelJob": {"operationId": "cancelJob", "parameters": by_id},
+        "ListJobEvents": {"operationId": "listJobEvents", "parameters": by_id},
+        "ListDeliveries": {"operationId": "listDeliveries", "parameters": by_id},
+        "ListConversationMessages": {
+            "operationId": "listConversationMessages",
+            "parameters": {"conversation_id": "$response.body#/conversation_id"}},
+        "ReplayJob": {"operationId": "replayJob", "parameters": by_id},
+        "CompareReplay": {"operationId": "compareReplay", "parameters": by_id},
+    }
+
+
+def _batch_links() -> dict[str, Any]:
+    by_id = {"batch_id": "$response.body#/id"}
+    return {"GetBatch": {"operationId": "getBatch", "parameters": by_id},
+            "GetBatchResults": {"operationId": "getBatchResults", "parameters": by_id},
+            "CancelBatch": {"operationId": "cancelBatch", "parameters": by_id}}
+
+
+def _submitted(summary: str, body: str, description: str, errors: tuple[int, ...],
+               operation_id: str) -> dict[str, Any]:
+    return {
+        "operationId": operation_id, "summary": summary, "description": description,
+        "tags": ["jobs"],
+        "parameters": ["wait", "idempotency_key"],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "202": _json("Job", "The job, accepted (or the first job of this "
+                                "Idempotency-Key).",
+                         headers={"Location": "Location",
+                                  "Idempotent-Replayed": "Idempotent-Replayed"},
+                         links=_job_links()),
+            "200": _json("Job", "With `wait`: the job, which ended within the wait.",
+                         headers={"Location": "Location",
+                                  "Idempotent-Replayed": "Idempotent-Replayed"},
+                         links=_job_links()),
+            **{str(s): ERROR_STATUSES[s][0] for s in errors},
+        },
+    }
+
+
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/v1/messages"): _submitted(
+        "Submit a message", "MessageRequest",
+        "An incoming message, run as a job. `on_busy` says what happens when the "
+        "conversation already runs a job; `reject` answers `409` naming it.",
+        (401, 403, 409, 415, 422), "submitMessage"),
+    ("POST", "/v1/continue"): _submitted(
+        "Continue a conversation", "ContinueRequest",
+        "A message into an existing conversation (background jobs, the scheduler).",
+        (401, 403, 404, 409, 415, 422), "continueConversation"),
+    ("GET", "/v1/jobs/{}"): {
+        "operationId": "getJob", "summary": "Get a job", "tags": ["jobs"],
+        "parameters": ["wait"],
+        "responses": {"200": _json("Job", "The job object."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+    ("POST", "/v1/jobs/{}/cancel"): {
+        "operationId": "cancelJob", "summary": "Cancel a job", "tags": ["jobs"],
+        "description": "The job ends `cancelled` at its next step boundary; queued tool "
+                       "tasks are revoked. `409` once it has ended.",
+        "responses": {"202": _json("Job", "Cancelling; the job object."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("GET", "/v1/jobs/{}/events"): {
+        "operationId": "listJobEvents", "summary": "A job's events", "tags": ["jobs"],
+        "description": "The job's ordered events. With `Accept: text/event-stream` they "
+                       "stream as server-sent events (`id` = seq, `event` = type, `data` = "
+                       "the event as JSON) until `job_end`, resuming after `Last-Event-ID`.",
+        "parameters": ["events_after", "last_event_id"],
+        "responses": {
+            "200": {"description": "The events after `after`, oldest first.",
+                    "content": {"application/json": {"schema": "EventPage"},
+                                "text/event-stream": {"schema": {
+                                    "type": "string",
+                                    "description": "Server-sent events, one per job "
+                                                   "event, with keep-alive comments."}}}},
+            **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+    ("GET", "/v1/jobs/{}/deliveries"): {
+        "operationId": "listDeliveries", "summary": "A job's webhook deliveries",
+        "tags": ["webhooks"],
+        "responses": {"200": _json("DeliveryPage", "Every attempt, oldest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("POST", "/v1/jobs/{}/deliveries/redeliver"): {
+        "operationId": "redeliver", "summary": "Send a job's webhook event again",
+        "tags": ["webhooks"],
+        "description": "A new attempt of the same event (same `webhook-id`). `409` when "
+                       "the job has not ended, has no `callback_url`, or a delivery is "
+                       "pending.",
+        "responses": {"202": _json("Delivery", "The new delivery attempt, pending."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("GET", "/v1/conversations/{}/messages"): {
+        "operationId": "listConversationMessages", "summary": "A conversation's history",
+        "tags": ["conversations"],
+        "parameters": ["messages_after", "limit"],
+        "responses": {"200": _json("MessagePage", "Stored messages, oldest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+    ("GET", "/v1/files/{}"): {
+        "operationId": "getFile", "summary": "A stored file's bytes", "tags": ["files"],
+        "responses": {
+            "200": {"description": "The file, with its own media type when known.",
+                    "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
+                    "content": {"application/octet-stream": {
+                        "schema": {"type": "string", "format": "binary"}}}},
+            **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("POST", "/v1/embed"): {
+        "operationId": "embed", "summary": "Embed a text", "tags": ["embeddings"],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "EmbedRequest"}}},
+        "responses": {"200": _json("EmbedResponse", "The embedding."),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 415, 422, 502)}}},
+    ("GET", "/health"): {
+        "operationId": "health", "summary": "Alive", "tags": ["health"], "security": [],
+        "responses": {"200": _json("Health", "`{\"status\": \"ok\"}`.")}},
+    ("GET", "/health/ready"): {
+        "operationId": "ready", "summary": "Ready: the database and broker answer",
+        "tags": ["health"], "security": [],
+        "responses": {"200": _json("Health", "Ready."),
+                      "503": _json("NotReady", "Not ready; `down` names what is down.")}},
+    ("GET", "/openapi.json"): {
+        "operationId": "openapi", "summary": "This document", "tags": ["meta"],
+        "security": [],
+        "responses": {"200": {"description": "The OpenAPI document.",
+                              "content": {"application/json": {"schema": {
+                                  "type": "object"}}}}}},
+    # --- batches and replay ----------------------------------------------------------------
+    ("POST", "/v1/batches"): {
+        "operationId": "createBatch", "summary": "Submit a batch", "tags": ["batches"],
+        "description": "JSON `{\"requests\": [...], \"callback_url\"?, ...}`, or JSONL "
+                       "(`application/x-ndjson`) with one POST /v1/messages body a line and "
+                       "the batch options as query parameters. A bad line fails the whole "
+                       "batch with `422` naming its line.",
+        "parameters": [
+            {"in": "query", "name": "callback_url", "required": False,
+             "description": "JSONL form only: a webhook on the batch's end.",
+             "schema": {"type": "string", "format": "uri"}},
+            {"in": "query", "name": "max_concurrency", "required": False,
+             "description": "JSONL form only: how many of its jobs run at once.",
+             "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": "BatchRequest"},
+            "application/x-ndjson": {"schema": {
+                "type": "string", "description": "One BatchLine (a POST /v1/messages body, "
+                                                 "plus custom_id) a line."}}}},
+        "responses": {"202": _json("Batch", "The batch.",
+                                   headers={"Location": "BatchLocation"},
+                                   links=_batch_links()),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+    ("GET", "/v1/batches/{}"): {
+        "operationId": "getBatch", "summary": "Get a batch", "tags": ["batches"],
+        "responses": {"200": _json("Batch", "The batch."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("GET", "/v1/batches/{}/results"): {
+        "operationId": "getBatchResults", "summary": "A batch's ended jobs",
+        "tags": ["batches"],
+        "responses": {"200": {"description": "One job object (with `custom_id` and "
+                                             "`batch_index`) a line, in request order.",
+                              "content": {"application/x-ndjson": {"schema": {
+                                  "type": "string"}}}},
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("POST", "/v1/batches/{}/cancel"): {
+        "operationId": "cancelBatch", "summary": "Cancel a batch", "tags": ["batches"],
+        "responses": {"202": _json("Batch", "Cancelling; the batch."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("POST", "/v1/jobs/{}/replay"): {
+        "operationId": "replayJob", "summary": "Replay a job", "tags": ["replay"],
+        "description": "`recorded` answers each LLM call from the original's stored replies "
+                       "and re-runs the tools; `live` calls the LLM again. `409` until the "
+                       "original has ended.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "Replay"}}},
+        "responses": {"202": _json("Job", "The new job, with `replay_of` set.",
+                                   headers={"Location": "Location"}, links=_job_links()),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    ("POST", "/v1/batches/replay"): {
+        "operationId": "replayBatch", "summary": "Replay many jobs as a batch",
+        "tags": ["replay"],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "ReplayBatch"}}},
+        "responses": {"202": _json("Batch", "The batch of replays.",
+                                   headers={"Location": "BatchLocation"},
+                                   links=_batch_links()),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    ("GET", "/v1/jobs/{}/compare"): {
+        "operationId": "compareReplay", "summary": "A replay beside its original",
+        "tags": ["replay"],
+        "description": "`404` when the job is not a replay.",
+        "responses": {"200": _json("Compare", "Answers, tool calls and usage side by side."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+}
+
+
+# --- building -------------------------------------------------------------------------------
+
+_RULE_ARG = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
+
+
+def route_key(method: str, rule: str) -> tuple[str, str]:
+    """("GET", "/v1/jobs/<job_id>") → ("GET", "/v1/jobs/{}")."""
+    return method, _RULE_ARG.sub("{}", rule)
+
+
+def app_routes(app: Flask) -> list[tuple[str, str]]:
+    """(method, Flask rule) for every route the app serves (HEAD, OPTIONS aside)."""
+    found = []
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        for method in sorted((rule.methods or set()) - IGNORED_METHODS):
+            found.append((method, rule.rule))
+    return sorted(found, key=lambda mr: (mr[1], mr[0]))
+
+
+def build_spec(app: Flask) -> dict[str, Any]:
+    """The OpenAPI document for `app`; raises UndocumentedRoute if any route lacks an entry."""
+    routes = app_routes(app)
+    missing = [f"{m} {r}" for m, r in routes if route_key(m, r) not in OPERATIONS]
+    if missing:
+        raise UndocumentedRoute(
+            "routes without an OpenAPI entry in api/openapi.py OPERATIONS: "
+            + ", ".join(missing))
+
+    plugin = MarshmallowPlugin()
+    spec = APISpec(
+        title="agentq", version=_version(), openapi_version=OPENAPI_VERSION,
+        plugins=[plugin],
+        info={"description": "Durable LLM agent loops as background jobs. Every `/v1/` "
+                             "route needs `Authorization: Bearer <api key>`. Errors are "
+                             "`{\"error\": {\"code\", \"message\", \"details\"}}`."},
+        security=[{"bearerAuth": []}],
+    )
+    plugin.map_to_openapi_type(fields.Url, "string", "uri")
+    spec.components.security_scheme("bearerAuth", {
+        "type": "http", "scheme": "bearer",
+        "description": "An API key from `agentq keys create NAME [--admin]`."})
+    for name, schema in SCHEMAS.items():
+        spec.components.schema(name, schema=schema)
+    selected = [(m, r, OPERATIONS[route_key(m, r)]) for m, r in routes]
+    for status, (name, description) in ERROR_STATUSES.items():
+        spec.components.response(name, {
+            "description": description,
+            "content": {"application/json": {"schema": "Error"}}})
+    for name, parameter in PARAMETERS.items():
+        spec.components.parameter(name, parameter["in"],
+                                  {k: v for k, v in parameter.items() if k != "in"})
+    for name, header in HEADERS.items():
+        spec.components.header(name, header)
+
+    paths: dict[str, dict[str, Any]] = {}
+    for method, rule, operation in selected:
+        path = _RULE_ARG.sub(lambda m: "{" + m.group(1) + "}", rule)
+        operation = dict(operation)
+        arguments = _RULE_ARG.findall(rule)
+        if arguments:
+            operation["parameters"] = [
+                {"in": "path", "name": arg, "required": True,
+                 "description": PATH_PARAMETERS.get(arg, ""),
+                 "schema": {"type": "string", "format": "uuid"}}
+                for arg in arguments] + list(operation.get("parameters", []))
+        paths.setdefault(path, {})[method.lower()] = operation
+    for path, operations in paths.items():
+        spec.path(path=path, operations=operations)
+    document = spec.to_dict()
+    for name in ALWAYS_COMPLETE:
+        component = document["components"]["schemas"].get(name)
+        if component is not None and "properties" in component:
+            component["required"] = list(component["properties"])
+    return document
+
+
+def _version() -> str:
+    try:
+        return metadata.version("agentq")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "0.0.0"
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    with _lock:
+        document = current_app.extensions.get("agentq_openapi")
+        if document is None:
+            document = current_app.extensions["agentq_openapi"] = build_spec(current_app)
+    return jsonify(document)

@@ -1,0 +1,142 @@
+"""`python -m benchmarks run [--quick] [--smoke] [--only NAME] [--results-dir DIR]
+[--docs PATH | --no-docs]` — see docs/benchmarks.md."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ANALYSIS_MARKER = "<!-- analysis: kept across runs -->"
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start the stack and run the scenarios")
+    run.add_argument("--quick", action="store_true", help="smaller sizes: under two minutes")
+    run.add_argument("--smoke", action="store_true",
+                     help="tiny sizes: checks the code runs (with --quick)")
+    run.add_argument("--only", action="append", default=[],
+                     help="run only this scenario (repeatable): server, overhead, "
+                          "throughput, inflight, growth, peer")
+    run.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    run.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"),
+                     help="the markdown file to write (default docs/benchmarks.md)")
+    run.add_argument("--no-docs", action="store_true", help="write no markdown")
+    run.add_argument("--inflight-jobs", type=int, help="override scenario 3's job count")
+    return parser.parse_args(argv)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def loadavg() -> str | None:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.chdir(ROOT)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import harness, report, scenarios
+
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = {"smoke": scenarios.SMOKE, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
+    if args.inflight_jobs:
+        sizes.inflight_jobs = args.inflight_jobs
+    names = args.only or list(scenarios.SCENARIOS)
+    unknown = [n for n in names if n not in scenarios.SCENARIOS]
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(unknown)}; choose from "
+              f"{', '.join(scenarios.SCENARIOS)}", file=sys.stderr)
+        return 2
+    missing = harness.services_answer()
+    if missing:
+        print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)
+        return 3
+
+    # A TERM ends the run through the finally blocks below, so the stack is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.perf_counter()
+    now = datetime.now(timezone.utc)
+    results: dict = {"meta": {
+        "mode": mode, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m benchmarks " + " ".join(shlex.quote(a) for a in
+                                                      (argv if argv is not None
+                                                       else sys.argv[1:])),
+        "machine": harness.machine_info(), "versions": harness.versions(),
+        "loadavg_start": loadavg(), "scenarios_run": names,
+        "sizes": vars(sizes)}, "scenarios": {}}
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-bench-"))
+    log(f"{mode} run of {', '.join(names)}; starting the stack (logs in {scratch})")
+    lab = harness.Lab(scratch)
+    try:
+        lab.start()
+    except Exception as exc:  # noqa: BLE001 - reported
+        print(f"cannot start the stack: {exc}", file=sys.stderr)
+        return 4
+    results["meta"]["stack_start_s"] = lab.started_in_s
+    results["meta"]["settings"] = {
+        "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
+        "tools_concurrency": lab.settings().tools_concurrency,
+        "db_pool_size": lab.settings().db_pool_size,
+        "tool_join": lab.settings().tool_join,
+        "history_max_messages": lab.settings().history_max_messages,
+        "context_max_tokens": lab.settings().context_max_tokens}
+    ctx = scenarios.Context(lab, sizes)
+    ctx.results = results["scenarios"]
+    try:
+        for name in names:
+            log(f"scenario {name}")
+            t0 = time.perf_counter()
+            try:
+                results["scenarios"][name] = scenarios.SCENARIOS[name](ctx)
+            except Exception as exc:  # noqa: BLE001 - one failing scenario does not end the run
+                traceback.print_exc()
+                results["scenarios"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            results["scenarios"][name]["scenario_s"] = round(time.perf_counter() - t0, 1)
+            log(f"scenario {name} done in {time.perf_counter() - t0:.1f} s")
+    finally:
+        try:
+            ctx.close()
+        finally:
+            lab.stop()
+    results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
+    results["meta"]["loadavg_end"] = loadavg()
+
+    out_dir = Path(args.results_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    path = out_dir / f"{stamp}-{mode}.json"
+    text = harness.dumps(results)
+    path.write_text(text)
+    (out_dir / f"latest-{mode}.json").write_text(text)
+    log(f"results: {path}")
+    if not args.no_docs and not args.smoke:
+        docs = Path(args.docs)
+        kept = ""
+        if docs.exists() and ANALYSIS_MARKER in docs.read_text():
+            kept = ANALYSIS_MARKER + docs.read_text().split(ANALYSIS_MARKER, 1)[1]
+        docs.parent.mkdir(parents=True, exist_ok=True)
+        docs.write_text(report.markdown(results, kept))
+        log(f"figures: {docs}")
+    print(report.figures(results))
+    failed = [n for n, r in results["scenarios"].items() if "error" in r]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

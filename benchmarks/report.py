@@ -1,0 +1,190 @@
+"""The results as JSON (benchmarks/results/) and as docs/benchmarks.md."""
+from __future__ import annotations
+
+from typing import Any
+
+HOW_TO = """\
+# Benchmarks
+
+How fast agentq's machinery is around the model, how many loops one machine keeps in flight
+while models think, how per-turn cost grows with history and tool turns, and how it compares
+with LangGraph's prebuilt ReAct agent (issue 4).
+
+## Running them
+
+PostgreSQL and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Then, from a checkout:
+
+```
+python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
+.venv/bin/python -m benchmarks run            # the full run (about 10 minutes on 2 cores)
+.venv/bin/python -m benchmarks run --quick    # smaller sizes, under two minutes
+.venv/bin/python -m benchmarks run --quick --smoke   # tiny sizes: checks the code runs
+.venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
+```
+
+Each run writes `benchmarks/results/<date>-<mode>.json` (and `latest-<mode>.json`) and, unless
+`--smoke` or `--no-docs`, rewrites this file's figures. `tests/unit/test_benchmarks_smoke.py`
+runs `--quick --smoke` and checks the results' keys, never the timings.
+
+What it starts, all on loopback: a fresh database `agentq_bench_<pid>` (dropped after), Redis
+database 11 (`AGENTQ_BENCH_REDIS`, flushed at start and end: use a number nobody else uses),
+the scripted OpenAI-compatible model server (`benchmarks/llm_server.py`, asyncio, in its own
+process so its CPU is not ours; latency set per scenario), and the Procfile's processes:
+gunicorn (2 workers x 8 threads), `agentq worker orchestrator|tools|tools-slow|webhooks` and
+`agentq beat`, with agentq's default sizes. The stack's settings differ from the defaults only
+in `AGENTQ_GUEST_MONTHLY_TOKENS` (never the limit), `AGENTQ_MAX_ITERATIONS=25` (20 tool turns)
+and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_CONCURRENCY`,
+`AGENTQ_DB_POOL_SIZE`, `AGENTQ_LOG_LEVEL`, `AGENTQ_TOOL_JOIN`, `AGENTQ_HISTORY_MAX_MESSAGES` and
+`AGENTQ_CONTEXT_MAX_TOKENS` pass through from the benchmark's environment, to try a sizing.
+
+## The scenarios
+
+| name | what is measured |
+| --- | --- |
+| `server` | the model server alone, hit by 16 keep-alive clients: its rate and CPU per call (it must not be what is measured) |
+| `overhead` | submit → completed, one job at a time, one tool turn, instant model: the stack vs the in-process floor (`benchmarks/floor.py`: `create_job`, `Stepper.run`, `execute_tool_call` as plain calls in one process, the same Postgres writes, the same model server through the same SDK, no broker), interleaved job by job; plus where the time goes, hop by hop, from the rows each job wrote |
+| `throughput` | closed-loop clients (1, 2, 4 … 64), each submitting a one-tool-turn job and waiting for its end; jobs/s, latency, CPU per job per process; the knee = the fewest clients reaching 90% of the best jobs/s |
+| `inflight` | model latency 10 s; N jobs (1,000 full, 300 quick) of two model calls and one tool turn submitted at once by 64 client threads: the most model calls waiting at once (the server's count), jobs/s against the ideal min(N / 20 s, saturated throughput), the orchestrator's peak RSS |
+| `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`), and for 1, 5, 20 tool turns |
+| `peer` | LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI`, as a library in a thread pool the size of the orchestrator's pool (capped at the burst), same model server, same tool; agentq runs the same jobs in the same run: one at a time (latency) and a burst (jobs/s). Skipped with a message without the `bench` extra |
+
+Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
+job row's `finished_at`; the watcher that sees jobs end polls Postgres, so its interval does not
+count. Medians and p95 in milliseconds.
+"""
+
+
+def _ms(value: Any) -> str:
+    return "–" if value is None else f"{value:,.1f}"
+
+
+def _lat(summary: dict[str, Any] | None) -> str:
+    if not summary or not summary.get("n"):
+        return "–"
+    return f"{_ms(summary['median_ms'])} / {_ms(summary['p95_ms'])}"
+
+
+def _yes(value: Any) -> str:
+    return {True: "yes", False: "**no**"}.get(value, "–")
+
+
+def figures(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    sc = results["scenarios"]
+    machine = meta["machine"]
+    vers = meta["versions"]
+    out = [f"## Figures ({meta['mode']} run, {meta['date']})", "",
+           f"Command: `{meta['command']}`; {meta['duration_s']:.0f} s in all "
+           f"(the stack started in {meta.get('stack_start_s', 0):.0f} s).", "",
+           f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus')} CPUs, "
+           f"{machine.get('memory_gib')} GiB, {machine.get('platform')}; "
+           f"load average at start {meta.get('loadavg_start')}, at end "
+           f"{meta.get('loadavg_end')} (the machine is shared: figures are noisy).", "",
+           "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v is not None)
+           + ".", ""]
+
+    s = sc.get("server")
+    if s and "error" not in s:
+        out += ["### The model server alone", "",
+                f"{s['requests_per_s']:,.0f} requests/s from {s['clients']} clients, "
+                f"median / p95 {_lat(s['latency'])} ms per call, "
+                f"{s['server_cpu_ms_per_call']} ms of the server's CPU per call.", ""]
+
+    o = sc.get("overhead")
+    if o and "error" not in o:
+        out += ["### 1. Overhead (one tool turn, instant model, one job at a time)", "",
+                "| | median ms | p95 ms |", "| --- | --- | --- |",
+                f"| agentq (HTTP → Celery → workers) | {_ms(o['agentq']['median_ms'])} | "
+                f"{_ms(o['agentq']['p95_ms'])} |",
+                f"| in-process floor | {_ms(o['floor']['median_ms'])} | "
+                f"{_ms(o['floor']['p95_ms'])} |",
+                f"| ratio | {o['ratio_median']} | {o['ratio_p95']} |", "",
+                f"{o['jobs']} jobs each, interleaved; target ≤ 2×: {_yes(o['met'])}.", "",
+                "Where the time goes (medians, ms, from the rows each job wrote):", "",
+                "| hop | agentq | floor |", "| --- | --- | --- |"]
+        for hop, value in o["agentq_breakdown_ms"].items():
+            out.append(f"| {hop} | {_ms(value)} | {_ms(o['floor_breakdown_ms'].get(hop))} |")
+        out.append("")
+
+    t = sc.get("throughput")
+    if t and "error" not in t:
+        out += ["### 2. Throughput (instant model, one tool turn per job)", "",
+                f"Processes: {t['processes']}. Each level runs {t['level_s']:g} s.", "",
+                "| clients | jobs/s | median / p95 ms | machine busy | CPU ms per job "
+                "(web / orchestrator / tools / model server / client) |",
+                "| --- | --- | --- | --- | --- |"]
+        for lv in t["levels"]:
+            cpu = lv["cpu_ms_per_job"]
+            out.append(f"| {lv['clients']} | {lv['jobs_per_s']} | {_lat(lv['latency'])} | "
+                       f"{lv['machine_busy']} | {_ms(cpu.get('web'))} / "
+                       f"{_ms(cpu.get('orchestrator'))} / {_ms(cpu.get('tools'))} / "
+                       f"{_ms(cpu.get('model_server'))} / {_ms(cpu.get('bench_client'))} |")
+        out += ["", f"Saturated: **{t['saturated_jobs_per_s']} jobs/s**; knee at "
+                    f"{t['knee_clients']} clients ({t['knee_jobs_per_s']} jobs/s, "
+                    f"{_lat(t['knee_latency'])} ms).", ""]
+
+    f = sc.get("inflight")
+    if f and "error" not in f:
+        targets = f["targets"]
+        out += [f"### 3. In flight ({f['jobs']} jobs at once, model latency "
+                f"{f['model_latency_s']:g} s, two model calls + one tool turn each)", "",
+                "| measure | value | target |", "| --- | --- | --- |",
+                f"| most model calls waiting at once | {f['max_model_calls_waiting']} of "
+                f"{f['jobs']} | all: {_yes(targets['all_waiting_at_once'])} |",
+                f"| jobs/s | {f['jobs_per_s']} (ideal {f['ideal_jobs_per_s']}, "
+                f"{f['fraction_of_ideal']:.0%}) | ≥ 90%: "
+                f"{_yes(targets['ninety_percent_of_ideal'])} |",
+                f"| latency median / p95 ms | {_lat(f['latency'])} | (floor: "
+                f"{2 * f['model_latency_s'] * 1000:,.0f}) |",
+                f"| orchestrator RSS peak | {f['orchestrator_rss_mib']['peak_mib']} MiB "
+                f"(before {f['orchestrator_rss_mib']['before_mib']}) | < 1 GiB: "
+                f"{_yes(targets['under_1_gib'])} |",
+                f"| submitting all took | {f['submit_s']} s | |",
+                f"| orchestrator pool | {f['orchestrator_concurrency']} threads | |", "",
+                f"Ideal = {f['ideal_basis']}. Completed {f['completed']}, failed "
+                f"{f['failed']}.", ""]
+
+    g = sc.get("growth")
+    if g and "error" not in g:
+        out += ["### 4. Growth (per-turn time, instant model)", "",
+                "| conversation | per-turn median / p95 ms | job median ms | messages sent "
+                "per model call |", "| --- | --- | --- | --- |"]
+        for h, row in g["by_stored_messages"].items():
+            out.append(f"| {int(h):,} stored messages, 1 tool turn | {_lat(row['per_turn'])} | "
+                       f"{_ms(row['job_total']['median_ms'])} | "
+                       f"{row['messages_sent_per_model_call']} |")
+        for n, row in g["by_tool_turns"].items():
+            out.append(f"| new, {n} tool turn(s) | {_lat(row['per_turn'])} | "
+                       f"{_ms(row['job_total']['median_ms'])} | "
+                       f"{row['messages_sent_per_model_call']} |")
+        out += ["", f"History ratio ({g['history_ratio_of']}): **{g['history_ratio']}** "
+                    f"(target ≤ 1.2: {_yes(g['met'])}); tool-turn ratio "
+                    f"({g['turns_ratio_of']}): {g['turns_ratio']}.", ""]
+
+    p = sc.get("peer")
+    if p:
+        out += ["### 5. Peer: LangGraph prebuilt ReAct agent + Postgres checkpointer", ""]
+        if "skipped" in p or "error" in p:
+            out += [p.get("skipped") or f"Failed: {p.get('error')}", ""]
+        else:
+            a, lg = p["agentq"], p["langgraph"]
+            out += [f"Pool {p['pool']}; {p['seq_jobs']} jobs one at a time, then a burst of "
+                    f"{p['burst_jobs']}.", "",
+                    "| | one at a time: median / p95 ms | burst jobs/s | burst median / p95 ms |",
+                    "| --- | --- | --- | --- |",
+                    f"| agentq (HTTP, Celery, workers) | {_lat(a['seq_latency'])} | "
+                    f"{a['jobs_per_s']} | {_lat(a['burst_latency'])} |",
+                    f"| LangGraph (library, threads) | {_lat(lg['seq_latency'])} | "
+                    f"{lg['jobs_per_s']} | {_lat(lg['burst_latency'])} |", "",
+                    f"agentq ahead on jobs/s: {_yes(p['ahead_on_jobs_per_s'])}; on median "
+                    f"latency: {_yes(p['ahead_on_median_latency'])}.", ""]
+
+    errors = {k: v["error"] for k, v in sc.items() if isinstance(v, dict) and "error" in v}
+    if errors:
+        out += ["### Scenarios that failed", ""] + [f"- {k}: {v}" for k, v in errors.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def markdown(results: dict[str, Any], notes: str = "") -> str:
+    return HOW_TO + "\n" + figures(results) + ("\n" + notes if notes else "")

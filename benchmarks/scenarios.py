@@ -1,0 +1,445 @@
+"""The scenarios of issue 4. Each takes the running Lab, its sizes and the results so far, and
+returns a JSON-able dict. Times are wall clock; a job's end is its row's `finished_at`.
+
+    server      the scripted model server alone: its request rate and CPU per call
+    overhead    submit → completed, one job at a time: the stack vs the in-process floor
+    throughput  closed-loop clients stepped up: jobs/s, latency, the knee
+    inflight    10 s model latency, N jobs at once: model calls waiting at once, jobs/s vs
+                the ideal, orchestrator memory
+    growth      per-turn overhead at 10 / 1,000 / 10,000 stored messages, 1 / 5 / 20 turns
+    peer        LangGraph's prebuilt ReAct agent + Postgres checkpointer vs agentq, same
+                jobs, same model server, same pool size
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from benchmarks.harness import (ROOT, Client, CpuMeter, JobWatcher, Lab, RssSampler,
+                                job_breakdown, ratio, summary, uid)
+
+ONE_TOOL_TURN = "What is 6*7? Use the calculator. turns=1"
+JOB_TIMEOUT_S = 120
+
+
+@dataclass
+class Sizes:
+    server_seconds: float = 5.0
+    server_clients: int = 16
+    overhead_jobs: int = 100
+    warmup_jobs: int = 3
+    throughput_levels: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    throughput_level_s: float = 20.0
+    inflight_jobs: int = 1000
+    inflight_latency_s: float = 10.0
+    inflight_submitters: int = 64
+    growth_histories: list[int] = field(default_factory=lambda: [10, 1000, 10000])
+    growth_jobs: int = 10
+    growth_turns: list[int] = field(default_factory=lambda: [1, 5, 20])
+    growth_turn_jobs: int = 5
+    peer_seq_jobs: int = 30
+    peer_burst_jobs: int = 300
+
+
+FULL = Sizes()
+QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
+              throughput_levels=[1, 8, 32], throughput_level_s=4.0,
+              inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
+              peer_seq_jobs=6, peer_burst_jobs=60)
+SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
+              throughput_levels=[1, 2], throughput_level_s=0.5,
+              inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
+              growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
+              growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2)
+
+
+class Context:
+    """What the scenarios share: the lab, a client, a watcher, results so far."""
+
+    def __init__(self, lab: Lab, sizes: Sizes):
+        self.lab, self.sizes = lab, sizes
+        self.client = Client(lab.stack.base, lab.key)
+        self.watcher = JobWatcher(lab.database_url)
+        self.results: dict[str, Any] = {}
+
+    def one_job(self, content: str = ONE_TOOL_TURN, user: str | None = None,
+                channel: str | None = None) -> dict[str, Any]:
+        job_id, t0 = self.client.submit(content, user, channel)
+        row = self.watcher.wait(job_id, JOB_TIMEOUT_S)
+        return {**row, "submitted": t0}
+
+    def pids(self) -> dict[str, int]:
+        import os
+        return {**self.lab.stack.pids(), "model_server": self.lab.server.pid,
+                "bench_client": os.getpid()}
+
+    def close(self) -> None:
+        self.watcher.stop()
+
+
+def _ok(row: dict[str, Any]) -> bool:
+    return row.get("status") == "completed" and row.get("finish_reason") == "end_turn"
+
+
+# --- server: the model server alone ------------------------------------------------------
+
+def scenario_server(ctx: Context) -> dict[str, Any]:
+    """The scripted server alone, hit by plain keep-alive HTTP clients (no agentq)."""
+    server, sizes = ctx.lab.server, ctx.sizes
+    parts = urlsplit(server.base_url)
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": ONE_TOOL_TURN}],
+        "tools": [{"type": "function", "function": {"name": "math-evaluate",
+                                                     "parameters": {"type": "object"}}}]})
+    latencies: list[list[float]] = [[] for _ in range(sizes.server_clients)]
+    stop_at = time.monotonic() + sizes.server_seconds
+    server.set_latency(0)
+    server.reset()
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            conn.request("POST", parts.path + "/chat/completions", body,
+                         {"Content-Type": "application/json"})
+            conn.getresponse().read()
+            latencies[i].append(time.perf_counter() - t0)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(sizes.server_clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stats = server.stats()
+    flat = [x for per in latencies for x in per]
+    return {"clients": sizes.server_clients, "calls": len(flat),
+            "requests_per_s": round(len(flat) / wall, 1), "latency": summary(flat),
+            "server_cpu_ms_per_call": stats.get("cpu_ms_per_call"),
+            "note": "Python keep-alive clients in the benchmark process; the rate is bounded "
+                    "by those clients as much as by the server."}
+
+
+# --- 1. overhead -------------------------------------------------------------------------
+
+def scenario_overhead(ctx: Context) -> dict[str, Any]:
+    from benchmarks.floor import Floor, new_ids
+    lab, sizes = ctx.lab, ctx.sizes
+    lab.server.set_latency(0)
+    floor = Floor(lab.settings(), lab.server.base_url)
+    try:
+        for _ in range(sizes.warmup_jobs):
+            ctx.one_job()
+            floor.run_job(ONE_TOOL_TURN, *new_ids())
+        stack_lat, floor_lat, stack_ids, floor_ids, failed = [], [], [], [], 0
+        lab.server.reset()
+        for _ in range(sizes.overhead_jobs):  # interleaved, so both see the same noise
+            row = ctx.one_job()
+            if _ok(row):
+                stack_lat.append(row["finished"] - row["submitted"])
+                stack_ids.append(row["id"])
+            else:
+                failed += 1
+            frow = floor.run_job(ONE_TOOL_TURN, *new_ids())
+            if frow["status"] == "completed":
+                floor_lat.append(frow["finished"] - frow["submitted"])
+                floor_ids.append(frow["id"])
+            else:
+                failed += 1
+        model = lab.server.stats()
+    finally:
+        floor.close()
+    agentq, base = summary(stack_lat), summary(floor_lat)
+    return {
+        "jobs": sizes.overhead_jobs, "failed": failed,
+        "agentq": agentq, "floor": base,
+        "ratio_median": ratio(agentq["median_ms"], base["median_ms"]),
+        "ratio_p95": ratio(agentq["p95_ms"], base["p95_ms"]),
+        "agentq_breakdown_ms": job_breakdown(lab.database_url, stack_ids),
+        "floor_breakdown_ms": job_breakdown(lab.database_url, floor_ids),
+        "model_server_cpu_ms_per_call": model.get("cpu_ms_per_call"),
+        "target": "agentq median within 2x of the floor",
+        "met": (ratio(agentq["median_ms"], base["median_ms"]) or 99) <= 2.0,
+    }
+
+
+# --- 2. throughput -----------------------------------------------------------------------
+
+def _closed_loop(ctx: Context, clients: int, seconds: float) -> dict[str, Any]:
+    stop_at = time.monotonic() + seconds
+    latencies: list[float] = []
+    ends: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < stop_at:
+            try:
+                row = ctx.one_job()
+            except Exception:  # noqa: BLE001 - counted
+                with lock:
+                    failures[0] += 1
+                continue
+            with lock:
+                if _ok(row):
+                    latencies.append(row["finished"] - row["submitted"])
+                    ends.append(row["finished"])
+                else:
+                    failures[0] += 1
+
+    meter = CpuMeter(ctx.pids()).start()
+    start = time.time()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cpu = meter.stop()
+    elapsed = (max(ends) - start) if ends else seconds
+    done = len(latencies)
+    return {"clients": clients, "completed": done, "failed": failures[0],
+            "elapsed_s": round(elapsed, 2),
+            "jobs_per_s": round(done / elapsed, 2) if elapsed > 0 else None,
+            "latency": summary(latencies), "machine_busy": cpu["machine_busy"],
+            "cpu_ms_per_job": {name: round(1000 * s / done, 2) if done else None
+                               for name, s in cpu["cpu_s"].items()}}
+
+
+def scenario_throughput(ctx: Context) -> dict[str, Any]:
+    sizes = ctx.sizes
+    ctx.lab.server.set_latency(0)
+    for _ in range(sizes.warmup_jobs):
+        ctx.one_job()
+    levels = [_closed_loop(ctx, n, sizes.throughput_level_s) for n in sizes.throughput_levels]
+    best = max(levels, key=lambda lv: lv["jobs_per_s"] or 0)
+    saturated = best["jobs_per_s"] or 0
+    knee = next(lv for lv in levels if (lv["jobs_per_s"] or 0) >= 0.9 * saturated)
+    return {"model_latency_s": 0, "level_s": sizes.throughput_level_s,
+            "levels": levels, "saturated_jobs_per_s": saturated,
+            "knee_clients": knee["clients"], "knee_jobs_per_s": knee["jobs_per_s"],
+            "knee_latency": knee["latency"],
+            "processes": "web: gunicorn 2 workers x 8 threads; orchestrator: threads x "
+                         f"{ctx.lab.settings().orchestrator_concurrency}; tools: threads x "
+                         f"{ctx.lab.settings().tools_concurrency}; tools-slow, webhooks, beat",
+            "knee_rule": "the fewest clients reaching 90% of the best jobs/s"}
+
+
+# --- 3. in flight ------------------------------------------------------------------------
+
+def scenario_inflight(ctx: Context) -> dict[str, Any]:
+    lab, sizes = ctx.lab, ctx.sizes
+    n, latency = sizes.inflight_jobs, sizes.inflight_latency_s
+    lab.server.set_latency(latency)
+    lab.server.reset()
+    sampler = RssSampler(lab.stack.pids()["orchestrator"])
+    sampler.start()
+    meter = CpuMeter(ctx.pids()).start()
+    submitted: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def submit(_i: int) -> None:
+        job_id, t0 = ctx.client.submit(ONE_TOOL_TURN)
+        with lock:
+            submitted[job_id] = t0
+
+    start = time.time()
+    try:
+        with ThreadPoolExecutor(max_workers=min(sizes.inflight_submitters, n)) as pool:
+            list(pool.map(submit, range(n)))
+        submit_s = time.time() - start
+        rows = ctx.watcher.wait_all(list(submitted), JOB_TIMEOUT_S + 4 * latency + n * 0.2)
+    finally:
+        memory = sampler.stop()
+        cpu = meter.stop()
+        model = lab.server.stats()
+        lab.server.set_latency(0)
+    ok = [r for r in rows if _ok(r)]
+    elapsed = max(r["finished"] for r in rows) - start
+    jobs_per_s = len(ok) / elapsed if elapsed > 0 else 0.0
+    littles = n / (2 * latency)
+    saturated = (ctx.results.get("throughput") or {}).get("saturated_jobs_per_s")
+    ideal = min(littles, saturated) if saturated else littles
+    return {
+        "jobs": n, "model_latency_s": latency, "completed": len(ok),
+        "failed": len(rows) - len(ok),
+        "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
+        "submit_s": round(submit_s, 2), "elapsed_s": round(elapsed, 2),
+        "max_model_calls_waiting": model.get("max_in_flight"),
+        "model_calls": model.get("calls"),
+        "jobs_per_s": round(jobs_per_s, 2),
+        "ideal_jobs_per_s": round(ideal, 2),
+        "ideal_basis": ("min(Little's law, saturated throughput)" if saturated
+                        else "Little's law (throughput scenario not run)"),
+        "fraction_of_ideal": round(jobs_per_s / ideal, 3) if ideal else None,
+        "latency": summary(r["finished"] - submitted[r["id"]] for r in ok),
+        "orchestrator_rss_mib": memory,
+        "cpu_s": cpu["cpu_s"], "machine_busy": cpu["machine_busy"],
+        "targets": {"all_waiting_at_once": model.get("max_in_flight") == n,
+                    "ninety_percent_of_ideal": bool(ideal and jobs_per_s >= 0.9 * ideal),
+                    "under_1_gib": memory["peak_mib"] < 1024},
+    }
+
+
+# --- 4. growth ---------------------------------------------------------------------------
+
+def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
+    """A conversation with `count` stored messages (alternating user / assistant), written
+    directly, seq numbers taken from conversations.message_seq as agentq does."""
+    from sqlalchemy import insert, update
+
+    from agentq.db import session_scope, utcnow
+    from agentq.loop.context import estimate_tokens
+    from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
+                                      resolve_user)
+    from agentq.models import Conversation, Message
+    settings = lab.settings()
+    incoming = Incoming("api", user, channel)
+    with session_scope(settings) as session:
+        user_row = resolve_user(session, incoming, settings)
+        conversation = resolve_conversation(session, user_row, incoming,
+                                            resolve_persona(session, incoming))
+        if count <= 0:
+            return
+        last = session.execute(
+            update(Conversation).where(Conversation.id == conversation.id)
+            .values(message_seq=Conversation.message_seq + count)
+            .returning(Conversation.message_seq)).scalar_one()
+        first, now = last - count + 1, utcnow()
+        rows = []
+        for i in range(count):
+            role = "user" if i % 2 == 0 else "assistant"
+            content = (f"Earlier question number {i}: how many apples are left if I eat "
+                       f"{i % 7} of {i % 13 + 10}?" if role == "user" else
+                       f"Earlier answer number {i}: {i % 13 + 10 - i % 7} apples are left, "
+                       "since eating some leaves the rest.")
+            rows.append({"id": uuid.uuid4(), "conversation_id": conversation.id,
+                         "job_id": None, "seq": first + i, "role": role, "content": content,
+                         "token_count": estimate_tokens(content), "model_used": None,
+                         "created_at": now})
+        for k in range(0, len(rows), 2000):
+            session.execute(insert(Message), rows[k:k + 2000])
+
+
+def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
+              history: int = 0) -> dict[str, Any]:
+    per_turn, totals, failed = [], [], 0
+    ctx.lab.server.reset()
+    for _ in range(jobs):
+        user, channel = uid("g-u"), uid("g-c")
+        seed_conversation(ctx.lab, user, channel, history)
+        row = ctx.one_job(content, user, channel)
+        if not _ok(row):
+            failed += 1
+            continue
+        total = row["finished"] - row["submitted"]
+        totals.append(total)
+        per_turn.append(total / model_calls)
+    model = ctx.lab.server.stats()
+    return {"jobs": jobs, "failed": failed, "model_calls_per_job": model_calls,
+            "per_turn": summary(per_turn), "job_total": summary(totals),
+            "messages_sent_per_model_call": model.get("messages_per_request_mean")}
+
+
+def scenario_growth(ctx: Context) -> dict[str, Any]:
+    sizes = ctx.sizes
+    ctx.lab.server.set_latency(0)
+    for _ in range(sizes.warmup_jobs):
+        ctx.one_job()
+    history = {str(h): _per_turn(ctx, ONE_TOOL_TURN, 2, sizes.growth_jobs, h)
+               for h in sizes.growth_histories}
+    turns = {str(t): _per_turn(ctx, f"Compute 6*7 {t} times with the calculator. turns={t}",
+                               t + 1, sizes.growth_turn_jobs)
+             for t in sizes.growth_turns}
+    h_lo, h_hi = str(sizes.growth_histories[0]), str(sizes.growth_histories[-1])
+    t_lo, t_hi = str(sizes.growth_turns[0]), str(sizes.growth_turns[-1])
+    h_ratio = ratio(history[h_hi]["per_turn"]["median_ms"], history[h_lo]["per_turn"]["median_ms"])
+    t_ratio = ratio(turns[t_hi]["per_turn"]["median_ms"], turns[t_lo]["per_turn"]["median_ms"])
+    return {"by_stored_messages": history, "by_tool_turns": turns,
+            "history_ratio": h_ratio, "history_ratio_of": f"{h_hi} vs {h_lo} stored",
+            "turns_ratio": t_ratio, "turns_ratio_of": f"{t_hi} vs {t_lo} tool turns",
+            "per_turn_rule": "job submit→completed divided by its model calls "
+                             "(tool turns + 1), model answering instantly",
+            "target": "per-turn at the largest history within 1.2x of the smallest",
+            "met": (h_ratio or 99) <= 1.2}
+
+
+# --- 5. peer -----------------------------------------------------------------------------
+
+def scenario_peer(ctx: Context) -> dict[str, Any]:
+    from benchmarks.peer import peer_available
+    lab, sizes = ctx.lab, ctx.sizes
+    reason = peer_available()
+    if reason:
+        return {"skipped": reason}
+    lab.server.set_latency(0)
+    pool = max(1, min(lab.settings().orchestrator_concurrency, sizes.peer_burst_jobs))
+    pg_url = lab.create_peer_database()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peer", "--base-url", lab.server.base_url,
+         "--pg-url", pg_url, "--pool", str(pool), "--seq-jobs", str(sizes.peer_seq_jobs),
+         "--burst-jobs", str(sizes.peer_burst_jobs), "--db-pool",
+         str(3 * lab.settings().db_pool_size)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"})
+    try:
+        peer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"skipped": f"the peer failed: {proc.stderr[-1500:]}"}
+    if "skipped" in peer:
+        return peer
+
+    # agentq, the same jobs in the same run: one at a time, then a burst.
+    seq = []
+    for _ in range(sizes.peer_seq_jobs):
+        row = ctx.one_job()
+        if _ok(row):
+            seq.append(row["finished"] - row["submitted"])
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def submit(_i: int) -> None:
+        job_id, _t0 = ctx.client.submit(ONE_TOOL_TURN)
+        with lock:
+            ids.append(job_id)
+
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=min(32, sizes.peer_burst_jobs)) as executor:
+        list(executor.map(submit, range(sizes.peer_burst_jobs)))
+    rows = ctx.watcher.wait_all(ids, JOB_TIMEOUT_S + sizes.peer_burst_jobs)
+    ends = [r["finished"] for r in rows if _ok(r)]
+    elapsed = max(ends) - start if ends else 0.0
+    agentq = {"seq_latency": summary(seq),
+              "burst_latency": summary(e - start for e in ends),
+              "burst_failed": len(rows) - len(ends),
+              "jobs_per_s": round(len(ends) / elapsed, 2) if elapsed > 0 else None}
+    langgraph = {"seq_latency": summary(peer["seq_latencies_s"]),
+                 "seq_failed": peer["seq_failed"],
+                 "burst_latency": summary(peer["burst_latencies_s"]),
+                 "burst_failed": peer["burst_failed"],
+                 "jobs_per_s": round(peer["jobs_per_s"], 2) if peer["jobs_per_s"] else None}
+    return {"pool": pool, "seq_jobs": sizes.peer_seq_jobs, "burst_jobs": sizes.peer_burst_jobs,
+            "agentq": agentq, "langgraph": langgraph,
+            "latency_rule": "seq: submit → end, one at a time; burst: end − burst start",
+            "ahead_on_jobs_per_s": (agentq["jobs_per_s"] or 0) > (langgraph["jobs_per_s"] or 0),
+            "ahead_on_median_latency": (agentq["seq_latency"]["median_ms"] or 1e9)
+            < (langgraph["seq_latency"]["median_ms"] or 0),
+            "peer_setup": "langgraph.prebuilt.create_react_agent + PostgresSaver "
+                          "(psycopg pool), ChatOpenAI, in a thread pool of the orchestrator's "
+                          "size (capped at the burst), in its own process"}
+
+
+SCENARIOS = {"server": scenario_server, "overhead": scenario_overhead,
+             "throughput": scenario_throughput, "inflight": scenario_inflight,
+             "growth": scenario_growth, "peer": scenario_peer}

@@ -1,0 +1,66 @@
+"""Schemathesis hooks for tests/integration/test_openapi.py (loaded through
+SCHEMATHESIS_HOOKS=tests.support.schemathesis_hooks in the `schemathesis run` subprocess).
+
+They keep generated requests valid or invalid as generated, while bounding what they cost
+and where they reach:
+- every http(s) `callback_url` (body, batch lines, query) points at a closed loopback port,
+  so no webhook leaves the machine;
+- a batch carries at most MAX_BATCH requests (the schema allows 10,000 a batch);
+- a replay batch's `filter` is pinned to the time window in AGENTQ_ST_REPLAY_WINDOW
+  ("since,until": the test's one seed job), so it replays at most that job, not every job in
+  the database; `job_ids` lists are cut to MAX_BATCH;
+- an Idempotency-Key is made unique per body (schemathesis reuses "0" with many bodies,
+  which the API rightly answers 422, hiding everything else the operation does).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+import schemathesis
+
+CALLBACK = "http://127.0.0.1:9/hook"
+MAX_BATCH = 3
+MAX_KEY = 255
+_HTTP = re.compile(r"(?i)^https?://")
+
+
+def _pin_callbacks(value: Any) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "callback_url" and isinstance(item, str) and _HTTP.match(item):
+                value[key] = CALLBACK
+            else:
+                _pin_callbacks(item)
+    elif isinstance(value, list):
+        for item in value:
+            _pin_callbacks(item)
+
+
+@schemathesis.hook
+def before_call(ctx, case, **kwargs):
+    path, method = case.operation.path, case.method.upper()
+    body = case.body
+    _pin_callbacks(body)
+    if isinstance(case.query, dict):
+        _pin_callbacks(case.query)
+    if method == "POST" and path == "/v1/batches":
+        if isinstance(body, dict) and isinstance(body.get("requests"), list):
+            del body["requests"][MAX_BATCH:]
+        elif isinstance(body, str):
+            case.body = "\n".join(body.splitlines()[:MAX_BATCH])
+    if method == "POST" and path == "/v1/batches/replay" and isinstance(body, dict):
+        if isinstance(body.get("job_ids"), list):
+            del body["job_ids"][MAX_BATCH:]
+        if isinstance(body.get("filter"), dict):
+            since, _, until = os.environ.get("AGENTQ_ST_REPLAY_WINDOW", "").partition(",")
+            body["filter"]["since"], body["filter"]["until"] = since, until
+    headers = case.headers
+    key = headers.get("Idempotency-Key") if isinstance(headers, dict) else None
+    if isinstance(key, str) and key.strip() and len(key) <= MAX_KEY:
+        digest = hashlib.sha1(json.dumps(body, sort_keys=True, default=str)
+                              .encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        headers["Idempotency-Key"] = key[:MAX_KEY - 17] + "-" + digest

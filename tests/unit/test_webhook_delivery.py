@@ -1,0 +1,296 @@
+"""Webhook deliveries without servers: a SQLite database, jobs ended by `finish_job`, and a
+fake sender in place of HTTP. The retry schedule is zero so each retry is due at once."""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+from sqlalchemy import select, update
+from standardwebhooks import Webhook
+
+from agentq import migrate
+from agentq.config import Settings
+from agentq.db import dispose_engines, session_factory, session_scope, utcnow
+from agentq.errors import Conflict
+from agentq.loop.finish import finish_job
+from agentq.loop.identity import Incoming
+from agentq.loop.store import EventBuffer
+from agentq.loop.submit import Submission, create_job
+from agentq.loop.sweeper import DELIVERY_OVERDUE_MARGIN_S, sweep_deliveries
+from agentq.models import Job, WebhookDelivery
+from agentq.views import job_object
+from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
+                                      parse_retry_after, pending_for_job,
+                                      redeliver_job_event, retry_delay_s)
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+URL = "https://93.184.216.34/hooks/agentq"  # public literal: checked, never connected to
+
+
+@pytest.fixture(autouse=True)
+def _engines():
+    yield
+    dispose_engines()
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
+                                  "AGENTQ_WEBHOOK_SECRET": SECRET,
+                                  "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0,0,0"})
+    migrate.upgrade(settings)
+    return settings
+
+
+class Receiver:
+    """A fake sender: answers from a list (the last answer repeats), records each request."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers) or [Answer(200)]
+        self.requests: list[dict] = []
+
+    def __call__(self, target, body, headers, timeout_s):
+        self.requests.append({"url": target.url, "body": body, "headers": dict(headers)})
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def ended_job(settings, status="completed", callback_url=URL) -> str:
+    with session_scope(settings) as session:
+        job = create_job(session, settings, Submission(
+            Incoming("test", f"u-{uuid.uuid4().hex[:6]}", "chan"), "hello",
+            callback_url=callback_url))
+        events = EventBuffer()
+        finish_job(session, job, status, "end_turn" if status == "completed" else "error",
+                   "done", None, events)
+        events.flush(session)
+        return str(job.id)
+
+
+def rows(settings, job_id) -> list[WebhookDelivery]:
+    with session_factory(settings)() as session:
+        return list(session.execute(
+            select(WebhookDelivery).where(WebhookDelivery.job_id == uuid.UUID(job_id))
+            .order_by(WebhookDelivery.created_at, WebhookDelivery.attempt)).scalars())
+
+
+def run_until_done(settings, delivery_id, send) -> list[str]:
+    statuses = []
+    while delivery_id:
+        outcome = attempt_delivery(delivery_id, settings=settings, send=send)
+        statuses.append(outcome.status)
+        delivery_id = outcome.retry_id
+    return statuses
+
+
+# --- the first row ------------------------------------------------------------------------
+
+def test_ending_a_job_with_a_callback_writes_its_first_delivery(settings):
+    job_id = ended_job(settings, "failed")
+    [row] = rows(settings, job_id)
+    assert (row.status, row.attempt, row.event_type, row.url) == ("pending", 1, "job.failed",
+                                                                   URL)
+    assert row.event_id.startswith("msg_") and row.next_attempt_at is not None
+    with session_factory(settings)() as session:
+        assert pending_for_job(session, job_id) == [str(row.id)]
+
+
+def test_a_job_without_callback_writes_none(settings):
+    assert rows(settings, ended_job(settings, callback_url=None)) == []
+
+
+# --- attempts -----------------------------------------------------------------------------
+
+def test_a_good_delivery_is_signed_and_carries_the_job_object(settings):
+    job_id = ended_job(settings)
+    receiver = Receiver(Answer(204))
+    assert run_until_done(settings, str(rows(settings, job_id)[0].id), receiver) == \
+        ["succeeded"]
+    [request] = receiver.requests
+    payload = Webhook(SECRET).verify(request["body"], request["headers"])
+    with session_factory(settings)() as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert payload == {"type": "job.completed", "timestamp": job.finished_at.isoformat(),
+                           "data": json.loads(json.dumps(job_object(job)))}
+    assert request["headers"]["Content-Type"] == "application/json"
+    [row] = rows(settings, job_id)
+    assert (row.status, row.status_code, row.error, row.next_attempt_at) == \
+        ("succeeded", 204, None, None)
+    assert row.latency_ms is not None and row.latency_ms >= 0
+
+
+def test_failures_retry_with_the_same_id_and_body(settings):
+    job_id = ended_job(settings)
+    receiver = Receiver(Answer(500), Answer(302), Answer(200))
+    statuses = run_until_done(settings, str(rows(settings, job_id)[0].id), receiver)
+    assert statuses == ["failed", "failed", "succeeded"]
+    found = rows(settings, job_id)
+    assert [(r.attempt, r.status, r.status_code) for r in found] == \
+        [(1, "failed", 500), (2, "failed", 302), (3, "succeeded", 200)]
+    assert "Redirect" in found[1].error
+    assert len({r.event_id for r in found}) == 1
+    assert len({q["headers"]["webhook-id"] for q in receiver.requests}) == 1
+    assert len({q["body"] for q in receiver.requests}) == 1
+
+
+def test_410_gives_up_at_once(settings):
+    job_id = ended_job(settings)
+    receiver = Receiver(Answer(410))
+    assert run_until_done(settings, str(rows(settings, job_id)[0].id), receiver) == \
+        ["gave_up"]
+    assert [r.status for r in rows(settings, job_id)] == ["gave_up"]
+
+
+def test_the_schedule_running_out_gives_up(settings):
+    job_id = ended_job(settings)
+    receiver = Receiver(httpx.ConnectError("connection refused"))
+    statuses = run_until_done(settings, str(rows(settings, job_id)[0].id), receiver)
+    assert statuses == ["failed", "failed", "failed", "gave_up"]  # 1 try + 3 retries
+    last = rows(settings, job_id)[-1]
+    assert last.attempt == 4 and "ConnectError" in last.error and last.status_code is None
+
+
+def test_a_timeout_is_a_failure_naming_the_limit(settings):
+    job_id = ended_job(settings)
+    receiver = Receiver(httpx.ReadTimeout("slow"), Answer(200))
+    assert run_until_done(settings, str(rows(settings, job_id)[0].id), receiver) == \
+        ["failed", "succeeded"]
+    assert "No answer within" in rows(settings, job_id)[0].error
+
+
+def test_a_private_target_at_send_time_fails_without_sending(settings):
+    job_id = ended_job(settings, callback_url="http://10.0.0.8/hook")
+    receiver = Receiver()
+    outcome = attempt_delivery(str(rows(settings, job_id)[0].id), settings=settings,
+                               send=receiver)
+    assert outcome.status == "failed" and receiver.requests == []
+    assert "private" in rows(settings, job_id)[0].error
+
+
+def test_a_second_message_for_the_same_row_does_nothing(settings):
+    job_id = ended_job(settings)
+    delivery_id = str(rows(settings, job_id)[0].id)
+    receiver = Receiver()
+    assert attempt_delivery(delivery_id, settings=settings, send=receiver).status == \
+        "succeeded"
+    assert attempt_delivery(delivery_id, settings=settings, send=receiver).status == \
+        "skipped"
+    assert len(receiver.requests) == 1
+
+
+def test_a_row_not_yet_due_is_not_sent(settings):
+    job_id = ended_job(settings)
+    delivery_id = rows(settings, job_id)[0].id
+    with session_scope(settings) as session:
+        session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id)
+                        .values(next_attempt_at=utcnow() + timedelta(minutes=5)))
+    receiver = Receiver()
+    assert attempt_delivery(str(delivery_id), settings=settings, send=receiver).status == \
+        "skipped"
+    assert receiver.requests == []
+
+
+# --- retry delays -------------------------------------------------------------------------
+
+def test_retry_delays_follow_the_schedule_and_honour_retry_after():
+    schedule = (5.0, 30.0)
+    assert retry_delay_s(schedule, 1) == 5.0
+    assert retry_delay_s(schedule, 2) == 30.0
+    assert retry_delay_s(schedule, 3) is None
+    assert retry_delay_s(schedule, 1, retry_after_s=120) == 120
+    assert retry_delay_s(schedule, 2, retry_after_s=1) == 30.0
+    assert retry_delay_s(schedule, 1, retry_after_s=10 ** 9) == RETRY_AFTER_MAX_S
+
+
+def test_retry_after_in_seconds_or_as_a_date():
+    now = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_retry_after("120", now) == 120
+    assert parse_retry_after("Wed, 01 May 2024 12:01:00 GMT", now) == 60
+    assert parse_retry_after("Wed, 01 May 2024 11:00:00 GMT", now) == 0
+    assert parse_retry_after("soon", now) is None
+    assert parse_retry_after(None, now) is None
+
+
+def test_a_retry_waits_for_retry_after(settings):
+    job_id = ended_job(settings)
+    outcome = attempt_delivery(str(rows(settings, job_id)[0].id), settings=settings,
+                               send=Receiver(Answer(503, retry_after="90")))
+    assert outcome.status == "failed" and outcome.retry_in_s == 90
+    retry = rows(settings, job_id)[1]
+    assert retry.status == "pending" and retry.attempt == 2
+    assert retry.next_attempt_at > utcnow() + timedelta(seconds=80)
+
+
+# --- redelivery and the sweeper -----------------------------------------------------------
+
+def test_redelivery_is_a_new_attempt_of_the_same_event(settings):
+    job_id = ended_job(settings)
+    first = rows(settings, job_id)[0]
+    run_until_done(settings, str(first.id), Receiver())
+    with session_scope(settings) as session:
+        again = redeliver_job_event(session, session.get(Job, uuid.UUID(job_id)))
+        again_id = str(again.id)
+    # a second redelivery while this one is pending is refused
+    with session_scope(settings) as session, pytest.raises(Conflict):
+        redeliver_job_event(session, session.get(Job, uuid.UUID(job_id)))
+    receiver = Receiver()
+    assert run_until_done(settings, again_id, receiver) == ["succeeded"]
+    found = rows(settings, job_id)
+    assert [(r.attempt, r.event_id) for r in found] == [(1, first.event_id),
+                                                       (2, first.event_id)]
+    assert receiver.requests[0]["headers"]["webhook-id"] == first.event_id
+
+
+def test_redelivery_needs_an_ended_job_with_a_callback(settings):
+    job_id = ended_job(settings, callback_url=None)
+    with session_scope(settings) as session, pytest.raises(Conflict):
+        redeliver_job_event(session, session.get(Job, uuid.UUID(job_id)))
+    with session_scope(settings) as session:
+        job = create_job(session, settings, Submission(Incoming("test", "u-r", "c"), "hi",
+                                                       callback_url=URL))
+        with pytest.raises(Conflict):
+            redeliver_job_event(session, job)
+
+
+def test_the_sweeper_picks_up_overdue_deliveries_once(settings):
+    job_id = ended_job(settings)
+    delivery_id = rows(settings, job_id)[0].id
+    sessions = session_factory(settings)
+    assert sweep_deliveries(settings, sessions) == []  # due now, not overdue
+    with session_scope(settings) as session:
+        session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id)
+                        .values(next_attempt_at=utcnow() - timedelta(
+                            seconds=DELIVERY_OVERDUE_MARGIN_S + 5)))
+    assert sweep_deliveries(settings, sessions) == [str(delivery_id)]
+    assert sweep_deliveries(settings, sessions) == []  # marked due now: not again at once
+    assert attempt_delivery(str(delivery_id), settings=settings,
+                            send=Receiver()).status == "succeeded"
+
+
+def test_a_batch_event_carries_the_batch_object(settings):
+    # given an ended batch with a callback (its event row written as agentq.batches does)
+    from agentq import batches
+    from agentq.models import Batch
+    from agentq.webhooks.delivery import enqueue_event
+    with session_scope(settings) as session:
+        batch = Batch(id=uuid.uuid4(), status="completed", total=0, callback_url=URL,
+                      meta={"k": "v"}, created_at=utcnow(), finished_at=utcnow())
+        session.add(batch)
+        delivery = enqueue_event(session, event_type="batch.completed", url=URL,
+                                 batch_id=batch.id, due=batch.finished_at)
+        delivery_id, batch_id = str(delivery.id), batch.id
+    receiver = Receiver()
+    assert attempt_delivery(delivery_id, settings=settings, send=receiver).status == \
+        "succeeded"
+    payload = Webhook(SECRET).verify(receiver.requests[0]["body"],
+                                     receiver.requests[0]["headers"])
+    with session_factory(settings)() as session:
+        batch = session.get(Batch, batch_id)
+        expected = batches.batch_object(batch, batches.counts(session, batch_id))
+    assert payload == {"type": "batch.completed", "timestamp": batch.finished_at.isoformat(),
+                       "data": expected}
