@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from agentq.loop.sweeper import sweep as sweep_jobs
+from agentq.loop.sweeper import sweep_waiting
 from tasks.app import app
 from tasks.base import AgentqTask, services
 from tasks.dispatch import dispatch
@@ -11,5 +12,6 @@ from tasks.dispatch import dispatch
 def sweep() -> int:
     s = services()
     effects = sweep_jobs(s["settings"], s["sessions"])
+    effects += sweep_waiting(s["settings"], s["sessions"])
     dispatch(effects)
     return len(effects)

@@ -83,3 +83,43 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
     if ids:
         log.warning("re-enqueuing overdue webhook deliveries", extra={"count": len(ids)})
     return ids
+
+
+def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
+    """Safety net for jobs that wait: a conversation left without a live owner gets its next
+    waiting job, and a batch with room admits more (each normally happens when a job ends,
+    in that job's transaction; this covers a crash between)."""
+    from agentq.batches import admit, lock_batch
+    from agentq.loop.busy import active_job, lock_conversation, next_waiting
+    now = utcnow()
+    stale = now - timedelta(seconds=settings.step_deadline_s)
+    effects: list[Effect] = []
+    events = EventBuffer()
+    with sessions() as session, session.begin():
+        conversations = session.execute(
+            select(Job.conversation_id).where(Job.status == "queued",
+                                              Job.waiting_for == "conversation",
+                                              Job.created_at < stale)
+            .distinct().limit(SWEEP_BATCH)).scalars().all()
+        for conversation_id in conversations:
+            conversation = lock_conversation(session, conversation_id)
+            if active_job(session, conversation) is not None:
+                continue
+            nxt = next_waiting(session, conversation_id)
+            if nxt is not None:
+                log.warning("starting a job its conversation forgot",
+                            extra={"job_id": str(nxt.id)})
+                nxt.waiting_for, nxt.last_progress_at = None, now
+                conversation.active_job_id = nxt.id
+                effects.append(NextStep(str(nxt.id), 0, "start"))
+        batch_ids = session.execute(
+            select(Job.batch_id).where(Job.status == "queued", Job.waiting_for == "batch",
+                                       Job.created_at < stale)
+            .distinct().limit(SWEEP_BATCH)).scalars().all()
+        for batch_id in batch_ids:
+            batch = lock_batch(session, batch_id)
+            if batch is not None:
+                effects += admit(session, batch, events)
+        events.flush(session)
+    events.announce()
+    return effects

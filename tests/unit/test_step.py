@@ -16,7 +16,8 @@ from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop.execute import execute_tool_call
 from agentq.loop.identity import Incoming
-from agentq.loop.step import DispatchTools, JobEnded, NextStep, Stepper
+from agentq.loop.effects import DispatchTools, JobEnded, NextStep
+from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep
 from agentq.models import FileRecord, Job, Message, TokenLog, ToolCall, User
