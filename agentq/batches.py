@@ -72,14 +72,20 @@ def admit(session: Session, batch: Batch, events: EventBuffer) -> list[Effect]:
     return effects
 
 
-def on_job_end(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
-    """A batch job ended: admit the next, and end the batch after its last job."""
-    batch = lock_batch(session, job.batch_id)
-    if batch is None:
-        return []
-    effects = admit(session, batch, events)
-    session.flush()
-    return effects + end_if_done(session, batch)
+def advance(sessions, batch_id: uuid.UUID) -> list[Effect]:
+    """After a batch job ended (or from the sweeper): admit the next waiting jobs and end
+    the batch after its last one. Takes the batch's lock first, holding no job's."""
+    events = EventBuffer()
+    with sessions() as session, session.begin():
+        batch = lock_batch(session, batch_id)
+        if batch is None:
+            return []
+        effects = admit(session, batch, events)
+        session.flush()
+        effects += end_if_done(session, batch)
+        events.flush(session)
+    events.announce()
+    return effects
 
 
 def end_batch(session: Session, batch: Batch) -> list[Effect]:

@@ -128,7 +128,75 @@ def beat() -> None:
 
 
 # --- one machine, no servers ------------------------------------------------------------
-def _embedded():
+LOCAL_MODEL_DEFAULTS = {
+    "AGENTQ_LLM_TIMEOUT_S": "120",  # a small CPU model may think for a while
+    "AGENTQ_LLM_RETRIES": "1",  # a slow local server is not made faster by asking again
+    "AGENTQ_MAX_TOKENS_PER_REQUEST": "256",  # tiny models ramble
+    "AGENTQ_MAX_ITERATIONS": "5",  # ...and loop
+    "AGENTQ_GUEST_MONTHLY_TOKENS": "100000",  # local tokens cost nothing; 5000 is ~2 runs
+}
+"""Set for the local model unless the environment already sets them."""
+
+
+def _wants_local_model(flag: bool | None) -> bool:
+    """--local-model / --no-local-model; unset: the local model when no server is configured
+    (OPENAI_BASE_URL and OPENAI_API_KEY both unset) and the `local` extra is installed."""
+    if flag is not None:
+        return flag
+    if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
+        return False
+    from agentq import local_model
+    reason = local_model.missing()
+    if reason is None:
+        click.echo("agentq: OPENAI_BASE_URL and OPENAI_API_KEY are unset: using the local "
+                   "model (the `local` extra; --no-local-model to skip it)", err=True)
+        return True
+    click.echo(f"agentq: OPENAI_BASE_URL and OPENAI_API_KEY are unset and the local model "
+               f"is not installed ({reason}); trying OpenAI. For a model on this machine: "
+               f"{local_model.INSTALL_HINT}", err=True)
+    return False
+
+
+def _start_local_model():
+    """llama.cpp's server with the packaged model, as a child process; the router pointed at
+    it through OPENAI_BASE_URL. Stopped by the caller, at exit, or on SIGTERM/SIGHUP."""
+    from agentq import local_model
+    from agentq.config import Settings, set_settings
+    try:
+        server = local_model.LocalModelServer(
+            log_path=Settings.from_env().home / "local-model.log")
+    except local_model.LocalModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"agentq: starting llama.cpp ({server.model_path.name}) on {server.host}, "
+               f"log in {server.log_path} ...", err=True)
+    started = time.monotonic()
+    try:
+        server.start()
+    except local_model.LocalModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    local_model.stop_on_signals(server)
+    os.environ.update(server.client_env())
+    os.environ.setdefault("AGENTQ_TOKENIZER", str(server.model_path))
+    for name, value in LOCAL_MODEL_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    set_settings(None)  # read again, with the variables above
+    click.echo(f"agentq: local model {server.alias} ready on {server.base_url} in "
+               f"{time.monotonic() - started:.1f} s", err=True)
+    return server
+
+
+def _embedded(local_model: bool = False):
+    """Settings, the in-process worker, and the local model server (or None)."""
+    server = _start_local_model() if local_model else None
+    try:
+        return (*_embedded_worker(), server)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+
+
+def _embedded_worker():
     settings = get_settings()
     if not settings.embedded_broker:
         raise click.ClickException("`agentq dev` and `agentq run` use the embedded broker; "
@@ -160,9 +228,12 @@ def _dev_key(settings) -> str:
 
 @main.command("dev")
 @click.option("--port", type=int, default=None, help="Default: $PORT or 5000.")
-def dev(port: int | None) -> None:
+@click.option("--local-model", is_flag=True,
+              help="Run llama.cpp's server with the packaged small model (the `local` extra) "
+                   "as a child process and use it as the model server.")
+def dev(port: int | None, local_model: bool) -> None:
     """Serve the API with an in-process broker, worker and sweeper, on SQLite by default."""
-    settings, worker = _embedded()
+    settings, worker, server = _embedded(local_model)
     key = _dev_key(settings)
     port = port or settings.port
     click.echo(f"agentq on http://127.0.0.1:{port}  (database {settings.database_url})")
@@ -172,6 +243,8 @@ def dev(port: int | None) -> None:
         create_app(settings).run(host="127.0.0.1", port=port, threaded=True)
     finally:
         worker.stop()
+        if server is not None:
+            server.stop()
 
 
 @main.command("run")
@@ -179,9 +252,24 @@ def dev(port: int | None) -> None:
 @click.option("--user", "user_id", default="local-user", show_default=True)
 @click.option("--channel", default="cli", show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=300, show_default=True)
-def run(content: str, user_id: str, channel: str, timeout_s: float) -> None:
+@click.option("--local-model/--no-local-model", default=None,
+              help="Use llama.cpp's server with the packaged small model (the `local` extra). "
+                   "Default: yes when OPENAI_BASE_URL and OPENAI_API_KEY are both unset and "
+                   "the extra is installed.")
+def run(content: str, user_id: str, channel: str, timeout_s: float,
+        local_model: bool | None) -> None:
     """Run one message through the whole loop in this process and print what happens."""
-    settings, worker = _embedded()
+    settings, worker, server = _embedded(_wants_local_model(local_model))
+    try:
+        code = _run_one(settings, content, user_id, channel, timeout_s)
+    finally:
+        worker.stop()
+        if server is not None:
+            server.stop()
+    sys.exit(code)
+
+
+def _run_one(settings, content: str, user_id: str, channel: str, timeout_s: float) -> int:
     from agentq.db import session_factory, session_scope
     from agentq.loop.identity import Incoming
     from agentq.loop.step import NextStep
@@ -192,9 +280,7 @@ def run(content: str, user_id: str, channel: str, timeout_s: float) -> None:
                                                        content))
         job_id = job.id
     dispatch([NextStep(str(job_id), 0, "start")])
-    code = _follow(session_factory(settings), job_id, timeout_s)
-    worker.stop()
-    sys.exit(code)
+    return _follow(session_factory(settings), job_id, timeout_s)
 
 
 def _follow(sessions, job_id: uuid.UUID, timeout_s: float) -> int:
@@ -239,6 +325,235 @@ def _describe(kind: str, data: dict) -> str:
             return f"· {data.get('status')} ({data.get('finish_reason')})"
         case _:
             return f"· {kind}"
+
+
+# --- a running API, over HTTP, for people ----------------------------------------------
+ON_BUSY_CHOICES = ("queue", "steer", "interrupt", "reject")
+SSE_READ_TIMEOUT_S = 45.0  # the API sends a keep-alive every 15 s
+SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+def _api_options(command):
+    command = click.option("--key", default=None,
+                           help="API key. Default: $AGENTQ_API_KEY, else the key `agentq dev` "
+                                "wrote to $AGENTQ_HOME/dev-key.")(command)
+    return click.option("--url", default=None,
+                        help="The API. Default: $AGENTQ_URL, else http://127.0.0.1:$PORT."
+                        )(command)
+
+
+def _api_client(url: str | None, key: str | None):
+    import httpx
+    settings = get_settings()
+    base = (url or os.environ.get("AGENTQ_URL")
+            or f"http://127.0.0.1:{settings.port}").rstrip("/")
+    key = key or os.environ.get("AGENTQ_API_KEY")
+    dev_key = settings.home / "dev-key"
+    if not key and dev_key.exists():
+        key = dev_key.read_text().strip()
+    if not key:
+        raise click.ClickException(f"no API key: pass --key, set AGENTQ_API_KEY, or run "
+                                   f"`agentq dev` (it writes {dev_key})")
+    return httpx.Client(base_url=base, timeout=httpx.Timeout(30.0, connect=5.0),
+                        headers={"Authorization": f"Bearer {key}",
+                                 "User-Agent": "agentq-cli"})
+
+
+def _api_error(response) -> click.ClickException:
+    try:
+        error = response.json()["error"]
+        detail = f"{error['code']}: {error['message']}"
+        if error.get("details"):
+            detail += f" {json.dumps(error['details'])}"
+    except (ValueError, KeyError, TypeError):
+        detail = response.text[:500]
+    return click.ClickException(f"{response.request.method} {response.request.url.path} → "
+                                f"{response.status_code} {detail}")
+
+
+def _api_call(client, method: str, path: str, **kw) -> dict:
+    import httpx
+    try:
+        response = client.request(method, path, **kw)
+    except httpx.TransportError as exc:
+        raise click.ClickException(f"cannot reach {client.base_url} ({exc}); is the API "
+                                   f"running (`agentq dev`)?") from None
+    if response.status_code >= 400:
+        raise _api_error(response)
+    return response.json()
+
+
+def _sse_events(client, job_id: str, after: int):
+    """The job's events as server-sent events after `after`; None for each keep-alive."""
+    import httpx
+    headers = {"Accept": "text/event-stream"}
+    if after:
+        headers["Last-Event-ID"] = str(after)
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                       timeout=httpx.Timeout(10.0, read=SSE_READ_TIMEOUT_S)) as response:
+        if response.status_code >= 400:
+            response.read()
+            raise _api_error(response)
+        data: list[str] = []
+        for line in response.iter_lines():
+            if not line:
+                if data:
+                    yield json.loads("\n".join(data))
+                    data = []
+            elif line.startswith(":"):
+                yield None
+            else:
+                name, _, value = line.partition(":")
+                if name == "data":
+                    data.append(value[1:] if value.startswith(" ") else value)
+
+
+class _Progress:
+    """Event lines on stderr, each after the time since the start; under them, while waiting
+    and when stderr is a terminal, a spinner saying what the job is doing."""
+    STATUS = {"job_start": "starting", "turn_start": "the model is thinking",
+              "tool_execution_start": "running tools", "turn_end": "the model is thinking",
+              "steering_injected": "the model is thinking"}
+
+    def __init__(self, started: float):
+        import threading
+        self.started, self.status = started, "queued"
+        self.stream = sys.stderr
+        self.live = self.stream.isatty()
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+
+    def __enter__(self) -> "_Progress":
+        if self.live:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.done.set()
+        if self.live:
+            self.thread.join()
+            with self.lock:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+
+    def event(self, kind: str, data: dict) -> None:
+        self.status = self.STATUS.get(kind, self.status)
+        self.line(_describe(kind, data))
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            self.stream.write(("\r\033[K" if self.live else "")
+                              + f"{time.monotonic() - self.started:6.1f}s {text}\n")
+            self.stream.flush()
+
+    def _spin(self) -> None:
+        frame = 0
+        while not self.done.wait(0.1):
+            with self.lock:
+                self.stream.write(f"\r\033[K{SPINNER_FRAMES[frame % len(SPINNER_FRAMES)]} "
+                                  f"{self.status} ({time.monotonic() - self.started:.1f} s)")
+                self.stream.flush()
+            frame += 1
+
+
+def _follow_http(client, job_id: str, timeout_s: float) -> int:
+    """Print the job's events as they happen (stderr), then its answer and files (stdout)."""
+    import httpx
+    started = time.monotonic()
+    deadline, last, ended = started + timeout_s, 0, False
+    try:
+        with _Progress(started) as progress:
+            while not ended and time.monotonic() < deadline:
+                try:
+                    for event in _sse_events(client, job_id, last):
+                        if event is not None:
+                            last = event["seq"]
+                            progress.event(event["type"], event.get("data") or {})
+                            ended = event["type"] == "job_end"
+                        if ended or time.monotonic() >= deadline:
+                            break
+                except httpx.TransportError as exc:  # dropped: resume after the last seq
+                    progress.line(f"(event stream interrupted: {exc}; resuming)")
+                    time.sleep(1)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped following; job {job_id} goes on "
+                   f"(agentq jobs show {job_id})", err=True)
+        return 130
+    if not ended:
+        click.echo(f"job {job_id} still running after {timeout_s:g} s "
+                   f"(agentq jobs show {job_id})", err=True)
+        return 2
+    job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
+    response = job.get("response") or {}
+    if job["status"] != "completed" and response.get("error"):
+        click.echo(f"job {job['status']}: {json.dumps(response['error'])}", err=True)
+    click.echo(response.get("content") or "")
+    for f in response.get("files") or []:
+        click.echo(f"  file: {f['filename']} {f['url']}")
+    return 0 if job["status"] == "completed" else 1
+
+
+@main.command("submit")
+@click.argument("content")
+@click.option("--wait", is_flag=True,
+              help="Follow the job: its events on stderr as they happen, then the answer on "
+                   "stdout. Without it, print the job's id.")
+@click.option("--user", "user_id", default="local-user", show_default=True)
+@click.option("--channel", default="cli", show_default=True)
+@click.option("--platform", default="cli", show_default=True)
+@click.option("--thread", default=None, help="A thread is its own conversation.")
+@click.option("--on-busy", type=click.Choice(ON_BUSY_CHOICES), default=None,
+              help="When the conversation already runs a job (the API's default: queue).")
+@click.option("--timeout", "timeout_s", type=float, default=600, show_default=True,
+              help="With --wait: stop following after this many seconds.")
+@_api_options
+def submit(content: str, wait: bool, user_id: str, channel: str, platform: str,
+           thread: str | None, on_busy: str | None, timeout_s: float, url: str | None,
+           key: str | None) -> None:
+    """Send a message to a running API (`agentq dev`, or a deployment) as a job."""
+    body = {"platform": platform, "platform_user_id": user_id,
+            "platform_channel_id": channel, "platform_thread_id": thread, "content": content}
+    if on_busy:
+        body["on_busy"] = on_busy
+    with _api_client(url, key) as client:
+        job = _api_call(client, "POST", "/v1/messages", json=body)
+        if not wait:
+            click.echo(job["id"])
+            return
+        click.echo(f"job {job['id']} ({job['status']})", err=True)
+        code = _follow_http(client, job["id"], timeout_s)
+    sys.exit(code)
+
+
+@main.group("jobs")
+def jobs() -> None:
+    """Jobs on a running API."""
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object {\"job\", \"events\"} instead.")
+@_api_options
+def jobs_show(job_id: str, as_json: bool, url: str | None, key: str | None) -> None:
+    """Print a job object and its events."""
+    with _api_client(url, key) as client:
+        job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
+        events: list[dict] = []
+        while True:
+            page = _api_call(client, "GET", f"/v1/jobs/{job_id}/events",
+                             params={"after": events[-1]["seq"] if events else 0})
+            events += page["data"]
+            if not page.get("has_more") or not page["data"]:
+                break
+    if as_json:
+        click.echo(json.dumps({"job": job, "events": events}, indent=2))
+        return
+    click.echo(json.dumps(job, indent=2))
+    click.echo(f"events ({len(events)}):")
+    for event in events:
+        click.echo(f"  {event['seq']:>4}  {event['created_at']}  "
+                   f"{_describe(event['type'], event.get('data') or {}).strip()}")
 
 
 if __name__ == "__main__":  # pragma: no cover

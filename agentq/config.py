@@ -52,6 +52,14 @@ class Settings:
     llm_retry_max_s: float = 8.0
     """AGENTQ_LLM_RETRY_MAX_S: the longest single backoff."""
 
+    max_tokens_per_request: int | None = None
+    """AGENTQ_MAX_TOKENS_PER_REQUEST: a cap on any model call's output tokens, under the
+    persona's own (local models ramble)."""
+    tokenizer: str | None = None
+    """AGENTQ_TOKENIZER: a .gguf whose tokenizer counts tokens when a server sends no usage."""
+    embedding_model: str = "text-embedding-3-small"
+    """AGENTQ_EMBEDDING_MODEL: the model POST /v1/embed uses."""
+
     # --- the loop -------------------------------------------------------------------
     max_iterations: int = 10
     """AGENTQ_MAX_ITERATIONS: model calls one job may make (1..200)."""
@@ -109,7 +117,7 @@ class Settings:
     """AGENTQ_BATCH_MAX_CONCURRENCY: a batch's jobs running at once, unless it says less."""
 
     # --- processes ------------------------------------------------------------------
-    orchestrator_concurrency: int = 200
+    orchestrator_concurrency: int = 1000
     """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads per orchestrator process (model calls in flight)."""
     tools_concurrency: int = 8
     """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
@@ -179,6 +187,9 @@ class Settings:
             llm_retries=num("AGENTQ_LLM_RETRIES", cls.llm_retries, int, 0, 10),
             llm_retry_base_s=num("AGENTQ_LLM_RETRY_BASE_S", cls.llm_retry_base_s, float, 0),
             llm_retry_max_s=num("AGENTQ_LLM_RETRY_MAX_S", cls.llm_retry_max_s, float, 0),
+            max_tokens_per_request=num("AGENTQ_MAX_TOKENS_PER_REQUEST", None, int, 1),
+            tokenizer=env.get("AGENTQ_TOKENIZER") or None,
+            embedding_model=env.get("AGENTQ_EMBEDDING_MODEL") or cls.embedding_model,
             max_iterations=num("AGENTQ_MAX_ITERATIONS", cls.max_iterations, int, 1,
                                MAX_ITERATIONS_CEILING),
             guest_monthly_tokens=num("AGENTQ_GUEST_MONTHLY_TOKENS", cls.guest_monthly_tokens,

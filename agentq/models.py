@@ -183,6 +183,8 @@ class Job(Base):
     last_progress_at: Mapped[datetime] = mapped_column(default=utcnow)
     redrives: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested_at: Mapped[datetime | None]
+    pending_inputs: Mapped[int] = mapped_column(Integer, default=0)
+    """Steering messages waiting in job_inputs: a step reads them only when there are some."""
     event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
 
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

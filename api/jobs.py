@@ -78,13 +78,16 @@ def enqueue_after_commit(effects) -> None:
         log.exception("enqueue failed; the sweeper will re-drive the job")
 
 
-def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False):
+def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False,
+               body: dict | None = None):
+    """The job object, after waiting if asked; `body` (the object as just written) saves a
+    read when there is nothing to wait for."""
     if wait:
         wait_for_end(session_factory(g.settings), hub_for(g.settings), job_id, wait)
-    with session_scope(g.settings) as session:
-        job = session.get(Job, job_id)
-        body = job_object(job)
-    ended = job.status in TERMINAL_STATUSES
+    if body is None or wait:
+        with session_scope(g.settings) as session:
+            body = job_object(session.get(Job, job_id))
+    ended = body["status"] in TERMINAL_STATUSES
     response = jsonify(body)
     response.status_code = 200 if (wait is not None and ended) or not created else 202
     if created:
@@ -113,7 +116,8 @@ def _submit(route: str, body: dict, sub: Submission):
                 if claimed is not None:
                     claimed.job_id = submitted.job.id
                 submitted.events.flush(session)
-                job_id = submitted.job.id
+                session.flush()
+                job_id, body_now = submitted.job.id, job_object(submitted.job)
             break
         except IntegrityError:
             if attempt or key is None:
@@ -121,7 +125,7 @@ def _submit(route: str, body: dict, sub: Submission):
             log.info("idempotency key raced; answering with the first job")
     submitted.events.announce()
     enqueue_after_commit(submitted.effects)
-    return answer_job(job_id, wait, created=True)
+    return answer_job(job_id, wait, created=True, body=body_now)
 
 
 @bp.post("/v1/messages")

@@ -32,7 +32,42 @@ def parse(argv: list[str] | None):
                      help="the markdown file to write (default docs/benchmarks.md)")
     run.add_argument("--no-docs", action="store_true", help="write no markdown")
     run.add_argument("--inflight-jobs", type=int, help="override scenario 3's job count")
+    probe = sub.add_parser("probe", help="the small measurements behind the suggested "
+                                         "changes (Postgres and the model server only)")
+    probe.add_argument("--only", action="append", default=[],
+                       help="statements, commit, sdk, window (repeatable)")
+    probe.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    rep = sub.add_parser("report", help="re-render the markdown from a results file")
+    rep.add_argument("results", help="a JSON file written by `run`")
+    rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     return parser.parse_args(argv)
+
+
+def write_docs(path: Path, results: dict) -> None:
+    """The markdown for `results`, keeping the hand-written analysis after the marker."""
+    from benchmarks import report
+    kept = ""
+    if path.exists() and ANALYSIS_MARKER in path.read_text():
+        kept = ANALYSIS_MARKER + path.read_text().split(ANALYSIS_MARKER, 1)[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report.markdown(results, kept))
+
+
+def probe_main(args) -> int:
+    from benchmarks import harness, probes
+    missing = [m for m in harness.services_answer() if m.startswith("PostgreSQL")]
+    if missing:
+        print(f"cannot run: {missing[0]} not answering", file=sys.stderr)
+        return 3
+    results = probes.run_probes(args.only or None)
+    out_dir = Path(args.results_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    text = harness.dumps({"date": stamp, "probes": results})
+    (out_dir / f"{stamp}-probe.json").write_text(text)
+    (out_dir / "latest-probe.json").write_text(text)
+    print(probes.render(results))
+    return 1 if any("error" in r for r in results.values()) else 0
 
 
 def log(message: str) -> None:
@@ -51,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    if args.command == "probe":
+        return probe_main(args)
+    if args.command == "report":
+        import json
+        write_docs(Path(args.docs), json.loads(Path(args.results).read_text()))
+        log(f"figures: {args.docs}")
+        return 0
     from benchmarks import harness, report, scenarios
 
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -126,13 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"latest-{mode}.json").write_text(text)
     log(f"results: {path}")
     if not args.no_docs and not args.smoke:
-        docs = Path(args.docs)
-        kept = ""
-        if docs.exists() and ANALYSIS_MARKER in docs.read_text():
-            kept = ANALYSIS_MARKER + docs.read_text().split(ANALYSIS_MARKER, 1)[1]
-        docs.parent.mkdir(parents=True, exist_ok=True)
-        docs.write_text(report.markdown(results, kept))
-        log(f"figures: {docs}")
+        write_docs(Path(args.docs), results)
+        log(f"figures: {args.docs}")
     print(report.figures(results))
     failed = [n for n, r in results["scenarios"].items() if "error" in r]
     return 1 if failed else 0

@@ -73,7 +73,7 @@ def _effect_types():
     try:
         from agentq.loop.effects import DispatchTools, JobEnded, NextStep
     except ImportError:  # before the effects had their own module
-        from agentq.loop.step import DispatchTools, JobEnded, NextStep
+        from agentq.loop.effects import DispatchTools, JobEnded, NextStep
     return DispatchTools, JobEnded, NextStep
 
 

@@ -16,10 +16,12 @@ PostgreSQL and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Then, fro
 
 ```
 python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
-.venv/bin/python -m benchmarks run            # the full run (about 10 minutes on 2 cores)
+.venv/bin/python -m benchmarks run            # the full run (about 7 minutes on 2 cores)
 .venv/bin/python -m benchmarks run --quick    # smaller sizes, under two minutes
 .venv/bin/python -m benchmarks run --quick --smoke   # tiny sizes: checks the code runs
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
+.venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
+.venv/bin/python -m benchmarks report benchmarks/results/latest-full.json  # re-render this file
 ```
 
 Each run writes `benchmarks/results/<date>-<mode>.json` (and `latest-<mode>.json`) and, unless

@@ -245,6 +245,8 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
     lab.server.reset()
     sampler = RssSampler(lab.stack.pids()["orchestrator"])
     sampler.start()
+    waiting = WaitingSampler(lab.server)
+    waiting.start()
     meter = CpuMeter(ctx.pids()).start()
     submitted: dict[str, float] = {}
     lock = threading.Lock()
@@ -262,6 +264,7 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
         rows = ctx.watcher.wait_all(list(submitted), JOB_TIMEOUT_S + 4 * latency + n * 0.2)
     finally:
         memory = sampler.stop()
+        timeline = waiting.stop()
         cpu = meter.stop()
         model = lab.server.stats()
         lab.server.set_latency(0)
@@ -286,10 +289,38 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
         "latency": summary(r["finished"] - submitted[r["id"]] for r in ok),
         "orchestrator_rss_mib": memory,
         "cpu_s": cpu["cpu_s"], "machine_busy": cpu["machine_busy"],
+        "cpu_ms_per_job": {k: round(1000 * v / n, 1) for k, v in cpu["cpu_s"].items()},
+        "waiting_timeline": timeline,
         "targets": {"all_waiting_at_once": model.get("max_in_flight") == n,
                     "ninety_percent_of_ideal": bool(ideal and jobs_per_s >= 0.9 * ideal),
                     "under_1_gib": memory["peak_mib"] < 1024},
     }
+
+
+class WaitingSampler(threading.Thread):
+    """The model server's calls in flight, once a second: [seconds since start, count]."""
+
+    def __init__(self, server, interval_s: float = 1.0):
+        super().__init__(daemon=True, name="waiting-sampler")
+        self.server, self.interval_s = server, interval_s
+        self.points: list[list[float]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        import requests
+        http = requests.Session()  # its own: sessions are not shared across threads
+        t0 = time.monotonic()
+        while not self._halt.wait(self.interval_s):
+            try:
+                stats = http.get(f"{self.server.root}/stats", timeout=5).json()
+                self.points.append([round(time.monotonic() - t0, 1), stats["in_flight"]])
+            except Exception:  # noqa: BLE001 - a missed sample
+                continue
+
+    def stop(self) -> list[list[float]]:
+        self._halt.set()
+        self.join(timeout=5)
+        return self.points
 
 
 # --- 4. growth ---------------------------------------------------------------------------
@@ -330,6 +361,24 @@ def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
                          "created_at": now})
         for k in range(0, len(rows), 2000):
             session.execute(insert(Message), rows[k:k + 2000])
+    analyze_messages(lab)
+
+
+def analyze_messages(lab: Lab) -> None:
+    """ANALYZE messages: the planner statistics autovacuum reaches on its own after a bulk
+    insert. Without it, a freshly seeded long conversation is planned as a bitmap scan of
+    its whole history plus a sort (see docs/benchmarks.md), and the figures would depend on
+    whether autovacuum happened to run."""
+    import psycopg2
+
+    from benchmarks.harness import plain_pg_url
+    conn = psycopg2.connect(plain_pg_url(lab.database_url))
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("ANALYZE messages")
+    finally:
+        conn.close()
 
 
 def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
@@ -371,6 +420,7 @@ def scenario_growth(ctx: Context) -> dict[str, Any]:
             "turns_ratio": t_ratio, "turns_ratio_of": f"{t_hi} vs {t_lo} tool turns",
             "per_turn_rule": "job submit→completed divided by its model calls "
                              "(tool turns + 1), model answering instantly",
+            "planner_statistics": "ANALYZE messages after each seeding",
             "target": "per-turn at the largest history within 1.2x of the smallest",
             "met": (h_ratio or 99) <= 1.2}
 
@@ -396,7 +446,7 @@ def scenario_peer(ctx: Context) -> dict[str, Any]:
     try:
         peer = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"skipped": f"the peer failed: {proc.stderr[-1500:]}"}
+        return {"error": f"the peer failed (exit {proc.returncode}): {proc.stderr[-1500:]}"}
     if "skipped" in peer:
         return peer
 

@@ -9,8 +9,8 @@ from typing import Iterable
 from celery import chord, group
 
 from agentq.config import get_settings
-from agentq.loop.effects import (BatchEnded, DispatchTools, Effect, JobEnded, NextStep,
-                                 RevokeTools)
+from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
+                                 NextStep, RevokeTools)
 from tasks.app import ORCHESTRATOR_QUEUE, app
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,12 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 log.info("job ended", extra={"job_id": job_id, "status": status})
                 from tasks.webhooks import schedule_for_job
                 schedule_for_job(job_id)  # its webhook row was written with the end
+            case AdmitBatch(batch_id=batch_id):
+                import uuid
+
+                from agentq.batches import advance
+                from agentq.db import session_factory
+                dispatch(advance(session_factory(get_settings()), uuid.UUID(batch_id)))
             case BatchEnded(batch_id=batch_id, status=status):
                 log.info("batch ended", extra={"batch_id": batch_id, "status": status})
                 _schedule_batch_webhook(batch_id)

@@ -5,17 +5,31 @@ official SDK (with the SDK's own retries off: tenacity does them, so that every 
 attempt is seen, logged and recorded). Replies are parsed from the raw JSON body, not the
 SDK's models, because real servers are quirky: null content, arguments that are not JSON,
 missing ids, missing usage, the legacy `function_call`.
+
+Quirks met in real servers (llama.cpp's `llama_cpp.server` with `chatml-function-calling`,
+recorded in tests/unit/fixtures/) and what the router does about them:
+
+- tools are ignored unless `tool_choice` is sent: `"auto"` is sent whenever tools are offered;
+- an assistant message with `content: null` is rejected (HTTP 500): `""` is sent instead;
+- tool-call names with a `functions.` prefix, a trailing `:`, quotes or spaces: cleaned;
+- tool-call ids with odd characters or longer than `CALL_ID_MAX_CHARS`: made safe;
+- a `function_call` beside `tool_calls`: `tool_calls` wins, the legacy field is ignored;
+- no `usage`: estimated with the tokenizer named by `AGENTQ_TOKENIZER` and marked estimated;
+- neither text nor tool calls (or only the format's own `functions.<name>:` marker) when
+  tools were offered: asked once more with `tool_choice: "none"`, usage of both added.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
 import re
 import struct
+import threading
 import time
 import uuid
 from functools import partial
@@ -32,10 +46,16 @@ from agentq.llm.types import LLMReply, StopReason, ToolCallRequest, ToolSpec
 
 log = logging.getLogger(__name__)
 
-EMBEDDING_MODEL_ENV = "AGENTQ_EMBEDDING_MODEL"
-DEFAULT_EMBEDDING_MODEL = "text-embedding-3-small"
 CHARS_PER_TOKEN = 4
-"""Token estimate when a server sends no usage: ceil(characters / CHARS_PER_TOKEN)."""
+"""Token estimate when a server sends no usage and no tokenizer is configured:
+ceil(characters / CHARS_PER_TOKEN). How missing usage is counted is Settings.tokenizer:
+unset or `chars`, `tiktoken[:encoding]`, or the path of a .gguf file (that model's own
+tokenizer, through llama_cpp, vocabulary only)."""
+CALL_ID_MAX_CHARS = 128
+TOOL_NAME_MAX_CHARS = 200
+_ODD_ID_CHARS_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+_LEAKED_CALL_RE = re.compile(r"\s*(?:functions\.[\w.-]+:\s*)+")
+"""Content that is only chatml-function-calling's own `functions.<name>:` marker."""
 ERROR_TEXT_MAX_CHARS = 300
 GENERATED_ID_HEX_CHARS = 24
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -156,6 +176,8 @@ def _api_messages(messages: list[dict[str, Any]], names: NameMap) -> list[dict[s
             mapped["function_call"] = _api_function(message["function_call"], names)
         if message.get("role") in ("tool", "function") and isinstance(message.get("name"), str):
             mapped["name"] = names.api(message["name"])
+        if message.get("role") == "assistant" and message.get("content", "") is None:
+            mapped["content"] = ""  # llama-cpp-python answers 500 to a null content
         out.append(mapped)
     return out
 
@@ -170,20 +192,67 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def _request_chars(params: dict[str, Any]) -> int:
-    chars = len(json.dumps(params["tools"])) if params.get("tools") else 0
+def _request_texts(params: dict[str, Any]) -> Iterable[str]:
+    if params.get("tools"):
+        yield json.dumps(params["tools"])
     for message in params["messages"]:
         if isinstance(message, dict):
-            chars += len(_text(message.get("content")))
+            yield _text(message.get("content"))
             for call in message.get("tool_calls") or ():
                 function = (call.get("function") or {}) if isinstance(call, dict) else {}
-                chars += len(str(function.get("name") or ""))
-                chars += len(str(function.get("arguments") or ""))
-    return chars
+                yield str(function.get("name") or "")
+                yield str(function.get("arguments") or "")
 
 
 def _estimate_tokens(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+class _Tokenizers:
+    """Counters for missing usage, loaded once per spec; characters / 4 when none loads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: dict[str, Callable[[str], int] | None] = {}
+
+    def count(self, spec: str | None, texts: Iterable[str]) -> int:
+        texts = [t for t in texts if t]
+        counter = self.get(spec)
+        if counter is None:
+            return _estimate_tokens(sum(len(t) for t in texts))
+        with self._lock:  # llama_cpp's tokenizer is not documented as thread-safe
+            return sum(counter(t) for t in texts)
+
+    def get(self, spec: str | None) -> Callable[[str], int] | None:
+        spec = (spec or "").strip()
+        if not spec or spec == "chars":
+            return None
+        with self._lock:
+            if spec not in self._loaded:
+                self._loaded[spec] = self._load(spec)
+            return self._loaded[spec]
+
+    @staticmethod
+    def _load(spec: str) -> Callable[[str], int] | None:
+        try:
+            if spec.startswith("tiktoken"):
+                import tiktoken
+                encoding = tiktoken.get_encoding(spec.partition(":")[2] or "o200k_base")
+                return lambda text: len(encoding.encode(text, disallowed_special=()))
+            if spec.endswith(".gguf"):
+                import llama_cpp
+                vocab = llama_cpp.Llama(model_path=spec, vocab_only=True, verbose=False)
+                return lambda text: len(vocab.tokenize(text.encode("utf-8", "replace"),
+                                                       add_bos=False, special=True))
+            raise ValueError("expected chars, tiktoken[:encoding] or a .gguf path")
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to characters / 4
+            log.warning("tokenizer %s unavailable (%s: %s); counting characters / %d",
+                        spec, type(exc).__name__, exc, CHARS_PER_TOKEN,
+                        extra={"event": "llm.tokenizer_unavailable", "tokenizer": spec})
+            return None
+
+
+_tokenizers = _Tokenizers()
 
 
 # --- the reply --------------------------------------------------------------------------
@@ -219,13 +288,35 @@ def _generated_id() -> str:
     return f"call_{uuid.uuid4().hex[:GENERATED_ID_HEX_CHARS]}"
 
 
+def _call_id(raw: Any) -> str:
+    """The provider's call id, made safe to store and show: odd characters become '_', a
+    trailing ':' goes, a long id keeps a prefix and a stable hash; none → a fresh id."""
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        return _generated_id()
+    text = str(raw).strip().rstrip(":").strip()
+    cleaned = _ODD_ID_CHARS_RE.sub("_", text).strip("_")
+    if not cleaned:
+        return _generated_id()
+    if len(cleaned) > CALL_ID_MAX_CHARS:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        cleaned = f"{cleaned[:CALL_ID_MAX_CHARS - 13]}_{digest}"
+    return cleaned
+
+
+def _tool_name(raw: Any) -> str:
+    """The name the model wrote, without the wrapping some servers leave on it:
+    `functions.name:` (chatml-function-calling), quotes, backticks, spaces."""
+    name = str(raw or "").strip().strip("`'\"").strip()
+    name = name.removeprefix("functions.").rstrip(":").strip().strip("`'\"")
+    return name[:TOOL_NAME_MAX_CHARS]
+
+
 def _tool_call(call: dict[str, Any], names: NameMap) -> ToolCallRequest:
     function = call.get("function") if isinstance(call.get("function"), dict) else {}
     arguments, raw, error = _arguments(function.get("arguments"))
-    call_id = call.get("id")
     return ToolCallRequest(
-        id=call_id if isinstance(call_id, str) and call_id else _generated_id(),
-        name=names.ours(str(function.get("name") or "")),
+        id=_call_id(call.get("id")),
+        name=names.ours(_tool_name(function.get("name"))),
         arguments=arguments, raw_arguments=raw, arguments_error=error,
     )
 
@@ -237,10 +328,12 @@ def _count(value: Any) -> int | None:
 
 
 def _parse_chat(data: dict[str, Any], requested_model: str, names: NameMap,
-                params: dict[str, Any]) -> LLMReply:
+                params: dict[str, Any], tokenizer: str | None = None) -> LLMReply:
     choice = data["choices"][0]
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     content = _text(message.get("content"))
+    if _LEAKED_CALL_RE.fullmatch(content):
+        content = ""
     calls = tuple(_tool_call(c, names) for c in message.get("tool_calls") or ()
                   if isinstance(c, dict))
     if not calls and isinstance(message.get("function_call"), dict):
@@ -253,10 +346,10 @@ def _parse_chat(data: dict[str, Any], requested_model: str, names: NameMap,
     output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     estimated = input_tokens is None or output_tokens is None
     if input_tokens is None:
-        input_tokens = _estimate_tokens(_request_chars(params))
+        input_tokens = _tokenizers.count(tokenizer, _request_texts(params))
     if output_tokens is None:
-        output_tokens = _estimate_tokens(
-            len(content) + sum(len(c.name) + len(c.raw_arguments) for c in calls))
+        output_tokens = _tokenizers.count(
+            tokenizer, [content, *(t for c in calls for t in (c.name, c.raw_arguments))])
     model = data.get("model")
     return LLMReply(
         content=content, tool_calls=calls, stop_reason=stop,
@@ -303,6 +396,7 @@ class LLMRouter:
         )
         self._backoff = wait_random_exponential(multiplier=settings.llm_retry_base_s,
                                                 max=settings.llm_retry_max_s)
+        self._tokenizer = settings.tokenizer
         self._sleep: Callable[[float], None] = time.sleep
 
     def close(self) -> None:
@@ -335,6 +429,8 @@ class LLMRouter:
                                                   "parameters": t.parameters}}
                 for t in tools
             ]
+            params["tool_choice"] = "auto"  # llama.cpp's chatml-function-calling needs it
+        max_tokens = self._cap(max_tokens)
         if max_tokens is not None:
             params["max_tokens"] = max_tokens
         attempts: list[dict[str, Any]] = []
@@ -350,8 +446,10 @@ class LLMRouter:
                             extra={"event": "llm.model_failed", "model": name,
                                    "status": _status(exc), "attempts": len(attempts)})
                 continue
-            reply = dataclasses.replace(_parse_chat(data, name, names, params),
-                                        attempts=tuple(attempts))
+            reply = _parse_chat(data, name, names, params, self._tokenizer)
+            if not reply.tool_calls and not reply.content.strip() and params.get("tools"):
+                reply = self._ask_for_text(name, params, names, reply, attempts)
+            reply = dataclasses.replace(reply, attempts=tuple(attempts))
             log.info("llm.reply model=%s input_tokens=%d output_tokens=%d tool_calls=%d "
                      "latency_ms=%d failed_attempts=%d", reply.model, reply.input_tokens,
                      reply.output_tokens, len(reply.tool_calls),
@@ -375,9 +473,34 @@ class LLMRouter:
         raise ProviderError(f"Every model failed ({', '.join(chain)}); last error: {last}",
                             attempts=attempts)
 
+    def _ask_for_text(self, model: str, params: dict[str, Any], names: NameMap,
+                      empty: LLMReply, attempts: list[dict[str, Any]]) -> LLMReply:
+        """A reply with neither text nor tool calls, asked once more with `tool_choice:
+        "none"` (llama.cpp's chatml-function-calling can only answer text that way). The
+        usage of both calls is counted; when the second call fails, the empty reply stands."""
+        log.info("llm.empty_reply model=%s: asking again for text", model,
+                 extra={"event": "llm.empty_reply", "model": model})
+        again = {**params, "tool_choice": "none"}
+        try:
+            data = self._with_retries(model, "chat", partial(self._post_chat, model, again),
+                                      attempts)
+        except _FAILURES:
+            return empty
+        reply = _parse_chat(data, model, names, again, self._tokenizer)
+        return dataclasses.replace(
+            reply, input_tokens=empty.input_tokens + reply.input_tokens,
+            output_tokens=empty.output_tokens + reply.output_tokens,
+            usage_estimated=empty.usage_estimated or reply.usage_estimated)
+
+    def _cap(self, max_tokens: int | None) -> int | None:
+        """`max_tokens` capped by AGENTQ_MAX_TOKENS_PER_REQUEST when that is set."""
+        cap = self._settings.max_tokens_per_request
+        if cap is None:
+            return max_tokens
+        return cap if max_tokens is None else min(max_tokens, cap)
+
     def embed(self, text: str, model: str | None = None) -> list[float]:
-        name = (model or self._settings.extra.get(EMBEDDING_MODEL_ENV)
-                or os.environ.get(EMBEDDING_MODEL_ENV) or DEFAULT_EMBEDDING_MODEL)
+        name = model or self._settings.embedding_model
         attempts: list[dict[str, Any]] = []
         try:
             return self._with_retries(name, "embed", partial(self._post_embedding, name, text),

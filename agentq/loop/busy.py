@@ -94,6 +94,7 @@ def steer(session: Session, job: Job, content: str, metadata: dict, events: Even
     entry = JobInput(id=uuid.uuid4(), job_id=job.id, content=content, meta=metadata or {},
                      created_at=now or utcnow())
     session.add(entry)
+    job.pending_inputs = (job.pending_inputs or 0) + 1
     events.add(job.id, "steering_queued", input_id=str(entry.id))
     return entry
 

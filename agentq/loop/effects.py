@@ -41,4 +41,11 @@ class BatchEnded:
     status: str
 
 
-Effect = NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded
+@dataclass(frozen=True)
+class AdmitBatch:
+    """A batch job ended: admit the next and see whether the batch is done — in a
+    transaction of its own, so no job's lock is held while the batch's is taken."""
+    batch_id: str
+
+
+Effect = NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded | AdmitBatch

@@ -14,6 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.busy import lock_job
+from agentq.loop.step import relax_durability
 from agentq.loop.store import EventBuffer
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
@@ -70,15 +71,16 @@ def _join_if_last(session, tool_use_id: str) -> tuple[str, int] | None:
 def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegistry,
              sessions: sessionmaker, events: EventBuffer):
     """Load the call and decide whether it runs; a dict is the task's answer without it."""
-    call = session.execute(select(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
-                           ).scalar_one_or_none()
-    if call is None:
+    relax_durability(session)  # a lost start is re-done by the redelivered task
+    query = (select(ToolCall, Job).join(Job, Job.id == ToolCall.job_id)
+             .where(ToolCall.tool_use_id == tool_use_id))
+    if session.bind.dialect.name == "postgresql":
+        query = query.with_for_update(of=Job)  # the job's row first, as everywhere
+    found = session.execute(query.execution_options(populate_existing=True)).first()
+    if found is None:
         log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
         return {"tool_use_id": tool_use_id, "status": "missing"}
-    if call.status != "pending":
-        return {"tool_use_id": tool_use_id, "status": call.status}
-    job = lock_job(session, call.job_id)  # the job's row before the call's, as everywhere
-    session.refresh(call)
+    call, job = found
     if call.status != "pending":
         return {"tool_use_id": tool_use_id, "status": call.status}
     if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
@@ -90,9 +92,11 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
         session.flush()
         _store(session, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "failed"}
-    user = session.get(User, job.user_id)
-    conversation = session.get(Conversation, job.conversation_id)
-    persona = session.get(Persona, job.persona_id) if job.persona_id else None
+    user, conversation, persona = session.execute(
+        select(User, Conversation, Persona).select_from(User)
+        .join(Conversation, Conversation.id == job.conversation_id)
+        .outerjoin(Persona, Persona.id == job.persona_id)
+        .where(User.id == job.user_id)).one()
     allowed = registry.allowed_modules(persona.allowed_modules if persona else None)
     ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job.id), user_id=str(user.id),
                       conversation_id=str(conversation.id),

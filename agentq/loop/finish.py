@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.loop.busy import lock_conversation, next_waiting, pending_inputs
-from agentq.loop.effects import Effect, JobEnded, NextStep
+from agentq.loop.effects import AdmitBatch, Effect, JobEnded, NextStep
 from agentq.loop.store import EventBuffer
-from agentq.models import TERMINAL_STATUSES, Job, ToolCall
+from agentq.models import TERMINAL_STATUSES, Conversation, Job, ToolCall
 from agentq.webhooks.delivery import enqueue_job_event
 
 
@@ -60,27 +60,27 @@ def finish_job(session: Session, job: Job, status: str, reason: str, content: st
     job.error = error["message"] if error else None
     events.add(job.id, "job_end", status=status, finish_reason=reason)
     enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
-    # Lock order, everywhere: the ending job's row, then its batch, then conversations,
-    # then the rows of jobs that wait. (Steps, cancels and admissions all follow it.)
-    batch = None
-    if job.batch_id is not None:
-        from agentq.batches import lock_batch, on_job_end
-        batch = lock_batch(session, job.batch_id)
+    # Lock order, everywhere: a job's row, then conversations, then the rows of jobs that
+    # wait for them. A batch's row is only ever locked first, in its own transaction.
     effects: list[Effect] = [JobEnded(str(job.id), status),
                              *release_conversation(session, job, events)]
-    if batch is not None:
-        effects += on_job_end(session, job, events)
+    if job.batch_id is not None:
+        effects.append(AdmitBatch(str(job.batch_id)))
     return effects
 
 
 def release_conversation(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
     """The ended job's conversation goes to the next waiting job; steering that arrived
     too late for the job's last turn becomes a follow-up job first."""
+    owner = session.execute(select(Conversation.active_job_id).where(
+        Conversation.id == job.conversation_id)).scalar_one()
+    if owner != job.id:
+        return []  # it never held the conversation: nothing to hand on, nothing to lock
     conversation = lock_conversation(session, job.conversation_id)
-    if conversation.active_job_id not in (None, job.id):
+    if conversation.active_job_id != job.id:
         return []
     conversation.active_job_id = None
-    late = pending_inputs(session, job.id)
+    late = pending_inputs(session, job.id) if job.pending_inputs else []
     now = utcnow()
     if late:
         follow_up = Job(id=uuid.uuid4(), status="queued", conversation_id=job.conversation_id,

@@ -123,6 +123,6 @@ def resolve_conversation(session: Session, user: User, incoming: Incoming,
         session.flush()
         return conversation
 
-    conversation = _find_or_create(session, find, create)
-    conversation.last_active_at = now
-    return conversation
+    # last_active_at moves when messages are written (agentq.loop.store), under the lock
+    # order of the writer; touching the row here would lock it before the job it waits for.
+    return _find_or_create(session, find, create)

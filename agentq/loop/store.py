@@ -61,13 +61,15 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     return messages
 
 
-def recent_messages(session: Session, conversation_id: uuid.UUID,
-                    limit: int) -> list[StoredMessage]:
-    """The newest `limit` messages, newest first (an index range scan, not the history)."""
-    rows = session.execute(
-        select(Message.seq, Message.role, Message.content, Message.token_count)
-        .where(Message.conversation_id == conversation_id)
-        .order_by(Message.seq.desc()).limit(limit)).all()
+def recent_messages(session: Session, conversation_id: uuid.UUID, limit: int,
+                    last_seq: int | None = None) -> list[StoredMessage]:
+    """The newest `limit` messages, newest first: an index range scan bounded by the
+    conversation's last seq, so the planner never reads the whole history."""
+    query = select(Message.seq, Message.role, Message.content, Message.token_count).where(
+        Message.conversation_id == conversation_id)
+    if last_seq is not None:
+        query = query.where(Message.seq > last_seq - limit)
+    rows = session.execute(query.order_by(Message.seq.desc()).limit(limit)).all()
     return [StoredMessage(seq, role, content, tokens) for seq, role, content, tokens in rows]
 
 

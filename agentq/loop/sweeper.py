@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
@@ -15,7 +15,7 @@ from agentq.db import utcnow
 from agentq.loop.finish import finish_job
 from agentq.loop.effects import Effect, NextStep
 from agentq.loop.store import EventBuffer
-from agentq.models import Job, WebhookDelivery
+from agentq.models import Batch, Job, WebhookDelivery
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
@@ -89,7 +89,7 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
     """Safety net for jobs that wait: a conversation left without a live owner gets its next
     waiting job, and a batch with room admits more (each normally happens when a job ends,
     in that job's transaction; this covers a crash between)."""
-    from agentq.batches import admit, lock_batch
+    from agentq.batches import advance
     from agentq.loop.busy import active_job, lock_conversation, next_waiting
     now = utcnow()
     stale = now - timedelta(seconds=settings.step_deadline_s)
@@ -112,14 +112,18 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
                 nxt.waiting_for, nxt.last_progress_at = None, now
                 conversation.active_job_id = nxt.id
                 effects.append(NextStep(str(nxt.id), 0, "start"))
-        batch_ids = session.execute(
+        batch_ids = set(session.execute(
             select(Job.batch_id).where(Job.status == "queued", Job.waiting_for == "batch",
                                        Job.created_at < stale)
-            .distinct().limit(SWEEP_BATCH)).scalars().all()
-        for batch_id in batch_ids:
-            batch = lock_batch(session, batch_id)
-            if batch is not None:
-                effects += admit(session, batch, events)
+            .distinct().limit(SWEEP_BATCH)).scalars())
+        batch_ids |= set(session.execute(  # every job ended, the batch not marked so
+            select(Batch.id).where(Batch.status.in_(("queued", "running")),
+                                   Batch.created_at < stale,
+                                   ~exists().where(Job.batch_id == Batch.id,
+                                                   Job.status.in_(("queued", "running"))))
+            .limit(SWEEP_BATCH)).scalars())
         events.flush(session)
     events.announce()
+    for batch_id in batch_ids:
+        effects += advance(sessions, batch_id)
     return effects

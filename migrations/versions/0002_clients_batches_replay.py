@@ -78,6 +78,8 @@ def upgrade() -> None:
     op.create_index('ix_job_inputs_pending', 'job_inputs', ['job_id', 'consumed_at'], unique=False)
     op.add_column('conversations', sa.Column('active_job_id', sa.Uuid(), nullable=True))
     op.add_column('jobs', sa.Column('waiting_for', sa.String(length=16), nullable=True))
+    op.add_column('jobs', sa.Column('pending_inputs', sa.Integer(), nullable=False,
+                                    server_default='0'))
     op.add_column('jobs', sa.Column('replay_mode', sa.String(length=16), nullable=True))
     op.add_column('jobs', sa.Column('batch_index', sa.Integer(), nullable=True))
     op.add_column('jobs', sa.Column('custom_id', sa.String(length=255), nullable=True))
@@ -90,6 +92,7 @@ def downgrade() -> None:
     op.drop_column('jobs', 'custom_id')
     op.drop_column('jobs', 'batch_index')
     op.drop_column('jobs', 'replay_mode')
+    op.drop_column('jobs', 'pending_inputs')
     op.drop_column('jobs', 'waiting_for')
     op.drop_column('conversations', 'active_job_id')
     op.drop_index('ix_job_inputs_pending', table_name='job_inputs')

@@ -182,7 +182,7 @@ def test_schemathesis_finds_no_server_error_and_no_response_off_the_spec(
                    "--request-timeout", "70", "--generation-database", "none",
                    "--no-color", "--report", "json", "--report-json-path", str(report)]
         started = time.monotonic()
-        run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=SCHEMATHESIS_TIMEOUT_S)
         elapsed = time.monotonic() - started
 

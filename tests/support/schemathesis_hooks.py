@@ -9,6 +9,8 @@ and where they reach:
 - a replay batch's `filter` is pinned to the time window in AGENTQ_ST_REPLAY_WINDOW
   ("since,until": the test's one seed job), so it replays at most that job, not every job in
   the database; `job_ids` lists are cut to MAX_BATCH;
+- `wait` is cut to MAX_WAIT_S seconds (the schema allows 60: a minute per request whenever a
+  generated job queues behind others in the one conversation schemathesis' ids all share);
 - an Idempotency-Key is made unique per body (schemathesis reuses "0" with many bodies,
   which the API rightly answers 422, hiding everything else the operation does).
 """
@@ -24,6 +26,7 @@ import schemathesis
 
 CALLBACK = "http://127.0.0.1:9/hook"
 MAX_BATCH = 3
+MAX_WAIT_S = 2
 MAX_KEY = 255
 _HTTP = re.compile(r"(?i)^https?://")
 
@@ -47,6 +50,9 @@ def before_call(ctx, case, **kwargs):
     _pin_callbacks(body)
     if isinstance(case.query, dict):
         _pin_callbacks(case.query)
+        wait = case.query.get("wait")
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > MAX_WAIT_S:
+            case.query["wait"] = MAX_WAIT_S
     if method == "POST" and path == "/v1/batches":
         if isinstance(body, dict) and isinstance(body.get("requests"), list):
             del body["requests"][MAX_BATCH:]

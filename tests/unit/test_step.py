@@ -542,3 +542,16 @@ def test_the_sweeper_fails_a_job_after_max_redrives(make):
     # and a later sweep leaves the ended job alone
     _backdate(h, job_id)
     assert sweep(h.settings, h.sessions) == []
+
+
+def test_an_empty_final_answer_still_ends_with_readable_text(make):
+    # given a model that answers with no text and no tool calls
+    h = make(text(""))
+    job_id = h.submit("hi")
+    # when the step runs
+    h.stepper.run(job_id, 0, "start")
+    # then the job completes with readable content and says why
+    job = h.job(job_id)
+    assert (job.status, job.finish_reason) == ("completed", "end_turn")
+    assert job.response["content"].strip()
+    assert job.response["error"]["code"] == "empty_answer"

@@ -1,0 +1,178 @@
+"""`agentq batch …` and `agentq replay …`: batches and replays of a running API, for people.
+
+Registered on the `agentq` command group by agentq.cli; talks HTTP through its client.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import click
+
+from agentq.cli import _api_call, _api_client, _api_options, main
+
+POLL_S = 1.0
+BAR_WIDTH = 30
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str, now: datetime | None = None) -> datetime:
+    """`2h`, `30m`, `1d` ago, or an ISO 8601 time (UTC when it names no zone)."""
+    now = now or datetime.now(timezone.utc)
+    match = DURATION.match(value.strip())
+    if match:
+        return now - timedelta(seconds=float(match.group(1)) * UNITS_S[match.group(2)])
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a duration like 2h, 30m, 1d or an ISO "
+                                 "8601 time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def progress_line(counts: dict, started: float, now: float) -> str:
+    """done / failed / total, rate and time left, as one line with a bar."""
+    total = counts.get("total") or 0
+    done = sum(counts.get(k, 0) for k in ("completed", "failed", "cancelled"))
+    elapsed = max(now - started, 1e-6)
+    rate = done / elapsed
+    left = (total - done) / rate if rate > 0 else None
+    filled = int(BAR_WIDTH * done / total) if total else BAR_WIDTH
+    eta = f"{left:,.0f} s left" if left is not None else "-- s left"
+    return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total} done, "
+            f"{counts.get('failed', 0)} failed, {rate:.1f}/s, {eta}")
+
+
+def _watch(client, batch_id: str, timeout_s: float) -> dict:
+    started = time.monotonic()
+    tty = sys.stderr.isatty()
+    while True:
+        batch = _api_call(client, "GET", f"/v1/batches/{batch_id}")
+        line = progress_line(batch["counts"], started, time.monotonic())
+        click.echo(("\r" + line) if tty else line, err=True, nl=not tty)
+        if batch["status"] in ("completed", "cancelled"):
+            if tty:
+                click.echo("", err=True)
+            return batch
+        if time.monotonic() - started > timeout_s:
+            raise click.ClickException(f"batch {batch_id} still {batch['status']} after "
+                                       f"{timeout_s:g} s")
+        time.sleep(POLL_S)
+
+
+@main.group("batch")
+def batch() -> None:
+    """Batches of messages."""
+
+
+@batch.command("submit")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Show progress until the batch ends.")
+@click.option("--max-concurrency", type=int, default=None)
+@click.option("--callback-url", default=None)
+@click.option("--timeout", "timeout_s", type=float, default=24 * 3600)
+@_api_options
+def batch_submit(file: Path, wait: bool, max_concurrency: int | None,
+                 callback_url: str | None, timeout_s: float, url: str | None,
+                 key: str | None) -> None:
+    """Submit FILE.jsonl: one POST /v1/messages body a line (optional custom_id)."""
+    params = {k: v for k, v in (("max_concurrency", max_concurrency),
+                                ("callback_url", callback_url)) if v is not None}
+    with _api_client(url, key) as client:
+        created = _api_call(client, "POST", "/v1/batches", content=file.read_bytes(),
+                            params=params, headers={"Content-Type": "application/x-ndjson"})
+        click.echo(created["id"])
+        if wait:
+            ended = _watch(client, created["id"], timeout_s)
+            click.echo(json.dumps(ended["counts"]), err=True)
+            sys.exit(0 if ended["counts"].get("failed", 0) == 0 else 1)
+
+
+@batch.command("results")
+@click.argument("batch_id")
+@_api_options
+def batch_results(batch_id: str, url: str | None, key: str | None) -> None:
+    """Print the batch's finished results as JSONL, in request order."""
+    with _api_client(url, key) as client:
+        with client.stream("GET", f"/v1/batches/{batch_id}/results") as response:
+            if response.status_code >= 400:
+                response.read()
+                from agentq.cli import _api_error
+                raise _api_error(response)
+            for line in response.iter_lines():
+                if line:
+                    click.echo(line)
+
+
+@batch.command("cancel")
+@click.argument("batch_id")
+@_api_options
+def batch_cancel(batch_id: str, url: str | None, key: str | None) -> None:
+    """Cancel what has not finished."""
+    with _api_client(url, key) as client:
+        click.echo(json.dumps(_api_call(client, "POST", f"/v1/batches/{batch_id}/cancel")))
+
+
+@main.command("replay")
+@click.argument("job_id", required=False)
+@click.option("--mode", type=click.Choice(["recorded", "live"]), default="recorded",
+              show_default=True)
+@click.option("--model", default=None, help="Another model (live mode).")
+@click.option("--failed", is_flag=True, help="Replay the failed jobs of a window.")
+@click.option("--since", default=None, help="With --failed: 2h, 30m, 1d or an ISO time.")
+@click.option("--until", default=None)
+@click.option("--timeout", "timeout_s", type=float, default=3600)
+@_api_options
+def replay(job_id: str | None, mode: str, model: str | None, failed: bool,
+           since: str | None, until: str | None, timeout_s: float, url: str | None,
+           key: str | None) -> None:
+    """Replay JOB_ID, or every failed job of a window (--failed --since 2h), and show how
+    the answers changed."""
+    if bool(job_id) == failed:
+        raise click.UsageError("give a JOB_ID or --failed (with --since), not both")
+    body: dict = {"mode": mode, **({"model": model} if model else {})}
+    with _api_client(url, key) as client:
+        if job_id:
+            job = _api_call(client, "POST", f"/v1/jobs/{job_id}/replay", json=body)
+            ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
+                              params={"wait": 60})
+            while ended["status"] in ("queued", "running"):
+                ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
+                                  params={"wait": 60})
+            _print_comparison(client, ended["id"])
+            return
+        window = {"status": "failed"}
+        if since:
+            window["since"] = parse_since(since).isoformat()
+        if until:
+            window["until"] = parse_since(until).isoformat()
+        created = _api_call(client, "POST", "/v1/batches/replay",
+                            json={**body, "filter": window})
+        click.echo(f"replaying {created['metadata'].get('matched')} failed job(s): batch "
+                   f"{created['id']}", err=True)
+        _watch(client, created["id"], timeout_s)
+        with client.stream("GET", f"/v1/batches/{created['id']}/results") as response:
+            ids = [json.loads(line)["id"] for line in response.iter_lines() if line]
+        for ident in ids:
+            _print_comparison(client, ident)
+
+
+def _print_comparison(client, replay_id: str) -> None:
+    compared = _api_call(client, "GET", f"/v1/jobs/{replay_id}/compare")
+    original, replayed = compared["original"], compared["replay"]
+    verdict = "same answer" if compared["same_answer"] else "changed"
+    click.echo(f"{original['job_id'] if original else '?'} → {replay_id}: {verdict}")
+    click.echo(f"  before: {_answer_of(original)}")
+    click.echo(f"  after:  {_answer_of(replayed)}")
+
+
+def _answer_of(side: dict | None) -> str:
+    if not side:
+        return "-"
+    text = (side.get("content") or "").strip().replace("\n", " ")
+    return f"[{side.get('status')}] {text[:100]}"
