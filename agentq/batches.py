@@ -26,7 +26,8 @@ COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
 def lock_batch(session: Session, batch_id: uuid.UUID) -> Batch | None:
     query = select(Batch).where(Batch.id == batch_id)
     if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update()
+        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
+        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
     return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
 
 

@@ -30,6 +30,7 @@ import requests  # noqa: E402
 
 from tests.support import stack as stack_mod  # noqa: E402
 from tests.support.stack import (ROOT, Stack, StackError, answers, create_database,  # noqa: E402
+                                 die_with_parent,
                                  drop_database, flush_redis)
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -206,7 +207,8 @@ class ModelServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.llm_server", "--latency", str(latency_s)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+            preexec_fn=die_with_parent)
         line = ""
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline and not line:
@@ -267,7 +269,8 @@ class BenchStack(Stack):
             with self.logs[name].open("wb") as out:
                 self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
                                                     stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+                                                    start_new_session=True,
+                                                    preexec_fn=die_with_parent)
         self._wait_ready()
         return self
 

@@ -43,14 +43,16 @@ class Busy:
 def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversation:
     query = select(Conversation).where(Conversation.id == conversation_id)
     if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update()
+        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
+        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
     return session.execute(query.execution_options(populate_existing=True)).scalar_one()
 
 
 def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
     query = select(Job).where(Job.id == job_id)
     if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update()
+        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
+        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
     return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
 
 

@@ -50,12 +50,24 @@ def servers_up():
         pytest.skip(message + ": the benchmark smoke run needs both (.ci/run starts them)")
 
 
+def _run_stopping_cleanly(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the benchmark; past the timeout, TERM it (it then stops its stack) and fail."""
+    proc = subprocess.Popen(args, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=SMOKE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the smoke run took over {SMOKE_TIMEOUT_S} s:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path):
     docs = tmp_path / "benchmarks.md"
-    proc = subprocess.run(
+    proc = _run_stopping_cleanly(
         [sys.executable, "-m", "benchmarks", "run", "--quick", "--smoke",
          "--results-dir", str(tmp_path), "--docs", str(docs)],
-        cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S,
         # its own Redis database: the integration stack may be running on the default one
         env={**os.environ, "PYTHONWARNINGS": "ignore",
              "AGENTQ_TEST_REDIS": "redis://127.0.0.1:6379/11"})

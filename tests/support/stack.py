@@ -23,6 +23,17 @@ class StackError(RuntimeError):
     pass
 
 
+def die_with_parent() -> None:
+    """In a child before exec: receive SIGTERM when the process that started it dies, so a
+    killed test run or benchmark leaves no workers behind consuming its Redis database."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the stop() in a finally block is all there is
+
+
 def answers(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=1).close()
@@ -120,7 +131,8 @@ class Stack:
             with self.logs[name].open("wb") as out:
                 self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
                                                     stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+                                                    start_new_session=True,
+                                                    preexec_fn=die_with_parent)
         self._wait_ready()
         return self
 
