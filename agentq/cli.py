@@ -556,5 +556,7 @@ def jobs_show(job_id: str, as_json: bool, url: str | None, key: str | None) -> N
                    f"{_describe(event['type'], event.get('data') or {}).strip()}")
 
 
+from agentq import cli_batches  # noqa: E402,F401  (registers `batch` and `replay`)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -25,8 +25,9 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 ```
 
 Each run writes `benchmarks/results/<date>-<mode>.json` (and `latest-<mode>.json`) and, unless
-`--smoke` or `--no-docs`, rewrites this file's figures. `tests/unit/test_benchmarks_smoke.py`
-runs `--quick --smoke` and checks the results' keys, never the timings.
+`--smoke` or `--no-docs`, rewrites this file's figures.
+`tests/integration/test_benchmarks_smoke.py` runs `--quick --smoke` and checks the results'
+keys, never the timings.
 
 What it starts, all on loopback: a fresh database `agentq_bench_<pid>` (dropped after), Redis
 database 11 (`AGENTQ_BENCH_REDIS`, flushed at start and end: use a number nobody else uses),
@@ -48,6 +49,7 @@ and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_
 | `throughput` | closed-loop clients (1, 2, 4 … 64), each submitting a one-tool-turn job and waiting for its end; jobs/s, latency, CPU per job per process; the knee = the fewest clients reaching 90% of the best jobs/s |
 | `inflight` | model latency 10 s; N jobs (1,000 full, 300 quick) of two model calls and one tool turn submitted at once by 64 client threads: the most model calls waiting at once (the server's count), jobs/s against the ideal min(N / 20 s, saturated throughput), the orchestrator's peak RSS |
 | `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`), and for 1, 5, 20 tool turns |
+| `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
 | `peer` | LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI`, as a library in a thread pool the size of the orchestrator's pool (capped at the burst), same model server, same tool; agentq runs the same jobs in the same run: one at a time (latency) and a burst (jobs/s). Skipped with a message without the `bench` extra |
 
 Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
@@ -180,6 +182,17 @@ def figures(results: dict[str, Any]) -> str:
                     f"{lg['jobs_per_s']} | {_lat(lg['burst_latency'])} |", "",
                     f"agentq ahead on jobs/s: {_yes(p['ahead_on_jobs_per_s'])}; on median "
                     f"latency: {_yes(p['ahead_on_median_latency'])}.", ""]
+
+    b = sc.get("batch")
+    if b and "error" not in b:
+        out += [f"### 6. A batch of {b['lines']:,} one-tool-turn jobs (instant model, "
+                f"max_concurrency {b['max_concurrency']})", "",
+                f"Admitted (POST /v1/batches answered, every line validated and written) in "
+                f"{b['admit_s']} s; completed in {b['complete_s']} s: **{b['jobs_per_s']} "
+                f"jobs/s**; results in request order: {_yes(b['results_in_request_order'])}.",
+                f"A chat message submitted just after it ended in "
+                f"{_ms(b['chat_latency']['median_ms'])} ms, when {b['batch_finished_when_chat_ended']} "
+                f"of the batch's jobs had ended.", ""]
 
     errors = {k: v["error"] for k, v in sc.items() if isinstance(v, dict) and "error" in v}
     if errors:

@@ -48,18 +48,19 @@ class Sizes:
     growth_turn_jobs: int = 5
     peer_seq_jobs: int = 30
     peer_burst_jobs: int = 300
+    batch_lines: int = 2000
 
 
 FULL = Sizes()
 QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
               throughput_levels=[1, 8, 32], throughput_level_s=4.0,
               inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
-              peer_seq_jobs=6, peer_burst_jobs=60)
+              peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300)
 SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
               throughput_levels=[1, 2], throughput_level_s=0.5,
               inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
               growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
-              growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2)
+              growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5)
 
 
 class Context:
@@ -490,6 +491,11 @@ def scenario_peer(ctx: Context) -> dict[str, Any]:
                           "size (capped at the burst), in its own process"}
 
 
+def scenario_batch(ctx: Context) -> dict[str, Any]:
+    from benchmarks.batch import scenario_batch as run
+    return run(ctx)
+
+
 SCENARIOS = {"server": scenario_server, "overhead": scenario_overhead,
              "throughput": scenario_throughput, "inflight": scenario_inflight,
-             "growth": scenario_growth, "peer": scenario_peer}
+             "growth": scenario_growth, "peer": scenario_peer, "batch": scenario_batch}
