@@ -77,7 +77,25 @@ class AttachmentSchema(StrictSchema):
                               validate=validate.Length(max=512))
 
 
-class MessageRequestSchema(StrictSchema):
+class _DeliveryFields(StrictSchema):
+    """What a message and a continuation share: its text, delivery and bookkeeping."""
+    content = fields.String(required=True,
+                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
+    callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
+    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
+    metadata = fields.Dict(keys=fields.String(), load_default=dict)
+
+    @validates("metadata")
+    def _metadata_size(self, value: dict[str, Any], **_kw) -> None:
+        if len(json.dumps(value)) > MAX_METADATA_BYTES:
+            raise ValidationError(f"Must be at most {MAX_METADATA_BYTES} bytes as JSON.")
+
+    @validates("callback_url")
+    def _callback_url_allowed(self, value: str | None, **_kw) -> None:
+        _callback_allowed(value)
+
+
+class MessageRequestSchema(_DeliveryFields):
     platform = fields.String(required=True, validate=[validate.Length(1, 64), _not_blank])
     platform_user_id = fields.String(required=True,
                                      validate=[validate.Length(1, 255), _not_blank])
@@ -87,40 +105,12 @@ class MessageRequestSchema(StrictSchema):
                                        validate=validate.Length(1, 255))
     platform_server_id = fields.String(load_default=None, allow_none=True,
                                        validate=validate.Length(1, 255))
-    content = fields.String(required=True,
-                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
     attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list,
                               validate=validate.Length(max=MAX_ATTACHMENTS))
-    callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
-    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
-    metadata = fields.Dict(keys=fields.String(), load_default=dict)
-
-    @validates("metadata")
-    def _metadata_size(self, value: dict[str, Any], **_kw) -> None:
-        if len(json.dumps(value)) > MAX_METADATA_BYTES:
-            raise ValidationError(f"Must be at most {MAX_METADATA_BYTES} bytes as JSON.")
-
-    @validates("callback_url")
-    def _callback_url_allowed(self, value: str | None, **_kw) -> None:
-        _callback_allowed(value)
 
 
-class ContinueRequestSchema(StrictSchema):
+class ContinueRequestSchema(_DeliveryFields):
     conversation_id = fields.UUID(required=True)
-    content = fields.String(required=True,
-                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
-    callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
-    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
-    metadata = fields.Dict(keys=fields.String(), load_default=dict)
-
-    @validates("metadata")
-    def _metadata_size(self, value: dict[str, Any], **_kw) -> None:
-        if len(json.dumps(value)) > MAX_METADATA_BYTES:
-            raise ValidationError(f"Must be at most {MAX_METADATA_BYTES} bytes as JSON.")
-
-    @validates("callback_url")
-    def _callback_url_allowed(self, value: str | None, **_kw) -> None:
-        _callback_allowed(value)
 
 
 class EmbedRequestSchema(StrictSchema):

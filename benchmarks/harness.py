@@ -255,24 +255,10 @@ class BenchStack(Stack):
         super().__init__(*args, **kw)
         self.web_workers = web_workers
 
-    def start(self) -> "BenchStack":
-        commands = {"web": [sys.executable, "-m", "gunicorn", "--bind",
-                            f"127.0.0.1:{self.port}", "--workers", str(self.web_workers),
-                            "--threads", str(self.web_threads), "--backlog", "4096",
-                            "api.wsgi:app"]}
-        for kind in self.workers:
-            commands[kind] = [self.agentq_bin(), "worker", kind]
-        if self.with_beat:
-            commands["beat"] = [self.agentq_bin(), "beat"]
-        for name, cmd in commands.items():
-            self.logs[name] = self.scratch / f"{name}.log"
-            with self.logs[name].open("wb") as out:
-                self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
-                                                    stderr=subprocess.STDOUT,
-                                                    start_new_session=True,
-                                                    preexec_fn=die_with_parent)
-        self._wait_ready()
-        return self
+    def web_command(self) -> list[str]:
+        return [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
+                "--workers", str(self.web_workers), "--threads", str(self.web_threads),
+                "--backlog", "4096", "api.wsgi:app"]
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}

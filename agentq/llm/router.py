@@ -35,6 +35,7 @@ import uuid
 from functools import partial
 from typing import Any, Callable, Iterable, TypeVar
 
+import httpx2
 import openai
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_random_exponential)
@@ -512,22 +513,27 @@ class LLMRouter:
     # --- one model ----------------------------------------------------------------------
 
     def _post_chat(self, model: str, params: dict[str, Any]) -> dict[str, Any]:
-        raw = self._client.chat.completions.with_raw_response.create(
-            model=model, timeout=self._settings.llm_timeout_s, **params)
-        data = _json_body(raw.http_response)
+        # The dict is already the wire body: posting it through the SDK's client skips the
+        # typed-params transform of `chat.completions.create`, 7 ms a call at 15 messages
+        # and 33 ms at 200 (docs/benchmarks.md), with the same errors and retries.
+        response = self._client.post("/chat/completions", body={"model": model, **params},
+                                     cast_to=httpx2.Response,
+                                     options={"timeout": self._settings.llm_timeout_s})
+        data = _json_body(response)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             error = data.get("error")
             detail = error.get("message") if isinstance(error, dict) else error
             raise _BadResponse(f"the response has no choices{f': {detail}' if detail else ''}",
-                               raw.http_response.status_code, False)
+                               response.status_code, False)
         return data
 
     def _post_embedding(self, model: str, text: str) -> list[float]:
-        raw = self._client.embeddings.with_raw_response.create(
-            model=model, input=text, encoding_format="float",
-            timeout=self._settings.llm_timeout_s)
-        return _embedding(_json_body(raw.http_response), raw.http_response.status_code)
+        response = self._client.post("/embeddings", body={"model": model, "input": text,
+                                                           "encoding_format": "float"},
+                                     cast_to=httpx2.Response,
+                                     options={"timeout": self._settings.llm_timeout_s})
+        return _embedding(_json_body(response), response.status_code)
 
     def _with_retries(self, model: str, what: str, op: Callable[[], T],
                       attempts: list[dict[str, Any]]) -> T:

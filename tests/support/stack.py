@@ -118,10 +118,12 @@ class Stack:
     def agentq_bin(self) -> str:
         return str(Path(sys.executable).with_name("agentq"))
 
+    def web_command(self) -> list[str]:
+        return [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
+                "--workers", "1", "--threads", str(self.web_threads), "api.wsgi:app"]
+
     def start(self) -> "Stack":
-        commands = {"web": [sys.executable, "-m", "gunicorn", "--bind",
-                            f"127.0.0.1:{self.port}", "--workers", "1", "--threads",
-                            str(self.web_threads), "api.wsgi:app"]}
+        commands = {"web": self.web_command()}
         for kind in self.workers:
             commands[kind] = [self.agentq_bin(), "worker", kind]
         if self.with_beat:
