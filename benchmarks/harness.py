@@ -340,16 +340,7 @@ class Lab:
 
     def create_peer_database(self) -> str:
         """An empty database for the peer's checkpointer; its plain libpq URL."""
-        import psycopg2
-        admin = psycopg2.connect(stack_mod.PG_ADMIN_URL)
-        admin.autocommit = True
-        try:
-            with admin.cursor() as cur:
-                cur.execute(f'DROP DATABASE IF EXISTS "{self.peer_db_name}" WITH (FORCE)')
-                cur.execute(f'CREATE DATABASE "{self.peer_db_name}"')
-        finally:
-            admin.close()
-        return stack_mod.PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + self.peer_db_name
+        return stack_mod.create_empty_database(self.peer_db_name)
 
 
 # --- the client -------------------------------------------------------------------------

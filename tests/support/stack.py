@@ -48,8 +48,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def create_database(name: str) -> str:
-    """A fresh database, migrated by Alembic; returns its SQLAlchemy URL."""
+def create_empty_database(name: str) -> str:
+    """A fresh, empty database (dropped first if it exists); returns its libpq URL."""
     import psycopg2
     admin = psycopg2.connect(PG_ADMIN_URL)
     admin.autocommit = True
@@ -59,8 +59,12 @@ def create_database(name: str) -> str:
             cur.execute(f'CREATE DATABASE "{name}"')
     finally:
         admin.close()
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg2://")
-    url = f"{base}/{name}"
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def create_database(name: str) -> str:
+    """A fresh database, migrated by Alembic; returns its SQLAlchemy URL."""
+    url = create_empty_database(name).replace("postgresql://", "postgresql+psycopg2://", 1)
     from agentq import migrate
     from agentq.config import Settings
     migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": url}))
