@@ -26,6 +26,8 @@ EXPECTED = {
     "inflight": {"max_model_calls_waiting", "jobs_per_s", "ideal_jobs_per_s",
                  "fraction_of_ideal", "orchestrator_rss_mib", "latency", "targets"},
     "growth": {"by_stored_messages", "by_tool_turns", "history_ratio", "turns_ratio"},
+    "batch": {"lines", "admit_s", "complete_s", "jobs_per_s", "counts",
+              "results_in_request_order", "chat_latency", "batch_finished_when_chat_ended"},
 }
 PEER_KEYS = {"agentq", "langgraph", "ahead_on_jobs_per_s", "ahead_on_median_latency"}
 SUMMARY_KEYS = {"n", "median_ms", "p95_ms"}
