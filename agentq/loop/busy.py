@@ -17,7 +17,6 @@ are ordered, never both started.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -32,12 +31,6 @@ CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
                          "error": {"code": "cancelled",
                                    "message": "The job was cancelled; this tool did not run "
                                               "to completion."}}
-
-
-@dataclass(frozen=True)
-class Busy:
-    """A running job answered the message (steer) instead of a new job."""
-    job: Job
 
 
 def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversation:

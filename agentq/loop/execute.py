@@ -6,6 +6,7 @@ returns normally, so the chord's callback always fires.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from sqlalchemy import select, update
@@ -45,27 +46,27 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
 
     result: ToolResult = registry.execute(name, arguments, ctx, allowed)
     status = "succeeded" if result.ok else "failed"
+    job_id = uuid.UUID(ctx.job_id)
     with sessions() as session, session.begin():
-        stored = _store(session, tool_use_id, name, status,
-                        {**result.to_record(), "attempts": result.attempts}, events)
+        lock_job(session, job_id)  # the job's row before the call's, as everywhere
+        iteration = _store(session, job_id, tool_use_id, name, status,
+                           {**result.to_record(), "attempts": result.attempts}, events)
         events.flush(session)
-        join = _join_if_last(session, tool_use_id) if settings.tool_join == "database" else None
+        join = (_join_if_last(session, job_id, iteration)
+                if iteration is not None and settings.tool_join == "database" else None)
     events.announce()
-    return {"tool_use_id": tool_use_id, "status": status if stored else "duplicate",
-            "next_step": join}
+    return {"tool_use_id": tool_use_id,
+            "status": status if iteration is not None else "duplicate", "next_step": join}
 
 
-def _join_if_last(session, tool_use_id: str) -> tuple[str, int] | None:
+def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:
     """With `tool_join=database`: the task that stores a turn's last result names the next
-    step. The job row was updated in this transaction (its event counter), which orders
-    concurrent finishers of one job: exactly one of them sees no call pending."""
-    call = session.execute(select(ToolCall.job_id, ToolCall.iteration)
-                           .where(ToolCall.tool_use_id == tool_use_id)).one()
+    step. The job row is locked in this transaction, which orders concurrent finishers of
+    one job: exactly one of them sees no call pending."""
     pending = session.execute(
-        select(ToolCall.id).where(ToolCall.job_id == call.job_id,
-                                  ToolCall.iteration == call.iteration,
+        select(ToolCall.id).where(ToolCall.job_id == job_id, ToolCall.iteration == iteration,
                                   ToolCall.status == "pending").limit(1)).first()
-    return None if pending else (str(call.job_id), call.iteration)
+    return None if pending else (str(job_id), iteration)
 
 
 def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegistry,
@@ -84,13 +85,13 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
     if call.status != "pending":
         return {"tool_use_id": tool_use_id, "status": call.status}
     if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
-        _store(session, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
+        _store(session, job.id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
     call.attempts += 1
     call.started_at = utcnow()
     if call.attempts > MAX_DELIVERIES:
         session.flush()
-        _store(session, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
+        _store(session, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "failed"}
     user, conversation, persona = session.execute(
         select(User, Conversation, Persona).select_from(User)
@@ -109,21 +110,19 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
     return call.name, call.arguments, ctx, allowed
 
 
-def _store(session, tool_use_id: str, name: str, status: str, record: dict[str, Any],
-           events: EventBuffer) -> bool:
-    """Write the result once: only a pending call takes it. The job's row is locked
-    first, the order every other writer (steps, cancels) takes them in."""
-    job_id = session.execute(select(ToolCall.job_id).where(
-        ToolCall.tool_use_id == tool_use_id)).scalar_one()
-    lock_job(session, job_id)
-    row = session.execute(
+def _store(session, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,
+           record: dict[str, Any], events: EventBuffer) -> int | None:
+    """Write the result once: only a pending call takes it. The caller holds the job's row
+    (locked first, as every other writer does). Returns the call's turn, or None when
+    another delivery stored it already."""
+    iteration = session.execute(
         update(ToolCall).where(ToolCall.tool_use_id == tool_use_id,
                                ToolCall.status == "pending")
         .values(status=status, result=record, finished_at=utcnow())
-        .returning(ToolCall.job_id)).first()
-    if row is None:
-        return False
+        .returning(ToolCall.iteration)).scalar_one_or_none()
+    if iteration is None:
+        return None
     error = (record.get("error") or {}).get("code")
-    events.add(row.job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
+    events.add(job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
                ok=record["ok"], error=error, attempts=record.get("attempts", 0))
-    return True
+    return iteration

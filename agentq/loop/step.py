@@ -170,10 +170,20 @@ class Stepper:
         stop = check_limits(limits)
         if stop is not None:
             return self._stop(session, job, stop, events)
+        recorded = None
+        if recorded_replay:
+            recorded = replay.recorded_reply(session, job, job.iteration + 1)
+            if recorded is None:
+                return self._stop(session, job, Stop(
+                    "error", f"The original job made no model call {job.iteration + 1}; "
+                             "a recorded replay cannot go further."), events)
 
         events.add(job.id, "turn_start", turn=job.iteration + 1)
         allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None)
         offered = self.registry.offered(user.permission_level, allowed)
+        model = job.model or (persona.default_model if persona else None) or self.settings.model
+        if recorded is not None:  # answered from the recording: no context to build
+            return _Turn([], self.registry.specs(offered), model, None, recorded)
         system = (persona.system_prompt if persona and persona.system_prompt
                   else self.settings.default_system_prompt)
         messages = context.build(
@@ -182,17 +192,9 @@ class Stepper:
                                     conversation.message_seq),
             max_tokens=self.settings.context_max_tokens,
             max_tool_chars=self.settings.tool_result_max_chars)
-        model = job.model or (persona.default_model if persona else None) or self.settings.model
         max_tokens = remaining_output_budget(
             limits, persona.max_tokens_per_request if persona else None)
-        recorded = None
-        if job.replay_mode == "recorded":
-            recorded = replay.recorded_reply(session, job, job.iteration + 1)
-            if recorded is None:
-                return self._stop(session, job, Stop(
-                    "error", f"The original job made no model call {job.iteration + 1}; "
-                             "a recorded replay cannot go further."), events)
-        return _Turn(messages, self.registry.specs(offered), model, max_tokens, recorded)
+        return _Turn(messages, self.registry.specs(offered), model, max_tokens)
 
     def _collect(self, session: Session, job: Job, conversation: Conversation, cause: Cause,
                  events: EventBuffer) -> DispatchTools | None:

@@ -94,7 +94,6 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
     now = utcnow()
     stale = now - timedelta(seconds=settings.step_deadline_s)
     effects: list[Effect] = []
-    events = EventBuffer()
     with sessions() as session, session.begin():
         conversations = session.execute(
             select(Job.conversation_id).where(Job.status == "queued",
@@ -122,8 +121,6 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
                                    ~exists().where(Job.batch_id == Batch.id,
                                                    Job.status.in_(("queued", "running"))))
             .limit(SWEEP_BATCH)).scalars())
-        events.flush(session)
-    events.announce()
     for batch_id in batch_ids:
         effects += advance(sessions, batch_id)
     return effects
