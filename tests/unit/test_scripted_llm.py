@@ -120,16 +120,14 @@ def test_max_in_flight_under_concurrency():
             statuses.append(chat(client, "hi")[0])
 
         threads = [threading.Thread(target=one) for _ in range(concurrency)]
-        started = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        elapsed = time.monotonic() - started
         assert statuses == [200] * concurrency
+        # the latency is waited concurrently: every request was in flight at once
         assert llm.max_in_flight == concurrency
         assert llm.in_flight == 0
-        assert elapsed < 0.5 * concurrency / 4  # the latency is waited concurrently
         stats = llm.stats()
         assert stats["calls"] == concurrency and stats["requests_per_s"] > 0
 
