@@ -25,7 +25,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
 from tests.support.scripted_llm import ScriptedLLM, _error_body, call, text, tool_calls
@@ -102,13 +101,7 @@ class BenchLLM(ScriptedLLM):
         return await super()._route(method, path, body)
 
     async def _chat(self, request: dict):
-        now = time.perf_counter()
-        if self._first_t is None:
-            self._first_t = now
-        self.calls += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
+        with self._in_flight():
             count = len(request.get("messages") or ())
             self.messages_total += count
             self.messages_max = max(self.messages_max, count)
@@ -116,9 +109,6 @@ class BenchLLM(ScriptedLLM):
             if self.latency_s > 0:
                 await asyncio.sleep(self.latency_s)
             return 200, self._completion(reply, request.get("model") or "scripted"), {}
-        finally:
-            self.in_flight -= 1
-            self._last_t = time.perf_counter()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import base64
 import collections
+import contextlib
 import hashlib
 import http
 import itertools
@@ -431,14 +432,22 @@ class ScriptedLLM:
             self._record_failure(None, -1, f"server error {type(exc).__name__}: {exc}")
             return 500, _error_body(f"scripted server error: {exc}", 500), {}
 
-    async def _chat(self, request: dict) -> tuple[int, dict, dict]:
-        now = time.perf_counter()
+    @contextlib.contextmanager
+    def _in_flight(self):
+        """Counts one chat request: calls, the requests waiting at once, the request rate."""
         if self._first_t is None:
-            self._first_t = now
+            self._first_t = time.perf_counter()
         self.calls += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._last_t = time.perf_counter()
+
+    async def _chat(self, request: dict) -> tuple[int, dict, dict]:
+        with self._in_flight():
             messages = request.get("messages") or []
             key = _script_key(_content_text(m.get("content")) for m in messages
                               if isinstance(m, dict))
@@ -461,9 +470,6 @@ class ScriptedLLM:
             if reply.kind == "error":
                 return reply.status, _error_body(reply.content or "", reply.status), reply.headers
             return 200, self._completion(reply, request.get("model") or "scripted"), reply.headers
-        finally:
-            self.in_flight -= 1
-            self._last_t = time.perf_counter()
 
     def _completion(self, reply: Reply, model: str) -> dict:
         has_calls = bool(reply.tool_calls or reply.function_call)
