@@ -21,7 +21,7 @@ from api.auth import can_see, require_key
 from api.jobs import enqueue_after_commit, json_body, load_job, parse_uuid
 from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
                          ReplaySchema)
-from api.views import job_object
+from api.views import accepted, job_object
 
 bp = Blueprint("batches", __name__)
 MAX_LINES = 10_000
@@ -115,10 +115,7 @@ def _admitted(session, batch: Batch):
     session.commit()
     events.announce()
     enqueue_after_commit(effects)
-    response = jsonify(body)
-    response.status_code = 202
-    response.headers["Location"] = f"/v1/batches/{batch.id}"
-    return response
+    return accepted(body, f"/v1/batches/{batch.id}")
 
 
 def load_batch(session, batch_id: str) -> Batch:
@@ -191,9 +188,7 @@ def cancel_batch(batch_id: str):
     with session_scope(g.settings) as session:
         batch = session.get(Batch, ident)
         body = batches.batch_object(batch, batches.counts(session, ident))
-    response = jsonify(body)
-    response.status_code = 202
-    return response
+    return accepted(body)
 
 
 @bp.post("/v1/jobs/<job_id>/replay")
@@ -210,10 +205,7 @@ def replay_job(job_id: str):
             persona_id=data.get("persona_id"), api_key_id=g.api_key_id)
         body = job_object(job)
     enqueue_after_commit(effects)
-    response = jsonify(body)
-    response.status_code = 202
-    response.headers["Location"] = f"/v1/jobs/{body['id']}"
-    return response
+    return accepted(body, f"/v1/jobs/{body['id']}")
 
 
 @bp.post("/v1/batches/replay")

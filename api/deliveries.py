@@ -11,6 +11,7 @@ from agentq.views import delivery_object
 from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
 from api.jobs import load_job
+from api.views import accepted
 
 bp = Blueprint("deliveries", __name__)
 
@@ -36,6 +37,4 @@ def redeliver(job_id: str):
         body = delivery_object(delivery)
     from tasks.webhooks import schedule
     schedule(body["id"])  # committed first; if the broker refuses, the sweeper sends it
-    response = jsonify(body)
-    response.status_code = 202
-    return response
+    return accepted(body)

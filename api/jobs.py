@@ -22,7 +22,7 @@ from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.schemas import ContinueRequestSchema, MessageRequestSchema
-from api.views import job_object
+from api.views import accepted, job_object
 
 log = logging.getLogger(__name__)
 bp = Blueprint("jobs", __name__)
@@ -182,9 +182,7 @@ def cancel_job(job_id: str):
         body = job_object(job)
     events.announce()
     enqueue_after_commit(effects)
-    response = jsonify(body)
-    response.status_code = 202
-    return response
+    return accepted(body)
 
 
 @bp.get("/v1/jobs/<job_id>/events")

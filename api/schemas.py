@@ -127,15 +127,19 @@ class BatchLineSchema(MessageRequestSchema):
                               validate=validate.Length(1, 255))
 
 
-class BatchOptionsSchema(StrictSchema):
+class _BatchFields(StrictSchema):
+    """What every batch may say: where its end is announced, how much runs at once."""
     callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
     max_concurrency = fields.Integer(load_default=None, allow_none=True,
                                      validate=validate.Range(1, 1000))
-    metadata = fields.Dict(keys=fields.String(), load_default=dict)
 
     @validates("callback_url")
     def _callback_url_allowed(self, value: str | None, **_kw) -> None:
         _callback_allowed(value)
+
+
+class BatchOptionsSchema(_BatchFields):
+    metadata = fields.Dict(keys=fields.String(), load_default=dict)
 
 
 class ReplaySchema(StrictSchema):
@@ -153,21 +157,14 @@ class ReplayFilterSchema(StrictSchema):
     user_id = fields.UUID()
 
 
-class ReplayBatchSchema(ReplaySchema):
+class ReplayBatchSchema(ReplaySchema, _BatchFields):
     job_ids = fields.List(fields.UUID(), validate=validate.Length(1, 10_000))
     filter = fields.Nested(ReplayFilterSchema)
-    max_concurrency = fields.Integer(load_default=None, allow_none=True,
-                                     validate=validate.Range(1, 1000))
-    callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
 
     @validates_schema
     def _one_target(self, data: dict[str, Any], **_kw) -> None:
         if ("job_ids" in data) == ("filter" in data):
             raise ValidationError("Give exactly one of job_ids and filter.", "job_ids")
-
-    @validates("callback_url")
-    def _callback_url_allowed(self, value: str | None, **_kw) -> None:
-        _callback_allowed(value)
 
 
 class BatchCountsSchema(Schema):

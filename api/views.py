@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flask import Response, jsonify
+
 from agentq.models import Message
 # job_object lives in the library (webhook payloads carry it too); re-exported here.
 from agentq.views import _id, _iso, job_object  # noqa: F401
@@ -12,3 +14,12 @@ def message_object(message: Message) -> dict[str, Any]:
     return {"id": str(message.id), "seq": message.seq, "role": message.role,
             "content": message.content, "job_id": _id(message.job_id),
             "model_used": message.model_used, "created_at": _iso(message.created_at)}
+
+
+def accepted(body: dict[str, Any], location: str | None = None) -> Response:
+    """`202 Accepted` with the object, and where to follow it."""
+    response = jsonify(body)
+    response.status_code = 202
+    if location:
+        response.headers["Location"] = location
+    return response
