@@ -13,6 +13,8 @@ import uuid
 
 import pytest
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,
@@ -81,6 +83,12 @@ class Client:
         self.stack = stack
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"Bearer {key}"
+        # gunicorn closes an idle keep-alive connection after 2 s; a GET sent on it just as
+        # it closes is retried once on a new connection, as any HTTP client should (never
+        # a POST: it is not idempotent)
+        retry = Retry(total=1, connect=1, read=1, status=0, allowed_methods={"GET"},
+                      raise_on_status=False)
+        self.http.mount("http://", HTTPAdapter(max_retries=retry))
 
     def url(self, path: str) -> str:
         return self.stack.base + path
