@@ -95,8 +95,8 @@ def end_batch(session: Session, batch: Batch) -> list[Effect]:
     batch.finished_at = utcnow()
     if batch.callback_url:
         from agentq.webhooks.delivery import enqueue_event
-        enqueue_event(session, event_type=f"batch.{batch.status}", url=batch.callback_url,
-                      batch_id=batch.id, due=batch.finished_at)
+        enqueue_event(session, tenant_id=batch.tenant_id, event_type=f"batch.{batch.status}",
+                      url=batch.callback_url, batch_id=batch.id, due=batch.finished_at)
     return [BatchEnded(str(batch.id), batch.status)]
 
 

@@ -45,7 +45,38 @@ def db_downgrade(revision: str) -> None:
     click.echo(f"database at {revision}")
 
 
-# --- keys and users ---------------------------------------------------------------------
+# --- tenants, keys and users ------------------------------------------------------------
+@main.group()
+def tenants() -> None:
+    """Tenants: every key, and every row a key makes, belongs to one."""
+
+
+@tenants.command("create")
+@click.argument("name")
+def tenants_create(name: str) -> None:
+    """Make a tenant; prints it as JSON (its id is what `keys create --tenant` takes, as is
+    its name)."""
+    from agentq.db import session_scope
+    from agentq.errors import ClientError
+    from agentq.tenants import create_tenant, tenant_object
+    try:
+        with session_scope() as session:
+            body = tenant_object(create_tenant(session, name))
+    except ClientError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(json.dumps(body))
+
+
+@tenants.command("list")
+def tenants_list() -> None:
+    """Every tenant, one JSON object a line."""
+    from agentq.db import session_scope
+    from agentq.tenants import list_tenants, tenant_object
+    with session_scope() as session:
+        for tenant in list_tenants(session):
+            click.echo(json.dumps(tenant_object(tenant)))
+
+
 @main.group()
 def keys() -> None:
     """API keys."""
@@ -53,13 +84,23 @@ def keys() -> None:
 
 @keys.command("create")
 @click.argument("name")
-@click.option("--admin", is_flag=True, help="The key may use admin routes and see all jobs.")
-def keys_create(name: str, admin: bool) -> None:
+@click.option("--tenant", "tenant_ref", default=None,
+              help="The key's tenant, by id or name (default: the default tenant).")
+@click.option("--admin", is_flag=True,
+              help="The key may use the admin routes (tenants, keys) and sees every key's "
+                   "rows in its tenant.")
+def keys_create(name: str, tenant_ref: str | None, admin: bool) -> None:
     """Make a key; it is printed once on stdout, only its hash is stored."""
     from agentq.db import session_scope
+    from agentq.errors import ClientError
     from agentq.keys import create_key
-    with session_scope() as session:
-        _row, key = create_key(session, name, admin)
+    from agentq.tenants import find_tenant
+    try:
+        with session_scope() as session:
+            tenant = find_tenant(session, tenant_ref)
+            _row, key = create_key(session, name, admin, tenant.id)
+    except ClientError as exc:
+        raise click.ClickException(exc.message) from None
     click.echo(key)
 
 
@@ -73,13 +114,22 @@ def users() -> None:
 @click.argument("platform_user_id")
 @click.option("--level", type=click.Choice(["guest", "user", "admin", "owner"]))
 @click.option("--budget", help="Monthly tokens, or 'unlimited'.")
+@click.option("--tenant", "tenant_ref", default=None,
+              help="The user's tenant, by id or name (default: the default tenant).")
 def users_set(platform: str, platform_user_id: str, level: str | None,
-              budget: str | None) -> None:
+              budget: str | None, tenant_ref: str | None) -> None:
     """Set a user's permission level or monthly budget (the user is made if new)."""
     from agentq.db import session_scope
+    from agentq.errors import ClientError
     from agentq.loop.identity import Incoming, resolve_user
+    from agentq.tenants import find_tenant
     with session_scope() as session:
-        user = resolve_user(session, Incoming(platform, platform_user_id, "-"), get_settings())
+        try:
+            tenant_id = find_tenant(session, tenant_ref).id
+        except ClientError as exc:
+            raise click.ClickException(exc.message) from None
+        user = resolve_user(session, tenant_id, Incoming(platform, platform_user_id, "-"),
+                            get_settings())
         if level:
             user.permission_level = level
         if budget is not None:

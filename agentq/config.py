@@ -116,6 +116,17 @@ class Settings:
     batch_max_concurrency: int = 50
     """AGENTQ_BATCH_MAX_CONCURRENCY: a batch's jobs running at once, unless it says less."""
 
+    # --- bad input (api/limits.py) --------------------------------------------------------
+    max_body_bytes: int = 32 * 1024 * 1024
+    """AGENTQ_MAX_BODY_BYTES: a request body larger than this is refused (413) unread."""
+    max_json_depth: int = 32
+    """AGENTQ_MAX_JSON_DEPTH: JSON (a body, a JSONL line) nested deeper than this many
+    arrays/objects is refused (400) before it is parsed."""
+    max_header_bytes: int = 8192
+    """AGENTQ_MAX_HEADER_BYTES: a request header longer than this is refused (431) in the
+    API's error shape; gunicorn is started with a larger limit (`gunicorn.conf.py`), so the
+    app, not gunicorn's HTML page, answers."""
+
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 1000
     """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads per orchestrator process (model calls in flight)."""
@@ -212,6 +223,10 @@ class Settings:
                                              cls.webhook_retry_schedule_s),
             batch_max_concurrency=num("AGENTQ_BATCH_MAX_CONCURRENCY",
                                       cls.batch_max_concurrency, int, 1, 10000),
+            max_body_bytes=num("AGENTQ_MAX_BODY_BYTES", cls.max_body_bytes, int, 1024),
+            max_json_depth=num("AGENTQ_MAX_JSON_DEPTH", cls.max_json_depth, int, 2, 200),
+            max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", cls.max_header_bytes, int, 256,
+                                 60000),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
             tool_time_limit_s=num("AGENTQ_TOOL_TIME_LIMIT_S", cls.tool_time_limit_s, float, 0.1),
             slow_tool_time_limit_s=num("AGENTQ_SLOW_TOOL_TIME_LIMIT_S",

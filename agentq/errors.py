@@ -75,6 +75,39 @@ class Conflict(ClientError):
     code = "conflict"
 
 
+class BadJson(ClientError):
+    """A body (or a JSONL line) that is not JSON, or is nested deeper than allowed."""
+    status = 400
+    code = "bad_json"
+
+
+class UnknownQueryParameter(ClientError):
+    status = 400
+    code = "unknown_query_parameter"
+
+    def __init__(self, names: list[str], allowed: list[str]):
+        super().__init__(f"This route does not take the query parameter(s) "
+                         f"{', '.join(names)}.", parameters=names, allowed=allowed)
+
+
+class PayloadTooLarge(ClientError):
+    status = 413
+    code = "payload_too_large"
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"The body is {size} bytes; the limit is {limit}.", size=size,
+                         limit=limit)
+
+
+class HeaderTooLarge(ClientError):
+    status = 431
+    code = "header_too_large"
+
+    def __init__(self, name: str, size: int, limit: int):
+        super().__init__(f"Header {name} is {size} bytes; the limit is {limit}.", header=name,
+                         size=size, limit=limit)
+
+
 class UnsupportedMediaType(ClientError):
     status = 415
     code = "unsupported_media_type"

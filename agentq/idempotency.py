@@ -41,10 +41,12 @@ def check_key(key: str) -> str:
     return key
 
 
-def find(session: Session, api_key_id: uuid.UUID, key: str, digest: str) -> uuid.UUID | None:
+def find(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str,
+         digest: str) -> uuid.UUID | None:
     """The job of an earlier request with this key, or None; a mismatch raises."""
     row = session.execute(select(IdempotencyKey).where(
-        IdempotencyKey.api_key_id == api_key_id, IdempotencyKey.key == key)
+        IdempotencyKey.tenant_id == tenant_id, IdempotencyKey.api_key_id == api_key_id,
+        IdempotencyKey.key == key)
     ).scalar_one_or_none()
     if row is None:
         return None
@@ -57,10 +59,11 @@ def find(session: Session, api_key_id: uuid.UUID, key: str, digest: str) -> uuid
     return row.job_id or row.batch_id
 
 
-def claim(session: Session, api_key_id: uuid.UUID, key: str, digest: str) -> IdempotencyKey:
+def claim(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str,
+          digest: str) -> IdempotencyKey:
     """Take the key before anything else is written or locked: a concurrent duplicate
     waits here on the unique index and then finds this request's job."""
-    row = IdempotencyKey(id=uuid.uuid4(), api_key_id=api_key_id, key=key,
+    row = IdempotencyKey(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id, key=key,
                          request_hash=digest, created_at=utcnow())
     session.add(row)
     session.flush()

@@ -58,9 +58,19 @@ def _id() -> Mapped[uuid.UUID]:
     return mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
 
 
+class Tenant(Base):
+    """Who owns rows: every API key belongs to one, and every row a key creates or names
+    carries it (agentq.tenants)."""
+    __tablename__ = "tenants"
+    id: Mapped[uuid.UUID] = _id()
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class User(Base):
     __tablename__ = "users"
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     display_name: Mapped[str | None] = mapped_column(String(200))
     permission_level: Mapped[str] = mapped_column(String(16), default="guest")
     token_budget_monthly: Mapped[int | None] = mapped_column(BigInteger)
@@ -72,9 +82,10 @@ class User(Base):
 
 class UserPlatformLink(Base):
     __tablename__ = "user_platform_links"
-    __table_args__ = (UniqueConstraint("platform", "platform_user_id",
+    __table_args__ = (UniqueConstraint("tenant_id", "platform", "platform_user_id",
                                        name="uq_user_platform_links_identity"),)
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
                                                index=True)
     platform: Mapped[str] = mapped_column(String(64))
@@ -86,6 +97,7 @@ class UserPlatformLink(Base):
 class Persona(Base):
     __tablename__ = "personas"
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
     platform: Mapped[str | None] = mapped_column(String(64))
     platform_server_id: Mapped[str | None] = mapped_column(String(255))
@@ -97,12 +109,13 @@ class Persona(Base):
     max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_personas_scope", "platform", "platform_server_id"),)
+    __table_args__ = (Index("ix_personas_scope", "tenant_id", "platform", "platform_server_id"),)
 
 
 class Conversation(Base):
     __tablename__ = "conversations"
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
                                                index=True)
     persona_id: Mapped[uuid.UUID | None] = mapped_column(
@@ -111,7 +124,8 @@ class Conversation(Base):
     platform_channel_id: Mapped[str] = mapped_column(String(255))
     platform_thread_id: Mapped[str | None] = mapped_column(String(255))
     scope_key: Mapped[str] = mapped_column(String(700), unique=True)
-    """platform, channel and thread joined: one conversation per scope (NULL-safe unique)."""
+    """tenant, platform, channel and thread joined: one conversation per scope in a tenant
+    (NULL-safe unique; agentq.loop.identity.scope_key)."""
     message_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     """The last message's `seq` in this conversation."""
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -141,6 +155,7 @@ class ApiKey(Base):
     __tablename__ = "api_keys"
     id: Mapped[uuid.UUID] = _id()
     name: Mapped[str] = mapped_column(String(200))
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -157,6 +172,7 @@ class Job(Base):
         Index("ix_jobs_batch_waiting", "batch_id", "waiting_for", "batch_index"),
     )
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     conversation_id: Mapped[uuid.UUID] = mapped_column(
@@ -261,6 +277,7 @@ class TokenLog(Base):
 class FileRecord(Base):
     __tablename__ = "files"
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL"), index=True)
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
@@ -288,8 +305,10 @@ class JobInput(Base):
 
 class IdempotencyKey(Base):
     __tablename__ = "idempotency_keys"
-    __table_args__ = (UniqueConstraint("api_key_id", "key", name="uq_idempotency_keys_key"),)
+    __table_args__ = (UniqueConstraint("tenant_id", "api_key_id", "key",
+                                       name="uq_idempotency_keys_key"),)
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     api_key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     key: Mapped[str] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))
@@ -305,6 +324,7 @@ class WebhookDelivery(Base):
                       Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
                       Index("ix_webhook_deliveries_batch", "batch_id", "created_at"))
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     event_id: Mapped[str] = mapped_column(String(64), index=True)
     event_type: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
@@ -323,6 +343,7 @@ class WebhookDelivery(Base):
 class Batch(Base):
     __tablename__ = "batches"
     id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     kind: Mapped[str] = mapped_column(String(16), default="messages")
     """messages | replay."""

@@ -35,13 +35,14 @@ def create_replay(session: Session, settings: Settings, original: Job, mode: str
     if mode == "recorded" and (model or persona_id):
         raise ValidationFailed({"mode": ["A recorded replay answers from the original's "
                                          "replies; model and persona_id need mode live."]})
-    if persona_id is not None and session.get(Persona, persona_id) is None:
+    persona = session.get(Persona, persona_id) if persona_id is not None else None
+    if persona_id is not None and (persona is None or persona.tenant_id != original.tenant_id):
         raise NotFound("persona", str(persona_id))
     now = utcnow()
     source = session.get(Conversation, original.conversation_id)
     job_id = uuid.uuid4()
     conversation = Conversation(
-        id=uuid.uuid4(), user_id=original.user_id,
+        id=uuid.uuid4(), tenant_id=original.tenant_id, user_id=original.user_id,
         persona_id=persona_id or original.persona_id, platform=source.platform,
         platform_channel_id=source.platform_channel_id,
         platform_thread_id=source.platform_thread_id,
@@ -54,7 +55,8 @@ def create_replay(session: Session, settings: Settings, original: Job, mode: str
                             seq=seq, role=role, content=content, token_count=tokens,
                             model_used=model_used, created_at=created_at))
     conversation.message_seq = len(history)
-    job = Job(id=job_id, status="queued", conversation_id=conversation.id,
+    job = Job(id=job_id, tenant_id=original.tenant_id, status="queued",
+              conversation_id=conversation.id,
               user_id=original.user_id, persona_id=persona_id or original.persona_id,
               api_key_id=api_key_id, content=original.content,
               attachments=original.attachments or [], meta=dict(original.meta or {}),

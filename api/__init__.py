@@ -18,12 +18,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _bind_settings() -> None:
         g.settings = settings
 
+    from api import limits
+    limits.register(app, settings.max_body_bytes)
+
     from agentq.notify import hub_for
-    from api import (batches, conversations, deliveries, embed, errors, files, health,
-                     jobs)
+    from api import (admin, batches, conversations, deliveries, embed, errors, files,
+                     health, jobs)
     hub_for(settings)
     errors.register(app)
-    for module in (jobs, conversations, files, health, embed, deliveries, batches):
+    for module in (jobs, conversations, files, health, embed, deliveries, batches, admin):
         app.register_blueprint(module.bp)
     from api import openapi
     app.register_blueprint(openapi.bp)

@@ -1,4 +1,9 @@
-"""Bearer API keys on every /v1/ route: 401 without a valid key, 403 without the scope."""
+"""Bearer API keys on every /v1/ route: 401 without a valid key, 403 without the scope.
+
+A key belongs to a tenant (agentq.tenants). Every row a route reads or changes must be of
+the key's tenant: another tenant's row is absent (404), admin key or not. Inside its
+tenant a non-admin key sees the rows it created; an admin key sees every key's rows there.
+Only the /v1/admin/ routes (api/admin.py) reach across tenants."""
 from __future__ import annotations
 
 import functools
@@ -20,7 +25,7 @@ def _authenticate() -> None:
         row = lookup(session, key.strip())
         if row is None:
             raise Unauthorized("Invalid API key.")
-        g.api_key_id, g.is_admin = row.id, row.is_admin
+        g.api_key_id, g.is_admin, g.tenant_id = row.id, row.is_admin, row.tenant_id
 
 
 def require_key(admin: bool = False) -> Callable:
@@ -35,6 +40,8 @@ def require_key(admin: bool = False) -> Callable:
     return wrap
 
 
-def can_see(api_key_id) -> bool:
-    """Admins see everything; other keys see what they created."""
-    return g.is_admin or api_key_id == g.api_key_id
+def can_see(row) -> bool:
+    """A row (with `tenant_id` and `api_key_id`) of the key's tenant that the key may see:
+    an admin key every key's, another key its own."""
+    return (row is not None and row.tenant_id == g.tenant_id
+            and (g.is_admin or row.api_key_id == g.api_key_id))

@@ -13,12 +13,14 @@ from sqlalchemy import select
 
 from agentq import batches, replay
 from agentq.db import session_factory, session_scope
-from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
+from agentq.errors import (Conflict, NotFound, UnknownQueryParameter, UnsupportedMediaType,
+                           ValidationFailed)
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, submit
 from agentq.models import Batch, Conversation, Job
 from api.auth import can_see, require_key
 from api.jobs import enqueue_after_commit, json_body, load_job, parse_uuid
+from api.limits import parse_json
 from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
                          ReplaySchema)
 from api.views import accepted, job_object
@@ -38,16 +40,15 @@ def _lines() -> tuple[list[Any], dict[str, Any]]:
         for number, raw in enumerate(request.get_data(as_text=True).splitlines(), start=1):
             if not raw.strip():
                 continue
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError as exc:
-                raise ValidationFailed({"_line": [str(exc)]},
-                                       f"Line {number} is not JSON: {exc.msg}.",
-                                       line=number) from None
+            lines.append(parse_json(raw, g.settings.max_json_depth, f"Line {number}",
+                                    line=number))
         return lines, options
     if mimetype != "application/json":
         raise UnsupportedMediaType("Send application/json ({\"requests\": [...]}) or "
                                    "application/x-ndjson (one request a line).")
+    if request.args:
+        raise UnknownQueryParameter(sorted(request.args), [])  # the JSON form says them
+        # in its body; only a JSONL body takes them as query parameters
     body = json_body()
     options = BatchOptionsSchema().load({k: v for k, v in body.items() if k != "requests"})
     requests_ = body.get("requests")
@@ -84,7 +85,8 @@ def create_batch():
     loaded = _validate(lines)
     cache: dict = {}
     with session_scope(g.settings) as session:
-        batch = Batch(id=uuid.uuid4(), api_key_id=g.api_key_id, kind="messages",
+        batch = Batch(id=uuid.uuid4(), tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+                      kind="messages",
                       status="queued", total=len(loaded),
                       max_concurrency=options.get("max_concurrency")
                       or g.settings.batch_max_concurrency,
@@ -99,7 +101,8 @@ def create_batch():
                                   data["platform_server_id"]),
                 content=data["content"], attachments=data["attachments"],
                 metadata=data["metadata"], callback_url=data["callback_url"],
-                api_key_id=g.api_key_id), batch_id=batch.id, cache=cache).job
+                api_key_id=g.api_key_id, tenant_id=g.tenant_id), batch_id=batch.id,
+                cache=cache).job
             job.batch_index, job.custom_id = index, data.get("custom_id")
         session.flush()
         return _admitted(session, batch)
@@ -120,7 +123,7 @@ def _admitted(session, batch: Batch):
 
 def load_batch(session, batch_id: str) -> Batch:
     batch = session.get(Batch, parse_uuid(batch_id, "batch"))
-    if batch is None or not can_see(batch.api_key_id):
+    if not can_see(batch):
         raise NotFound("batch", batch_id)
     return batch
 
@@ -217,7 +220,8 @@ def replay_batch():
         if not originals:
             raise ValidationFailed({"filter": ["No ended job matches."]},
                                    "No job to replay: nothing matched.")
-        batch = Batch(id=uuid.uuid4(), api_key_id=g.api_key_id, kind="replay",
+        batch = Batch(id=uuid.uuid4(), tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+                      kind="replay",
                       status="queued", total=len(originals),
                       max_concurrency=data.get("max_concurrency")
                       or g.settings.batch_max_concurrency,
@@ -241,14 +245,14 @@ def _replay_targets(session, data: dict[str, Any]) -> list[Job]:
         jobs = []
         for ident in data["job_ids"]:
             job = session.get(Job, ident)
-            if job is None or not can_see(job.api_key_id):
+            if not can_see(job):
                 raise NotFound("job", str(ident))
             if job.status not in ended:
                 raise Conflict(f"Job {ident} has not ended.", job_id=str(ident))
             jobs.append(job)
         return jobs
     f = data["filter"]
-    query = select(Job).where(Job.status.in_(ended))
+    query = select(Job).where(Job.status.in_(ended), Job.tenant_id == g.tenant_id)
     if not g.is_admin:
         query = query.where(Job.api_key_id == g.api_key_id)
     if f.get("status"):

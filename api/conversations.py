@@ -5,10 +5,10 @@ from flask import Blueprint, g, jsonify, request
 from sqlalchemy import select
 
 from agentq.db import session_scope
-from agentq.errors import NotFound, ValidationFailed
-from agentq.models import Conversation, Job, Message
+from agentq.errors import ValidationFailed
+from agentq.models import Message
 from api.auth import require_key
-from api.jobs import parse_uuid
+from api.jobs import load_conversation, parse_uuid
 from api.views import message_object
 
 bp = Blueprint("conversations", __name__)
@@ -36,12 +36,7 @@ def list_messages(conversation_id: str):
     after = _int_arg("after", 0, 0, 2**62)
     ident = parse_uuid(conversation_id, "conversation")
     with session_scope(g.settings) as session:
-        conversation = session.get(Conversation, ident)
-        visible = conversation is not None and (g.is_admin or session.execute(
-            select(Job.id).where(Job.conversation_id == ident,
-                                 Job.api_key_id == g.api_key_id).limit(1)).first())
-        if not visible:
-            raise NotFound("conversation", conversation_id)
+        load_conversation(session, ident)
         rows = session.execute(
             select(Message).where(Message.conversation_id == ident, Message.seq > after)
             .order_by(Message.seq).limit(limit + 1)).scalars().all()

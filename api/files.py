@@ -18,7 +18,7 @@ def get_file(file_id: str):
     with session_scope(g.settings) as session:
         record = session.get(FileRecord, parse_uuid(file_id, "file"))
         job = session.get(Job, record.job_id) if record and record.job_id else None
-        if record is None or not (g.is_admin or (job and can_see(job.api_key_id))):
+        if record is None or record.tenant_id != g.tenant_id or not can_see(job):
             raise NotFound("file", file_id)
         if record.content is None:
             raise NotFound("file content", file_id)

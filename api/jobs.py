@@ -17,10 +17,11 @@ from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFa
 from agentq.loop.identity import Incoming
 from agentq.loop.store import event_dict
 from agentq.loop.submit import Submission, cancel, submit
-from agentq.models import TERMINAL_STATUSES, Job, JobEvent
+from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobEvent
 from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
+from api.limits import request_json
 from api.schemas import ContinueRequestSchema, MessageRequestSchema
 from api.views import accepted, job_object
 
@@ -35,7 +36,7 @@ SSE_RETRY_MS = 1000
 def json_body() -> dict:
     if not request.is_json:
         raise UnsupportedMediaType("Send a JSON body with Content-Type: application/json.")
-    body = request.get_json(silent=True)
+    body = request_json()
     if not isinstance(body, dict):
         raise ValidationFailed({"_body": ["Must be a JSON object."]},
                                "The body is not a JSON object.")
@@ -64,9 +65,23 @@ def parse_uuid(value: str, kind: str) -> uuid.UUID:
 
 def load_job(session, job_id: str) -> Job:
     job = session.get(Job, parse_uuid(job_id, "job"))
-    if job is None or not can_see(job.api_key_id):
+    if not can_see(job):
         raise NotFound("job", job_id)
     return job
+
+
+def load_conversation(session, conversation_id: uuid.UUID) -> Conversation:
+    """A conversation of the key's tenant with a job the key may see (any, for an admin
+    key); else 404, as if absent."""
+    conversation = session.get(Conversation, conversation_id)
+    visible = conversation is not None and conversation.tenant_id == g.tenant_id and (
+        g.is_admin or session.execute(
+            select(Job.id).where(Job.conversation_id == conversation_id,
+                                 Job.tenant_id == g.tenant_id,
+                                 Job.api_key_id == g.api_key_id).limit(1)).first())
+    if not visible:
+        raise NotFound("conversation", str(conversation_id))
+    return conversation
 
 
 def enqueue_after_commit(effects) -> None:
@@ -107,10 +122,11 @@ def _submit(route: str, body: dict, sub: Submission):
         try:
             with session_scope(g.settings) as session:
                 if key is not None:
-                    earlier = idempotency.find(session, g.api_key_id, key, digest)
+                    earlier = idempotency.find(session, g.tenant_id, g.api_key_id, key,
+                                               digest)
                     if earlier is not None:
                         return answer_job(earlier, wait, created=True, replayed=True)
-                claimed = (idempotency.claim(session, g.api_key_id, key, digest)
+                claimed = (idempotency.claim(session, g.tenant_id, g.api_key_id, key, digest)
                            if key is not None else None)
                 submitted = submit(session, g.settings, sub)
                 if claimed is not None:
@@ -139,7 +155,7 @@ def submit_message():
     return _submit("/v1/messages", body, Submission(
         incoming=incoming, content=data["content"], attachments=data["attachments"],
         metadata=data["metadata"], callback_url=data["callback_url"],
-        on_busy=data["on_busy"], api_key_id=g.api_key_id))
+        on_busy=data["on_busy"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
 
 
 @bp.post("/v1/continue")
@@ -149,15 +165,11 @@ def continue_conversation():
     data = ContinueRequestSchema().load(body)
     conversation_id = data["conversation_id"]
     with session_scope(g.settings) as session:
-        visible = g.is_admin or session.execute(
-            select(Job.id).where(Job.conversation_id == conversation_id,
-                                 Job.api_key_id == g.api_key_id).limit(1)).first()
-    if not visible:
-        raise NotFound("conversation", str(conversation_id))
+        load_conversation(session, conversation_id)
     return _submit("/v1/continue", body, Submission(
         incoming=None, conversation_id=conversation_id, content=data["content"],
         metadata=data["metadata"], callback_url=data["callback_url"],
-        on_busy=data["on_busy"], api_key_id=g.api_key_id))
+        on_busy=data["on_busy"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
 
 
 @bp.get("/v1/jobs/<job_id>")

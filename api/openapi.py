@@ -54,6 +54,13 @@ SCHEMAS = {
     "Replay": schemas.ReplaySchema,
     "ReplayBatch": schemas.ReplayBatchSchema,
     "Compare": schemas.CompareSchema,
+    "TenantRequest": schemas.TenantRequestSchema,
+    "Tenant": schemas.TenantSchema,
+    "TenantPage": schemas.TenantPageSchema,
+    "KeyRequest": schemas.KeyRequestSchema,
+    "ApiKey": schemas.ApiKeySchema,
+    "NewApiKey": schemas.NewApiKeySchema,
+    "ApiKeyPage": schemas.ApiKeyPageSchema,
 }
 
 
@@ -70,18 +77,28 @@ SCHEMAS["BatchRequest"] = BatchRequestSchema
 # marks all their properties required, so a response missing one breaks conformance.
 ALWAYS_COMPLETE = ("Job", "Usage", "JobResponse", "ResponseMetadata", "ToolCallSummary",
                    "FileRef", "Message", "MessagePage", "EmbedResponse", "Error", "ErrorBody",
-                   "Batch", "BatchCounts")
+                   "Batch", "BatchCounts", "Tenant", "TenantPage", "ApiKey", "NewApiKey",
+                   "ApiKeyPage")
 
 ERROR_STATUSES = {
+    400: ("BadRequest", "The request cannot be read: a body that is not JSON or is nested "
+                        "too deep, or a query parameter the route does not take."),
     401: ("Unauthorized", "A missing or wrong API key."),
     403: ("Forbidden", "The key lacks the scope this route needs."),
     404: ("NotFound", "No such object, or not one this key may see."),
     409: ("Conflict", "The object's state does not allow this."),
+    413: ("PayloadTooLarge", "The body is larger than the deployment allows "
+                             "(`AGENTQ_MAX_BODY_BYTES`)."),
     415: ("UnsupportedMediaType", "The body is not `application/json`."),
     422: ("ValidationError", "A field, query parameter or header is not valid; "
                              "`details.fields` names each problem."),
+    431: ("HeadersTooLarge", "A request header is larger than the deployment allows "
+                             "(`AGENTQ_MAX_HEADER_BYTES`)."),
     502: ("ProviderFailed", "The model provider failed."),
 }
+ALWAYS_POSSIBLE = (400, 431)
+"""Any route may answer these (an unknown query parameter, an oversize header); a route
+with a body may answer 413 too. Added to every operation when the spec is built."""
 
 PARAMETERS: dict[str, dict[str, Any]] = {
     "wait": {"in": "query", "name": "wait", "required": False,
@@ -113,6 +130,7 @@ PATH_PARAMETERS = {
     "conversation_id": "The conversation's id.",
     "file_id": "The file's id.",
     "batch_id": "The batch's id.",
+    "key_id": "The API key's id.",
 }
 
 HEADERS = {
@@ -327,6 +345,37 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "description": "`404` when the job is not a replay.",
         "responses": {"200": _json("Compare", "Answers, tool calls and usage side by side."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    # --- admin: across tenants, admin keys only ------------------------------------------
+    ("POST", "/v1/admin/tenants"): {
+        "operationId": "createTenant", "summary": "Make a tenant", "tags": ["admin"],
+        "description": "Admin keys only. `409` when the name is taken.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "TenantRequest"}}},
+        "responses": {"201": _json("Tenant", "The new tenant."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 409, 415, 422)}}},
+    ("GET", "/v1/admin/tenants"): {
+        "operationId": "listTenants", "summary": "Every tenant", "tags": ["admin"],
+        "responses": {"200": _json("TenantPage", "Every tenant, oldest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+    ("POST", "/v1/admin/keys"): {
+        "operationId": "createKey", "summary": "Make an API key of a tenant",
+        "tags": ["admin"],
+        "description": "Admin keys only. The answer holds the key itself, the only time it "
+                       "is shown; only its hash is stored.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "KeyRequest"}}},
+        "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+    ("GET", "/v1/admin/keys"): {
+        "operationId": "listKeys", "summary": "Every API key (never the key itself)",
+        "tags": ["admin"],
+        "responses": {"200": _json("ApiKeyPage", "Every key, oldest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+    ("POST", "/v1/admin/keys/{}/revoke"): {
+        "operationId": "revokeKey", "summary": "Revoke an API key", "tags": ["admin"],
+        "description": "From now on the key answers `401`.",
+        "responses": {"200": _json("ApiKey", "The key, revoked."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
 }
 
 
@@ -390,6 +439,9 @@ def build_spec(app: Flask) -> dict[str, Any]:
     for method, rule, operation in selected:
         path = _RULE_ARG.sub(lambda m: "{" + m.group(1) + "}", rule)
         operation = dict(operation)
+        extra = ALWAYS_POSSIBLE + ((413,) if "requestBody" in operation else ())
+        operation["responses"] = {**operation["responses"],
+                                  **{str(s): ERROR_STATUSES[s][0] for s in extra}}
         arguments = _RULE_ARG.findall(rule)
         if arguments:
             operation["parameters"] = [

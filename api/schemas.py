@@ -333,3 +333,45 @@ class CompareSchema(Schema):
     mode = fields.String(required=True, allow_none=True)
     same_answer = fields.Boolean(required=True)
     same_tool_calls = fields.Boolean(required=True)
+
+
+# --- admin: tenants and keys ----------------------------------------------------------------
+
+class TenantRequestSchema(StrictSchema):
+    name = fields.String(required=True, validate=[validate.Length(1, 200), _not_blank])
+
+
+class TenantSchema(Schema):
+    id = fields.String(required=True)
+    name = fields.String(required=True)
+    created_at = fields.String(required=True)
+
+
+class TenantPageSchema(Schema):
+    data = fields.List(fields.Nested(TenantSchema), required=True)
+
+
+class KeyRequestSchema(StrictSchema):
+    name = fields.String(required=True, validate=[validate.Length(1, 200), _not_blank])
+    tenant_id = fields.UUID(required=True)
+    admin = fields.Boolean(load_default=False)
+
+
+class ApiKeySchema(Schema):
+    id = fields.String(required=True)
+    name = fields.String(required=True)
+    prefix = fields.String(required=True)
+    tenant_id = fields.String(required=True)
+    admin = fields.Boolean(required=True)
+    created_at = fields.String(required=True)
+    last_used_at = fields.String(allow_none=True, required=True)
+    revoked_at = fields.String(allow_none=True, required=True)
+
+
+class NewApiKeySchema(ApiKeySchema):
+    key = fields.String(required=True, metadata={"description": "The key itself: shown only "
+                                                               "in this answer."})
+
+
+class ApiKeyPageSchema(Schema):
+    data = fields.List(fields.Nested(ApiKeySchema), required=True)

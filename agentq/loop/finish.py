@@ -83,7 +83,8 @@ def release_conversation(session: Session, job: Job, events: EventBuffer) -> lis
     late = pending_inputs(session, job.id) if job.pending_inputs else []
     now = utcnow()
     if late:
-        follow_up = Job(id=uuid.uuid4(), status="queued", conversation_id=job.conversation_id,
+        follow_up = Job(id=uuid.uuid4(), tenant_id=job.tenant_id, status="queued",
+                        conversation_id=job.conversation_id,
                         user_id=job.user_id, persona_id=job.persona_id,
                         api_key_id=job.api_key_id,
                         content="\n\n".join(i.content for i in late), attachments=[],

@@ -24,6 +24,7 @@ from agentq.loop.identity import (Incoming, resolve_conversation, resolve_person
                                   resolve_user)
 from agentq.loop.store import EventBuffer
 from agentq.models import Conversation, FileRecord, Job, Persona, User
+from agentq.tenants import DEFAULT_TENANT_ID
 
 
 @dataclass
@@ -40,6 +41,9 @@ class Submission:
     """Set instead of `incoming` to continue an existing conversation (POST /v1/continue)."""
     persona_id: uuid.UUID | None = None
     """Overrides the persona cascade (replays)."""
+    tenant_id: uuid.UUID = DEFAULT_TENANT_ID
+    """Whose rows these are: the API key's tenant (the CLI's embedded runs: the default).
+    Users, conversations and personas are looked up in it only."""
 
 
 @dataclass
@@ -90,26 +94,27 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
     """The user, persona and conversation a submission goes to."""
     if sub.conversation_id is not None:
         conversation = session.get(Conversation, sub.conversation_id)
-        if conversation is None:
+        if conversation is None or conversation.tenant_id != sub.tenant_id:
             raise NotFound("conversation", str(sub.conversation_id))
         user = session.get(User, conversation.user_id)
         persona = (session.get(Persona, conversation.persona_id)
                    if conversation.persona_id else None)
     else:
         incoming = sub.incoming
-        key = (incoming.platform, incoming.platform_user_id, incoming.platform_channel_id,
-               incoming.platform_thread_id, incoming.platform_server_id)
+        key = (sub.tenant_id, incoming.platform, incoming.platform_user_id,
+               incoming.platform_channel_id, incoming.platform_thread_id,
+               incoming.platform_server_id)
         if cache is not None and key in cache:
             user, persona, conversation = cache[key]
         else:
-            user = resolve_user(session, incoming, settings, now)
-            persona = resolve_persona(session, incoming)
+            user = resolve_user(session, sub.tenant_id, incoming, settings, now)
+            persona = resolve_persona(session, sub.tenant_id, incoming)
             conversation = resolve_conversation(session, user, incoming, persona, now)
             if cache is not None:
                 cache[key] = (user, persona, conversation)
     if sub.persona_id is not None:
         persona = session.get(Persona, sub.persona_id)
-        if persona is None:
+        if persona is None or persona.tenant_id != sub.tenant_id:
             raise NotFound("persona", str(sub.persona_id))
     return user, persona, conversation
 
@@ -175,7 +180,8 @@ def cancel(session: Session, job: Job) -> tuple[list[Effect], EventBuffer]:
 def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
              conversation: Conversation, now, waiting_for: str | None,
              flush: bool = True) -> Job:
-    job = Job(id=uuid.uuid4(), status="queued", conversation_id=conversation.id,
+    job = Job(id=uuid.uuid4(), tenant_id=sub.tenant_id, status="queued",
+              conversation_id=conversation.id,
               user_id=user.id, persona_id=persona.id if persona else None,
               api_key_id=sub.api_key_id, content=sub.content, attachments=[],
               meta=sub.metadata or {}, callback_url=sub.callback_url, on_busy=sub.on_busy,
@@ -193,7 +199,8 @@ def _register_attachments(session: Session, attachments: list[dict[str, Any]], u
                           job_id: uuid.UUID | None, now) -> list[dict[str, Any]]:
     registered = []
     for att in attachments:
-        record = FileRecord(id=uuid.uuid4(), user_id=user.id, job_id=job_id,
+        record = FileRecord(id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
+                            job_id=job_id,
                             filename=att.get("filename") or "file",
                             mime_type=att.get("mime_type"), size_bytes=att.get("size_bytes"),
                             minio_key=att.get("minio_key"), public_url=att.get("url"),

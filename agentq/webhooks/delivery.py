@@ -65,7 +65,7 @@ CONTENT_TYPE = "application/json"
 
 # --- rows ---------------------------------------------------------------------------------
 
-def enqueue_event(session: Session, *, event_type: str, url: str, job_id=None,
+def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job_id=None,
                   batch_id=None, event_id: str | None = None, attempt: int = 1,
                   due: datetime | None = None) -> WebhookDelivery:
     """Add a pending delivery row (in the caller's transaction) and return it; its id is
@@ -82,7 +82,8 @@ def enqueue_event(session: Session, *, event_type: str, url: str, job_id=None,
         raise AgentqError("a webhook event needs a url")
     now = utcnow()
     delivery = WebhookDelivery(
-        id=uuid.uuid4(), event_id=event_id or new_event_id(), event_type=event_type,
+        id=uuid.uuid4(), tenant_id=tenant_id, event_id=event_id or new_event_id(),
+        event_type=event_type,
         job_id=job_id, batch_id=batch_id, url=url, attempt=attempt, status=PENDING,
         created_at=now, next_attempt_at=due or now)
     session.add(delivery)
@@ -93,8 +94,8 @@ def enqueue_job_event(session: Session, job: Job) -> WebhookDelivery | None:
     """The `job.<status>` event of a job that just ended, if it has a callback_url."""
     if not job.callback_url:
         return None
-    delivery = enqueue_event(session, event_type=f"job.{job.status}", url=job.callback_url,
-                             job_id=job.id, due=job.finished_at)
+    delivery = enqueue_event(session, tenant_id=job.tenant_id, event_type=f"job.{job.status}",
+                             url=job.callback_url, job_id=job.id, due=job.finished_at)
     log.info("webhook event created", extra={"delivery_id": str(delivery.id),
                                               "event_id": delivery.event_id,
                                               "event_type": delivery.event_type,
@@ -136,7 +137,8 @@ def redeliver_job_event(session: Session, job: Job) -> WebhookDelivery:
     event_type = f"job.{job.status}"
     previous = [row for row in rows if row.event_type == event_type]
     delivery = enqueue_event(
-        session, event_type=event_type, url=job.callback_url, job_id=job.id,
+        session, tenant_id=job.tenant_id, event_type=event_type, url=job.callback_url,
+        job_id=job.id,
         event_id=previous[-1].event_id if previous else None,
         attempt=max(row.attempt for row in previous) + 1 if previous else 1)
     log.info("webhook redelivery requested", extra={"delivery_id": str(delivery.id),
@@ -362,7 +364,8 @@ def _record(sessions: sessionmaker, claimed: _Claimed, result: _Result,
             else:
                 delivery.status = FAILED
                 retry = enqueue_event(
-                    session, event_type=claimed.event_type, url=claimed.url,
+                    session, tenant_id=delivery.tenant_id, event_type=claimed.event_type,
+                    url=claimed.url,
                     job_id=claimed.job_id, batch_id=claimed.batch_id,
                     event_id=claimed.event_id, attempt=claimed.attempt + 1,
                     due=utcnow() + timedelta(seconds=delay))

@@ -13,6 +13,7 @@ from agentq.db import dispose_engines, session_scope
 from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
                                   resolve_user)
 from agentq.models import Conversation, Persona, User, UserPlatformLink
+from agentq.tenants import DEFAULT_TENANT_ID as T, create_tenant
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -28,8 +29,9 @@ def settings(tmp_path):
 
 
 def _persona(session, name: str, *, platform=None, server=None, default=False,
-             created_at=T0) -> Persona:
-    persona = Persona(id=uuid.uuid4(), name=name, platform=platform,
+             created_at=T0, tenant=None) -> Persona:
+    tenant = tenant or T
+    persona = Persona(id=uuid.uuid4(), tenant_id=tenant, name=name, platform=platform,
                       platform_server_id=server, is_default=default, created_at=created_at)
     session.add(persona)
     session.flush()
@@ -43,7 +45,7 @@ def test_first_contact_creates_a_guest_with_a_link_and_the_guest_budget(settings
     incoming = Incoming("discord", "u-1", "chan-1")
     # when
     with session_scope(settings) as session:
-        user = resolve_user(session, incoming, settings, now=T0)
+        user = resolve_user(session, T, incoming, settings, now=T0)
         user_id = user.id
     # then
     with session_scope(settings) as session:
@@ -61,10 +63,10 @@ def test_second_contact_returns_the_same_user(settings):
     # given a known user
     incoming = Incoming("discord", "u-1", "chan-1")
     with session_scope(settings) as session:
-        first = resolve_user(session, incoming, settings).id
+        first = resolve_user(session, T, incoming, settings).id
     # when the same platform user writes again, from another channel
     with session_scope(settings) as session:
-        second = resolve_user(session, Incoming("discord", "u-1", "chan-2"), settings).id
+        second = resolve_user(session, T, Incoming("discord", "u-1", "chan-2"), settings).id
     # then
     assert second == first
     with session_scope(settings) as session:
@@ -75,8 +77,8 @@ def test_second_contact_returns_the_same_user(settings):
 def test_the_same_id_on_another_platform_is_another_user(settings):
     # given / when
     with session_scope(settings) as session:
-        a = resolve_user(session, Incoming("discord", "u-1", "c"), settings).id
-        b = resolve_user(session, Incoming("slack", "u-1", "c"), settings).id
+        a = resolve_user(session, T, Incoming("discord", "u-1", "c"), settings).id
+        b = resolve_user(session, T, Incoming("slack", "u-1", "c"), settings).id
     # then
     assert a != b
 
@@ -92,7 +94,7 @@ def test_persona_cascade_server_then_platform_then_default_then_none(settings):
 
     def persona_for(incoming):
         with session_scope(settings) as session:
-            found = resolve_persona(session, incoming)
+            found = resolve_persona(session, T, incoming)
             return found.id if found else None
 
     # when / then
@@ -112,16 +114,16 @@ def test_the_oldest_persona_of_a_scope_wins(settings):
         older = _persona(session, "older", platform="discord", created_at=T0).id
     # when
     with session_scope(settings) as session:
-        found = resolve_persona(session, Incoming("discord", "u", "c")).id
+        found = resolve_persona(session, T, Incoming("discord", "u", "c")).id
     # then
     assert found == older
 
 
 # --- conversations --------------------------------------------------------------------
 
-def _conversation(settings, incoming: Incoming):
+def _conversation(settings, incoming: Incoming, tenant=None):
     with session_scope(settings) as session:
-        user = resolve_user(session, incoming, settings)
+        user = resolve_user(session, tenant or T, incoming, settings)
         return resolve_conversation(session, user, incoming, None).id
 
 
@@ -165,9 +167,9 @@ def test_a_conversation_records_its_persona(settings):
     incoming = Incoming("discord", "u-1", "chan-1")
     # when
     with session_scope(settings) as session:
-        user = resolve_user(session, incoming, settings)
+        user = resolve_user(session, T, incoming, settings)
         conversation = resolve_conversation(session, user, incoming,
-                                            resolve_persona(session, incoming))
+                                            resolve_persona(session, T, incoming))
         conversation_id = conversation.id
     # then
     with session_scope(settings) as session:
@@ -182,3 +184,50 @@ def test_two_different_places_never_share_a_conversation(settings):
     first, second = _conversation(settings, a), _conversation(settings, b)
     # then
     assert first != second
+
+
+# --- tenants ----------------------------------------------------------------------------
+
+def _tenant(settings, name: str):
+    with session_scope(settings) as session:
+        return create_tenant(session, name).id
+
+
+def test_the_same_platform_user_under_two_tenants_is_two_users(settings):
+    # given a second tenant
+    other = _tenant(settings, "other")
+    incoming = Incoming("discord", "u-1", "chan-1")
+    # when the same platform user writes under both
+    with session_scope(settings) as session:
+        a = resolve_user(session, T, incoming, settings).id
+        b = resolve_user(session, other, incoming, settings).id
+        again = resolve_user(session, other, incoming, settings).id
+    # then
+    assert a != b == again
+    with session_scope(settings) as session:
+        assert {u.tenant_id for u in session.execute(select(User)).scalars()} == {T, other}
+
+
+def test_the_same_place_under_two_tenants_is_two_conversations(settings):
+    # given a second tenant
+    other = _tenant(settings, "other")
+    place = Incoming("discord", "u-1", "chan-1", "thread-9")
+    # when / then
+    mine = _conversation(settings, place)
+    theirs = _conversation(settings, place, tenant=other)
+    assert mine != theirs
+    assert _conversation(settings, place, tenant=other) == theirs
+    with session_scope(settings) as session:
+        assert session.get(Conversation, theirs).tenant_id == other
+
+
+def test_a_persona_of_another_tenant_is_never_chosen(settings):
+    # given a default persona in another tenant only
+    other = _tenant(settings, "other")
+    with session_scope(settings) as session:
+        theirs = _persona(session, "theirs", platform="discord", default=True,
+                          tenant=other).id
+    # when / then
+    with session_scope(settings) as session:
+        assert resolve_persona(session, T, Incoming("discord", "u", "c")) is None
+        assert resolve_persona(session, other, Incoming("discord", "u", "c")).id == theirs

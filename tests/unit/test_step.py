@@ -462,7 +462,8 @@ def test_a_large_tool_result_does_not_erase_the_question_from_the_next_turn(make
     job_id = h.submit("Summarise my document")
     file_id = uuid.uuid4()
     with h.sessions() as session, session.begin():
-        session.add(FileRecord(id=file_id, user_id=h.job(job_id).user_id, filename="doc.txt",
+        session.add(FileRecord(id=file_id, tenant_id=h.job(job_id).tenant_id,
+                               user_id=h.job(job_id).user_id, filename="doc.txt",
                                content=b"x" * 40_000))
     h.router.replies[0] = calls(("files.read_document", {"file_id": str(file_id)}))
     # when

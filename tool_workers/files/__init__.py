@@ -5,8 +5,10 @@ import re
 import uuid
 from typing import Any
 
+from sqlalchemy import select
+
 from agentq.errors import ToolError
-from agentq.models import FileRecord
+from agentq.models import FileRecord, Job
 from agentq.tools.manifest import ToolContext, define_module
 
 MAX_DOCUMENT_BYTES = 1_000_000
@@ -37,8 +39,10 @@ def create_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     filename = _filename(args["title"], fmt)
     url = f"{ctx.public_url}/v1/files/{file_id}"
     with ctx.session_factory() as session, session.begin():
-        session.add(FileRecord(id=file_id, user_id=uuid.UUID(ctx.user_id),
-                               job_id=uuid.UUID(ctx.job_id), filename=filename,
+        tenant_id = session.execute(select(Job.tenant_id).where(
+            Job.id == uuid.UUID(ctx.job_id))).scalar_one()
+        session.add(FileRecord(id=file_id, tenant_id=tenant_id,
+                               user_id=uuid.UUID(ctx.user_id), job_id=uuid.UUID(ctx.job_id), filename=filename,
                                mime_type=FORMATS[fmt], size_bytes=len(data), content=data,
                                public_url=url))
     return {"file_id": str(file_id), "filename": filename, "url": url,
@@ -54,8 +58,8 @@ def read_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise ToolError("files tools need a database session")
     with ctx.session_factory() as session:
         record = session.get(FileRecord, file_id)
-        if record is None or (record.user_id is not None
-                              and str(record.user_id) != ctx.user_id):
+        # users belong to one tenant: this user's files are in the job's tenant
+        if record is None or record.user_id is None or str(record.user_id) != ctx.user_id:
             raise FileToolError(f"no file {file_id} belongs to this user")
         if record.content is None:
             raise FileToolError(f"file {record.filename} has no stored content "

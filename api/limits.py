@@ -1,0 +1,95 @@
+"""Bad input never becomes a 5xx: limits checked before anything is parsed.
+
+- A body larger than `max_body_bytes` is refused (413) from its Content-Length, unread
+  (Flask's MAX_CONTENT_LENGTH also stops a chunked body that grows past it).
+- JSON (a body, a JSONL line) nested deeper than `max_json_depth` is refused (400) before
+  `json.loads` sees it: the decoder recurses once a level, and Postgres' JSONB and the
+  response encoder have their own limits.
+- A header longer than `max_header_bytes` is refused (431) in the error shape; gunicorn is
+  configured with a larger limit (gunicorn.conf.py) so the app is the one that answers.
+- A query parameter the route does not take (it is not in the route's OpenAPI entry) is
+  refused (400), never ignored.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from flask import Flask, g, request
+
+from agentq.errors import BadJson, HeaderTooLarge, PayloadTooLarge, UnknownQueryParameter
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+_EMPTY_PAIR = re.compile(r'\[\]|\{\}')
+
+
+def check_depth(text: str, limit: int, where: str = "The body") -> None:
+    """Raise BadJson when `text` nests arrays/objects deeper than `limit`.
+
+    Strings are cut out, then innermost empty pairs are removed one level a pass (each
+    pass a C-speed regex): a document within the limit is gone after `limit` passes."""
+    if text.count("[") + text.count("{") <= limit:
+        return
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    for _ in range(limit):
+        reduced = _EMPTY_PAIR.sub("", brackets)
+        if reduced == brackets:
+            break
+        brackets = reduced
+    if not brackets:
+        return
+    if (brackets.count("[") == brackets.count("]")
+            and brackets.count("{") == brackets.count("}")):
+        raise BadJson(f"{where} is nested deeper than {limit} levels of arrays and objects.",
+                      limit=limit)
+    raise BadJson(f"{where} is not JSON: its brackets do not match.")
+
+
+def parse_json(text: str, limit: int, where: str = "The body", **details: Any) -> Any:
+    """JSON from untrusted text: depth first, then the standard decoder."""
+    check_depth(text, limit, where)
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError on bytes
+        message = getattr(exc, "msg", None) or str(exc)
+        raise BadJson(f"{where} is not JSON: {message}.", **details) from None
+    except RecursionError:  # unreachable with a sane limit; never a 500
+        raise BadJson(f"{where} is nested too deep.", limit=limit) from None
+
+
+def request_json() -> Any:
+    """The request body as JSON, within the limits."""
+    return parse_json(request.get_data(as_text=True), g.settings.max_json_depth)
+
+
+def _allowed_query(rule: str, method: str) -> set[str]:
+    from api.openapi import OPERATIONS, PARAMETERS, route_key
+    operation = OPERATIONS.get(route_key("GET" if method == "HEAD" else method, rule), {})
+    allowed = set()
+    for parameter in operation.get("parameters", []):
+        spec = PARAMETERS[parameter] if isinstance(parameter, str) else parameter
+        if spec["in"] == "query":
+            allowed.add(spec["name"])
+    return allowed
+
+
+def check_request() -> None:
+    settings = g.settings
+    for name, value in request.headers.items():
+        if len(value) > settings.max_header_bytes:
+            raise HeaderTooLarge(name, len(value), settings.max_header_bytes)
+    length = request.content_length
+    if length is not None and length > settings.max_body_bytes:
+        raise PayloadTooLarge(length, settings.max_body_bytes)
+    if request.url_rule is not None and request.method != "OPTIONS" and request.args:
+        allowed = _allowed_query(request.url_rule.rule, request.method)
+        unknown = sorted(set(request.args) - allowed)
+        if unknown:
+            raise UnknownQueryParameter(unknown, sorted(allowed))
+
+
+def register(app: Flask, max_body_bytes: int) -> None:
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.before_request(check_request)
