@@ -1,24 +1,17 @@
-"""Integration fixtures: a fresh Postgres database migrated by Alembic, a Redis broker, the
-real API (gunicorn) and real Celery workers on their queues, and a scripted
-OpenAI-compatible server that the real `openai` SDK in the workers talks to.
+"""What integration tests share: the test settings, the HTTP client, `uid`.
 
-Postgres and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Outside CI, when they
-do not, these tests are skipped with a message; under CI=true they fail.
-"""
+The fixtures themselves (`stack`, `client`, `script`, ...) are in tests/conftest.py, so
+that tests/integration and tests/security share one stack per session."""
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
-import pytest
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from tests.support.scripted_llm import ScriptedLLM
-from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,
-                                 drop_database, flush_redis)
+from tests.support.stack import REDIS_URL, Stack
 
 __all__ = ["REDIS_URL", "uid"]
 
@@ -35,45 +28,6 @@ TEST_ENV = {
     "AGENTQ_WEBHOOK_ALLOW_PRIVATE": "1",
     "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0.5,0.5,0.5",
 }
-
-
-@pytest.fixture(scope="session")
-def servers_up():
-    missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379))
-               if not answers("127.0.0.1", port)]
-    if missing:
-        message = f"{' and '.join(missing)} not answering on 127.0.0.1"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message + " (run .ci/run, which starts them)")
-
-
-@pytest.fixture(scope="session")
-def database_url(servers_up):
-    name = f"agentq_it_{os.getpid()}"
-    yield create_database(name)
-    drop_database(name)
-
-
-@pytest.fixture(scope="session")
-def llm():
-    server = ScriptedLLM().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def stack(database_url, llm, tmp_path_factory):
-    """The Procfile's processes, configured for tests (short deadlines, tiny backoffs)."""
-    flush_redis()
-    stack = Stack(database_url, llm.base_url, tmp_path_factory.mktemp("stack"), TEST_ENV)
-    try:
-        stack.start()
-    except StackError as exc:
-        stack.stop()
-        pytest.fail(str(exc))
-    yield stack
-    stack.stop()
 
 
 class Client:
@@ -123,21 +77,3 @@ class Client:
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="session")
-def admin_key(stack) -> str:
-    return stack.create_key("integration", admin=True)
-
-
-@pytest.fixture()
-def client(stack, admin_key) -> Client:
-    return Client(stack, admin_key)
-
-
-@pytest.fixture()
-def script(llm, request):
-    """A fresh script key for this test; the test's LLM calls must all be consumed."""
-    key = uid("s").replace("-", "_")
-    yield lambda replies: llm.script(key, replies)
-    llm.assert_done(key)

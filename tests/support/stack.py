@@ -2,6 +2,7 @@
 Redis broker: used by the integration tests and the benchmarks."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -187,8 +188,17 @@ class Stack:
         return subprocess.run([self.agentq_bin(), *args], cwd=ROOT, env=self.env,
                               capture_output=True, text=True, timeout=60)
 
-    def create_key(self, name: str = "key", admin: bool = True) -> str:
-        result = self.agentq("keys", "create", name, *(["--admin"] if admin else []))
+    def create_key(self, name: str = "key", admin: bool = True,
+                   tenant: str | None = None) -> str:
+        result = self.agentq("keys", "create", name, *(["--admin"] if admin else []),
+                             *(["--tenant", tenant] if tenant else []))
         if result.returncode != 0:
             raise StackError(result.stderr)
         return result.stdout.strip()
+
+    def create_tenant(self, name: str) -> str:
+        """A new tenant (through the CLI); returns its id."""
+        result = self.agentq("tenants", "create", name)
+        if result.returncode != 0:
+            raise StackError(result.stderr)
+        return json.loads(result.stdout)["id"]

@@ -276,12 +276,15 @@ def test_a_batch_event_carries_the_batch_object(settings):
     # given an ended batch with a callback (its event row written as agentq.batches does)
     from agentq import batches
     from agentq.models import Batch
+    from agentq.tenants import DEFAULT_TENANT_ID
     from agentq.webhooks.delivery import enqueue_event
     with session_scope(settings) as session:
-        batch = Batch(id=uuid.uuid4(), status="completed", total=0, callback_url=URL,
-                      meta={"k": "v"}, created_at=utcnow(), finished_at=utcnow())
+        batch = Batch(id=uuid.uuid4(), tenant_id=DEFAULT_TENANT_ID, status="completed",
+                      total=0, callback_url=URL, meta={"k": "v"}, created_at=utcnow(),
+                      finished_at=utcnow())
         session.add(batch)
-        delivery = enqueue_event(session, event_type="batch.completed", url=URL,
+        delivery = enqueue_event(session, tenant_id=batch.tenant_id,
+                                 event_type="batch.completed", url=URL,
                                  batch_id=batch.id, due=batch.finished_at)
         delivery_id, batch_id = str(delivery.id), batch.id
     receiver = Receiver()

@@ -1,0 +1,75 @@
+"""Fixtures for the tests that run the real stack (tests/integration, tests/security): a
+fresh Postgres database migrated by Alembic, a Redis broker, the real API (gunicorn) and
+real Celery workers on their queues, and a scripted OpenAI-compatible server that the real
+`openai` SDK in the workers talks to. One stack serves the whole session.
+
+Postgres and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Outside CI, when they
+do not, these tests are skipped with a message; under CI=true they fail.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.scripted_llm import ScriptedLLM
+from tests.support.stack import (Stack, StackError, answers, create_database,
+                                 drop_database, flush_redis)
+
+
+@pytest.fixture(scope="session")
+def servers_up():
+    missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379))
+               if not answers("127.0.0.1", port)]
+    if missing:
+        message = f"{' and '.join(missing)} not answering on 127.0.0.1"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message + " (run .ci/run, which starts them)")
+
+
+@pytest.fixture(scope="session")
+def database_url(servers_up):
+    name = f"agentq_it_{os.getpid()}"
+    yield create_database(name)
+    drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def llm():
+    server = ScriptedLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(database_url, llm, tmp_path_factory):
+    """The Procfile's processes, configured for tests (short deadlines, tiny backoffs)."""
+    flush_redis()
+    stack = Stack(database_url, llm.base_url, tmp_path_factory.mktemp("stack"), TEST_ENV)
+    try:
+        stack.start()
+    except StackError as exc:
+        stack.stop()
+        pytest.fail(str(exc))
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_key(stack) -> str:
+    return stack.create_key("integration", admin=True)
+
+
+@pytest.fixture()
+def client(stack, admin_key) -> Client:
+    return Client(stack, admin_key)
+
+
+@pytest.fixture()
+def script(llm, request):
+    """A fresh script key for this test; the test's LLM calls must all be consumed."""
+    key = uid("s").replace("-", "_")
+    yield lambda replies: llm.script(key, replies)
+    llm.assert_done(key)

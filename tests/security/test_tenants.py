@@ -1,0 +1,344 @@
+"""Tenants never mix, through the real stack (gunicorn, workers, Postgres, Redis).
+
+Tenant B works normally; a key of tenant A (non-admin, and an admin key of A) then tries
+every route on B's rows and B's places. Each attempt must answer as if B's row were absent
+(404, or a fresh row of A's own) and must change nothing of B's."""
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from agentq.models import (ApiKey, Batch, Conversation, FileRecord, Job, JobInput, Message,
+                           WebhookDelivery)
+from tests.integration.conftest import Client, uid
+from tests.support.scripted_llm import call, text, tool_calls
+
+pytestmark = pytest.mark.integration
+ENDED = ("completed", "failed", "cancelled")
+
+
+def wait_until(predicate, timeout_s=30, every_s=0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture(scope="module")
+def tenants(stack):
+    """Two tenants, each with a non-admin key, and an admin key of A."""
+    a, b = stack.create_tenant(uid("tenant-a")), stack.create_tenant(uid("tenant-b"))
+    return {"a": Client(stack, stack.create_key("a", admin=False, tenant=a)),
+            "a_admin": Client(stack, stack.create_key("a-admin", admin=True, tenant=a)),
+            "b": Client(stack, stack.create_key("b", admin=False, tenant=b)),
+            "a_id": a, "b_id": b}
+
+
+def count(stack, model, *where) -> int:
+    with stack.sessions()() as session:
+        return session.execute(select(func.count()).select_from(model).where(*where)
+                               ).scalar_one()
+
+
+def snapshot(stack, job_id: str) -> dict:
+    """What must not change in B's job when A tries things on it."""
+    ident = uuid.UUID(job_id)
+    with stack.sessions()() as session:
+        job = session.get(Job, ident)
+        return {"status": job.status, "cancel_requested_at": job.cancel_requested_at,
+                "inputs": count(stack, JobInput, JobInput.job_id == ident),
+                "replays": count(stack, Job, Job.replay_of == ident),
+                "deliveries": count(stack, WebhookDelivery, WebhookDelivery.job_id == ident),
+                "conversation_jobs": count(stack, Job,
+                                           Job.conversation_id == job.conversation_id),
+                "messages": count(stack, Message,
+                                  Message.conversation_id == job.conversation_id),
+                "batches": count(stack, Batch)}
+
+
+def assert_absent(response, *secrets: str) -> None:
+    """404 in the error shape, and none of B's other ids in it."""
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+    for secret in secrets:
+        assert secret not in response.text
+
+
+# --- A's message to B's place makes A's own conversation, whatever its on_busy -----------
+
+@pytest.mark.parametrize("on_busy", ["reject", "steer", "interrupt", "queue"])
+def test_a_message_to_another_tenants_busy_place_never_reaches_its_job(
+        stack, tenants, script, on_busy):
+    a, b = tenants["a"], tenants["b"]
+    user, channel = uid("u"), uid("c")
+    b_marker = script([text("B's answer", delay_s=2.0)])
+    b_job = b.submit(f"{b_marker} B's secret question", user=user, channel=channel)
+    wait_until(lambda: b.get(f"/v1/jobs/{b_job['id']}").json()["status"] == "running")
+
+    def never_sees_b(request):
+        assert "B's secret" not in str(request["messages"])
+    a_marker = script([text("A's answer", check=never_sees_b)])
+    # when A writes as the same platform user in the same channel, with each policy
+    response = a.post("/v1/messages", json={
+        "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
+        "content": f"{a_marker} A's question", "on_busy": on_busy})
+    # then A gets a job of its own in a conversation of its own
+    assert response.status_code == 202, response.text
+    a_job = response.json()
+    assert a_job["id"] != b_job["id"] and b_job["id"] not in response.text
+    assert a_job["conversation_id"] != b_job["conversation_id"]
+    assert a.wait(a_job["id"])["response"]["content"] == "A's answer"
+    # and B's job ran untouched: not cancelled, not steered, its history B's alone
+    ended = b.wait(b_job["id"])
+    assert ended["status"] == "completed" and ended["response"]["content"] == "B's answer"
+    types = [e["type"] for e in b.events(b_job["id"])]
+    assert "cancel_requested" not in types and "steering_queued" not in types
+    assert count(stack, JobInput, JobInput.job_id == uuid.UUID(b_job["id"])) == 0
+    history = b.get(f"/v1/conversations/{b_job['conversation_id']}/messages").json()["data"]
+    assert "A's" not in str(history)
+    # the same platform user under two tenants is two users
+    with stack.sessions()() as session:
+        users = {session.get(Job, uuid.UUID(j["id"])).user_id for j in (a_job, b_job)}
+    assert len(users) == 2
+
+
+# --- B's rows, by id, from A's keys ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def b_rows(stack, tenants, llm):
+    """B's ended job (with a file and webhook deliveries), its batch, its conversation."""
+    b = tenants["b"]
+    key = uid("s").replace("-", "_")
+    marker = llm.script(key, [
+        tool_calls(call("files.create_document", {"title": "b-doc", "content": "B only"})),
+        text("B done"),
+        text("B batch line")])
+    job = b.submit(f"{marker} make B's doc", callback_url="http://127.0.0.1:9/hook")
+    assert b.wait(job["id"])["status"] == "completed"
+    wait_until(lambda: count(stack, WebhookDelivery,
+                             WebhookDelivery.job_id == uuid.UUID(job["id"])) >= 1)
+    response = b.post("/v1/batches", json={"requests": [{
+        "platform": "api", "platform_user_id": uid("u"), "platform_channel_id": uid("c"),
+        "content": f"{marker} B's batch line"}]})
+    assert response.status_code == 202, response.text
+    batch = response.json()
+    wait_until(lambda: b.get(f"/v1/batches/{batch['id']}").json()["status"] == "completed")
+    llm.assert_done(key)
+    with stack.sessions()() as session:
+        file_id = session.execute(select(FileRecord.id).where(
+            FileRecord.job_id == uuid.UUID(job["id"]))).scalar_one()
+    return {"job": job["id"], "conversation": job["conversation_id"], "file": str(file_id),
+            "batch": batch["id"], "created_at": job["created_at"]}
+
+
+@pytest.fixture(params=["a", "a_admin"])
+def intruder(request, tenants) -> Client:
+    """A's non-admin key, and A's admin key: neither reaches across tenants."""
+    return tenants[request.param]
+
+
+def test_b_can_read_its_own_rows(tenants, b_rows):
+    b = tenants["b"]
+    for path in (f"/v1/jobs/{b_rows['job']}", f"/v1/jobs/{b_rows['job']}/events",
+                 f"/v1/jobs/{b_rows['job']}/deliveries", f"/v1/files/{b_rows['file']}",
+                 f"/v1/conversations/{b_rows['conversation']}/messages",
+                 f"/v1/batches/{b_rows['batch']}", f"/v1/batches/{b_rows['batch']}/results"):
+        assert b.get(path).status_code == 200, path
+
+
+def test_reads_of_another_tenants_rows_are_404(stack, intruder, b_rows):
+    job, others = b_rows["job"], (b_rows["conversation"], b_rows["file"], b_rows["batch"])
+    before = snapshot(stack, job)
+    for path, params, headers in (
+            (f"/v1/jobs/{job}", {}, {}), (f"/v1/jobs/{job}", {"wait": 1}, {}),
+            (f"/v1/jobs/{job}/events", {}, {}),
+            (f"/v1/jobs/{job}/events", {}, {"Accept": "text/event-stream"}),
+            (f"/v1/jobs/{job}/deliveries", {}, {}), (f"/v1/jobs/{job}/compare", {}, {})):
+        assert_absent(intruder.get(path, params=params, headers=headers), *others)
+    assert_absent(intruder.get(f"/v1/files/{b_rows['file']}"), job)
+    assert_absent(intruder.get(f"/v1/conversations/{b_rows['conversation']}/messages"), job)
+    for path in (f"/v1/batches/{b_rows['batch']}", f"/v1/batches/{b_rows['batch']}/results"):
+        assert_absent(intruder.get(path), job)
+    assert snapshot(stack, job) == before
+
+
+def test_writes_on_another_tenants_rows_are_404_and_change_nothing(stack, intruder, b_rows):
+    job, conversation = b_rows["job"], b_rows["conversation"]
+    before = snapshot(stack, job)
+    with stack.sessions()() as session:
+        batch_row = session.get(Batch, uuid.UUID(b_rows["batch"]))
+        batch_state = (batch_row.status, batch_row.cancel_requested_at)
+    assert_absent(intruder.post(f"/v1/jobs/{job}/cancel"))
+    assert_absent(intruder.post(f"/v1/jobs/{job}/deliveries/redeliver"))
+    assert_absent(intruder.post(f"/v1/jobs/{job}/replay", json={"mode": "recorded"}))
+    assert_absent(intruder.post("/v1/batches/replay",
+                                json={"job_ids": [job], "mode": "recorded"}))
+    assert_absent(intruder.post(f"/v1/batches/{b_rows['batch']}/cancel"))
+    assert_absent(intruder.post("/v1/continue", json={"conversation_id": conversation,
+                                                      "content": "A writes into B"}))
+    # a replay batch by a filter that matches B's job (and no job of A's) matches nothing
+    created = datetime.fromisoformat(b_rows["created_at"])
+    response = intruder.post("/v1/batches/replay", json={"mode": "recorded", "filter": {
+        "since": created.isoformat(),
+        "until": (created + timedelta(milliseconds=1)).isoformat()}})
+    assert response.status_code == 422 and job not in response.text
+    assert snapshot(stack, job) == before
+    with stack.sessions()() as session:
+        batch_row = session.get(Batch, uuid.UUID(b_rows["batch"]))
+        assert (batch_row.status, batch_row.cancel_requested_at) == batch_state
+
+
+def test_cancel_of_another_tenants_running_job_is_404_and_it_runs_on(stack, tenants, script):
+    a, b = tenants["a"], tenants["b"]
+    marker = script([text("still B's", delay_s=1.5)])
+    job = b.submit(f"{marker} long")
+    for intruder in (a, tenants["a_admin"]):
+        assert_absent(intruder.post(f"/v1/jobs/{job['id']}/cancel"))
+        assert_absent(intruder.post(f"/v1/continue", json={
+            "conversation_id": job["conversation_id"], "content": "steer?",
+            "on_busy": "steer"}))
+    ended = b.wait(job["id"])
+    assert ended["status"] == "completed" and ended["response"]["content"] == "still B's"
+    assert count(stack, JobInput, JobInput.job_id == uuid.UUID(job["id"])) == 0
+
+
+def test_a_persona_of_another_tenant_cannot_be_named_in_a_replay(stack, tenants, script):
+    from agentq.models import Persona
+    a = tenants["a"]
+    with stack.sessions()() as session, session.begin():
+        persona = Persona(id=uuid.uuid4(), tenant_id=uuid.UUID(tenants["b_id"]),
+                          name="B's persona", system_prompt="B's secret prompt")
+        session.add(persona)
+    marker = script([text("A's")])
+    job = a.submit(f"{marker} mine")
+    a.wait(job["id"])
+    response = a.post(f"/v1/jobs/{job['id']}/replay",
+                      json={"mode": "live", "persona_id": str(persona.id)})
+    assert_absent(response)
+    assert count(stack, Job, Job.replay_of == uuid.UUID(job["id"])) == 0
+
+
+def test_idempotency_keys_are_per_tenant(stack, tenants, script):
+    a, b = tenants["a"], tenants["b"]
+    marker = script([text("one"), text("two")])
+    body = {"platform": "api", "platform_user_id": uid("u"), "platform_channel_id": uid("c"),
+            "content": f"{marker} same"}
+    first = b.post("/v1/messages", json=body, headers={"Idempotency-Key": "k-1"}).json()
+    second = a.post("/v1/messages", json=body, headers={"Idempotency-Key": "k-1"})
+    assert second.status_code == 202 and second.json()["id"] != first["id"]
+    b.wait(first["id"]), a.wait(second.json()["id"])
+
+
+# --- admin ------------------------------------------------------------------------------
+
+def test_admin_routes_need_an_admin_key(tenants):
+    a = tenants["a"]
+    for method, path, body in (("get", "/v1/admin/tenants", None),
+                               ("post", "/v1/admin/tenants", {"name": uid("t")}),
+                               ("get", "/v1/admin/keys", None),
+                               ("post", "/v1/admin/keys", {"name": "x",
+                                                           "tenant_id": tenants["b_id"]}),
+                               ("post", f"/v1/admin/keys/{uuid.uuid4()}/revoke", None)):
+        response = getattr(a, method)(path, json=body) if body else getattr(a, method)(path)
+        assert response.status_code == 403, (path, response.text)
+        assert response.json()["error"]["code"] == "forbidden"
+
+
+def test_an_admin_makes_a_tenant_and_a_key_that_works_then_revokes_it(stack, client, script):
+    # given the default tenant's admin key (`client`)
+    response = client.post("/v1/admin/tenants", json={"name": uid("t")})
+    assert response.status_code == 201, response.text
+    tenant = response.json()
+    assert client.post("/v1/admin/tenants", json={"name": tenant["name"]}).status_code == 409
+    assert tenant["id"] in {t["id"] for t in client.get("/v1/admin/tenants").json()["data"]}
+    # when it makes a key of that tenant
+    response = client.post("/v1/admin/keys", json={"name": "new", "tenant_id": tenant["id"]})
+    assert response.status_code == 201, response.text
+    made = response.json()
+    assert made["tenant_id"] == tenant["id"] and made["admin"] is False
+    listed = {k["id"]: k for k in client.get("/v1/admin/keys").json()["data"]}
+    assert "key" not in listed[made["id"]] and made["key"] not in str(listed)
+    # then the key works, in its tenant
+    new = Client(stack, made["key"])
+    marker = script([text("hello")])
+    job = new.submit(f"{marker} hi")
+    with stack.sessions()() as session:
+        assert str(session.get(Job, uuid.UUID(job["id"])).tenant_id) == tenant["id"]
+    new.wait(job["id"])
+    assert client.get(f"/v1/jobs/{job['id']}").status_code == 404  # another tenant's job
+    # and once revoked it does not
+    assert client.post(f"/v1/admin/keys/{made['id']}/revoke").status_code == 200
+    assert new.get(f"/v1/jobs/{job['id']}").status_code == 401
+    assert client.post("/v1/admin/keys", json={"name": "x", "tenant_id": str(uuid.uuid4())}
+                       ).status_code == 422
+
+
+def test_keys_made_without_a_tenant_are_the_default_tenants(stack):
+    key = stack.create_key("plain", admin=False)
+    from agentq.keys import lookup
+    from agentq.tenants import DEFAULT_TENANT_ID
+    with stack.sessions()() as session:
+        assert lookup(session, key).tenant_id == DEFAULT_TENANT_ID
+        assert count(stack, ApiKey, ApiKey.tenant_id.is_(None)) == 0
+
+
+# --- the migration ------------------------------------------------------------------------
+
+def test_the_migration_puts_existing_rows_and_keys_in_the_default_tenant(servers_up):
+    import os
+
+    from sqlalchemy import create_engine, text as sql
+
+    from agentq import migrate
+    from agentq.config import Settings
+    from agentq.db import session_scope
+    from agentq.keys import hash_key, lookup
+    from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
+    from agentq.tenants import DEFAULT_TENANT_ID
+    from tests.support.stack import create_empty_database, drop_database
+    name = f"agentq_tenants_{os.getpid()}"
+    url = create_empty_database(name).replace("postgresql://", "postgresql+psycopg2://", 1)
+    try:
+        settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
+        migrate.upgrade(settings, "0002_clients_batches_replay")
+        # given a key, a user and a conversation written before tenants existed
+        engine = create_engine(settings.database_url)
+        user_id, conversation_id = uuid.uuid4(), uuid.uuid4()
+        with engine.begin() as conn:
+            conn.execute(sql("INSERT INTO api_keys (id, name, key_hash, prefix, is_admin, "
+                             "created_at) VALUES (:id, 'old', :h, 'aq_old', false, now())"),
+                         {"id": uuid.uuid4(), "h": hash_key("aq_old-key")})
+            conn.execute(sql("INSERT INTO users (id, permission_level, "
+                             "tokens_used_this_month, budget_reset_at, created_at) VALUES "
+                             "(:id, 'user', 0, now(), now())"), {"id": user_id})
+            conn.execute(sql("INSERT INTO user_platform_links (id, user_id, platform, "
+                             "platform_user_id, created_at) VALUES (:id, :u, 'api', 'old-u', "
+                             "now())"), {"id": uuid.uuid4(), "u": user_id})
+            conn.execute(sql("INSERT INTO conversations (id, user_id, platform, "
+                             "platform_channel_id, scope_key, message_seq, started_at, "
+                             "last_active_at, is_summarized) VALUES (:id, :u, 'api', 'old-c', "
+                             "'[\"api\",\"old-c\",null]', 0, now(), now(), false)"),
+                         {"id": conversation_id, "u": user_id})
+        engine.dispose()
+        # when
+        migrate.upgrade(settings)
+        # then the key works, in the default tenant, and the old place is the same
+        # conversation of the same user
+        with session_scope(settings) as session:
+            assert lookup(session, "aq_old-key").tenant_id == DEFAULT_TENANT_ID
+            incoming = Incoming("api", "old-u", "old-c")
+            user = resolve_user(session, DEFAULT_TENANT_ID, incoming, settings)
+            assert user.id == user_id
+            assert resolve_conversation(session, user, incoming, None).id == conversation_id
+        migrate.downgrade(settings, "0002_clients_batches_replay")
+        from agentq.db import dispose_engines
+        dispose_engines()
+    finally:
+        drop_database(name)
