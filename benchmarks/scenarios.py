@@ -336,12 +336,13 @@ def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
     from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
                                       resolve_user)
     from agentq.models import Conversation, Message
+    from agentq.tenants import DEFAULT_TENANT_ID  # the bench key's tenant
     settings = lab.settings()
     incoming = Incoming("api", user, channel)
     with session_scope(settings) as session:
-        user_row = resolve_user(session, incoming, settings)
-        conversation = resolve_conversation(session, user_row, incoming,
-                                            resolve_persona(session, incoming))
+        user_row = resolve_user(session, DEFAULT_TENANT_ID, incoming, settings)
+        conversation = resolve_conversation(
+            session, user_row, incoming, resolve_persona(session, DEFAULT_TENANT_ID, incoming))
         if count <= 0:
             return
         last = session.execute(

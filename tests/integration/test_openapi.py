@@ -24,7 +24,7 @@ from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration
 
-SCHEMATHESIS_MAX_EXAMPLES = int(os.environ.get("AGENTQ_ST_MAX_EXAMPLES", "20"))
+SCHEMATHESIS_MAX_EXAMPLES = int(os.environ.get("AGENTQ_ST_MAX_EXAMPLES", "60"))
 SCHEMATHESIS_SEED = os.environ.get("AGENTQ_ST_SEED", "1")
 SCHEMATHESIS_TIMEOUT_S = 240
 # Checks that judge the API's answers. Left out: `negative_data_rejection` and
