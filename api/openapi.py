@@ -421,7 +421,9 @@ def build_spec(app: Flask) -> dict[str, Any]:
     plugin.map_to_openapi_type(fields.Url, "string", "uri")
     spec.components.security_scheme("bearerAuth", {
         "type": "http", "scheme": "bearer",
-        "description": "An API key from `agentq keys create NAME [--admin]`."})
+        "description": "An API key from `agentq keys create NAME [--tenant T] [--admin]` "
+                       "or `POST /v1/admin/keys`. A key acts in its tenant only; admin keys "
+                       "may also use the /v1/admin/ routes, across tenants."})
     for name, schema in SCHEMAS.items():
         spec.components.schema(name, schema=schema)
     selected = [(m, r, OPERATIONS[route_key(m, r)]) for m, r in routes]

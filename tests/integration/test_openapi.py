@@ -121,6 +121,15 @@ def test_the_spec_says_what_api_md_says(spec):
     assert "503" in paths["/health/ready"]["get"]["responses"]
     assert paths["/health"]["get"]["security"] == []
     assert spec["security"] == [{"bearerAuth": []}]
+    for path, method, status in (("/v1/admin/tenants", "post", "201"),
+                                 ("/v1/admin/tenants", "get", "200"),
+                                 ("/v1/admin/keys", "post", "201"),
+                                 ("/v1/admin/keys", "get", "200"),
+                                 ("/v1/admin/keys/{key_id}/revoke", "post", "200")):
+        assert {status, "403"} <= set(paths[path][method]["responses"]), path
+    assert "413" in submit["responses"] and "400" in submit["responses"]
+    assert "key" in spec["components"]["schemas"]["NewApiKey"]["required"]
+    assert "key" not in spec["components"]["schemas"]["ApiKey"]["properties"]
     job = spec["components"]["schemas"]["Job"]
     assert set(job["required"]) == {
         "id", "status", "finish_reason", "conversation_id", "created_at", "started_at",
@@ -203,4 +212,6 @@ def test_schemathesis_finds_no_server_error_and_no_response_off_the_spec(
         f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-20000:]}\n"
         f"{run.stderr[-5000:]}\nserver errors in web.log:\n{_server_errors(stack, log_start)}")
     assert cases.get("generated", 0) > 100
+    assert http.get(f"{stack.base}/v1/jobs/{seed['id']}", timeout=10).status_code == 200, \
+        "the run revoked its own key"
     assert live == 0, f"{live} schemathesis jobs still live a minute after the run"

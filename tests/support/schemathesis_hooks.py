@@ -12,7 +12,10 @@ and where they reach:
 - `wait` is cut to MAX_WAIT_S seconds (the schema allows 60: a minute per request whenever a
   generated job queues behind others in the one conversation schemathesis' ids all share);
 - an Idempotency-Key is made unique per body (schemathesis reuses "0" with many bodies,
-  which the API rightly answers 422, hiding everything else the operation does).
+  which the API rightly answers 422, hiding everything else the operation does);
+- a key revoke reaches only keys this run made (schemathesis reuses ids it read from
+  GET /v1/admin/keys, and would revoke the other tests' keys, or its own); any other id is
+  replaced by a fresh one, a 404.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import uuid
 from typing import Any
 
 import schemathesis
@@ -29,6 +33,8 @@ MAX_BATCH = 3
 MAX_WAIT_S = 2
 MAX_KEY = 255
 _HTTP = re.compile(r"(?i)^https?://")
+REVOKE = "/v1/admin/keys/{key_id}/revoke"
+_made_keys: set[str] = set()
 
 
 def _pin_callbacks(value: Any) -> None:
@@ -64,9 +70,22 @@ def before_call(ctx, case, **kwargs):
         if isinstance(body.get("filter"), dict):
             since, _, until = os.environ.get("AGENTQ_ST_REPLAY_WINDOW", "").partition(",")
             body["filter"]["since"], body["filter"]["until"] = since, until
+    if method == "POST" and path == REVOKE and isinstance(case.path_parameters, dict):
+        if case.path_parameters.get("key_id") not in _made_keys:
+            case.path_parameters["key_id"] = str(uuid.uuid4())
     headers = case.headers
     key = headers.get("Idempotency-Key") if isinstance(headers, dict) else None
     if isinstance(key, str) and key.strip() and len(key) <= MAX_KEY:
         digest = hashlib.sha1(json.dumps(body, sort_keys=True, default=str)
                               .encode("utf-8", "surrogatepass")).hexdigest()[:16]
         headers["Idempotency-Key"] = key[:MAX_KEY - 17] + "-" + digest
+
+
+@schemathesis.hook
+def after_call(ctx, case, response):
+    if (case.method.upper() == "POST" and case.operation.path == "/v1/admin/keys"
+            and response.status_code == 201):
+        try:
+            _made_keys.add(response.json()["id"])
+        except (ValueError, KeyError, TypeError):
+            pass
