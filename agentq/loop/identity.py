@@ -124,7 +124,8 @@ def resolve_conversation(session: Session, user: User, incoming: Incoming,
 
     def create() -> Conversation:
         conversation = Conversation(
-            id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id, persona_id=persona.id if persona else None,
+            id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
+            persona_id=persona.id if persona else None,
             platform=incoming.platform, platform_channel_id=incoming.platform_channel_id,
             platform_thread_id=incoming.platform_thread_id, scope_key=key, message_seq=0,
             started_at=now, last_active_at=now, is_summarized=False)

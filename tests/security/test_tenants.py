@@ -5,6 +5,7 @@ every route on B's rows and B's places. Each attempt must answer as if B's row w
 (404, or a fresh row of A's own) and must change nothing of B's."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -122,8 +123,11 @@ def b_rows(stack, tenants, llm):
         text("B batch line")])
     job = b.submit(f"{marker} make B's doc", callback_url="http://127.0.0.1:9/hook")
     assert b.wait(job["id"])["status"] == "completed"
+    # the callback never answers: wait until its retries are used up (the attempts stop
+    # changing), so that any later delivery row is one an intruder made
     wait_until(lambda: count(stack, WebhookDelivery,
-                             WebhookDelivery.job_id == uuid.UUID(job["id"])) >= 1)
+                             WebhookDelivery.job_id == uuid.UUID(job["id"]),
+                             WebhookDelivery.status == "gave_up") == 1, timeout_s=60)
     response = b.post("/v1/batches", json={"requests": [{
         "platform": "api", "platform_user_id": uid("u"), "platform_channel_id": uid("c"),
         "content": f"{marker} B's batch line"}]})
@@ -287,6 +291,17 @@ def test_keys_made_without_a_tenant_are_the_default_tenants(stack):
     with stack.sessions()() as session:
         assert lookup(session, key).tenant_id == DEFAULT_TENANT_ID
         assert count(stack, ApiKey, ApiKey.tenant_id.is_(None)) == 0
+
+
+def test_the_cli_lists_tenants_and_refuses_a_key_of_an_unknown_tenant(stack, tenants):
+    listed = [json.loads(line) for line in stack.agentq("tenants", "list").stdout.splitlines()]
+    names = {t["name"] for t in listed}
+    assert "default" in names and {tenants["a_id"], tenants["b_id"]} <= {t["id"] for t in listed}
+    refused = stack.agentq("keys", "create", "x", "--tenant", "no-such-tenant")
+    assert refused.returncode != 0 and "No tenant" in refused.stderr
+    assert refused.stdout.strip() == ""
+    taken = stack.agentq("tenants", "create", "default")
+    assert taken.returncode != 0 and "exists already" in taken.stderr
 
 
 # --- the migration ------------------------------------------------------------------------

@@ -6,12 +6,15 @@ import uuid
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from agentq.errors import ToolError
 from agentq.models import FileRecord, Job
 from agentq.tools.manifest import ToolContext, define_module
 
 MAX_DOCUMENT_BYTES = 1_000_000
+FILE_ID_NAMESPACE = uuid.UUID("5b0f3e2a-9c1d-4f57-8a43-2f1d7c6e0b19")
+"""A document's id is uuid5(this, tool_use_id): one file per tool call."""
 READ_MAX_CHARS = 100_000
 FORMATS = {"md": "text/markdown", "txt": "text/plain", "json": "application/json",
            "csv": "text/csv", "html": "text/html"}
@@ -35,16 +38,22 @@ def create_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise FileToolError(f"document is {len(data)} bytes; the limit is {MAX_DOCUMENT_BYTES}")
     if ctx.session_factory is None:
         raise ToolError("files tools need a database session")
-    file_id = uuid.uuid4()
+    # at-least-once: a re-run of the same call (same tool_use_id) writes the same file once
+    file_id = uuid.uuid5(FILE_ID_NAMESPACE, ctx.tool_use_id)
     filename = _filename(args["title"], fmt)
     url = f"{ctx.public_url}/v1/files/{file_id}"
-    with ctx.session_factory() as session, session.begin():
-        tenant_id = session.execute(select(Job.tenant_id).where(
-            Job.id == uuid.UUID(ctx.job_id))).scalar_one()
-        session.add(FileRecord(id=file_id, tenant_id=tenant_id,
-                               user_id=uuid.UUID(ctx.user_id), job_id=uuid.UUID(ctx.job_id), filename=filename,
-                               mime_type=FORMATS[fmt], size_bytes=len(data), content=data,
-                               public_url=url))
+    try:
+        with ctx.session_factory() as session, session.begin():
+            if session.get(FileRecord, file_id) is None:
+                tenant_id = session.execute(select(Job.tenant_id).where(
+                    Job.id == uuid.UUID(ctx.job_id))).scalar_one()
+                session.add(FileRecord(id=file_id, tenant_id=tenant_id,
+                                       user_id=uuid.UUID(ctx.user_id),
+                                       job_id=uuid.UUID(ctx.job_id), filename=filename,
+                                       mime_type=FORMATS[fmt], size_bytes=len(data),
+                                       content=data, public_url=url))
+    except IntegrityError:
+        pass  # a concurrent run of this call wrote it
     return {"file_id": str(file_id), "filename": filename, "url": url,
             "size_bytes": len(data)}
 
