@@ -16,7 +16,9 @@ MAX_TIMEOUT_S = 60
 WALL_GRACE_S = 2
 """Wall clock beyond the CPU limit, for start-up and for code that waits on I/O."""
 MEMORY_MB = 256
-MAX_OUTPUT_CHARS = 8000
+MAX_OUTPUT_CHARS = 3000
+"""Each of stdout and stderr: both, with the rest of the result, fit the default
+AGENTQ_TOOL_RESULT_MAX_CHARS (8000), so the model reads output cut once, here."""
 MAX_CODE_CHARS = 20_000
 TOOL_TIME_LIMIT_S = MAX_TIMEOUT_S + WALL_GRACE_S + 5
 """Above the longest sandbox wall clock (62 s) plus clean-up, so that a timeout reaches the
