@@ -58,9 +58,9 @@ FIT_ROUNDS = 50
 
 
 def fit_json(value: Any, max_chars: int) -> str:
-    """`value` as JSON text of at most about `max_chars` characters, always valid JSON: the
-    longest string is cut (with a marker) until it fits; if many small values still do not,
-    a JSON object holding a cut preview of the text."""
+    """`value` as JSON text of at most `max_chars` characters, always valid JSON: the string
+    taking the most room is cut (with a marker) until it fits; if many small values still do
+    not, a JSON object holding a cut preview of the text."""
     text = json.dumps(value, ensure_ascii=False)
     for _ in range(FIT_ROUNDS):
         excess = len(text) - max_chars
@@ -69,16 +69,33 @@ def fit_json(value: Any, max_chars: int) -> str:
         path, longest = _longest_string(value, ())
         if path is None or len(longest) <= 32:
             break
-        keep = max(16, len(longest) - excess - 40)
-        value = _replace(value, path, truncate(longest, keep))
+        room = _json_len(longest) - excess
+        value = _replace(value, path, _cut_to(longest, room))
         text = json.dumps(value, ensure_ascii=False)
-    if len(text) <= max_chars:
-        return text
-    return json.dumps({"truncated": True,
-                       "preview": text[:max(0, max_chars - 40)]}, ensure_ascii=False)
+    preview = _cut_to(text, max_chars - len('{"truncated": true, "preview": }'))
+    return json.dumps({"truncated": True, "preview": preview}, ensure_ascii=False)
+
+
+def _cut_to(text: str, room: int) -> str:
+    """The longest cut of `text` (with its marker) whose JSON takes at most `room` chars."""
+    def cut(n: int) -> str:
+        return truncate(text, n) if n < len(text) else text
+    low, high = 0, len(text)
+    while low < high:  # the largest n with _json_len(cut(n)) <= room
+        mid = (low + high + 1) // 2
+        if _json_len(cut(mid)) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return cut(low)
+
+
+def _json_len(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False))
 
 
 def _longest_string(value: Any, path: tuple) -> tuple[tuple | None, str]:
+    """The string taking the most room in `value`'s JSON, and where it is."""
     if isinstance(value, str):
         return path, value
     items = (value.items() if isinstance(value, dict)
@@ -86,7 +103,7 @@ def _longest_string(value: Any, path: tuple) -> tuple[tuple | None, str]:
     best: tuple[tuple | None, str] = (None, "")
     for key, item in items:
         found = _longest_string(item, path + (key,))
-        if found[0] is not None and len(found[1]) > len(best[1]):
+        if found[0] is not None and _json_len(found[1]) > _json_len(best[1]):
             best = found
     return best
 
