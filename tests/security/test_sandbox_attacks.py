@@ -21,7 +21,7 @@ import pytest
 from agentq.loop.context import render_tool_result
 from agentq.tools import sandbox
 from agentq.tools.sandbox import run_python
-from tests.security.attacks import pg_insert_admin_key
+from tests.security.attacks import pg_write
 from tool_workers.code import MODULE as CODE_MODULE
 
 LIMITS = dict(cpu_s=5, memory_mb=256, wall_s=60, max_output_chars=4000)
@@ -143,9 +143,10 @@ def test_udp_to_a_host_listener_never_arrives():
             listener.recv(100)
 
 
-def test_postgres_admin_key_cannot_be_minted_over_any_socket():
-    result = run(pg_insert_admin_key(PG_SOCKET, None, "postgres", "evil") + "\n"
-                 + pg_insert_admin_key(None, "127.0.0.1", "postgres", "evil"))
+def test_postgres_cannot_be_written_over_any_socket():
+    table = f"sandbox_escape_{uuid.uuid4().hex[:8]}"
+    result = run(pg_write(PG_SOCKET, None, "postgres", table) + "\n"
+                 + pg_write(None, "127.0.0.1", "postgres", table))
     lines = result["stdout"].splitlines()
     assert len(lines) == 2 and all(line.startswith("blocked:") for line in lines), lines
 
