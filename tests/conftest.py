@@ -19,19 +19,19 @@ def scratch_dir():
 
 SHARED_STACK_FIXTURES = ("llm", "stack", "admin_key")
 """The integration stack's session fixtures that tests/security reuses when they exist."""
+INTEGRATION_DIR = Path(__file__).parent / "integration"
 made_by_integration = pytest.StashKey[dict]()
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    """Remember the integration stack's fixtures while they live (see SHARED_STACK_FIXTURES):
-    a second stack would share the test Redis database as its broker with the first."""
-    value = yield
-    if fixturedef.argname in SHARED_STACK_FIXTURES and fixturedef.baseid == "tests/integration":
-        request.config.stash.setdefault(made_by_integration, {})[fixturedef.argname] = value
-    return value
-
-
-def pytest_fixture_post_finalizer(fixturedef, request):
-    if fixturedef.argname in SHARED_STACK_FIXTURES and fixturedef.baseid == "tests/integration":
-        request.config.stash.get(made_by_integration, {}).pop(fixturedef.argname, None)
+def pytest_runtest_setup(item):
+    """Remember the integration stack's session fixtures once a test there has them (see
+    SHARED_STACK_FIXTURES): a second stack would share the test Redis database as its broker
+    with the first, and take its tasks. They live until the session ends."""
+    result = yield
+    if INTEGRATION_DIR in item.path.parents:
+        funcargs = getattr(item, "funcargs", {})
+        shared = item.config.stash.setdefault(made_by_integration, {})
+        shared.update({name: funcargs[name] for name in SHARED_STACK_FIXTURES
+                       if name in funcargs})
+    return result
