@@ -1,4 +1,5 @@
-"""GET /health (alive) and GET /health/ready (the database and the broker answer)."""
+"""GET /health (alive) and GET /health/ready (the database and the broker answer, and the
+code sandbox can run code on this machine: `sandbox` in `down` otherwise)."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,7 @@ from flask import Blueprint, g, jsonify
 from sqlalchemy import text
 
 from agentq.db import engine_for
+from agentq.tools import sandbox
 
 log = logging.getLogger(__name__)
 bp = Blueprint("health", __name__)
@@ -33,11 +35,14 @@ def ready():
                 conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
         except Exception as exc:
             down["broker"] = type(exc).__name__
+    sandbox_problem = sandbox.problem()
+    if sandbox_problem:
+        down["sandbox"] = sandbox_problem
     if down:
         response = jsonify({"status": "unavailable", "down": sorted(down),
                             "error": {"code": "not_ready",
                                       "message": "Not ready: " + ", ".join(sorted(down))
-                                                 + " not answering.",
+                                                 + " not available.",
                                       "details": down}})
         response.status_code = 503
         return response

@@ -269,10 +269,11 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "health", "summary": "Alive", "tags": ["health"], "security": [],
         "responses": {"200": _json("Health", "`{\"status\": \"ok\"}`.")}},
     ("GET", "/health/ready"): {
-        "operationId": "ready", "summary": "Ready: the database and broker answer",
+        "operationId": "ready", "summary": "Ready: the database and broker answer, the code sandbox works",
         "tags": ["health"], "security": [],
         "responses": {"200": _json("Health", "Ready."),
-                      "503": _json("NotReady", "Not ready; `down` names what is down.")}},
+                      "503": _json("NotReady", "Not ready; `down` names what is down "
+                                          "(`database`, `broker`, `sandbox`).")}},
     ("GET", "/openapi.json"): {
         "operationId": "openapi", "summary": "This document", "tags": ["meta"],
         "security": [],

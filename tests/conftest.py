@@ -9,6 +9,9 @@ do not, these tests are skipped with a message; under CI=true they fail.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +76,12 @@ def script(llm, request):
     key = uid("s").replace("-", "_")
     yield lambda replies: llm.script(key, replies)
     llm.assert_done(key)
+
+
+@pytest.fixture
+def scratch_dir():
+    """A scratch directory the sandbox's unprivileged uid can reach (pytest's tmp_path lives
+    under a root-only directory when the tests run as root)."""
+    path = Path(tempfile.mkdtemp(prefix="agentq-test-scratch-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -43,14 +43,80 @@ def truncate(text: str, max_chars: int) -> str:
 
 
 def render_tool_result(record: dict[str, Any], max_chars: int) -> str:
-    """What the model reads for one tool result: JSON, errors included (seed 004)."""
+    """What the model reads for one tool result: JSON, errors included (seed 004). A JSON
+    result longer than `max_chars` stays valid JSON: its longest strings are cut instead."""
     if record.get("ok"):
         body = record.get("result")
-        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        if isinstance(body, str):
+            return truncate(body, max_chars)
     else:
-        text = json.dumps({"error": record.get("error") or {"message": "unknown error"}},
-                          ensure_ascii=False)
-    return truncate(text, max_chars)
+        body = {"error": record.get("error") or {"message": "unknown error"}}
+    return fit_json(body, max_chars)
+
+
+FIT_ROUNDS = 50
+
+
+def fit_json(value: Any, max_chars: int) -> str:
+    """`value` as JSON text of at most `max_chars` characters, always valid JSON: the string
+    taking the most room is cut (with a marker) until it fits; if many small values still do
+    not, a JSON object holding a cut preview of the text."""
+    text = json.dumps(value, ensure_ascii=False)
+    for _ in range(FIT_ROUNDS):
+        excess = len(text) - max_chars
+        if excess <= 0:
+            return text
+        path, longest = _longest_string(value, ())
+        if path is None or len(longest) <= 32:
+            break
+        room = _json_len(longest) - excess
+        value = _replace(value, path, _cut_to(longest, room))
+        text = json.dumps(value, ensure_ascii=False)
+    preview = _cut_to(text, max_chars - len('{"truncated": true, "preview": }'))
+    return json.dumps({"truncated": True, "preview": preview}, ensure_ascii=False)
+
+
+def _cut_to(text: str, room: int) -> str:
+    """The longest cut of `text` (with its marker) whose JSON takes at most `room` chars."""
+    def cut(n: int) -> str:
+        return truncate(text, n) if n < len(text) else text
+    low, high = 0, len(text)
+    while low < high:  # the largest n with _json_len(cut(n)) <= room
+        mid = (low + high + 1) // 2
+        if _json_len(cut(mid)) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return cut(low)
+
+
+def _json_len(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False))
+
+
+def _longest_string(value: Any, path: tuple) -> tuple[tuple | None, str]:
+    """The string taking the most room in `value`'s JSON, and where it is."""
+    if isinstance(value, str):
+        return path, value
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list) else ())
+    best: tuple[tuple | None, str] = (None, "")
+    for key, item in items:
+        found = _longest_string(item, path + (key,))
+        if found[0] is not None and _json_len(found[1]) > _json_len(best[1]):
+            best = found
+    return best
+
+
+def _replace(value: Any, path: tuple, new: str) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: _replace(value[head], rest, new)}
+    copy = list(value)
+    copy[head] = _replace(copy[head], rest, new)
+    return copy
 
 
 def window(newest_first: Iterable[StoredMessage], max_tokens: int,

@@ -1,38 +1,44 @@
-"""Run untrusted Python in a resource-limited child process without network access.
+"""Run untrusted Python in a bubblewrap sandbox, under an unprivileged uid, without network.
 
 `run_python(code, cpu_s=..., memory_mb=..., wall_s=..., max_output_chars=...)` returns
-`{"stdout", "stderr", "exit_code", "timed_out", "cpu_limited", "duration_s", "truncated"}`.
-A timeout or a nonzero exit is a normal result (the model reads it); only a sandbox that
-cannot be set up raises (`SandboxUnavailable`).
+`{"stdout", "stderr", "exit_code", "exit_signal", "timed_out", "cpu_limited",
+"memory_limited", "duration_s", "truncated"}`. A timeout or a nonzero exit is a normal result
+(the model reads it); a sandbox that cannot be set up raises `SandboxUnavailable` and the
+code is NOT run -- there is no unsandboxed fallback. `problem()` says why the sandbox cannot
+be set up here (None when it can); `/health/ready` reports it.
 
-How the child is started: we exec `python -I -S -B -c BOOTSTRAP` (a small stdlib-only
-program, below) which applies the limits and namespaces to itself and then execs the user's
-code in a fresh `python -I -S -B`. No `preexec_fn`: the registry runs tools in a helper
-thread, and code run between fork and exec in a multithreaded process can deadlock on a lock
-another thread held at fork time. Exec'ing a helper is safe from any thread and costs one
-extra interpreter start-up (~20 ms).
+The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without setuid:
+  * when the worker is root, `bwrap` is started as AGENTQ_SANDBOX_UID/GID (default
+    65534/65534, nobody/nogroup) with no supplementary groups, so the kernel checks every
+    file access as that uid (an unprivileged worker runs it as itself). bwrap then builds
+    a user namespace (uid kept), and new pid, network, ipc, uts and cgroup namespaces, and
+    forbids nested user namespaces (`--disable-userns`): unshare/setns/mount fail;
+  * the file system is a fresh tmpfs root holding only /usr (read-only: the Python runtime
+    and its standard library; /bin, /lib, /lib64 are the usual symlinks into it), a fresh
+    /proc of the sandbox's pid namespace, bwrap's minimal /dev (null, zero, full, random,
+    urandom, tty), a private /tmp, and the run's own scratch directory (writable, at its
+    host path, the cwd). No /etc, /run, /var, /root, /home, project or database files, no
+    other run's scratch;
+  * the network namespace holds only a loopback interface: TCP and UDP reach nothing;
+    abstract Unix sockets are per network namespace; no socket file of the host is mounted;
+  * inside, a small stdlib-only supervisor (SUPERVISOR, below) sets the resource limits --
+    RLIMIT_CPU (SIGXCPU at cpu_s, SIGKILL a second later), RLIMIT_AS, RLIMIT_FSIZE,
+    RLIMIT_NOFILE, RLIMIT_CORE 0 and RLIMIT_NPROC -- forks and execs the user's code in a
+    fresh `python -I -S -B`, waits for it and reports on a status pipe how it ended (exit
+    code or signal, CPU seconds, an uncaught MemoryError). The kernel counts RLIMIT_NPROC
+    per (uid, user namespace), and every run has its own user namespace, so the process cap
+    holds per run, for any worker uid, with concurrent runs under the same uid;
+  * bwrap's pid 1 reaps, and when bwrap goes (`--die-with-parent`, or killed by us at the
+    wall deadline) the pid namespace and every process left in it die with it;
+  * a new session, an empty stdin, an environment of PATH/HOME/TMPDIR/LANG/LC_ALL only;
+  * stdout/stderr are read as they come; beyond the cap the bytes are read and discarded,
+    so a chatty child cannot fill our memory or block on a full pipe. Output is cut once,
+    here; the tool result stays valid JSON.
 
-What the child gets:
-  * resource limits: RLIMIT_CPU (SIGXCPU and SIGKILL at cpu_s, whole seconds), RLIMIT_AS
-    (memory_mb), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE 0 and RLIMIT_NPROC (the kernel
-    does not apply RLIMIT_NPROC to uid 0, even inside a user namespace: run the slow worker
-    as an unprivileged user to bound fork bombs; the wall clock still ends them);
-  * namespaces, the first set `unshare` accepts: user+net+pid+mnt+ipc (the user namespace
-    drops every capability the worker has), then net+pid+mnt+ipc (root without user
-    namespaces), then user+net, then net. In the mount namespace every mount is remounted
-    read-only except the scratch directory, and a fresh /proc shows only the sandbox. In the
-    pid namespace the user's code is pid 1, so when it exits or is killed the kernel kills
-    every process it left behind, including ones that called setsid() (as pid 1 it also
-    ignores signals it sends itself without a handler). Without a pid namespace, leftovers
-    are found by their network namespace and killed;
-  * if no network namespace can be created the code is NOT run (SandboxUnavailable), unless
-    AGENTQ_SANDBOX_ALLOW_NETWORK=1 is set (meant for development machines only);
-  * a new session (its own process group, killed as a whole on timeout), an empty stdin, an
-    environment of PATH/HOME/TMPDIR/LANG only (no secret of ours is inherited), the scratch
-    directory as cwd (a fresh temporary one, removed afterwards, unless scratch_dir is given),
-    PR_SET_NO_NEW_PRIVS, and PR_SET_PDEATHSIG so it dies with the thread that started it;
-  * stdout/stderr are read as they come; beyond the cap the bytes are read and discarded, so
-    a chatty child cannot fill our memory or block on a full pipe.
+Why bubblewrap and not the hand-written namespaces we had: it is packaged by every major
+distribution, maintained (Flatpak's sandbox), needs no daemon or setuid bit when user
+namespaces are allowed, and sets up the minimal root, pid 1 and --disable-userns correctly;
+what remains ours is the uid drop, the limits and the reporting.
 """
 from __future__ import annotations
 
@@ -41,13 +47,12 @@ import json
 import logging
 import math
 import os
-import resource
 import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -56,31 +61,31 @@ from agentq.errors import ToolError
 
 log = logging.getLogger(__name__)
 
-ALLOW_NETWORK_ENV = "AGENTQ_SANDBOX_ALLOW_NETWORK"
+UID_ENV, GID_ENV = "AGENTQ_SANDBOX_UID", "AGENTQ_SANDBOX_GID"
+"""The host uid/gid the code runs as when the worker is root (default 65534, nobody)."""
+BWRAP_ENV = "AGENTQ_SANDBOX_BWRAP"
+"""The bubblewrap binary (default: `bwrap` on PATH)."""
+PYTHON_ENV = "AGENTQ_SANDBOX_PYTHON"
+"""The interpreter the code runs with; it must live under /usr (default /usr/bin/python3)."""
+DEFAULT_UID = DEFAULT_GID = 65534
+DEFAULT_PYTHON = "/usr/bin/python3"
 FILE_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
 OPEN_FILES_LIMIT = 256
 MAX_PROCESSES = 64
+"""Processes and threads one run may have at once (bwrap's pid 1 and the supervisor count)."""
 MAX_CODE_BYTES = 100_000
 """One argv string may hold at most 128 KiB on Linux."""
+CPU_KILL_AFTER_S = 1
+"""RLIMIT_CPU: SIGXCPU at the limit, SIGKILL this much CPU time later (if it is caught)."""
 READ_CHUNK_BYTES = 65536
 POLL_INTERVAL_S = 0.05
-"""How often to check for the exit of the child where pidfd_open is missing."""
 DRAIN_GRACE_S = 0.5
-"""After the child is gone, how long to wait for pipes that something else still holds."""
+"""After the sandbox is gone, how long to wait for pipes (nothing should still hold them)."""
 REAP_TIMEOUT_S = 5
-SWEEP_ROUNDS = 20
 CPU_ACCOUNTING_SLACK_S = 0.05
+PROBE_TIMEOUT_S = 20
+PROBE_CACHE_S = 30
 CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-ISOLATION_MODES = (
-    ("user+net+pid+mnt+ipc", CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
-     | CLONE_NEWIPC),
-    ("net+pid+mnt+ipc", CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC),
-    ("user+net", CLONE_NEWUSER | CLONE_NEWNET),
-    ("net", CLONE_NEWNET),
-)
 
 
 class SandboxUnavailable(ToolError):
@@ -89,108 +94,164 @@ class SandboxUnavailable(ToolError):
     retryable = False
 
 
-# The helper the child runs first (stdlib only; argv: config JSON, user code). It reports
-# one JSON line on the status pipe -- {"ok": true, ...} just before exec'ing the user's code,
-# or {"ok": false, "error": ...} -- then stays as a tiny supervisor that waits for the user's
-# process and exits the same way (same exit code, or killed by the same signal).
-BOOTSTRAP = r'''
-import ctypes, json, os, resource, signal, sys
+# Runs inside the sandbox (stdlib only; argv: config JSON, user code). Reports
+# {"started": true} on the status fd, applies the limits, runs the user's code in a fresh
+# interpreter and reports {"exit_code", "cpu_s", "memory_error"}; then exits the same way.
+SUPERVISOR = r'''
+import json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
 status = cfg["status_fd"]
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-KEEP = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-        "relatime": 1 << 21}
-
 def report(**fields):
-    os.write(status, json.dumps(fields).encode() + b"\n")
-
-def fail(message):
-    report(ok=False, error=message)
-    os._exit(1)
-
-def check(result, what):
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-def unescape(path):
-    return path.encode().decode("unicode_escape").encode("latin-1")
-
-def read_only_fs(workdir):
-    # Private first: nothing done here may propagate to the worker's mounts.
-    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
-    with open("/proc/self/mountinfo") as f:
-        mounts = [(unescape(p[4]), p[5].split(",")) for p in (l.split() for l in f)]
-    wd = workdir.encode()
-    check(libc.mount(wd, wd, None, MS_BIND | MS_REC, None), "bind " + workdir)
-    notes = []
-    for point, opts in mounts:
-        # Flags a user namespace may not drop (nosuid, nodev, noexec, atime) are kept.
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | sum(KEEP.get(o, 0) for o in opts)
-        if point != wd and libc.mount(None, point, None, flags, None) != 0:
-            notes.append("writable: " + point.decode(errors="replace"))
-    if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:
-        notes.append("host /proc")
-    if os.path.isdir("/dev/shm"):
-        libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 2 | 4, b"size=16m,mode=1777")
-    os.chdir(workdir)
-    return "; ".join(["read-only"] + notes[:5])
-
+    try:
+        os.write(status, json.dumps(fields).encode() + b"\n")
+    except OSError:
+        pass
+report(started=True)
 try:
     for name, soft, hard in cfg["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
 except (OSError, ValueError) as exc:
-    fail(f"cannot apply the limits: {exc}")
-if os.getppid() != cfg["parent_pid"]:
+    report(error=f"cannot apply the limits: {exc}")
     os._exit(1)
-mode, errors = None, []
-for name, flags in cfg["modes"]:
-    if libc.unshare(flags) == 0:
-        mode = name
-        break
-    errors.append(f"unshare({name}): {os.strerror(ctypes.get_errno())}")
-if mode is None:
-    if not cfg["allow_network"]:
-        fail("; ".join(errors))
-    mode = "none"
+mem_r, mem_w = os.pipe()
 try:
     pid = os.fork()
 except OSError as exc:
-    fail(f"fork: {exc}")
+    report(error=f"fork: {exc}")
+    os._exit(1)
 if pid == 0:
-    filesystem = "shared"
-    try:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if "mnt" in mode:
-            filesystem = read_only_fs(cfg["workdir"])
-    except OSError as exc:
-        filesystem = f"shared ({exc})"
-    report(ok=True, isolation=mode, filesystem=filesystem)
     os.close(status)
+    os.close(mem_r)
+    os.set_inheritable(mem_w, True)
     try:
-        os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", sys.argv[2]])
+        os.execv(sys.executable, [sys.executable, "-I", "-S", "-B", "-c", cfg["wrapper"],
+                                  str(mem_w), sys.argv[2]])
     except OSError as exc:
         os.write(2, f"sandbox: cannot start python: {exc}\n".encode())
         os._exit(127)
-os.close(status)
+os.close(mem_w)
 null = os.open(os.devnull, os.O_WRONLY)
 os.dup2(null, 1)
 os.dup2(null, 2)
-_, st = os.waitpid(pid, 0)
+_, st, usage = os.wait4(pid, 0)
+os.set_blocking(mem_r, False)
+try:
+    memory_error = os.read(mem_r, 1) == b"M"
+except OSError:
+    memory_error = False
+report(exit_code=os.waitstatus_to_exitcode(st), cpu_s=usage.ru_utime + usage.ru_stime,
+       memory_error=memory_error)
 if os.WIFSIGNALED(st):
     sig = os.WTERMSIG(st)
     try:
         signal.signal(sig, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (OSError, ValueError):
         pass
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)
 os._exit(os.waitstatus_to_exitcode(st))
 '''
+
+# The user's process: runs the code as `python -c` would, and tells the supervisor (one byte
+# on its pipe) when the code died of an uncaught MemoryError (the RLIMIT_AS cap).
+WRAPPER = r'''
+import os, sys
+_fd, _code = int(sys.argv[1]), sys.argv[2]
+del sys.argv[1:]
+def _hook(kind, value, tb, _fd=_fd, _os=os, _sys=sys):
+    if issubclass(kind, MemoryError):
+        try:
+            _os.write(_fd, b"M")
+        except OSError:
+            pass
+    if tb is not None:
+        tb = tb.tb_next
+        value = value.with_traceback(tb)
+    _sys.__excepthook__(kind, value, tb)
+sys.excepthook = _hook
+del os, sys, _hook
+exec(compile(_code, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+'''
+
+
+@dataclass(frozen=True)
+class _Identity:
+    uid: int
+    gid: int
+    switch: bool
+    """True when we are root and start bwrap as uid/gid (else it runs as ourselves)."""
+
+
+def _identity() -> _Identity:
+    if os.getuid() != 0:
+        return _Identity(os.getuid(), os.getgid(), False)
+    try:
+        uid = int(os.environ.get(UID_ENV) or DEFAULT_UID)
+        gid = int(os.environ.get(GID_ENV) or DEFAULT_GID)
+    except ValueError:
+        raise SandboxUnavailable(f"{UID_ENV}/{GID_ENV} must be numbers") from None
+    if uid <= 0 or gid <= 0:
+        raise SandboxUnavailable(f"{UID_ENV}/{GID_ENV} must name an unprivileged uid/gid "
+                                 f"(not 0)")
+    return _Identity(uid, gid, True)
+
+
+def _tools() -> tuple[str, str]:
+    """(bwrap, python) paths, or SandboxUnavailable naming what is missing."""
+    bwrap = shutil.which(os.environ.get(BWRAP_ENV) or "bwrap")
+    if not bwrap:
+        raise SandboxUnavailable("bubblewrap (`bwrap`) is not installed; install the "
+                                 "`bubblewrap` package. The code was not run.")
+    python = os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON
+    real = os.path.realpath(python)
+    if not real.startswith("/usr/") or not os.access(real, os.X_OK):
+        raise SandboxUnavailable(f"the sandbox's Python {python!r} is not an executable "
+                                 f"under /usr (set {PYTHON_ENV}). The code was not run.")
+    return bwrap, real
+
+
+def _bwrap_command(bwrap: str, python: str, workdir: str) -> list[str]:
+    command = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+               "--die-with-parent", "--new-session", "--hostname", "sandbox",
+               "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            command += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            command += ["--ro-bind", path, path]
+    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--bind", workdir, workdir, "--remount-ro", "/", "--chdir", workdir,
+                "--clearenv"]
+    env = {"PATH": CHILD_PATH, "HOME": workdir, "TMPDIR": workdir,
+           "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    for name, value in env.items():
+        command += ["--setenv", name, value]
+    return command + ["--", python, "-I", "-S", "-B", "-c", SUPERVISOR]
+
+
+_probe_lock = threading.Lock()
+_probe_cache: tuple[float, str | None] | None = None
+
+
+def problem() -> str | None:
+    """Why the sandbox cannot run code here (None if it can): runs `print(1)` in it.
+    Cached for PROBE_CACHE_S."""
+    global _probe_cache
+    with _probe_lock:
+        now = time.monotonic()
+        if _probe_cache is not None and now - _probe_cache[0] < PROBE_CACHE_S:
+            return _probe_cache[1]
+        try:
+            result = run_python("print(1)", cpu_s=5, memory_mb=256, wall_s=PROBE_TIMEOUT_S,
+                                max_output_chars=100)
+            found = None if result["stdout"] == "1\n" else (
+                f"the sandbox's test run failed: {result['stderr'][-300:]}")
+        except SandboxUnavailable as exc:
+            found = str(exc)
+        _probe_cache = (now, found)
+        return found
 
 
 @dataclass
@@ -221,57 +282,32 @@ def _printable(text: str) -> str:
 
 @dataclass
 class _Child:
-    """The bootstrap process: its exit status and CPU time (which include the user's)."""
+    """The bwrap process (its own session): killing it ends the sandbox's pid namespace."""
     proc: subprocess.Popen
     exit_code: int | None = None
-    cpu_s: float = 0.0
-    netns_fd: int | None = None
-    """Without a pid namespace, processes that left our process group (setsid) are found by
-    their network namespace; this open fd keeps its inode from being reused meanwhile."""
 
-    def kill_group(self) -> None:
-        """SIGKILL the process group (pid == pgid: start_new_session). With a pid namespace
-        this ends the user's pid 1 and with it every process in the namespace."""
+    def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        if self.netns_fd is not None:
-            _kill_network_namespace(os.fstat(self.netns_fd))
-
-    def watch_network_namespace(self) -> None:
-        """Pin the child's network namespace if it differs from ours (for kill_group)."""
-        try:
-            fd = os.open(f"/proc/{self.proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # already exited
-            return
-        theirs, ours = os.fstat(fd), os.stat("/proc/self/ns/net")
-        if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
-            os.close(fd)  # no namespace of its own: never sweep ours
-        else:
-            self.netns_fd = fd
 
     def close(self) -> None:
-        if self.netns_fd is not None:
-            os.close(self.netns_fd)
-            self.netns_fd = None
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
 
     def reap(self, block: bool = True) -> bool:
-        """wait4() the child, for its exit code and CPU time; True once reaped."""
         give_up = time.monotonic() + REAP_TIMEOUT_S
         while self.exit_code is None:
             try:
-                pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: its status is lost
+                pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:
                 self.exit_code = self.proc.returncode = -1
                 break
             if pid:
                 self.exit_code = os.waitstatus_to_exitcode(status)
-                self.cpu_s = usage.ru_utime + usage.ru_stime
-                self.proc.returncode = self.exit_code  # Popen must not wait for it again
+                self.proc.returncode = self.exit_code
                 break
             if not block:
                 return False
@@ -287,6 +323,8 @@ def run_python(code: str, *, cpu_s: float, memory_mb: int, wall_s: float,
     """Run `code` in the sandbox; see the module docstring for what it may and may not do."""
     _check_arguments(code, cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
                      max_output_chars=max_output_chars)
+    identity = _identity()
+    bwrap, python = _tools()
     own_dir = scratch_dir is None
     if own_dir:
         workdir = tempfile.mkdtemp(prefix="agentq-sandbox-")
@@ -294,8 +332,12 @@ def run_python(code: str, *, cpu_s: float, memory_mb: int, wall_s: float,
         workdir = os.path.realpath(scratch_dir)
         os.makedirs(workdir, mode=0o700, exist_ok=True)
     try:
+        if identity.switch:
+            os.chown(workdir, identity.uid, identity.gid)
+            os.chmod(workdir, 0o700)
         return _run(code, cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
-                    max_output_chars=int(max_output_chars), workdir=workdir)
+                    max_output_chars=int(max_output_chars), workdir=workdir,
+                    identity=identity, bwrap=bwrap, python=python)
     finally:
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -326,141 +368,103 @@ def _not_retryable(exc: ToolError) -> ToolError:
     return exc
 
 
+def _cpu_limit(cpu_s: float) -> int:
+    return max(1, math.ceil(cpu_s))
+
+
 def _rlimits(cpu_s: float, memory_mb: int) -> list[tuple[str, int, int]]:
-    # soft == hard: SIGXCPU and SIGKILL together. In a pid namespace the user's code is pid
-    # 1, which the kernel shields from SIGXCPU's default action; SIGKILL still lands.
-    cpu_seconds = max(1, math.ceil(cpu_s))
+    cpu_seconds = _cpu_limit(cpu_s)
     memory_bytes = int(memory_mb * 1024 * 1024)
-    processes = _process_limit()
     return [
-        ("RLIMIT_CPU", cpu_seconds, cpu_seconds),
+        ("RLIMIT_CPU", cpu_seconds, cpu_seconds + CPU_KILL_AFTER_S),
         ("RLIMIT_AS", memory_bytes, memory_bytes),
         ("RLIMIT_FSIZE", FILE_SIZE_LIMIT_BYTES, FILE_SIZE_LIMIT_BYTES),
         ("RLIMIT_NOFILE", OPEN_FILES_LIMIT, OPEN_FILES_LIMIT),
         ("RLIMIT_CORE", 0, 0),
-        ("RLIMIT_NPROC", processes, processes),
+        ("RLIMIT_NPROC", MAX_PROCESSES, MAX_PROCESSES),
     ]
 
 
-def _process_limit() -> int:
-    """RLIMIT_NPROC counts every task of the real uid, so for an unprivileged worker the
-    limit is what that uid already runs plus MAX_PROCESSES. (uid 0 is exempt anyway.)"""
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    wanted = MAX_PROCESSES
-    if os.getuid() != 0:
-        for entry in os.scandir("/proc"):
-            try:
-                if entry.name.isdigit() and entry.stat().st_uid == os.getuid():
-                    wanted += len(os.listdir(f"/proc/{entry.name}/task"))
-            except OSError:
-                continue
-    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-
-
 def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_chars: int,
-         workdir: str) -> dict[str, Any]:
-    allow_network = os.environ.get(ALLOW_NETWORK_ENV) == "1"
-    if not sys.executable:
-        raise SandboxUnavailable("the sandbox cannot find a Python interpreter")
-    env = {"PATH": CHILD_PATH, "HOME": workdir, "TMPDIR": workdir,
-           "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+         workdir: str, identity: _Identity, bwrap: str, python: str) -> dict[str, Any]:
     status_r, status_w = os.pipe()
     config = {"status_fd": status_w, "rlimits": _rlimits(cpu_s, memory_mb),
-              "modes": ISOLATION_MODES, "allow_network": allow_network,
-              "python": sys.executable, "workdir": workdir, "parent_pid": os.getpid()}
+              "wrapper": WRAPPER}
+    command = _bwrap_command(bwrap, python, workdir) + [json.dumps(config), code]
+    user_args: dict[str, Any] = {}
+    if identity.switch:
+        user_args = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-c", BOOTSTRAP, json.dumps(config), code],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=workdir, env=env, start_new_session=True, pass_fds=(status_w,))
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd="/", env={"PATH": CHILD_PATH}, start_new_session=True,
+            pass_fds=(status_w,), **user_args)
     except OSError as exc:
         os.close(status_r)
-        raise SandboxUnavailable(f"the sandbox cannot start a process: {exc}") from None
+        raise SandboxUnavailable(f"the sandbox cannot start bwrap: {exc}") from None
     finally:
         os.close(status_w)
     child = _Child(proc)
+    reports: list[dict[str, Any]] = []
     try:
-        status = _read_status(status_r, started + wall_s)
-        if not status.get("ok"):
-            child.kill_group()
-            child.reap()
-            raise _start_failure(child, status)
-        if "pid" not in status["isolation"]:
-            child.watch_network_namespace()
-        captures, timed_out = _collect(child, started + wall_s, max_output_chars)
+        captures, timed_out = _collect(child, status_r, reports, started + wall_s,
+                                       max_output_chars)
     finally:
         os.close(status_r)
-        child.kill_group()
+        child.kill()
         child.reap()
         child.close()
     duration_s = time.monotonic() - started
+    if not any(r.get("started") for r in reports) and not timed_out:
+        raise _start_failure(child, captures["stderr"])
+    setup_error = next((r["error"] for r in reports if "error" in r), None)
+    if setup_error:
+        raise SandboxUnavailable(f"the sandbox could not be set up: {setup_error}")
+    final = next((r for r in reports if "exit_code" in r), None)
+    if final is not None and not timed_out:
+        exit_code = int(final["exit_code"])
+    elif timed_out:
+        exit_code = -signal.SIGKILL
+    else:  # the supervisor was killed (by the code itself): bwrap says 128+signal
+        code_ = child.exit_code if child.exit_code is not None else -signal.SIGKILL
+        exit_code = -(code_ - 128) if code_ > 128 else code_
+    cpu_used = float(final["cpu_s"]) if final else 0.0
+    exit_signal = signal.Signals(-exit_code).name if exit_code < 0 and -exit_code in set(
+        signal.Signals) else None
+    cpu_limited = not timed_out and (
+        exit_code == -signal.SIGXCPU
+        or (exit_code == -signal.SIGKILL
+            and cpu_used >= _cpu_limit(cpu_s) - CPU_ACCOUNTING_SLACK_S))
+    memory_limited = not timed_out and bool(final and final.get("memory_error"))
     stdout, stdout_cut = captures["stdout"].text()
     stderr, stderr_cut = captures["stderr"].text()
-    exit_code = child.exit_code if child.exit_code is not None else -signal.SIGKILL
-    cpu_limited = (not timed_out and exit_code in (-signal.SIGXCPU, -signal.SIGKILL)
-                   and child.cpu_s >= max(1, math.ceil(cpu_s)) - CPU_ACCOUNTING_SLACK_S)
     log.info("sandbox run finished", extra={
-        "isolation": status.get("isolation"), "filesystem": status.get("filesystem"),
-        "exit_code": exit_code, "timed_out": timed_out, "cpu_limited": cpu_limited,
-        "duration_ms": round(duration_s * 1000), "cpu_ms": round(child.cpu_s * 1000),
+        "uid": identity.uid, "exit_code": exit_code, "timed_out": timed_out,
+        "cpu_limited": cpu_limited, "memory_limited": memory_limited,
+        "duration_ms": round(duration_s * 1000), "cpu_ms": round(cpu_used * 1000),
         "code_bytes": len(code.encode()), "stdout_bytes": captures["stdout"].total,
         "stderr_bytes": captures["stderr"].total})
-    if status.get("isolation") == "none":
-        log.warning("sandbox ran WITHOUT network isolation",
-                    extra={"reason": f"{ALLOW_NETWORK_ENV}=1"})
     return {"stdout": stdout, "stderr": stderr, "exit_code": exit_code,
-            "timed_out": timed_out, "cpu_limited": cpu_limited,
-            "duration_s": round(duration_s, 3), "truncated": stdout_cut or stderr_cut}
+            "exit_signal": exit_signal, "timed_out": timed_out, "cpu_limited": cpu_limited,
+            "memory_limited": memory_limited, "duration_s": round(duration_s, 3),
+            "truncated": stdout_cut or stderr_cut}
 
 
-def _read_status(fd: int, deadline: float) -> dict[str, Any]:
-    """One JSON line from the bootstrap; {} if it died before writing one."""
-    data = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while b"\n" not in data:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sel.select(remaining):
-                return {"ok": False, "error": "the sandbox did not start in time"}
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return {}
-            data += chunk
-    try:
-        return json.loads(data.partition(b"\n")[0])
-    except ValueError:
-        return {}
-
-
-def _start_failure(child: _Child, status: dict[str, Any]) -> SandboxUnavailable:
-    error = status.get("error")
-    if error and "unshare" in error:
-        message = (f"the sandbox cannot isolate the network ({error}); the code was not run. "
-                   f"Set {ALLOW_NETWORK_ENV}=1 to run without isolation (development only).")
-    elif error:
-        message = f"the sandbox could not be set up: {error}"
-    else:
-        detail = b""
-        stderr = child.proc.stderr
-        if stderr is not None:
-            os.set_blocking(stderr.fileno(), False)
-            try:
-                detail = stderr.read(4000) or b""
-            except OSError:
-                pass
-        message = (f"the sandbox failed to start (exit {child.exit_code}): "
-                   f"{detail.decode('utf-8', 'replace').strip()[-500:]}")
+def _start_failure(child: _Child, stderr: _Capture) -> SandboxUnavailable:
+    detail = bytes(stderr.data).decode("utf-8", "replace").strip()[-500:]
+    message = (f"the sandbox could not be set up (bwrap exit {child.exit_code}): "
+               f"{detail or 'no message'}. The code was not run.")
     log.error("sandbox unavailable", extra={"problem": message})
     return SandboxUnavailable(message)
 
 
-def _collect(child: _Child, deadline: float,
+def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadline: float,
              max_chars: int) -> tuple[dict[str, _Capture], bool]:
-    """Read both pipes until EOF and the child's exit; at the wall deadline kill the group.
-    Once the child has exited, descendants still holding the pipes get a short grace, then
-    are killed (that happens only without a pid namespace)."""
+    """Read the pipes and the status lines until EOF and bwrap's exit; at the wall
+    deadline kill the sandbox."""
     captures = {"stdout": _Capture(max_chars), "stderr": _Capture(max_chars)}
+    status_data = bytearray()
     timed_out = False
     stop_at: float | None = None
     with selectors.DefaultSelector() as sel, _exit_watch(child.proc.pid) as pidfd:
@@ -468,6 +472,8 @@ def _collect(child: _Child, deadline: float,
             pipe = getattr(child.proc, name)
             os.set_blocking(pipe.fileno(), False)
             sel.register(pipe, selectors.EVENT_READ, name)
+        os.set_blocking(status_fd, False)
+        sel.register(status_fd, selectors.EVENT_READ, "status")
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ, "exit")
         while True:
@@ -479,31 +485,36 @@ def _collect(child: _Child, deadline: float,
             if exited and not pipes_open:
                 break
             if stop_at is None and now >= deadline:
-                timed_out = True
-                child.kill_group()
+                timed_out = not exited
+                child.kill()
                 stop_at = now + DRAIN_GRACE_S
             elif stop_at is None and exited:
-                child.kill_group()  # leftovers holding the pipes, if no pid namespace
                 stop_at = now + DRAIN_GRACE_S
             if stop_at is not None and now >= stop_at:
                 break
             wait = max(0.0, (stop_at or deadline) - now)
-            if pidfd is None:  # no exit notification: poll
+            if pidfd is None:
                 wait = min(wait, POLL_INTERVAL_S)
-            if not sel.get_map():
-                time.sleep(wait)
-                continue
             for key, _ in sel.select(wait):
                 if key.data == "exit":
-                    continue  # reaped at the top of the loop
+                    continue
                 try:
                     chunk = os.read(key.fd, READ_CHUNK_BYTES)
                 except BlockingIOError:
                     continue
-                if chunk:
-                    captures[key.data].feed(chunk)
-                else:
+                if not chunk:
                     sel.unregister(key.fileobj)
+                elif key.data == "status":
+                    status_data += chunk[:65536]
+                else:
+                    captures[key.data].feed(chunk)
+    for line in bytes(status_data).splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            reports.append(item)
     return captures, timed_out
 
 
@@ -519,24 +530,3 @@ def _exit_watch(pid: int) -> Iterator[int | None]:
         yield fd
     finally:
         os.close(fd)
-
-
-def _kill_network_namespace(netns: os.stat_result) -> None:
-    """SIGKILL every process in the network namespace `netns` (never ours: checked by the
-    caller), until none is left; bounded, as forks from a dying process are few."""
-    for _ in range(SWEEP_ROUNDS):
-        found = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                ns = os.stat(f"/proc/{entry.name}/ns/net")
-                if (ns.st_dev, ns.st_ino) == (netns.st_dev, netns.st_ino):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    found += 1
-            except OSError:  # gone, a zombie, or not ours to inspect
-                continue
-        if not found:
-            return
-        time.sleep(0.01)
-    log.error("sandbox processes survived the sweep", extra={"netns_inode": netns.st_ino})

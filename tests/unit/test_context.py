@@ -254,6 +254,28 @@ def test_a_result_longer_than_the_limit_is_cut():
     assert len(text) < 200
 
 
+def test_a_long_json_result_is_cut_into_valid_json():
+    # given a sandbox result whose stdout and stderr together pass the limit (issue 9)
+    record = {"ok": True, "result": {"stdout": "x" * 6000 + "\n" * 500, "stderr": "e" * 3000,
+                                     "exit_code": 0, "truncated": False}}
+    # when
+    text = render_tool_result(record, max_chars=8000)
+    # then it parses, keeps every field, and says where it was cut
+    result = json.loads(text)
+    assert len(text) <= 8000
+    assert result["exit_code"] == 0 and result["stderr"] == "e" * 3000
+    assert result["stdout"].startswith("x" * 1000) and "[truncated " in result["stdout"]
+
+
+def test_a_json_result_of_many_small_values_still_parses():
+    # given
+    record = {"ok": True, "result": list(range(5000))}
+    # when
+    text = render_tool_result(record, max_chars=300)
+    # then
+    assert len(text) <= 300 and json.loads(text)["truncated"] is True
+
+
 def test_a_tool_message_in_the_context_is_cut_to_the_limit():
     # given
     rows = [_user(1), _call(2, "t1"), _result(3, "t1", result="y" * 500)]

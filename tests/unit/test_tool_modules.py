@@ -106,13 +106,13 @@ def test_time_package_does_not_shadow_stdlib_time():
     assert stdlib_time.__name__ == "time" and callable(stdlib_time.monotonic)
 
 
-def test_code_run_python_uses_the_scratch_dir(tmp_path):
+def test_code_run_python_uses_the_scratch_dir(scratch_dir):
     fn = _tool("code", "code.run_python").function
     result = fn({"code": "open('out.txt', 'w').write('42'); print('done')", "timeout_s": 5},
-                _ctx(scratch_dir=str(tmp_path)))
+                _ctx(scratch_dir=str(scratch_dir)))
     assert result["stdout"] == "done\n"
     assert result["exit_code"] == 0 and result["timed_out"] is False
-    assert (tmp_path / "out.txt").read_text() == "42"
+    assert (scratch_dir / "out.txt").read_text() == "42"
 
 
 def test_code_run_python_reports_errors_as_results():

@@ -1,7 +1,8 @@
 """Tool module `code`: run Python in the sandbox (agentq.tools.sandbox) on the slow workers.
 
-The code runs without network, with CPU, memory, file-size and process limits, on a
-read-only view of the file system except its scratch directory (see the sandbox module).
+The code runs in bubblewrap as an unprivileged uid, without network, with CPU, memory,
+file-size and process limits, seeing only /usr (read-only), a private /tmp and its scratch
+directory (see the sandbox module).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ MAX_TIMEOUT_S = 60
 WALL_GRACE_S = 2
 """Wall clock beyond the CPU limit, for start-up and for code that waits on I/O."""
 MEMORY_MB = 256
-MAX_OUTPUT_CHARS = 8000
+MAX_OUTPUT_CHARS = 3000
+"""Each of stdout and stderr: both, with the rest of the result, fit the default
+AGENTQ_TOOL_RESULT_MAX_CHARS (8000), so the model reads output cut once, here."""
 MAX_CODE_CHARS = 20_000
 TOOL_TIME_LIMIT_S = MAX_TIMEOUT_S + WALL_GRACE_S + 5
 """Above the longest sandbox wall clock (62 s) plus clean-up, so that a timeout reaches the
@@ -43,7 +46,8 @@ MODULE = define_module({
                 "its stdout, stderr and exit code. Print what you want to see. There is no "
                 "network; only the current directory is writable; memory is limited to "
                 f"{MEMORY_MB} MB and each of stdout/stderr to {MAX_OUTPUT_CHARS} characters. "
-                "timed_out or cpu_limited in the result mean the program was stopped."
+                "timed_out, cpu_limited or memory_limited in the result mean the program was "
+                "stopped (exit_signal names the signal)."
             ),
             "parameters": {
                 "type": "object",

@@ -1,0 +1,412 @@
+"""Issue 9: attacks on `code.run_python`'s sandbox, each with the outcome that must hold.
+
+Every test runs real code in the real sandbox (bubblewrap, `.ci/run` installs it). Each
+checks first, where it can, that the target is reachable from the test process itself, so
+that a refusal inside the sandbox means the sandbox refused it."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentq.loop.context import render_tool_result
+from agentq.tools import sandbox
+from agentq.tools.sandbox import run_python
+from tests.security.attacks import pg_write
+from tool_workers.code import MODULE as CODE_MODULE
+
+LIMITS = dict(cpu_s=5, memory_mb=256, wall_s=60, max_output_chars=4000)
+PG_SOCKET = "/var/run/postgresql/.s.PGSQL.5432"
+RUN_DEADLINE_S = 120
+
+
+def run(code: str, **overrides) -> dict:
+    return run_python(textwrap.dedent(code), **{**LIMITS, **overrides})
+
+
+def connect_code(family: str, address) -> str:
+    return f"""
+        import socket
+        s = socket.socket(socket.{family})
+        try:
+            s.connect({address!r})
+            print("connected")
+        except OSError as exc:
+            print(exc.errno)
+    """
+
+
+@pytest.fixture
+def unix_listener():
+    """A listening Unix socket in a directory any uid may reach, like a service's socket."""
+    def make(name: str) -> str:
+        directory = Path(f"/tmp/agentq-sec-{uuid.uuid4().hex[:8]}")
+        directory.mkdir(mode=0o755)
+        made.append(directory)
+        path = str(directory / name)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        os.chmod(path, 0o777)
+        server.listen()
+        servers.append(server)
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(path)               # reachable from outside the sandbox
+        return path
+    made: list[Path] = []
+    servers: list[socket.socket] = []
+    yield make
+    for server in servers:
+        server.close()
+    for directory in made:
+        for item in directory.iterdir():
+            item.unlink()
+        directory.rmdir()
+
+
+# --- sockets ------------------------------------------------------------------------------
+
+def test_postgres_unix_socket_is_not_reachable():
+    assert os.path.exists(PG_SOCKET), "the machine's Postgres listens on its Unix socket"
+    result = run(connect_code("AF_UNIX", PG_SOCKET))
+    assert result["stdout"] == f"{errno.ENOENT}\n"
+
+
+@pytest.mark.parametrize("name", ["redis.sock", "gunicorn.ctl", "mysqld.sock"])
+def test_service_unix_sockets_are_not_reachable(unix_listener, name):
+    path = unix_listener(name)
+    result = run(connect_code("AF_UNIX", path))
+    assert result["stdout"] == f"{errno.ENOENT}\n"
+
+
+def test_abstract_unix_socket_is_not_reachable():
+    name = f"\0agentq-sec-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        server.listen()
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(name)
+        result = run(connect_code("AF_UNIX", name))
+    assert result["stdout"] == f"{errno.ECONNREFUSED}\n"
+
+
+@pytest.mark.parametrize("port", [5432, 6379])
+def test_tcp_to_the_machines_services_is_not_reachable(port):
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    result = run(connect_code("AF_INET", ("127.0.0.1", port)))
+    assert result["stdout"] in (f"{errno.ECONNREFUSED}\n", f"{errno.ENETUNREACH}\n")
+
+
+def test_tcp_and_udp_to_the_outside_are_not_reachable():
+    result = run("""
+        import socket
+        for kind, address in ((socket.SOCK_STREAM, ("1.1.1.1", 443)),
+                              (socket.SOCK_DGRAM, ("8.8.8.8", 53)),
+                              (socket.SOCK_STREAM, ("::1", 5432))):
+            family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+            s = socket.socket(family, kind)
+            try:
+                if kind == socket.SOCK_DGRAM:
+                    s.sendto(b"x", address)
+                else:
+                    s.connect(address)
+                print("reached")
+            except OSError as exc:
+                print(exc.errno)
+    """)
+    assert result["stdout"].split() == [str(errno.ENETUNREACH), str(errno.ENETUNREACH),
+                                        str(errno.ECONNREFUSED)]
+
+
+def test_udp_to_a_host_listener_never_arrives():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        result = run(f"""
+            import socket
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.sendto(b"exfiltrated", ("127.0.0.1", {port}))
+            print("sent")
+        """)
+        assert result["exit_code"] == 0
+        # loopback delivery happens inside sendto: had it reached us, it would be queued now
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.recv(100)
+
+
+def test_postgres_cannot_be_written_over_any_socket():
+    table = f"sandbox_escape_{uuid.uuid4().hex[:8]}"
+    result = run(pg_write(PG_SOCKET, None, "postgres", table) + "\n"
+                 + pg_write(None, "127.0.0.1", "postgres", table))
+    lines = result["stdout"].splitlines()
+    assert len(lines) == 2 and all(line.startswith("blocked:") for line in lines), lines
+
+
+# --- files --------------------------------------------------------------------------------
+
+def test_etc_shadow_and_host_directories_are_not_there():
+    result = run("""
+        import os
+        for path in ("/etc/shadow", "/etc/passwd", "/proc/1/root/etc/shadow", "/root",
+                     "/home", "/run", "/var/run", "/var/lib/postgresql", "/work"):
+            print(path, os.path.exists(path))
+        print(sorted(os.listdir("/")))
+    """)
+    lines = result["stdout"].splitlines()
+    assert all(line.endswith(" False") for line in lines[:-1]), lines
+    assert set(eval(lines[-1])) <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc",
+                                     "sbin", "tmp", "usr"}
+
+
+def test_code_runs_as_an_unprivileged_uid_on_the_host(scratch_dir):
+    result = run("""
+        import os
+        print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())
+        open("made-here", "w").write("x")
+    """, scratch_dir=str(scratch_dir))
+    owner = (scratch_dir / "made-here").stat()
+    assert owner.st_uid != 0 and owner.st_gid != 0     # as the host's kernel sees it
+    if os.getuid() == 0:
+        assert owner.st_uid == sandbox.DEFAULT_UID
+    uid, euid, gid, _groups = result["stdout"].split(maxsplit=3)
+    assert uid == euid == str(owner.st_uid) and gid == str(owner.st_gid)
+
+
+def test_a_root_only_file_is_not_readable_even_when_visible(scratch_dir):
+    if os.getuid() != 0:
+        pytest.skip("needs a root worker to make a root-only file")
+    secret = scratch_dir / "root-only"
+    secret.write_text("secret")
+    secret.chmod(0o600)
+    result = run("""
+        try:
+            print(open("root-only").read())
+        except OSError as exc:
+            print(exc.errno)
+    """, scratch_dir=str(scratch_dir))
+    assert result["stdout"] == f"{errno.EACCES}\n"
+
+
+def test_a_concurrent_runs_scratch_is_not_reachable(scratch_dir):
+    # given run A holding a secret in its scratch, and still running
+    release = scratch_dir / "release"
+    results: dict[str, dict] = {}
+
+    def run_a():
+        results["a"] = run(f"""
+            import os, time
+            open("secret", "w").write("A's secret")
+            while not os.path.exists("release"):
+                time.sleep(0.02)
+            print("a done")
+        """, scratch_dir=str(scratch_dir), wall_s=RUN_DEADLINE_S)
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    try:
+        deadline = time.monotonic() + RUN_DEADLINE_S
+        while not (scratch_dir / "secret").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (scratch_dir / "secret").exists()
+        # when run B looks for it, by path and by listing
+        result = run(f"""
+            import os
+            print(os.path.exists({str(scratch_dir)!r}))
+            print([n for n in os.listdir("/tmp") if n != os.path.basename(os.getcwd())])
+            try:
+                print(open({str(scratch_dir / "secret")!r}).read())
+            except OSError as exc:
+                print(exc.errno)
+        """)
+    finally:
+        release.write_text("")
+        thread.join()
+    # then it finds nothing
+    assert result["stdout"].splitlines() == ["False", "[]", str(errno.ENOENT)]
+    assert results["a"]["stdout"] == "a done\n"
+
+
+# --- processes ----------------------------------------------------------------------------
+
+def _processes_in_pid_namespace(inode: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == inode:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_fork_bomb_stops_at_the_cap():
+    result = run("""
+        import os, time
+        made = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                made += 1
+        except OSError as exc:
+            print(made, exc.errno)
+    """)
+    made, err = result["stdout"].split()
+    assert int(err) == errno.EAGAIN
+    assert 0 < int(made) < sandbox.MAX_PROCESSES
+
+
+def test_threads_count_against_the_cap():
+    result = run("""
+        import threading, time
+        threading.stack_size(256 * 1024)     # the cap binds, not the memory limit
+        made = 0
+        try:
+            while True:
+                threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+                made += 1
+        except RuntimeError as exc:
+            print(made, flush=True)
+        import os; os._exit(0)
+    """)
+    assert 0 < int(result["stdout"]) < sandbox.MAX_PROCESSES
+
+
+def test_a_real_fork_bomb_is_bounded_and_leaves_nothing_behind():
+    result = run("""
+        import os
+        print(os.stat("/proc/self/ns/pid").st_ino, flush=True)
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """, cpu_s=2, wall_s=RUN_DEADLINE_S)
+    # its first process ends at its CPU limit (or, on a starved machine, at the wall clock)
+    assert result["cpu_limited"] or result["timed_out"], result
+    inode = int(result["stdout"].split()[0])
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while _processes_in_pid_namespace(inode) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_in_pid_namespace(inode) == []
+
+
+def test_concurrent_runs_each_get_the_whole_cap():
+    # two runs hold their processes at the same time (each waits for the host's release)
+    code = """
+        import os, time
+        made = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(600)
+                    os._exit(0)
+                made += 1
+        except OSError:
+            open("count", "w").write(str(made))
+        while not os.path.exists("release"):
+            time.sleep(0.02)
+    """
+    dirs = [Path(tempfile.mkdtemp(prefix="agentq-test-scratch-")) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(code,),
+                                kwargs={"scratch_dir": str(d), "wall_s": RUN_DEADLINE_S})
+               for d in dirs]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + RUN_DEADLINE_S
+        while (not all((d / "count").exists() for d in dirs)
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        counts = [int((d / "count").read_text()) for d in dirs]
+    finally:
+        for d in dirs:
+            (d / "release").write_text("")
+        for thread in threads:
+            thread.join()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    assert counts[0] == counts[1] > sandbox.MAX_PROCESSES // 2
+
+
+# --- escapes ------------------------------------------------------------------------------
+
+def test_unshare_setns_mount_and_chroot_fail():
+    result = run("""
+        import ctypes, os, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        def attempt(name, value):
+            print(name, "ok" if value == 0 else os.strerror(ctypes.get_errno()))
+        attempt("unshare-user", libc.unshare(0x10000000))
+        attempt("unshare-mnt", libc.unshare(0x00020000))
+        attempt("unshare-net", libc.unshare(0x40000000))
+        fd = os.open("/proc/1/ns/mnt", os.O_RDONLY)
+        attempt("setns", libc.setns(fd, 0))
+        attempt("mount", libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None))
+        attempt("chroot", libc.chroot(b"/tmp"))
+        cmd = subprocess.run(["unshare", "-r", "-m", "id"], capture_output=True)
+        print("unshare-cmd", cmd.returncode)
+    """)
+    outcome = dict(line.split(" ", 1) for line in result["stdout"].splitlines())
+    assert set(outcome) == {"unshare-user", "unshare-mnt", "unshare-net", "setns", "mount",
+                            "chroot", "unshare-cmd"}, result
+    assert outcome.pop("unshare-cmd") != "0"
+    assert "ok" not in outcome.values(), outcome
+
+
+# --- truthful results ---------------------------------------------------------------------
+
+def _code_tool():
+    return next(t for t in CODE_MODULE.tools if t.name == "code.run_python").function
+
+
+def test_a_cpu_bound_run_says_it_was_cpu_limited():
+    from agentq.tools.manifest import ToolContext
+    ctx = ToolContext(tool_use_id="t", job_id="j", user_id="u", conversation_id="c",
+                      permission_level="user")
+    result = _code_tool()({"code": "while True: pass", "timeout_s": 3}, ctx)
+    # the tool's wall clock is 2 s above its CPU limit: on a loaded machine the wall clock
+    # may stop it first; either way the result names what did (issue 9 saw neither)
+    assert result["cpu_limited"] != result["timed_out"], result
+    assert result["exit_signal"] == ("SIGXCPU" if result["cpu_limited"] else "SIGKILL")
+
+
+def test_a_sleeping_run_says_it_timed_out():
+    result = run("import time; time.sleep(600)", wall_s=2)
+    assert result["timed_out"] is True and result["cpu_limited"] is False
+    assert result["exit_signal"] == "SIGKILL"
+
+
+def test_long_output_reaches_the_model_as_valid_json():
+    from agentq.config import Settings
+    from agentq.tools.manifest import ToolContext
+    ctx = ToolContext(tool_use_id="t", job_id="j", user_id="u", conversation_id="c",
+                      permission_level="user")
+    result = _code_tool()({"code": textwrap.dedent("""
+        import sys
+        print("\\n".join("line %d \\"quoted\\"" % i for i in range(100000)))
+        print("\\x01" * 5000, file=sys.stderr)
+    """)}, ctx)
+    assert result["truncated"] is True
+    text = render_tool_result({"ok": True, "result": result}, Settings.tool_result_max_chars)
+    seen = json.loads(text)
+    assert seen["exit_code"] == 0 and seen["truncated"] is True
+    assert seen["stdout"].startswith('line 0 "quoted"\nline 1')
+
+
+def test_the_sandbox_is_available_here():
+    # CI installs bubblewrap; without it every test above would be refused
+    assert subprocess.run(["bwrap", "--version"], capture_output=True).returncode == 0
+    assert sandbox.problem() is None
