@@ -3,22 +3,114 @@ loop on one machine with no servers (`agentq dev`, `agentq run`)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
 import uuid
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from agentq import logs
 from agentq.config import get_settings
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 PROCESS_KINDS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
+# How `agentq run` and `agentq submit --wait` exit: how the job ended, so a script can tell
+# an answer from a job that stopped without one. 1 is an error before or around the job
+# (configuration, the API refused, unreachable); 2 is click's usage error.
+EXIT_ANSWERED = 0
+EXIT_ERROR = 1
+EXIT_MAX_ITERATIONS = 3
+EXIT_BUDGET = 4
+EXIT_FAILED = 5
+EXIT_CANCELLED = 6
+EXIT_TIMEOUT = 7
+EXIT_INTERRUPTED = 130
+EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped at the iteration limit "
+                   "(max_iterations); 4 budget used up; 5 failed; 6 cancelled; 7 still running "
+                   "after --timeout; 1 an error before the job ended (configuration, the API).")
 
-@click.group()
-def main() -> None:
+
+def _status_line(text: str) -> None:
+    """One line of progress on stderr."""
+    click.echo(text, err=True)
+
+
+def _error_line(text: str) -> None:
+    """One line saying what went wrong, on stderr (red on a terminal only: click.echo drops
+    the colour when stderr is not a TTY)."""
+    click.secho(f"agentq: {text}", err=True, fg="red")
+
+
+def exit_code_for(status: str, finish_reason: str | None) -> int:
+    """The exit status of a command that followed a job to its end."""
+    if status == "cancelled":
+        return EXIT_CANCELLED
+    if status == "completed":
+        return EXIT_ANSWERED if finish_reason in (None, "end_turn") else EXIT_MAX_ITERATIONS
+    if finish_reason == "budget_exceeded":
+        return EXIT_BUDGET
+    return EXIT_FAILED
+
+
+def _print_ending(job_id, status: str, finish_reason: str | None, response: dict) -> int:
+    """The answer on stdout (and its files); a job that ended without one: one line on
+    stderr saying why. Returns the exit status."""
+    code = exit_code_for(status, finish_reason)
+    if code == EXIT_ANSWERED:
+        click.echo(response.get("content") or "")
+        for f in response.get("files") or []:
+            click.echo(f"  file: {f['filename']} {f['url']}")
+        return code
+    error = response.get("error") or {}
+    why = error.get("message") or response.get("content") or ""
+    _error_line(f"job {job_id} {status} ({finish_reason or error.get('code') or 'no reason'})"
+                + (f": {why}" if why else ""))
+    return code
+
+
+SERVICE_COMMANDS = ("worker", "beat")
+"""The Procfile's processes: their JSON logs go to stderr, where a process manager reads them.
+Every other command is for a person: its JSON logs go to $AGENTQ_HOME/agentq.log (and to
+stderr too with -v)."""
+
+
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context):
+        from agentq.errors import ConfigError
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:  # a setting out of range: one line, not a traceback
+            raise click.ClickException(f"configuration: {exc.message}") from None
+
+
+@click.group(cls=_Main)
+@click.version_option(package_name="agentq", prog_name="agentq",
+                      message="%(prog)s %(version)s")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print the JSON logs on stderr (they always go to "
+                   "$AGENTQ_HOME/agentq.log).")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """agentq: durable LLM agent loops on Celery."""
+    ctx.obj = {"verbose": verbose}
+    if ctx.invoked_subcommand not in SERVICE_COMMANDS:
+        _person_logging(verbose)
+
+
+def _person_logging(verbose: bool) -> None:
+    settings = get_settings()
+    logs.configure(settings.log_level, path=log_path(settings), to_stderr=verbose)
+
+
+def log_path(settings):
+    return settings.home / "agentq.log"
 
 
 # --- database ---------------------------------------------------------------------------
@@ -29,10 +121,22 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.argument("revision", default="head")
-def db_upgrade(revision: str) -> None:
+@click.option("--create/--no-create", default=True, show_default=True,
+              help="Create the Postgres database first when it does not exist.")
+def db_upgrade(revision: str, create: bool) -> None:
     """Migrate the database to REVISION (default: the newest)."""
+    from sqlalchemy.exc import OperationalError
+
     from agentq import migrate
-    migrate.upgrade(revision=revision)
+    settings = get_settings()
+    try:
+        if create and (made := migrate.create_database_if_missing(settings)):
+            click.echo(f"created database {made}")
+        migrate.upgrade(settings, revision=revision)
+    except OperationalError as exc:
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise click.ClickException(f"cannot reach the database "
+                                   f"{_safe_url(settings.database_url)}: {first}") from None
     click.echo(f"database at {revision}")
 
 
@@ -57,13 +161,9 @@ def tenants_create(name: str) -> None:
     """Make a tenant; prints it as JSON (its id is what `keys create --tenant` takes, as is
     its name)."""
     from agentq.db import session_scope
-    from agentq.errors import ClientError
     from agentq.tenants import create_tenant, tenant_object
-    try:
-        with session_scope() as session:
-            body = tenant_object(create_tenant(session, name))
-    except ClientError as exc:
-        raise click.ClickException(exc.message) from None
+    with _client_errors(), session_scope() as session:
+        body = tenant_object(create_tenant(session, name))
     click.echo(json.dumps(body))
 
 
@@ -92,16 +192,73 @@ def keys() -> None:
 def keys_create(name: str, tenant_ref: str | None, admin: bool) -> None:
     """Make a key; it is printed once on stdout, only its hash is stored."""
     from agentq.db import session_scope
-    from agentq.errors import ClientError
     from agentq.keys import create_key
     from agentq.tenants import find_tenant
-    try:
-        with session_scope() as session:
-            tenant = find_tenant(session, tenant_ref)
-            _row, key = create_key(session, name, admin, tenant.id)
-    except ClientError as exc:
-        raise click.ClickException(exc.message) from None
+    with _client_errors(), session_scope() as session:
+        _row, key = create_key(session, name, admin, find_tenant(session, tenant_ref).id)
     click.echo(key)
+
+
+@main.group()
+def modules() -> None:
+    """External tool modules: HTTP modules (GET /manifest, POST /execute) and MCP servers."""
+
+
+def _module_call(fn, *args):
+    from agentq.db import session_scope
+    from agentq.tools.registry import get_registry
+    with _client_errors(), session_scope() as session:
+        return fn(session, get_registry(get_settings()), *args)
+
+
+@modules.command("add")
+@click.argument("name")
+@click.argument("url", required=False)
+@click.option("--slow", is_flag=True, help="Run its tools on tools.slow.<name>.")
+@click.option("--secret", default=None, envvar="AGENTQ_NEW_MODULE_SECRET",
+              help="`whsec_…`: requests to the module are signed with it (Standard "
+                   "Webhooks). Also read from AGENTQ_NEW_MODULE_SECRET.")
+@click.option("--mcp", "mcp_kind", is_flag=True, help="The module is an MCP server (URL: "
+              "streamable HTTP; or --command).")
+@click.option("--command", "command", default=None,
+              help="An MCP server started over stdio, e.g. 'python -m examples.mcp_server'.")
+def modules_add(name: str, url: str | None, slow: bool, secret: str | None, mcp_kind: bool,
+                command: str | None) -> None:
+    """Register a module by URL; its manifest is fetched and checked first. Prints it."""
+    import shlex
+
+    from agentq.modules import add_module
+    from agentq.tools.remote import ModuleSpec
+    spec = ModuleSpec(name=name, kind="mcp" if (mcp_kind or command) else "http", url=url,
+                      command=tuple(shlex.split(command)) if command else None, slow=slow,
+                      secret=secret)
+    click.echo(json.dumps(_module_call(add_module, spec)))
+
+
+@modules.command("list")
+def modules_list() -> None:
+    """Every module (python, http, mcp) with its health and tools, one JSON object a line."""
+    from agentq.modules import list_modules
+    from agentq.tools.registry import get_registry
+    for module in list_modules(get_registry(get_settings())):
+        click.echo(json.dumps(module))
+
+
+@modules.command("refresh")
+@click.argument("name")
+def modules_refresh(name: str) -> None:
+    """Fetch a module's manifest now (and cache it for an hour)."""
+    from agentq.modules import refresh_module
+    click.echo(json.dumps(_module_call(refresh_module, name)))
+
+
+@modules.command("remove")
+@click.argument("name")
+def modules_remove(name: str) -> None:
+    """Unregister a module: its tools are no longer offered."""
+    from agentq.modules import remove_module
+    _module_call(remove_module, name)
+    click.echo(json.dumps({"removed": name}))
 
 
 @main.group()
@@ -112,7 +269,8 @@ def users() -> None:
 @users.command("set")
 @click.argument("platform")
 @click.argument("platform_user_id")
-@click.option("--level", type=click.Choice(["guest", "user", "admin", "owner"]))
+@click.option("--level", type=click.Choice(["guest", "user", "admin", "owner"]),
+              help="The user's permission level (which tools it may use).")
 @click.option("--budget", help="Monthly tokens, or 'unlimited'.")
 @click.option("--tenant", "tenant_ref", default=None,
               help="The user's tenant, by id or name (default: the default tenant).")
@@ -120,14 +278,10 @@ def users_set(platform: str, platform_user_id: str, level: str | None,
               budget: str | None, tenant_ref: str | None) -> None:
     """Set a user's permission level or monthly budget (the user is made if new)."""
     from agentq.db import session_scope
-    from agentq.errors import ClientError
     from agentq.loop.identity import Incoming, resolve_user
     from agentq.tenants import find_tenant
-    with session_scope() as session:
-        try:
-            tenant_id = find_tenant(session, tenant_ref).id
-        except ClientError as exc:
-            raise click.ClickException(exc.message) from None
+    with _client_errors(), session_scope() as session:
+        tenant_id = find_tenant(session, tenant_ref).id
         user = resolve_user(session, tenant_id, Incoming(platform, platform_user_id, "-"),
                             get_settings())
         if level:
@@ -137,6 +291,241 @@ def users_set(platform: str, platform_user_id: str, level: str | None,
         click.echo(json.dumps({"user_id": str(user.id), "permission_level":
                                user.permission_level,
                                "token_budget_monthly": user.token_budget_monthly}))
+
+
+@users.command("list")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="How many users to list, oldest first.")
+def users_list(tenant_ref: str | None, limit: int) -> None:
+    """The tenant's users with their identities, one JSON object a line."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        found = admin.list_users(session, tenant_id, limit)
+        links = admin.identities(session, [u.id for u in found])
+        for user in found:
+            click.echo(json.dumps(admin.user_object(user, links[user.id])))
+
+
+@users.command("show")
+@click.argument("user_id")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def users_show(user_id: str, tenant_ref: str | None) -> None:
+    """A user (by id, or PLATFORM:PLATFORM_USER_ID), usage this period and token logs."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        user = _find_user(session, tenant_id, user_id)
+        click.echo(json.dumps(admin.user_detail(session, get_settings(), user), indent=2))
+
+
+@users.command("link")
+@click.argument("user_id")
+@click.argument("platform")
+@click.argument("platform_user_id")
+@click.option("--username", default=None, help="The name shown on that platform.")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def users_link(user_id: str, platform: str, platform_user_id: str, username: str | None,
+               tenant_ref: str | None) -> None:
+    """Link another platform identity to a user (by id, or PLATFORM:PLATFORM_USER_ID)."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        user = _find_user(session, tenant_id, user_id)
+        admin.link_identity(session, user, platform, platform_user_id, username)
+        click.echo(json.dumps(admin.user_object(
+            user, admin.identities(session, [user.id])[user.id])))
+
+
+def _find_user(session, tenant_id, ref: str):
+    from agentq import admin
+    platform, sep, platform_user_id = ref.partition(":")
+    if sep and platform and platform_user_id:
+        return admin.find_user_by_identity(session, tenant_id, platform, platform_user_id)
+    return admin.find_user(session, tenant_id, ref)
+
+
+@contextmanager
+def _client_errors() -> Iterator[None]:
+    """A ClientError (what the API answers with a 4xx) becomes one clean line, exit 1."""
+    from agentq.errors import ClientError
+    try:
+        yield
+    except ClientError as exc:
+        detail = exc.message
+        fields = exc.details.get("fields")
+        if fields:
+            detail += " " + json.dumps(fields)
+        raise click.ClickException(detail) from None
+
+
+@contextmanager
+def _admin_session(tenant_ref: str | None) -> Iterator[tuple[Session, uuid.UUID]]:
+    """A transaction in a tenant for the admin subcommands; ClientErrors become clean
+    messages (exit 1), like the API's 4xx."""
+    from agentq.db import session_scope
+    from agentq.tenants import find_tenant
+    with _client_errors(), session_scope() as session:
+        yield session, find_tenant(session, tenant_ref).id
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """Every key (never the key itself), one JSON object a line."""
+    from agentq.keys import key_object, list_keys
+    with _admin_session(None) as (session, _tenant):
+        for row in list_keys(session):
+            click.echo(json.dumps(key_object(row)))
+
+
+@keys.command("revoke")
+@click.argument("key_id", type=click.UUID)
+def keys_revoke(key_id) -> None:
+    """Revoke a key: it answers 401 from now on."""
+    from agentq.errors import NotFound
+    from agentq.keys import key_object, revoke_key
+    with _admin_session(None) as (session, _tenant):
+        row = revoke_key(session, key_id)
+        if row is None:
+            raise NotFound("key", str(key_id))
+        click.echo(json.dumps(key_object(row)))
+
+
+@keys.command("rotate")
+@click.argument("key_id", type=click.UUID)
+def keys_rotate(key_id) -> None:
+    """Revoke a key and print its successor (same name, tenant, scope) once."""
+    from agentq import admin
+    with _admin_session(None) as (session, _tenant):
+        _row, key = admin.rotate_key(session, key_id)
+    click.echo(key)
+
+
+@main.group()
+def personas() -> None:
+    """Personas: who the agent answers as (system prompt, tool modules, model)."""
+
+
+def _persona_options(command, create: bool):
+    options = [
+        click.option("--tenant", "tenant_ref", default=None,
+                     help="By id or name (default tenant)."),
+        click.option("--system-prompt", default=None,
+                     help="The system prompt its jobs start with."),
+        click.option("--platform", default=None,
+                     help="Only for messages from this platform."),
+        click.option("--server", "platform_server_id", default=None,
+                     help="Only for messages from this server (platform_server_id)."),
+        click.option("--modules", default=None,
+                     help="Comma-separated tool modules; 'default' for the configured ones."),
+        click.option("--model", "default_model", default=None,
+                     help="The model its jobs use (default: AGENTQ_MODEL)."),
+        click.option("--max-tokens", "max_tokens_per_request", type=click.IntRange(1),
+                     default=None, help="The most output tokens one model call may ask for."),
+        click.option("--default/--not-default", "is_default", default=None,
+                     help="Make it the tenant's default (the first persona is)."),
+    ]
+    if not create:
+        options.append(click.option("--name", default=None, help="A new name."))
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _persona_data(values: dict) -> dict:
+    from agentq import admin
+    from agentq.tools.registry import get_registry
+    data = {k: v for k, v in values.items() if v is not None and k != "tenant_ref"
+            and k != "modules"}
+    modules = values.get("modules")
+    if modules is not None:
+        data["allowed_modules"] = (None if modules == "default" else
+                                   [m.strip() for m in modules.split(",") if m.strip()])
+        admin.check_modules(data["allowed_modules"], get_registry(get_settings()).modules)
+    return data
+
+
+@personas.command("create")
+@click.argument("name")
+def personas_create(name: str, **values) -> None:
+    """Make a persona; prints it as JSON."""
+    from agentq import admin
+    with _admin_session(values["tenant_ref"]) as (session, tenant_id):
+        data = {**_persona_data(values), "name": name}
+        click.echo(json.dumps(admin.persona_object(admin.create_persona(session, tenant_id,
+                                                                        data))))
+
+
+personas_create = _persona_options(personas_create, create=True)
+
+
+@personas.command("update")
+@click.argument("persona_id")
+def personas_update(persona_id: str, **values) -> None:
+    """Change the options given; prints the persona as JSON."""
+    from agentq import admin
+    with _admin_session(values["tenant_ref"]) as (session, tenant_id):
+        persona = admin.find_persona(session, tenant_id, persona_id)
+        persona = admin.update_persona(session, persona, _persona_data(values))
+        click.echo(json.dumps(admin.persona_object(persona)))
+
+
+personas_update = _persona_options(personas_update, create=False)
+
+
+@personas.command("list")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def personas_list(tenant_ref: str | None) -> None:
+    """The tenant's personas, one JSON object a line."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        for persona in admin.list_personas(session, tenant_id):
+            click.echo(json.dumps(admin.persona_object(persona)))
+
+
+@personas.command("show")
+@click.argument("persona_id")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def personas_show(persona_id: str, tenant_ref: str | None) -> None:
+    """One persona as JSON."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        click.echo(json.dumps(admin.persona_object(admin.find_persona(session, tenant_id,
+                                                                      persona_id))))
+
+
+@personas.command("delete")
+@click.argument("persona_id")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def personas_delete(persona_id: str, tenant_ref: str | None) -> None:
+    """Delete a persona (the oldest other one becomes the default if it was)."""
+    from agentq import admin
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        persona = admin.find_persona(session, tenant_id, persona_id)
+        ident = str(persona.id)
+        admin.delete_persona(session, persona)
+    click.echo(json.dumps({"id": ident, "deleted": True}))
+
+
+@main.command("usage")
+@click.option("--by", "group_by", type=click.Choice(["user", "persona", "model"]),
+              default="user", show_default=True, help="One row per user, persona or model.")
+@click.option("--since", type=click.DateTime(), default=None,
+              help="UTC; default: --until less the budget period.")
+@click.option("--until", type=click.DateTime(), default=None, help="UTC; default: now.")
+@click.option("--tenant", "tenant_ref", default=None, help="By id or name (default tenant).")
+def usage(group_by: str, since, until, tenant_ref: str | None) -> None:
+    """Tokens and cost per user, persona or model, one JSON object a line."""
+    from datetime import timedelta, timezone
+
+    from agentq import admin
+    from agentq.db import utcnow
+    until = until.replace(tzinfo=timezone.utc) if until else utcnow()
+    since = (since.replace(tzinfo=timezone.utc) if since
+             else until - timedelta(days=get_settings().budget_period_days))
+    if since > until:
+        raise click.BadParameter("must not be after --until", param_hint="--since")
+    with _admin_session(tenant_ref) as (session, tenant_id):
+        for row in admin.usage_report(session, tenant_id, group_by, since, until):
+            click.echo(json.dumps(row))
 
 
 # --- processes --------------------------------------------------------------------------
@@ -151,9 +540,10 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
     if kind == "orchestrator":
         queues, pool, conc = ["orchestrator"], "threads", settings.orchestrator_concurrency
     elif kind == "tools":
-        queues, pool, conc = registry.queues(slow=False), "threads", settings.tools_concurrency
+        queues, pool, conc = (registry.all_queues(slow=False), "threads",
+                              settings.tools_concurrency)
     elif kind == "tools-slow":
-        queues, pool, conc = (registry.queues(slow=True), "prefork",
+        queues, pool, conc = (registry.all_queues(slow=True), "prefork",
                               settings.slow_tools_concurrency)
     else:
         queues, pool, conc = [kind], "threads", 4
@@ -167,25 +557,81 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
 
 @main.command("beat")
 def beat() -> None:
-    """Run the periodic scheduler (the sweeper) with a worker on the maintenance queue."""
+    """Run the periodic scheduler (the sweepers, due schedules) with a worker on the
+    maintenance queue. Two may run at once: each schedule tick fires once either way."""
     settings = get_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-B",
             "-s", str(settings.home / "celerybeat-schedule"), "-Q", "maintenance",
-            "-P", "threads", "-c", "2", "-n", "beat@%h", "--without-gossip",
+            "-P", "threads", "-c", "2", "-n", f"beat-{os.getpid()}@%h", "--without-gossip",
             "--without-mingle", "-l", settings.log_level]
     os.execvp(args[0], args)
 
 
+# --- the local model as a server ---------------------------------------------------------
+@main.group("model")
+def model() -> None:
+    """The local model (the `local` extra) as an OpenAI-compatible server."""
+
+
+@model.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on (0.0.0.0 for other machines).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+              help="The port to listen on.")
+def model_serve(host: str, port: int) -> None:
+    """Run llama.cpp's OpenAI-compatible server with the packaged small model until stopped
+    (Ctrl-C, SIGTERM). It prints the variables that point agentq's processes at it."""
+    from agentq import local_model
+    try:
+        server = local_model.LocalModelServer(
+            host=host, port=port, log_path=get_settings().home / "local-model.log")
+    except local_model.LocalModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    _status_line(f"agentq: starting llama.cpp ({server.model_path.name}) on {host}:{port}, "
+                 f"log in {server.log_path} ...")
+    try:
+        server.start()
+    except local_model.LocalModelError as exc:
+        raise click.ClickException(str(exc).splitlines()[0]) from None
+    local_model.stop_on_signals(server)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    click.echo(f"model {server.alias} ready on http://{shown}:{port}/v1; agentq's processes "
+               f"need:")
+    env = {"OPENAI_BASE_URL": f"http://{shown}:{port}/v1", "OPENAI_API_KEY": "local",
+           "AGENTQ_MODEL": server.alias, **LOCAL_MODEL_SERVER_ENV}
+    for name, value in env.items():
+        click.echo(f"{name}={value}")
+    try:
+        # alive, not healthy: a busy llama.cpp server answers GET /v1/models late
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(1)
+        raise click.ClickException(f"the model server stopped:\n{server.log_tail()[-500:]}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
 # --- one machine, no servers ------------------------------------------------------------
-LOCAL_MODEL_DEFAULTS = {
+LOCAL_MODEL_SERVER_ENV = {
     "AGENTQ_LLM_TIMEOUT_S": "120",  # a small CPU model may think for a while
-    "AGENTQ_LLM_RETRIES": "1",  # a slow local server is not made faster by asking again
     "AGENTQ_MAX_TOKENS_PER_REQUEST": "256",  # tiny models ramble
     "AGENTQ_MAX_ITERATIONS": "5",  # ...and loop
+    # what makes a 135M model use a tool's result (README, "Offline"):
+    "AGENTQ_TOOL_RESULTS_AS": "user",  # its chat template drops role-`tool` messages
+    "AGENTQ_ANSWER_AFTER_TOOLS": "1",  # answer from the results instead of calling again
+    "AGENTQ_TEMPERATURE": "0",  # greedy: the same question gets the same answer
+    "AGENTQ_DEFAULT_MODULES": "math",  # one tool to choose from, not four modules' worth
+}
+"""What agentq's processes need to use the local model well (`agentq model serve` prints
+them for a deployment's environment)."""
+LOCAL_MODEL_DEFAULTS = {
+    **LOCAL_MODEL_SERVER_ENV,
+    "AGENTQ_LLM_RETRIES": "1",  # a slow local server is not made faster by asking again
     "AGENTQ_GUEST_MONTHLY_TOKENS": "100000",  # local tokens cost nothing; 5000 is ~2 runs
 }
-"""Set for the local model unless the environment already sets them."""
+"""Set for the local model by `agentq run`/`dev` unless the environment already sets them."""
 
 
 def _wants_local_model(flag: bool | None) -> bool:
@@ -201,10 +647,10 @@ def _wants_local_model(flag: bool | None) -> bool:
         click.echo("agentq: OPENAI_BASE_URL and OPENAI_API_KEY are unset: using the local "
                    "model (the `local` extra; --no-local-model to skip it)", err=True)
         return True
-    click.echo(f"agentq: OPENAI_BASE_URL and OPENAI_API_KEY are unset and the local model "
-               f"is not installed ({reason}); trying OpenAI. For a model on this machine: "
-               f"{local_model.INSTALL_HINT}", err=True)
-    return False
+    raise click.ClickException(
+        f"no model: OPENAI_BASE_URL and OPENAI_API_KEY are unset and the local model is not "
+        f"installed ({reason}). For a model on this machine: {local_model.INSTALL_HINT}; "
+        f"or set OPENAI_BASE_URL (any OpenAI-compatible server) or OPENAI_API_KEY.")
 
 
 def _start_local_model():
@@ -251,7 +697,6 @@ def _embedded_worker():
     if not settings.embedded_broker:
         raise click.ClickException("`agentq dev` and `agentq run` use the embedded broker; "
                                    "unset AGENTQ_BROKER_URL or run the Procfile's processes.")
-    logs.configure(settings.log_level)
     from agentq import migrate
     migrate.upgrade(settings)
     from tasks.embedded import EmbeddedWorker
@@ -276,18 +721,55 @@ def _dev_key(settings) -> str:
     return key
 
 
+def _model_target(settings) -> str:
+    """Where this process's jobs go, in words; refuses (ClickException) when that is OpenAI
+    itself without a key that could be OpenAI's."""
+    base = os.environ.get("OPENAI_BASE_URL")
+    if base:
+        return f"model {settings.model} at {base}"
+    key = os.environ.get("OPENAI_API_KEY") or ""
+    if not key:
+        raise click.ClickException(
+            "no model server: OPENAI_BASE_URL and OPENAI_API_KEY are unset. Set "
+            "OPENAI_BASE_URL to an OpenAI-compatible server (`agentq model serve` starts the "
+            "local model on a port), or OPENAI_API_KEY for OpenAI, or pass --local-model.")
+    if not looks_like_openai_key(key):
+        raise click.ClickException(
+            "OPENAI_API_KEY does not look like an OpenAI key (they start with sk- and are "
+            "long) and OPENAI_BASE_URL is unset, so jobs would go to OpenAI and fail. Set "
+            "OPENAI_BASE_URL for another server, or a real key.")
+    return f"model {settings.model} at OpenAI (api.openai.com)"
+
+
+def looks_like_openai_key(key: str) -> bool:
+    """OpenAI's keys: `sk-` then 40 or more characters (`sk-proj-…`, `sk-svcacct-…`, ...)."""
+    return key.startswith("sk-") and len(key) >= 43 and " " not in key
+
+
 @main.command("dev")
-@click.option("--port", type=int, default=None, help="Default: $PORT or 5000.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="The API's port. Default: $PORT or 5000.")
 @click.option("--local-model", is_flag=True,
               help="Run llama.cpp's server with the packaged small model (the `local` extra) "
                    "as a child process and use it as the model server.")
 def dev(port: int | None, local_model: bool) -> None:
     """Serve the API with an in-process broker, worker and sweeper, on SQLite by default."""
+    from agentq.config import set_settings
+    if port is not None:  # file URLs and the printed address use the real port
+        os.environ["PORT"] = str(port)
+        set_settings(None)
+    if not local_model:
+        target = _model_target(get_settings())
     settings, worker, server = _embedded(local_model)
+    if local_model:
+        target = f"the local model {server.alias} at {server.base_url}"
     key = _dev_key(settings)
-    port = port or settings.port
-    click.echo(f"agentq on http://127.0.0.1:{port}  (database {settings.database_url})")
+    port = settings.port
+    click.echo(f"agentq on http://127.0.0.1:{port}  (database {_safe_url(settings.database_url)})")
+    click.echo(f"jobs go to {target}")
     click.echo(f"admin key (also in {settings.home / 'dev-key'}): {key}")
+    click.echo(f"logs: {log_path(settings)}")
+    logs.show_on_terminal("werkzeug")
     from api import create_app
     try:
         create_app(settings).run(host="127.0.0.1", port=port, threaded=True)
@@ -297,11 +779,23 @@ def dev(port: int | None, local_model: bool) -> None:
             server.stop()
 
 
-@main.command("run")
+def _safe_url(url: str) -> str:
+    """A database URL without its password."""
+    from sqlalchemy.engine import make_url
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only for display
+        return url.split("@")[-1]
+
+
+@main.command("run", epilog=EXIT_CODES_HELP)
 @click.argument("content")
-@click.option("--user", "user_id", default="local-user", show_default=True)
-@click.option("--channel", default="cli", show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=300, show_default=True)
+@click.option("--user", "user_id", default="local-user", show_default=True,
+              help="The platform user the message is from (its budget applies).")
+@click.option("--channel", default="cli", show_default=True,
+              help="The channel: one conversation per user and channel.")
+@click.option("--timeout", "timeout_s", type=float, default=300, show_default=True,
+              help="Stop waiting after this many seconds (exit status 7).")
 @click.option("--local-model/--no-local-model", default=None,
               help="Use llama.cpp's server with the packaged small model (the `local` extra). "
                    "Default: yes when OPENAI_BASE_URL and OPENAI_API_KEY are both unset and "
@@ -309,18 +803,30 @@ def dev(port: int | None, local_model: bool) -> None:
 def run(content: str, user_id: str, channel: str, timeout_s: float,
         local_model: bool | None) -> None:
     """Run one message through the whole loop in this process and print what happens."""
-    settings, worker, server = _embedded(_wants_local_model(local_model))
+    use_local = _wants_local_model(local_model)
+    if not use_local:
+        _status_line(f"agentq: jobs go to {_model_target(get_settings())}")
+    settings, worker, server = _embedded(use_local)
+    code = EXIT_ERROR
     try:
         code = _run_one(settings, content, user_id, channel, timeout_s)
     finally:
-        worker.stop()
         if server is not None:
             server.stop()
+        if code in (EXIT_TIMEOUT, EXIT_INTERRUPTED):
+            # the job is still live in this process's worker: stopping it would wait for
+            # its model call; the job stays in the database, where the sweeper re-drives it
+            # the next time this AGENTQ_HOME runs
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(code)
+        worker.stop()
     sys.exit(code)
 
 
 def _run_one(settings, content: str, user_id: str, channel: str, timeout_s: float) -> int:
-    from agentq.db import session_factory, session_scope
+    from agentq.db import session_scope
     from agentq.loop.identity import Incoming
     from agentq.loop.step import NextStep
     from agentq.loop.submit import Submission, create_job
@@ -330,36 +836,72 @@ def _run_one(settings, content: str, user_id: str, channel: str, timeout_s: floa
                                                        content))
         job_id = job.id
     dispatch([NextStep(str(job_id), 0, "start")])
-    return _follow(session_factory(settings), job_id, timeout_s)
+    return _follow(settings, job_id, timeout_s)
 
 
-def _follow(sessions, job_id: uuid.UUID, timeout_s: float) -> int:
-    """Print a job's events as they happen, then its answer."""
+def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
+    """Print a job's events as they happen, then its answer. Ctrl-C cancels the job (it ends
+    `cancelled` at its next step boundary); a second Ctrl-C stops waiting for that."""
+    from agentq.db import session_factory
+    sessions = session_factory(settings)
+    seen, deadline, cancelling = 0, time.monotonic() + timeout_s, False
+    while time.monotonic() < deadline:
+        try:
+            seen, job = _print_new_events(sessions, job_id, seen)
+            if job.status in TERMINAL_STATUSES:
+                return _print_ending(job_id, job.status, job.finish_reason, job.response or {})
+            time.sleep(EMBEDDED_POLL_S)
+        except KeyboardInterrupt:
+            if cancelling:
+                _error_line(f"stopped waiting; job {job_id} was asked to cancel")
+                return EXIT_INTERRUPTED
+            cancelling = True
+            _cancel_local(settings, job_id)
+            _status_line("· cancel requested (Ctrl-C again to stop waiting)")
+    _error_line(f"job {job_id} still running after {timeout_s:g} s")
+    return EXIT_TIMEOUT
+
+
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+EMBEDDED_POLL_S = 0.05
+"""How often `agentq run` reads its job's new events (a local SQLite read)."""
+
+
+def _print_new_events(sessions, job_id: uuid.UUID, seen: int):
     from sqlalchemy import select
 
-    from agentq.models import TERMINAL_STATUSES, Job, JobEvent
-    seen, deadline = 0, time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with sessions() as session:
-            events = session.execute(select(JobEvent).where(
-                JobEvent.job_id == job_id, JobEvent.seq > seen).order_by(JobEvent.seq)
-            ).scalars().all()
-            job = session.get(Job, job_id)
-        for event in events:
-            seen = event.seq
-            click.echo(_describe(event.type, event.data), err=True)
-        if job.status in TERMINAL_STATUSES:
-            response = job.response or {}
-            click.echo(response.get("content") or "")
-            for f in response.get("files") or []:
-                click.echo(f"  file: {f['filename']} {f['url']}")
-            return 0 if job.status == "completed" else 1
-        time.sleep(0.1)
-    click.echo(f"job {job_id} still running after {timeout_s:g} s", err=True)
-    return 2
+    from agentq.models import Job, JobEvent
+    with sessions() as session:
+        events = session.execute(select(JobEvent).where(
+            JobEvent.job_id == job_id, JobEvent.seq > seen).order_by(JobEvent.seq)
+        ).scalars().all()
+        job = session.get(Job, job_id)
+        session.expunge_all()
+    for event in events:
+        seen = event.seq
+        line = _describe(event.type, event.data)
+        if line is not None:
+            _status_line(line)
+    return seen, job
 
 
-def _describe(kind: str, data: dict) -> str:
+def _cancel_local(settings, job_id: uuid.UUID) -> None:
+    """What POST /v1/jobs/<id>/cancel does, on this process's own database and broker."""
+    from agentq.db import session_scope
+    from agentq.loop.submit import cancel
+    from agentq.models import Job
+    from tasks.dispatch import dispatch
+    with session_scope(settings) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status in TERMINAL_STATUSES:
+            return
+        effects, events = cancel(session, job)
+        events.flush(session)
+    events.announce()
+    dispatch(effects)
+
+
+def _describe(kind: str, data: dict) -> str | None:
     match kind:
         case "turn_start":
             return f"· turn {data.get('turn')}"
@@ -370,9 +912,17 @@ def _describe(kind: str, data: dict) -> str:
         case "tool_execution_start":
             return f"  → {data.get('name')} {json.dumps(data.get('arguments'))}"
         case "tool_execution_end":
-            return f"  ← {data.get('name')} {'ok' if data.get('ok') else data.get('error')}"
+            line = f"  ← {data.get('name')} {'ok' if data.get('ok') else data.get('error')}"
+            if "arguments" in data:  # rejected before it ran: what the model sent
+                line += f" {json.dumps(data.get('arguments'))}"
+            return line
+        case "waiting_provider":
+            return (f"  provider unavailable ({data.get('error')}); "
+                    f"next attempt at {data.get('next_attempt_at')}")
         case "job_end":
             return f"· {data.get('status')} ({data.get('finish_reason')})"
+        case "turn_end":
+            return None
         case _:
             return f"· {kind}"
 
@@ -463,7 +1013,8 @@ class _Progress:
     and when stderr is a terminal, a spinner saying what the job is doing."""
     STATUS = {"job_start": "starting", "turn_start": "the model is thinking",
               "tool_execution_start": "running tools", "turn_end": "the model is thinking",
-              "steering_injected": "the model is thinking"}
+              "steering_injected": "the model is thinking",
+              "waiting_provider": "waiting for the model provider"}
 
     def __init__(self, started: float):
         import threading
@@ -488,7 +1039,9 @@ class _Progress:
 
     def event(self, kind: str, data: dict) -> None:
         self.status = self.STATUS.get(kind, self.status)
-        self.line(_describe(kind, data))
+        line = _describe(kind, data)
+        if line is not None:
+            self.line(line)
 
     def line(self, text: str) -> None:
         with self.lock:
@@ -516,6 +1069,8 @@ def _follow_http(client, job_id: str, timeout_s: float) -> int:
             while not ended and time.monotonic() < deadline:
                 try:
                     for event in _sse_events(client, job_id, last):
+                        if event is not None and event.get("seq") is None:
+                            continue  # a message_delta (streamed text), not a stored event
                         if event is not None:
                             last = event["seq"]
                             progress.event(event["type"], event.get("data") or {})
@@ -526,31 +1081,28 @@ def _follow_http(client, job_id: str, timeout_s: float) -> int:
                     progress.line(f"(event stream interrupted: {exc}; resuming)")
                     time.sleep(1)
     except KeyboardInterrupt:
-        click.echo(f"\nstopped following; job {job_id} goes on "
-                   f"(agentq jobs show {job_id})", err=True)
-        return 130
+        _error_line(f"stopped following; job {job_id} goes on (agentq jobs show {job_id})")
+        return EXIT_INTERRUPTED
     if not ended:
-        click.echo(f"job {job_id} still running after {timeout_s:g} s "
-                   f"(agentq jobs show {job_id})", err=True)
-        return 2
+        _error_line(f"job {job_id} still running after {timeout_s:g} s "
+                    f"(agentq jobs show {job_id})")
+        return EXIT_TIMEOUT
     job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
-    response = job.get("response") or {}
-    if job["status"] != "completed" and response.get("error"):
-        click.echo(f"job {job['status']}: {json.dumps(response['error'])}", err=True)
-    click.echo(response.get("content") or "")
-    for f in response.get("files") or []:
-        click.echo(f"  file: {f['filename']} {f['url']}")
-    return 0 if job["status"] == "completed" else 1
+    return _print_ending(job_id, job["status"], job.get("finish_reason"),
+                         job.get("response") or {})
 
 
-@main.command("submit")
+@main.command("submit", epilog="With --wait: " + EXIT_CODES_HELP)
 @click.argument("content")
 @click.option("--wait", is_flag=True,
               help="Follow the job: its events on stderr as they happen, then the answer on "
                    "stdout. Without it, print the job's id.")
-@click.option("--user", "user_id", default="local-user", show_default=True)
-@click.option("--channel", default="cli", show_default=True)
-@click.option("--platform", default="cli", show_default=True)
+@click.option("--user", "user_id", default="local-user", show_default=True,
+              help="The platform user the message is from (its budget applies).")
+@click.option("--channel", default="cli", show_default=True,
+              help="The channel: one conversation per user, channel and thread.")
+@click.option("--platform", default="cli", show_default=True,
+              help="The platform the user and channel belong to.")
 @click.option("--thread", default=None, help="A thread is its own conversation.")
 @click.option("--on-busy", type=click.Choice(ON_BUSY_CHOICES), default=None,
               help="When the conversation already runs a job (the API's default: queue).")
@@ -577,7 +1129,7 @@ def submit(content: str, wait: bool, user_id: str, channel: str, platform: str,
 
 @main.group("jobs")
 def jobs() -> None:
-    """Jobs on a running API."""
+    """Jobs: `show` asks a running API, `list` reads the database."""
 
 
 @jobs.command("show")
@@ -602,8 +1154,44 @@ def jobs_show(job_id: str, as_json: bool, url: str | None, key: str | None) -> N
     click.echo(json.dumps(job, indent=2))
     click.echo(f"events ({len(events)}):")
     for event in events:
-        click.echo(f"  {event['seq']:>4}  {event['created_at']}  "
-                   f"{_describe(event['type'], event.get('data') or {}).strip()}")
+        line = _describe(event["type"], event.get("data") or {}) or f"· {event['type']}"
+        click.echo(f"  {event['seq']:>4}  {event['created_at']}  {line.strip()}")
+
+
+@jobs.command("list")
+@click.option("--status", type=click.Choice(["queued", "running", "completed", "failed",
+                                             "cancelled"]), default=None,
+              help="Only jobs with this status.")
+@click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True,
+              help="The newest this many jobs.")
+@click.option("--tenant", "tenant_ref", default=None,
+              help="Only this tenant's jobs, by id or name (default: every tenant's).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON job object a line instead.")
+def jobs_list(status: str | None, limit: int, tenant_ref: str | None, as_json: bool) -> None:
+    """The newest jobs in the database (AGENTQ_DATABASE_URL; the embedded SQLite file by
+    default), newest first: id, status, finish reason, created, the message's start."""
+    from sqlalchemy import select
+
+    from agentq.db import session_scope
+    from agentq.models import Job
+    from agentq.tenants import find_tenant
+    from agentq.views import job_object
+    with session_scope() as session:
+        query = select(Job).order_by(Job.created_at.desc()).limit(limit)
+        if status:
+            query = query.where(Job.status == status)
+        if tenant_ref:
+            with _client_errors():
+                query = query.where(Job.tenant_id == find_tenant(session, tenant_ref).id)
+        rows = session.execute(query).scalars().all()
+        for job in rows:
+            if as_json:
+                click.echo(json.dumps(job_object(job)))
+                continue
+            content = " ".join(job.content.split())
+            click.echo(f"{job.id}  {job.status:<9}  {job.finish_reason or '-':<15}  "
+                       f"{job.created_at:%Y-%m-%d %H:%M:%S}  "
+                       f"{content[:50] + ('…' if len(content) > 50 else '')}")
 
 
 from agentq import cli_batches  # noqa: E402,F401  (registers `batch` and `replay`)

@@ -73,9 +73,13 @@ def batch() -> None:
 @batch.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--wait", is_flag=True, help="Show progress until the batch ends.")
-@click.option("--max-concurrency", type=int, default=None)
-@click.option("--callback-url", default=None)
-@click.option("--timeout", "timeout_s", type=float, default=24 * 3600)
+@click.option("--max-concurrency", type=int, default=None,
+              help="Jobs of the batch running at once (default: "
+                   "AGENTQ_BATCH_MAX_CONCURRENCY).")
+@click.option("--callback-url", default=None,
+              help="A URL that gets one signed webhook when the batch ends.")
+@click.option("--timeout", "timeout_s", type=float, default=24 * 3600, show_default=True,
+              help="With --wait: stop following after this many seconds.")
 @_api_options
 def batch_submit(file: Path, wait: bool, max_concurrency: int | None,
                  callback_url: str | None, timeout_s: float, url: str | None,
@@ -121,12 +125,17 @@ def batch_cancel(batch_id: str, url: str | None, key: str | None) -> None:
 @main.command("replay")
 @click.argument("job_id", required=False)
 @click.option("--mode", type=click.Choice(["recorded", "live"]), default="recorded",
-              show_default=True)
+              show_default=True,
+              help="recorded: the original's model replies, tools run again; live: the "
+                   "model is asked again.")
 @click.option("--model", default=None, help="Another model (live mode).")
 @click.option("--failed", is_flag=True, help="Replay the failed jobs of a window.")
 @click.option("--since", default=None, help="With --failed: 2h, 30m, 1d or an ISO time.")
-@click.option("--until", default=None)
-@click.option("--timeout", "timeout_s", type=float, default=3600)
+@click.option("--until", default=None,
+              help="With --failed: the end of the window (2h, 30m, 1d ago or an ISO time; "
+                   "default now).")
+@click.option("--timeout", "timeout_s", type=float, default=3600, show_default=True,
+              help="How long to wait for the replays to end.")
 @_api_options
 def replay(job_id: str | None, mode: str, model: str | None, failed: bool,
            since: str | None, until: str | None, timeout_s: float, url: str | None,
@@ -141,7 +150,7 @@ def replay(job_id: str | None, mode: str, model: str | None, failed: bool,
             job = _api_call(client, "POST", f"/v1/jobs/{job_id}/replay", json=body)
             ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
                               params={"wait": 60})
-            while ended["status"] in ("queued", "running"):
+            while ended["status"] in ("queued", "running", "waiting"):
                 ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
                                   params={"wait": 60})
             _print_comparison(client, ended["id"])

@@ -24,7 +24,9 @@ def _home(env: Mapping[str, str]) -> Path:
 class Settings:
     # --- storage and transport -------------------------------------------------------
     database_url: str
-    """AGENTQ_DATABASE_URL: SQLAlchemy URL; default an embedded SQLite file in AGENTQ_HOME."""
+    """AGENTQ_DATABASE_URL: SQLAlchemy URL; default an embedded SQLite file in AGENTQ_HOME.
+    Any Postgres spelling (`postgresql://`, `postgres://`, `postgresql+psycopg://`,
+    `postgresql+psycopg2://`) runs on psycopg2, the driver agentq installs."""
     broker_url: str
     """AGENTQ_BROKER_URL: Celery broker; default `memory://` (in-process broker and worker)."""
     result_backend_url: str
@@ -52,11 +54,47 @@ class Settings:
     llm_retry_max_s: float = 8.0
     """AGENTQ_LLM_RETRY_MAX_S: the longest single backoff."""
 
+    provider_wait_s: float = 1800.0
+    """AGENTQ_PROVIDER_WAIT_S: how long a job waits (`waiting_for: provider`) while every
+    model of its chain keeps failing with transient errors, before it ends failed with
+    `provider_unavailable`."""
+    provider_retry_base_s: float = 5.0
+    """AGENTQ_PROVIDER_RETRY_BASE_S: first delay before a waiting job's next attempt;
+    doubles each attempt, with jitter; a longer `Retry-After` wins."""
+    provider_retry_max_s: float = 300.0
+    """AGENTQ_PROVIDER_RETRY_MAX_S: the longest delay between a waiting job's attempts."""
+    provider_max_concurrency: int = 0
+    """AGENTQ_PROVIDER_MAX_CONCURRENCY: model calls in flight to one provider (host), across
+    every orchestrator process (Redis); 0: no limit."""
+    provider_rate_per_s: int = 0
+    """AGENTQ_PROVIDER_RATE_PER_S: model calls started per second to one provider, across
+    every process; 0: no limit."""
+    provider_breaker_failures: int = 20
+    """AGENTQ_PROVIDER_BREAKER_FAILURES: transient failures of one provider within
+    AGENTQ_PROVIDER_BREAKER_WINDOW_S that open its circuit (no calls; jobs park); 0: none."""
+    provider_breaker_window_s: float = 10.0
+    """AGENTQ_PROVIDER_BREAKER_WINDOW_S: the window those failures are counted in."""
+    provider_breaker_open_s: float = 15.0
+    """AGENTQ_PROVIDER_BREAKER_OPEN_S: how long an open circuit stays open before it lets
+    one probe call through (half-open); the probe's success closes it."""
+
     max_tokens_per_request: int | None = None
     """AGENTQ_MAX_TOKENS_PER_REQUEST: a cap on any model call's output tokens, under the
     persona's own (local models ramble)."""
     tokenizer: str | None = None
     """AGENTQ_TOKENIZER: a .gguf whose tokenizer counts tokens when a server sends no usage."""
+    temperature: float | None = None
+    """AGENTQ_TEMPERATURE: sampling temperature sent with every model call (0..2); unset:
+    the server's default. The local model runs at 0 (greedy)."""
+    tool_results_as: str = "tool"
+    """AGENTQ_TOOL_RESULTS_AS: how a tool's result reaches the model: `tool` (a role-`tool`
+    message, the API's own form) or `user` (a user message naming the tool: for servers
+    whose chat template drops role-`tool` messages, as llama.cpp's chatml-function-calling
+    does). The local model uses `user`."""
+    answer_after_tools: bool = False
+    """AGENTQ_ANSWER_AFTER_TOOLS: 1 offers no tools on the model call right after a turn
+    whose tool calls all succeeded, so the model answers from their results (small models
+    otherwise call the tool again and again). The local model uses 1."""
     embedding_model: str = "text-embedding-3-small"
     """AGENTQ_EMBEDDING_MODEL: the model POST /v1/embed uses."""
 
@@ -73,7 +111,25 @@ class Settings:
     """AGENTQ_CONTEXT_MAX_TOKENS: token budget of the history window sent to the model."""
     history_max_messages: int = 200
     """AGENTQ_HISTORY_MAX_MESSAGES: most messages a turn reads from the history."""
-    default_guest_modules: tuple[str, ...] = ("math", "time", "files", "code")
+    context_window: int | None = None
+    """AGENTQ_CONTEXT_WINDOW: the model's context window in tokens, for every model; unset:
+    the per-model table (`agentq.loop.context.MODEL_CONTEXT_WINDOWS`), then
+    AGENTQ_MODEL_CONTEXT_WINDOWS."""
+    model_context_windows: Mapping[str, int] = field(default_factory=dict)
+    """AGENTQ_MODEL_CONTEXT_WINDOWS: `model=tokens,...` overriding the per-model table."""
+    compaction_threshold: float = 0.8
+    """AGENTQ_COMPACTION_THRESHOLD: share of the context window past which a turn's context
+    is compacted (old tool results pruned to stubs, then older turns summarised)."""
+    compaction_keep_turns: int = 2
+    """AGENTQ_COMPACTION_KEEP_TURNS: newest in-run turns never pruned nor summarised."""
+    max_seconds: float | None = None
+    """AGENTQ_MAX_SECONDS: wall time one job may run (unset: no limit); caps request limits."""
+    max_job_tokens: int | None = None
+    """AGENTQ_MAX_JOB_TOKENS: tokens (input + output) one job may use (unset: no limit);
+    caps request limits."""
+    hooks_enabled: bool = True
+    """AGENTQ_HOOKS: 0 disables the `agentq.hooks` entry points."""
+    default_guest_modules: tuple[str, ...] = ("math", "time", "files", "code", "memory")
     """AGENTQ_DEFAULT_MODULES: modules offered when no persona applies."""
     default_system_prompt: str = (
         "You are a helpful assistant. Use the tools offered when they help; "
@@ -90,14 +146,43 @@ class Settings:
     """AGENTQ_TOOL_TIME_LIMIT_S: default time limit of one tool attempt."""
     slow_tool_time_limit_s: float = 120.0
     """AGENTQ_SLOW_TOOL_TIME_LIMIT_S: default time limit of one attempt of a slow tool."""
+    tool_modules: tuple = ()
+    """AGENTQ_TOOL_MODULES: external modules of a static deployment, `name=url` comma-
+    separated (`name=mcp+http://…` for an MCP server); a module's secret in
+    AGENTQ_MODULE_SECRET_<NAME>; slow when named in AGENTQ_SLOW_MODULES."""
+    module_allow_private: bool = False
+    """AGENTQ_MODULE_ALLOW_PRIVATE: 1 lets tool modules be on private/loopback addresses."""
+    module_allow_commands: bool = False
+    """AGENTQ_MODULE_ALLOW_COMMANDS: 1 lets `POST /v1/modules` register an MCP server by a
+    command (run on every tools worker); off, only `agentq modules add --command` (an
+    operator on the machine) may."""
+    module_manifest_ttl_s: float = 3600.0
+    """AGENTQ_MODULE_MANIFEST_TTL_S: how long a module's manifest stays cached in Redis."""
+    module_sync_s: float = 2.0
+    """AGENTQ_MODULE_SYNC_S: how often a process reads the module list and cache again."""
+    module_retry_s: float = 30.0
+    """AGENTQ_MODULE_RETRY_S: how often an unhealthy module is probed (its manifest fetched)."""
+    module_fetch_timeout_s: float = 10.0
+    """AGENTQ_MODULE_FETCH_TIMEOUT_S: timeout of fetching a module's manifest."""
 
     # --- durability -----------------------------------------------------------------
     step_deadline_s: float = 300.0
     """AGENTQ_STEP_DEADLINE_S: a job not advanced for this long is re-driven by the sweeper."""
     sweep_interval_s: float = 30.0
     """AGENTQ_SWEEP_INTERVAL_S: how often the sweeper runs."""
+    approval_timeout_s: float = 86400.0
+    """AGENTQ_APPROVAL_TIMEOUT_S: how long a tool call waits for a person's approval before
+    it is denied, unless its manifest says otherwise."""
+    schedule_interval_s: float = 1.0
+    """AGENTQ_SCHEDULE_INTERVAL_S: how often beat looks for due schedules (the most a
+    firing can be late by, besides the queue)."""
     max_redrives: int = 3
-    """AGENTQ_MAX_REDRIVES: re-drives of one step before the job ends failed."""
+    """AGENTQ_MAX_REDRIVES: times one step may be taken by a worker and crash (its lease
+    runs out without progress) before the job ends failed. A re-drive no worker took is
+    never counted: a job does not fail because nothing consumed its message."""
+    redrive_backoff_max_s: float = 300.0
+    """AGENTQ_REDRIVE_BACKOFF_MAX_S: the longest wait between re-drives nobody took (the
+    wait starts at the step deadline and doubles)."""
     result_expires_s: int = 2 * 24 * 3600
     """AGENTQ_RESULT_EXPIRES_S: how long the result backend keeps task results (>= a day)."""
 
@@ -111,6 +196,15 @@ class Settings:
     webhook_retry_schedule_s: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14400,
                                                    28800, 43200)
     """AGENTQ_WEBHOOK_RETRY_SCHEDULE_S: delays before each retry (default: about a day)."""
+
+    # --- attachments ----------------------------------------------------------------------
+    attachment_max_bytes: int = 10 * 1024 * 1024
+    """AGENTQ_ATTACHMENT_MAX_BYTES: an attachment fetched from its URL may be this large."""
+    attachment_timeout_s: float = 15.0
+    """AGENTQ_ATTACHMENT_TIMEOUT_S: one attachment fetch's timeout (each network phase)."""
+    attachment_allow_private: bool = False
+    """AGENTQ_ATTACHMENT_ALLOW_PRIVATE: 1 lets attachment URLs reach private/loopback
+    addresses (the same SSRF guard as webhooks)."""
 
     # --- batches ----------------------------------------------------------------------
     batch_max_concurrency: int = 50
@@ -142,6 +236,8 @@ class Settings:
     """PORT: the web process's port (Procfile convention)."""
     log_level: str = "INFO"
     """AGENTQ_LOG_LEVEL: log level of every process."""
+    metrics_token: str | None = None
+    """AGENTQ_METRICS_TOKEN: when set, `GET /metrics` needs `Authorization: Bearer <it>`."""
 
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -160,7 +256,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = dict(os.environ if env is None else env)
         home = _home(env)
-        database_url = env.get("AGENTQ_DATABASE_URL") or f"sqlite:///{home / 'agentq.db'}"
+        database_url = normalize_database_url(
+            env.get("AGENTQ_DATABASE_URL") or f"sqlite:///{home / 'agentq.db'}")
         broker_url = env.get("AGENTQ_BROKER_URL") or "memory://"
         backend = env.get("AGENTQ_RESULT_BACKEND_URL") or _backend_for(broker_url, home)
 
@@ -198,8 +295,26 @@ class Settings:
             llm_retries=num("AGENTQ_LLM_RETRIES", cls.llm_retries, int, 0, 10),
             llm_retry_base_s=num("AGENTQ_LLM_RETRY_BASE_S", cls.llm_retry_base_s, float, 0),
             llm_retry_max_s=num("AGENTQ_LLM_RETRY_MAX_S", cls.llm_retry_max_s, float, 0),
+            provider_wait_s=num("AGENTQ_PROVIDER_WAIT_S", cls.provider_wait_s, float, 0),
+            provider_retry_base_s=num("AGENTQ_PROVIDER_RETRY_BASE_S",
+                                      cls.provider_retry_base_s, float, 0.01),
+            provider_retry_max_s=num("AGENTQ_PROVIDER_RETRY_MAX_S", cls.provider_retry_max_s,
+                                     float, 0.01),
+            provider_max_concurrency=num("AGENTQ_PROVIDER_MAX_CONCURRENCY",
+                                         cls.provider_max_concurrency, int, 0),
+            provider_rate_per_s=num("AGENTQ_PROVIDER_RATE_PER_S", cls.provider_rate_per_s,
+                                    int, 0),
+            provider_breaker_failures=num("AGENTQ_PROVIDER_BREAKER_FAILURES",
+                                          cls.provider_breaker_failures, int, 0),
+            provider_breaker_window_s=num("AGENTQ_PROVIDER_BREAKER_WINDOW_S",
+                                          cls.provider_breaker_window_s, float, 0.1),
+            provider_breaker_open_s=num("AGENTQ_PROVIDER_BREAKER_OPEN_S",
+                                        cls.provider_breaker_open_s, float, 0.1),
             max_tokens_per_request=num("AGENTQ_MAX_TOKENS_PER_REQUEST", None, int, 1),
             tokenizer=env.get("AGENTQ_TOKENIZER") or None,
+            temperature=num("AGENTQ_TEMPERATURE", None, float, 0, 2),
+            tool_results_as=_choice(env, "AGENTQ_TOOL_RESULTS_AS", ("tool", "user")),
+            answer_after_tools=_flag(env, "AGENTQ_ANSWER_AFTER_TOOLS"),
             embedding_model=env.get("AGENTQ_EMBEDDING_MODEL") or cls.embedding_model,
             max_iterations=num("AGENTQ_MAX_ITERATIONS", cls.max_iterations, int, 1,
                                MAX_ITERATIONS_CEILING),
@@ -211,6 +326,15 @@ class Settings:
             context_max_tokens=num("AGENTQ_CONTEXT_MAX_TOKENS", cls.context_max_tokens, int, 100),
             history_max_messages=num("AGENTQ_HISTORY_MAX_MESSAGES", cls.history_max_messages,
                                      int, 1),
+            context_window=num("AGENTQ_CONTEXT_WINDOW", None, int, 256),
+            model_context_windows=_windows(env.get("AGENTQ_MODEL_CONTEXT_WINDOWS")),
+            compaction_threshold=num("AGENTQ_COMPACTION_THRESHOLD", cls.compaction_threshold,
+                                     float, 0.1, 1.0),
+            compaction_keep_turns=num("AGENTQ_COMPACTION_KEEP_TURNS",
+                                      cls.compaction_keep_turns, int, 1, 100),
+            max_seconds=num("AGENTQ_MAX_SECONDS", None, float, 0.1),
+            max_job_tokens=num("AGENTQ_MAX_JOB_TOKENS", None, int, 1),
+            hooks_enabled=(env.get("AGENTQ_HOOKS") or "1").lower() not in ("0", "false", "no"),
             default_guest_modules=names("AGENTQ_DEFAULT_MODULES", cls.default_guest_modules),
             default_system_prompt=env.get("AGENTQ_SYSTEM_PROMPT") or cls.default_system_prompt,
             tool_packages=names("AGENTQ_TOOL_PACKAGES", cls.tool_packages),
@@ -221,6 +345,12 @@ class Settings:
                                   0.1),
             webhook_retry_schedule_s=_delays(env.get("AGENTQ_WEBHOOK_RETRY_SCHEDULE_S"),
                                              cls.webhook_retry_schedule_s),
+            attachment_max_bytes=num("AGENTQ_ATTACHMENT_MAX_BYTES", cls.attachment_max_bytes,
+                                     int, 1),
+            attachment_timeout_s=num("AGENTQ_ATTACHMENT_TIMEOUT_S", cls.attachment_timeout_s,
+                                     float, 0.1),
+            attachment_allow_private=(env.get("AGENTQ_ATTACHMENT_ALLOW_PRIVATE") or "0").lower()
+            in ("1", "true", "yes"),
             batch_max_concurrency=num("AGENTQ_BATCH_MAX_CONCURRENCY",
                                       cls.batch_max_concurrency, int, 1, 10000),
             max_body_bytes=num("AGENTQ_MAX_BODY_BYTES", cls.max_body_bytes, int, 1024),
@@ -228,12 +358,29 @@ class Settings:
             max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", cls.max_header_bytes, int, 256,
                                  60000),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
+            tool_modules=_static_modules(env),
+            module_allow_private=(env.get("AGENTQ_MODULE_ALLOW_PRIVATE") or "0").lower()
+            in ("1", "true", "yes"),
+            module_allow_commands=(env.get("AGENTQ_MODULE_ALLOW_COMMANDS") or "0").lower()
+            in ("1", "true", "yes"),
+            module_manifest_ttl_s=num("AGENTQ_MODULE_MANIFEST_TTL_S",
+                                      cls.module_manifest_ttl_s, float, 1),
+            module_sync_s=num("AGENTQ_MODULE_SYNC_S", cls.module_sync_s, float, 0),
+            module_retry_s=num("AGENTQ_MODULE_RETRY_S", cls.module_retry_s, float, 0),
+            module_fetch_timeout_s=num("AGENTQ_MODULE_FETCH_TIMEOUT_S",
+                                       cls.module_fetch_timeout_s, float, 0.1),
             tool_time_limit_s=num("AGENTQ_TOOL_TIME_LIMIT_S", cls.tool_time_limit_s, float, 0.1),
             slow_tool_time_limit_s=num("AGENTQ_SLOW_TOOL_TIME_LIMIT_S",
                                        cls.slow_tool_time_limit_s, float, 0.1),
             step_deadline_s=num("AGENTQ_STEP_DEADLINE_S", cls.step_deadline_s, float, 1),
             sweep_interval_s=num("AGENTQ_SWEEP_INTERVAL_S", cls.sweep_interval_s, float, 0.5),
+            approval_timeout_s=num("AGENTQ_APPROVAL_TIMEOUT_S", cls.approval_timeout_s,
+                                   float, 0.1),
+            schedule_interval_s=num("AGENTQ_SCHEDULE_INTERVAL_S", cls.schedule_interval_s,
+                                    float, 0.1),
             max_redrives=num("AGENTQ_MAX_REDRIVES", cls.max_redrives, int, 0, 100),
+            redrive_backoff_max_s=num("AGENTQ_REDRIVE_BACKOFF_MAX_S",
+                                      cls.redrive_backoff_max_s, float, 1),
             result_expires_s=num("AGENTQ_RESULT_EXPIRES_S", cls.result_expires_s, int, 86400),
             orchestrator_concurrency=num("AGENTQ_ORCHESTRATOR_CONCURRENCY",
                                          cls.orchestrator_concurrency, int, 1, 5000),
@@ -245,8 +392,70 @@ class Settings:
                         or f"http://localhost:{env.get('PORT') or 5000}").rstrip("/"),
             port=num("PORT", cls.port, int, 1, 65535),
             log_level=(env.get("AGENTQ_LOG_LEVEL") or cls.log_level).upper(),
+            metrics_token=env.get("AGENTQ_METRICS_TOKEN") or None,
             extra={k: v for k, v in env.items() if k.startswith("AGENTQ_")},
         )
+
+
+# Every spelling of a Postgres URL a user might write, and the one driver agentq installs
+# (psycopg2-binary): SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3, which is not
+# installed, and never accepted Heroku's `postgres://`.
+_POSTGRES_SCHEMES = ("postgresql+psycopg2://", "postgresql+psycopg://", "postgresql://",
+                     "postgres://", "postgres+psycopg2://", "postgres+psycopg://")
+POSTGRES_DRIVER_SCHEME = "postgresql+psycopg2://"
+
+
+def normalize_database_url(url: str) -> str:
+    """`url` with any Postgres scheme resolved to psycopg2; other URLs unchanged."""
+    stripped = url.strip()
+    lowered = stripped.lower()
+    for scheme in _POSTGRES_SCHEMES:
+        if lowered.startswith(scheme):
+            return POSTGRES_DRIVER_SCHEME + stripped[len(scheme):]
+    return stripped
+
+
+def libpq_url(url: str) -> str:
+    """A Postgres SQLAlchemy URL in the form libpq/psycopg2.connect takes (no driver)."""
+    return "postgresql://" + normalize_database_url(url).removeprefix(POSTGRES_DRIVER_SCHEME)
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """`env[name]`, one of `choices` (the first when unset)."""
+    value = (env.get(name) or choices[0]).strip().lower()
+    if value not in choices:
+        raise ConfigError(name, f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = (env.get(name) or "0").strip().lower()
+    if value not in ("0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(name, f"expected 1 or 0, got {value!r}")
+    return value in ("1", "true", "yes")
+
+
+def _static_modules(env: Mapping[str, str]) -> tuple:
+    from agentq.tools.remote import parse_static
+    return parse_static(env.get("AGENTQ_TOOL_MODULES"), dict(env))
+
+
+def _windows(raw: str | None) -> dict[str, int]:
+    """`model=tokens,...` → {model: tokens}."""
+    out: dict[str, int] = {}
+    for part in (raw or "").split(","):
+        if not part.strip():
+            continue
+        model, sep, tokens = part.rpartition("=")
+        try:
+            value = int(tokens)
+        except ValueError:
+            value = 0
+        if not sep or not model.strip() or value < 256:
+            raise ConfigError("AGENTQ_MODEL_CONTEXT_WINDOWS",
+                              f"expected model=tokens (tokens >= 256), got {part.strip()!r}")
+        out[model.strip()] = value
+    return out
 
 
 def _delays(raw: str | None, default: tuple[float, ...]) -> tuple[float, ...]:

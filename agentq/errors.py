@@ -129,20 +129,34 @@ class BudgetExceeded(JobError):
 
 
 class ProviderError(JobError):
-    """Every model in the chain failed."""
+    """Every model in the chain failed.
+
+    `transient` is True when every model's last failure was one that may pass by itself
+    (429, 5xx, a timeout, a connection error, a provider's circuit open): the job then waits
+    for the provider instead of failing. `retry_after_s` is the longest `Retry-After` (or the
+    circuit's time left) among those failures, if any said."""
     code = "provider_error"
 
-    def __init__(self, message: str, attempts: list[dict[str, Any]] | None = None):
+    def __init__(self, message: str, attempts: list[dict[str, Any]] | None = None, *,
+                 transient: bool = False, retry_after_s: float | None = None):
         super().__init__(message, attempts=attempts or [])
         self.attempts = attempts or []
+        self.transient = transient
+        self.retry_after_s = retry_after_s
 
 
 class ProviderTimeout(ProviderError):
     code = "provider_timeout"
 
     def __init__(self, timeout_s: float, model: str):
-        super().__init__(f"Model {model} did not answer within {timeout_s:g} s.")
+        super().__init__(f"Model {model} did not answer within {timeout_s:g} s.",
+                         transient=True)
         self.timeout_s, self.model = timeout_s, model
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider kept failing with transient errors for the whole wait window."""
+    code = "provider_unavailable"
 
 
 # --- tool errors: data for the model, not exceptions for us --------------------------

@@ -5,8 +5,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
+from pathlib import Path
 from typing import Any
+
+from agentq import tracing
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context",
                                                                            default={})
@@ -23,11 +27,20 @@ def unbind(token: contextvars.Token) -> None:
     _context.reset(token)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""Terminal colour and cursor codes (werkzeug colours its request lines): never in a log."""
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
                                "level": record.levelname, "logger": record.name,
-                               "msg": record.getMessage(), **_context.get()}
+                               "msg": strip_ansi(record.getMessage()), **_context.get(),
+                               **tracing.current_ids()}
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
@@ -36,14 +49,54 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(level: str = "INFO") -> None:
+class PlainFormatter(logging.Formatter):
+    """A log record as a person reads it on a terminal: its message alone, one line; colour
+    codes kept only when the stream is a terminal."""
+
+    def __init__(self, stream):
+        super().__init__("%(message)s")
+        self.stream = stream
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        return text if tty else strip_ansi(text)
+
+
+def configure(level: str = "INFO", *, path: Path | None = None,
+              to_stderr: bool = True) -> None:
+    """JSON lines on stderr (the Procfile's processes), and/or appended to `path` (the
+    commands a person runs: `agentq run`, `agentq dev`, ...; stderr then only with -v).
+    Python warnings go the same way. Configured once per process."""
     root = logging.getLogger()
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         root.setLevel(level)
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root.handlers[:] = [handler]
+    handlers: list[logging.Handler] = []
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(path, encoding="utf-8"))
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    if not handlers:
+        handlers.append(logging.NullHandler())
+    for handler in handlers:
+        handler.setFormatter(JsonFormatter())
+    root.handlers[:] = handlers
     root.setLevel(level)
+    logging.captureWarnings(True)
     for noisy in ("httpx", "httpx2", "openai", "urllib3"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def show_on_terminal(logger_name: str, level: int = logging.INFO) -> None:
+    """Also print `logger_name`'s records on stderr as plain lines (werkzeug's request lines
+    under `agentq dev`), besides the JSON log."""
+    logger = logging.getLogger(logger_name)
+    if any(isinstance(h.formatter, PlainFormatter) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PlainFormatter(sys.stderr))
+    handler.setLevel(level)
+    logger.addHandler(handler)
+    logger.setLevel(min(level, logger.getEffectiveLevel()))

@@ -31,6 +31,42 @@ def upgrade(settings: Settings | None = None, revision: str = "head") -> None:
     command.upgrade(alembic_config(settings), revision)
 
 
+def create_database_if_missing(settings: Settings | None = None) -> str | None:
+    """A Postgres database named by the URL that does not exist yet is created (through the
+    server's `postgres` database, as the URL's user); returns its name when it was made."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    settings = settings or get_settings()
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "postgresql" or not url.database:
+        return None
+    engine = create_engine(url, poolclass=_null_pool())
+    try:
+        with engine.connect():
+            return None
+    except OperationalError as exc:
+        if "does not exist" not in str(exc.orig):
+            raise
+    finally:
+        engine.dispose()
+    admin = create_engine(url.set(database="postgres"), poolclass=_null_pool(),
+                          isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            name = url.database.replace('"', '""')
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return url.database
+
+
+def _null_pool():
+    from sqlalchemy.pool import NullPool
+    return NullPool
+
+
 def downgrade(settings: Settings | None = None, revision: str = "base") -> None:
     command.downgrade(alembic_config(settings), revision)
 

@@ -14,7 +14,7 @@ from datetime import timezone
 
 from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index,
                         Integer, LargeBinary, String, Text, TypeDecorator, UniqueConstraint,
-                        Uuid)
+                        Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -44,8 +44,12 @@ class UTCDateTime(TypeDecorator):
 
 TZ = UTCDateTime()
 
-JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
-FINISH_REASONS = ("end_turn", "max_iterations", "budget_exceeded", "cancelled", "error")
+JOB_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+"""`waiting`: paused for a person's approval of a tool call (waiting_for = approval),
+holding no worker slot. (A job waiting for its model provider stays `running` here and is
+shown as `waiting`, waiting_for = provider, by the API.)"""
+FINISH_REASONS = ("end_turn", "max_iterations", "max_tokens", "max_time", "budget_exceeded",
+                  "cancelled", "error", "hook")
 MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
@@ -107,9 +111,20 @@ class Persona(Base):
     """Module names this persona may use; None = the configured default modules."""
     default_model: Mapped[str | None] = mapped_column(String(200))
     max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
+    limits: Mapped[dict[str, Any] | None]
+    """Per-job limits for this persona's jobs ({max_iterations, max_tokens, max_seconds});
+    a request's own limits and the settings cap them (the smaller wins)."""
+    stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    """Stream the model's replies (message_delta events) for every job of this persona."""
+    approval_tools: Mapped[list[Any] | None]
+    """Tool names whose calls wait for a person's approval under this persona, besides the
+    tools whose manifest says `requires_approval`."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_personas_scope", "tenant_id", "platform", "platform_server_id"),)
+    __table_args__ = (Index("ix_personas_scope", "tenant_id", "platform", "platform_server_id"),
+                      Index("uq_personas_one_default", "tenant_id", unique=True,
+                            postgresql_where=text("is_default"),
+                            sqlite_where=text("is_default")))
 
 
 class Conversation(Base):
@@ -189,6 +204,8 @@ class Job(Base):
     on_busy: Mapped[str] = mapped_column(String(16), default="queue")
     model: Mapped[str | None] = mapped_column(String(200))
     """A model asked for by this job (replays); else the persona's, else the default."""
+    stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    """Stream the model's replies as message_delta events (through the hub, not stored)."""
 
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     """Model calls completed. A step is keyed by (job id, iteration)."""
@@ -198,6 +215,11 @@ class Job(Base):
     step_lease_until: Mapped[datetime | None]
     last_progress_at: Mapped[datetime] = mapped_column(default=utcnow)
     redrives: Mapped[int] = mapped_column(Integer, default=0)
+    """Re-drives by the sweeper since the step last advanced (claimed or not)."""
+    claimed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Claims of the current step that ended without progress (a worker died mid-step)."""
+    redrive_after: Mapped[datetime | None]
+    """A re-drive nobody claimed is sent again only after this (a growing delay)."""
     cancel_requested_at: Mapped[datetime | None]
     pending_inputs: Mapped[int] = mapped_column(Integer, default=0)
     """Steering messages waiting in job_inputs: a step reads them only when there are some."""
@@ -211,15 +233,66 @@ class Job(Base):
 
     waiting_for: Mapped[str | None] = mapped_column(String(16))
     """None, or what a queued job waits for before its first step: `conversation` (another
-    job owns it: on_busy queue/interrupt) or `batch` (its batch's admission)."""
+    job owns it: on_busy queue/interrupt) or `batch` (its batch's admission); or what a
+    running job waits for between steps: `provider` (every model kept failing with
+    transient errors; shown as `status: waiting`)."""
+    provider_wait_since: Mapped[datetime | None]
+    """When the current wait for the provider began (the first transient failure of the
+    whole chain in this turn); None when not waiting."""
+    provider_next_attempt_at: Mapped[datetime | None]
+    """When a job waiting for its provider tries again."""
+    provider_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Failed attempts of the current wait."""
     replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     replay_mode: Mapped[str | None] = mapped_column(String(16))
     batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     batch_index: Mapped[int | None] = mapped_column(Integer)
     custom_id: Mapped[str | None] = mapped_column(String(255))
+    limits: Mapped[dict[str, Any] | None]
+    """The request's own limits ({max_iterations, max_tokens, max_seconds}), as sent."""
+    follow_up_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """The job made from steering that arrived too late for this one (it runs next)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+class ConversationSummary(Base):
+    """A conversation's compacted past: one current summary (the highest version) covering
+    every message up to `through_seq`; older versions are kept for audit and replay."""
+    __tablename__ = "conversation_summaries"
+    __table_args__ = (UniqueConstraint("conversation_id", "version",
+                                       name="uq_conversation_summaries_version"),)
+    id: Mapped[uuid.UUID] = _id()
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    content: Mapped[str] = mapped_column(Text)
+    through_seq: Mapped[int] = mapped_column(BigInteger)
+    messages_summarized: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    model: Mapped[str | None] = mapped_column(String(200))
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Memory(Base):
+    """Something remembered about a user (seeds 000/003), with its embedding: recalled by
+    exact cosine similarity over the user's memories (`agentq.memory`)."""
+    __tablename__ = "memories"
+    __table_args__ = (Index("ix_memories_user", "user_id", "created_at"),)
+    id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    content: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[list[Any]]
+    embedding_model: Mapped[str] = mapped_column(String(200))
+    source: Mapped[str] = mapped_column(String(32))
+    conversation_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_recalled_at: Mapped[datetime | None]
 
 
 class JobEvent(Base):
@@ -246,7 +319,11 @@ class ToolCall(Base):
     arguments: Mapped[dict[str, Any] | None]
     queue: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    """pending → succeeded | failed | cancelled."""
+    """pending → succeeded | failed | cancelled; a call of a `requires_approval` tool starts
+    `awaiting` (approval) → pending (approved) | failed (denied, timed out) | cancelled."""
+    approval_expires_at: Mapped[datetime | None]
+    """Set when the call was held for approval (and kept after): an awaiting call is denied
+    after this (agentq.approvals)."""
     result: Mapped[dict[str, Any] | None]
     """{"ok": bool, "result": ..., "error": {"code", "message"}} as the model will read it."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -338,6 +415,8 @@ class WebhookDelivery(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     next_attempt_at: Mapped[datetime | None]
+    data: Mapped[dict[str, Any] | None]
+    """What the event says besides the job object (job.approval_required: the call)."""
 
 
 class Batch(Base):
@@ -355,3 +434,73 @@ class Batch(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     cancel_requested_at: Mapped[datetime | None]
+
+
+class ToolModuleRow(Base):
+    """An external tool module registered by URL (HTTP, seed 003) or as an MCP server
+    (stdio command or streamable HTTP URL): agentq.tools.remote. Its manifest is not
+    stored here but cached in Redis for an hour."""
+    __tablename__ = "tool_modules"
+    name: Mapped[str] = mapped_column(String(31), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    url: Mapped[str | None] = mapped_column(Text)
+    command: Mapped[list[Any] | None]
+    slow: Mapped[bool] = mapped_column(Boolean, default=False)
+    secret: Mapped[str | None] = mapped_column(Text)
+    """`whsec_…`; signs every request to the module; never logged nor returned."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+SCHEDULE_KINDS = ("once", "cron")
+SCHEDULE_STATUSES = ("active", "completed", "cancelled")
+
+
+class Schedule(Base):
+    """A message to continue a conversation with later (seed 000's scheduler): once at
+    `run_at`, or on each tick of a cron expression in a time zone. Beat fires due ones
+    (agentq.schedules); each firing is a row in schedule_firings."""
+    __tablename__ = "schedules"
+    __table_args__ = (Index("ix_schedules_due", "status", "next_run_at"),)
+    id: Mapped[uuid.UUID] = _id()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                 index=True)
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                               index=True)
+    content: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(8))
+    """once | cron."""
+    run_at: Mapped[datetime | None]
+    cron: Mapped[str | None] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    next_run_at: Mapped[datetime | None]
+    """The next tick to fire; None once it will not fire again."""
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    """active → completed (a one-off that fired) | cancelled."""
+    created_by: Mapped[str] = mapped_column(String(16), default="api")
+    """api | tool (the scheduler tool module, on the model's call)."""
+    tool_use_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    """The tool call that made it: a re-run of the call makes no second schedule."""
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    fire_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_fired_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    cancelled_at: Mapped[datetime | None]
+
+
+class ScheduleFiring(Base):
+    """One firing of a schedule: the unique (schedule, tick) makes it happen once, whichever
+    beat process gets there first and however often beat restarts."""
+    __tablename__ = "schedule_firings"
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_at",
+                                       name="uq_schedule_firings_tick"),)
+    id: Mapped[uuid.UUID] = _id()
+    schedule_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("schedules.id", ondelete="CASCADE"))
+    fire_at: Mapped[datetime]
+    """The tick this firing is for (run_at, or the cron tick)."""
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    missed: Mapped[int] = mapped_column(Integer, default=0)
+    """Earlier ticks skipped by the catch-up policy (fire once, for the latest)."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -79,17 +79,48 @@ class Hub:
         """Hook for hubs with a listener to start lazily."""
 
 
+PUBLISH_POOL_SIZE = 8
+"""Redis connections one process uses for its pushes (plus one for its listener), whatever
+its thread count: a publish takes microseconds, so a few connections serve a thousand
+orchestrator threads; a thread finding them all busy waits for one."""
+POOL_WAIT_S = 5.0
+SOCKET_TIMEOUT_S = 2.0
+
+
 class RedisHub(Hub):
-    def __init__(self, url: str) -> None:
+    """Pushes through a BOUNDED pool that waits (redis-py's default pool raises "Too many
+    connections" past 100, and an orchestrator runs up to 1,000 threads). A push that still
+    fails (Redis restarting, the wait exhausted) is logged and dropped, never raised: a
+    step must not fail for it, and a waiter re-reads Postgres anyway (agentq.waiting)."""
+
+    def __init__(self, url: str, pool_size: int = PUBLISH_POOL_SIZE,
+                 pool_wait_s: float = POOL_WAIT_S) -> None:
         super().__init__()
         import redis
-        self._redis = redis.Redis.from_url(url)
+        self.pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=pool_size + 1,  # + the listener's subscription
+            timeout=pool_wait_s, socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=30)
+        self._redis = redis.Redis(connection_pool=self.pool)
         self._url = url
         self._listener: threading.Thread | None = None
         self._listening = threading.Event()
+        self.dropped = 0
 
     def publish(self, job_id: str, events: list[dict[str, Any]]) -> None:
-        self._redis.publish(CHANNEL_PREFIX + job_id, json.dumps(events, default=str))
+        payload = json.dumps(events, default=str)
+        for attempt in range(2):  # once more on a fresh connection after a reset
+            try:
+                self._redis.publish(CHANNEL_PREFIX + job_id, payload)
+                return
+            except Exception as exc:  # noqa: BLE001 - a push never fails its step
+                if attempt:
+                    self.dropped += 1
+                    log.warning("event push dropped", extra={"job_id": job_id,
+                                                             "error": repr(exc)})
+
+    def close(self) -> None:
+        self.pool.disconnect()
 
     def _started(self) -> None:
         with self._lock:
@@ -103,14 +134,20 @@ class RedisHub(Hub):
         while True:
             try:
                 pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                pubsub.psubscribe(CHANNEL_PREFIX + "*")
-                pubsub.get_message(timeout=1)  # the subscribe confirmation
-                self._listening.set()
-                for message in pubsub.listen():
-                    if message.get("type") != "pmessage":
-                        continue
-                    job_id = message["channel"].decode()[len(CHANNEL_PREFIX):]
-                    self.deliver(job_id, json.loads(message["data"]))
+                try:
+                    pubsub.psubscribe(CHANNEL_PREFIX + "*")
+                    pubsub.get_message(timeout=1)  # the subscribe confirmation
+                    self._listening.set()
+                    while True:
+                        # a timeout, not listen(): an idle subscription must not trip the
+                        # pool's socket timeout
+                        message = pubsub.get_message(timeout=SOCKET_TIMEOUT_S / 2)
+                        if message is None or message.get("type") != "pmessage":
+                            continue
+                        job_id = message["channel"].decode()[len(CHANNEL_PREFIX):]
+                        self.deliver(job_id, json.loads(message["data"]))
+                finally:
+                    pubsub.close()  # its connection goes back to the bounded pool
             except Exception:
                 log.exception("event listener lost Redis; reconnecting")
                 threading.Event().wait(LISTENER_RETRY_S)

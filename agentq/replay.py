@@ -64,7 +64,7 @@ def create_replay(session: Session, settings: Settings, original: Job, mode: str
               iteration=0, phase="llm", event_seq=0, redrives=0, input_tokens=0,
               output_tokens=0, cost_estimate=0.0, replay_of=original.id, replay_mode=mode,
               batch_id=batch_id, waiting_for="batch" if batch_id else None,
-              created_at=now, last_progress_at=now)
+              limits=original.limits, created_at=now, last_progress_at=now)
     session.add(job)
     session.flush()
     if batch_id is not None:
@@ -143,3 +143,54 @@ def compare(session: Session, replay: Job) -> dict[str, Any]:
             "same_tool_calls": bool(a and b and [
                 (c["name"], c["arguments"]) for c in a["tool_calls"]] == [
                 (c["name"], c["arguments"]) for c in b["tool_calls"]])}
+
+
+def recorded_compactions(session: Session, job: Job, turn: int
+                         ) -> list[tuple[str, dict[str, Any]]]:
+    """The original's compaction at model call `turn`, reproduced in a recorded replay: its
+    `compaction_start`/`compaction_end` events (marked `replayed`) to emit, and its summary
+    copied into the replay's conversation, mapped onto the replay's message numbers (the
+    replay holds the same history and in-run messages, shifted by the question's seq)."""
+    from agentq.models import ConversationSummary, JobEvent
+    events = session.execute(
+        select(JobEvent.seq, JobEvent.type, JobEvent.data).where(
+            JobEvent.job_id == job.replay_of,
+            JobEvent.type.in_(("compaction_start", "compaction_end")))
+        .order_by(JobEvent.seq)).all()
+    out: list[tuple[str, dict[str, Any]]] = []
+    started = False
+    for _seq, kind, data in events:
+        if kind == "compaction_start":
+            started = data.get("turn") == turn
+            if started:
+                out.append((kind, {**data, "replayed": True}))
+        elif started:
+            out.append((kind, {**data, "replayed": True}))
+            started = False
+            version = data.get("summary_version")
+            if version is None:
+                continue
+            original = session.get(Job, job.replay_of)
+            summary = session.execute(select(ConversationSummary).where(
+                ConversationSummary.conversation_id == original.conversation_id,
+                ConversationSummary.version == version)).scalar_one_or_none()
+            if summary is None:
+                continue
+            q_orig = _question_seq(session, original.id)
+            q_new = _question_seq(session, job.id)
+            current = session.execute(select(func.max(ConversationSummary.version)).where(
+                ConversationSummary.conversation_id == job.conversation_id)).scalar() or 0
+            if q_orig is None or q_new is None:
+                continue
+            session.add(ConversationSummary(
+                conversation_id=job.conversation_id, version=current + 1,
+                content=summary.content,
+                through_seq=max(0, summary.through_seq - q_orig + q_new),
+                messages_summarized=summary.messages_summarized, job_id=job.id,
+                model=summary.model, input_tokens=0, output_tokens=0, created_at=utcnow()))
+    return out
+
+
+def _question_seq(session: Session, job_id: uuid.UUID) -> int | None:
+    return session.execute(select(func.min(Message.seq)).where(
+        Message.job_id == job_id, Message.role == "user")).scalar()

@@ -16,10 +16,24 @@ def _id(value) -> str | None:
     return str(value) if value else None
 
 
+SHOWN_WAITS = frozenset({"provider", "approval"})
+"""What a live job may wait for, as API.md 1.1 shows it (`status: waiting`); a queued job
+waiting for its conversation or batch stays `queued`."""
+
+
+def job_status(job: Job) -> tuple[str, str | None]:
+    """(status, waiting_for) as the API shows them."""
+    if job.status in ("queued", "running", "waiting") and job.waiting_for in SHOWN_WAITS:
+        return "waiting", job.waiting_for
+    return job.status, None
+
+
 def job_object(job: Job) -> dict[str, Any]:
+    status, waiting_for = job_status(job)
     return {
         "id": str(job.id),
-        "status": job.status,
+        "status": status,
+        "waiting_for": waiting_for,
         "finish_reason": job.finish_reason,
         "conversation_id": str(job.conversation_id),
         "created_at": _iso(job.created_at),
@@ -31,6 +45,8 @@ def job_object(job: Job) -> dict[str, Any]:
         "response": job.response,
         "replay_of": _id(job.replay_of),
         "batch_id": _id(job.batch_id),
+        "follow_up_job_id": _id(job.follow_up_job_id),
+        "limits": job.limits,
         "metadata": job.meta or {},
     }
 

@@ -22,11 +22,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     limits.register(app, settings.max_body_bytes)
 
     from agentq.notify import hub_for
+    from agentq import metrics as recording
     from api import (admin, batches, conversations, deliveries, embed, errors, files,
-                     health, jobs)
+                     health, jobs, metrics, modules, schedules, ui)
     hub_for(settings)
+    recording.install()
+    from agentq import tracing
+    tracing.configure("api", flask_app=app, celery=True)
     errors.register(app)
-    for module in (jobs, conversations, files, health, embed, deliveries, batches, admin):
+    for module in (jobs, conversations, files, health, embed, deliveries, batches, admin,
+                   metrics, modules, schedules, ui):
         app.register_blueprint(module.bp)
     from api import openapi
     app.register_blueprint(openapi.bp)

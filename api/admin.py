@@ -1,9 +1,17 @@
-"""The admin routes, the only ones that reach across tenants (admin keys only; any other
-key gets 403): POST|GET /v1/admin/tenants, POST|GET /v1/admin/keys,
-POST /v1/admin/keys/<id>/revoke."""
+"""The admin routes (admin keys only; any other key gets 403).
+
+Across tenants: POST|GET /v1/admin/tenants, POST|GET /v1/admin/keys,
+POST /v1/admin/keys/<id>/revoke, POST /v1/admin/keys/<id>/rotate.
+
+In the admin key's tenant (agentq.admin; the same as the `agentq` subcommands):
+personas (POST|GET /v1/admin/personas, GET|PATCH|DELETE /v1/admin/personas/<id>),
+users (GET /v1/admin/users, GET|PATCH /v1/admin/users/<id>,
+POST /v1/admin/users/<id>/identities) and GET /v1/admin/usage."""
 from __future__ import annotations
 
-from flask import Blueprint, g, jsonify
+from datetime import timedelta
+
+from flask import Blueprint, g, jsonify, request
 
 from agentq.db import session_scope
 from agentq.errors import NotFound, ValidationFailed
@@ -11,7 +19,11 @@ from agentq.keys import create_key, key_object, list_keys, revoke_key
 from agentq.tenants import create_tenant, find_tenant, list_tenants, tenant_object
 from api.auth import require_key
 from api.jobs import json_body, parse_uuid
-from api.schemas import KeyRequestSchema, TenantRequestSchema
+from api.schemas import (IdentityRequestSchema, KeyRequestSchema, PageQuerySchema,
+                         PersonaRequestSchema, PersonaUpdateSchema, TenantRequestSchema,
+                         UsageQuerySchema, UserUpdateSchema)
+from agentq import admin
+from agentq.db import utcnow
 
 bp = Blueprint("admin", __name__)
 
@@ -66,3 +78,125 @@ def post_revoke(key_id: str):
         if row is None:
             raise NotFound("key", key_id)
         return jsonify(key_object(row))
+
+
+@bp.post("/v1/admin/keys/<key_id>/rotate")
+@require_key(admin=True)
+def post_rotate(key_id: str):
+    with session_scope(g.settings) as session:
+        row, key = admin.rotate_key(session, parse_uuid(key_id, "key"))
+        return _created({**key_object(row), "key": key})
+
+
+# --- personas -------------------------------------------------------------------------------
+
+def _check_persona(data: dict) -> None:
+    from agentq.tools.registry import get_registry
+    registry = get_registry(g.settings)
+    admin.check_modules(data.get("allowed_modules"), registry.modules)
+    admin.check_tools(data.get("approval_tools"), registry.tools)
+
+
+@bp.post("/v1/admin/personas")
+@require_key(admin=True)
+def post_persona():
+    data = PersonaRequestSchema().load(json_body())
+    _check_persona(data)
+    with session_scope(g.settings) as session:
+        return _created(admin.persona_object(admin.create_persona(session, g.tenant_id, data)))
+
+
+@bp.get("/v1/admin/personas")
+@require_key(admin=True)
+def get_personas():
+    with session_scope(g.settings) as session:
+        return jsonify({"data": [admin.persona_object(p)
+                                 for p in admin.list_personas(session, g.tenant_id)]})
+
+
+@bp.get("/v1/admin/personas/<persona_id>")
+@require_key(admin=True)
+def get_persona(persona_id: str):
+    with session_scope(g.settings) as session:
+        return jsonify(admin.persona_object(admin.find_persona(session, g.tenant_id,
+                                                               persona_id)))
+
+
+@bp.patch("/v1/admin/personas/<persona_id>")
+@require_key(admin=True)
+def patch_persona(persona_id: str):
+    data = PersonaUpdateSchema().load(json_body())
+    _check_persona(data)
+    with session_scope(g.settings) as session:
+        persona = admin.find_persona(session, g.tenant_id, persona_id)
+        return jsonify(admin.persona_object(admin.update_persona(session, persona, data)))
+
+
+@bp.delete("/v1/admin/personas/<persona_id>")
+@require_key(admin=True)
+def delete_persona(persona_id: str):
+    with session_scope(g.settings) as session:
+        persona = admin.find_persona(session, g.tenant_id, persona_id)
+        ident = str(persona.id)
+        admin.delete_persona(session, persona)
+    return jsonify({"id": ident, "deleted": True})
+
+
+# --- users ----------------------------------------------------------------------------------
+
+@bp.get("/v1/admin/users")
+@require_key(admin=True)
+def get_users():
+    page = PageQuerySchema().load(request.args.to_dict())
+    with session_scope(g.settings) as session:
+        users = admin.list_users(session, g.tenant_id, page["limit"], page["offset"])
+        links = admin.identities(session, [u.id for u in users])
+        return jsonify({"data": [admin.user_object(u, links[u.id]) for u in users]})
+
+
+@bp.get("/v1/admin/users/<user_id>")
+@require_key(admin=True)
+def get_user(user_id: str):
+    with session_scope(g.settings) as session:
+        user = admin.find_user(session, g.tenant_id, user_id)
+        return jsonify(admin.user_detail(session, g.settings, user))
+
+
+@bp.patch("/v1/admin/users/<user_id>")
+@require_key(admin=True)
+def patch_user(user_id: str):
+    data = UserUpdateSchema().load(json_body())
+    with session_scope(g.settings) as session:
+        user = admin.update_user(session, admin.find_user(session, g.tenant_id, user_id), data)
+        return jsonify(admin.user_detail(session, g.settings, user))
+
+
+@bp.post("/v1/admin/users/<user_id>/identities")
+@require_key(admin=True)
+def post_identity(user_id: str):
+    data = IdentityRequestSchema().load(json_body())
+    with session_scope(g.settings) as session:
+        user = admin.find_user(session, g.tenant_id, user_id)
+        _link, created = admin.link_identity(session, user, data["platform"],
+                                             data["platform_user_id"],
+                                             data["platform_username"])
+        body = admin.user_object(user, admin.identities(session, [user.id])[user.id])
+    response = jsonify(body)
+    response.status_code = 201 if created else 200
+    return response
+
+
+# --- usage ----------------------------------------------------------------------------------
+
+@bp.get("/v1/admin/usage")
+@require_key(admin=True)
+def get_usage():
+    query = UsageQuerySchema().load(request.args.to_dict())
+    until = query["until"] or utcnow()
+    since = query["since"] or until - timedelta(days=g.settings.budget_period_days)
+    if since > until:
+        raise ValidationFailed({"since": ["Must not be after until."]})
+    with session_scope(g.settings) as session:
+        rows = admin.usage_report(session, g.tenant_id, query["group_by"], since, until)
+    return jsonify({"group_by": query["group_by"], "since": since.isoformat(),
+                    "until": until.isoformat(), "data": rows})

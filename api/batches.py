@@ -101,6 +101,7 @@ def create_batch():
                                   data["platform_server_id"]),
                 content=data["content"], attachments=data["attachments"],
                 metadata=data["metadata"], callback_url=data["callback_url"],
+                limits=data["limits"], persona_id=data["persona_id"], stream=data["stream"],
                 api_key_id=g.api_key_id, tenant_id=g.tenant_id), batch_id=batch.id,
                 cache=cache).job
             job.batch_index, job.custom_id = index, data.get("custom_id")

@@ -18,6 +18,47 @@ def error_response(status: int, code: str, message: str, details: dict | None = 
     return response
 
 
+RETRY_AFTER_S = 5
+"""What a 503 asks the client to wait: about one Postgres restart or broker reconnect."""
+
+
+def unavailable_dependency(exc: BaseException) -> str | None:
+    """`database` or `broker` when `exc` (or what caused it) says that one is unreachable;
+    None for any other error (a bug stays a 500)."""
+    from sqlalchemy import exc as sa_exc
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError,
+                            sa_exc.TimeoutError)) or (
+                isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated):
+            return "database"
+        try:
+            import kombu.exceptions
+            import redis.exceptions
+            if isinstance(exc, (kombu.exceptions.OperationalError,
+                                redis.exceptions.ConnectionError,
+                                redis.exceptions.TimeoutError)):
+                return "broker"
+        except ImportError:  # pragma: no cover - both ship with celery[redis]
+            pass
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def unavailable_response(what: str):
+    """503 in the error shape with Retry-After: nothing was done; the same request (with
+    the same Idempotency-Key, for a submit) may be sent again after the wait."""
+    response = error_response(
+        503, "unavailable",
+        f"The service is briefly unavailable (its {what} cannot be reached); the request "
+        f"was not completed. Retry after {RETRY_AFTER_S} s; a submit retried with the same "
+        "Idempotency-Key creates its job once.",
+        {"unavailable": what, "retry_after_s": RETRY_AFTER_S})
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(ClientError)
     def _client(exc: ClientError):
@@ -42,5 +83,9 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
+        away = unavailable_dependency(exc)
+        if away is not None:
+            log.warning("dependency unavailable: %s (%s)", away, type(exc).__name__)
+            return unavailable_response(away)
         log.exception("unhandled error")
         return error_response(500, "internal_error", "An internal error occurred.")

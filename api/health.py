@@ -1,5 +1,7 @@
 """GET /health (alive) and GET /health/ready (the database and the broker answer, and the
-code sandbox can run code on this machine: `sandbox` in `down` otherwise)."""
+code sandbox can run code on this machine: `sandbox` in `down` otherwise). A ready answer
+also gives the backlog: live jobs the sweeper re-drove that no worker has taken yet (a
+number that grows while the orchestrator is down; those jobs wait, they do not fail)."""
 from __future__ import annotations
 
 import logging
@@ -38,12 +40,40 @@ def ready():
     sandbox_problem = sandbox.problem()
     if sandbox_problem:
         down["sandbox"] = sandbox_problem
+    modules = _modules()
+    backlog = None
+    if "database" not in down:
+        try:
+            from agentq.db import session_factory
+            from agentq.loop.sweeper import backlog as count_backlog
+            with session_factory(g.settings)() as session:
+                backlog = count_backlog(session)
+        except Exception:  # noqa: BLE001 - an informative field, never a reason to fail
+            log.warning("backlog unreadable", exc_info=True)
     if down:
         response = jsonify({"status": "unavailable", "down": sorted(down),
+                            "backlog": {"unclaimed_jobs": backlog},
+                            **({"modules": modules} if modules else {}),
                             "error": {"code": "not_ready",
                                       "message": "Not ready: " + ", ".join(sorted(down))
                                                  + " not available.",
                                       "details": down}})
         response.status_code = 503
         return response
-    return jsonify({"status": "ok"})
+    # backlog: jobs re-driven that no worker took: something should be consuming and is not
+    return jsonify({"status": "ok", "backlog": {"unclaimed_jobs": backlog},
+                    **({"modules": modules} if modules else {})})
+
+
+def _modules() -> dict[str, dict]:
+    """Each external tool module's health, shown when there are any (an unhealthy module
+    does not make agentq unready: its tools are just not offered)."""
+    try:
+        from agentq.tools.registry import get_registry
+        remote = get_registry(g.settings).remote
+        known = remote.known() if remote else {}
+    except Exception as exc:  # the database is down: reported above
+        log.warning("module health not read", extra={"error": type(exc).__name__})
+        return {}
+    return {name: {"kind": k.spec.kind, "status": k.health.get("status", "unknown"),
+                   "error": k.health.get("error")} for name, k in sorted(known.items())}

@@ -1,5 +1,6 @@
 """Submit and poll: POST /v1/messages, POST /v1/continue, GET /v1/jobs/<id>,
-POST /v1/jobs/<id>/cancel, GET /v1/jobs/<id>/events (JSON, or server-sent events)."""
+POST /v1/jobs/<id>/cancel, GET /v1/jobs/<id>/events (JSON, or server-sent events),
+POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (agentq.approvals)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
-from api.schemas import ContinueRequestSchema, MessageRequestSchema
+from agentq.loop.store import EventBuffer
+from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
+                         MessageRequestSchema)
 from api.views import accepted, job_object
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ bp = Blueprint("jobs", __name__)
 MAX_WAIT_S = 60
 EVENTS_PAGE = 500
 KEEPALIVE_S = 15.0
+DELTA = "message_delta"
 SSE_RETRY_MS = 1000
 
 
@@ -94,14 +98,17 @@ def enqueue_after_commit(effects) -> None:
 
 
 def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False,
-               body: dict | None = None):
+               body: dict | None = None, steering_input: uuid.UUID | None = None):
     """The job object, after waiting if asked; `body` (the object as just written) saves a
-    read when there is nothing to wait for."""
+    read when there is nothing to wait for. A message that steered the running job gets
+    that job with `steering`: where its input went."""
     if wait:
         wait_for_end(session_factory(g.settings), hub_for(g.settings), job_id, wait)
-    if body is None or wait:
+    if body is None or wait or steering_input is not None:
         with session_scope(g.settings) as session:
             body = job_object(session.get(Job, job_id))
+            if steering_input is not None:
+                body["steering"] = steering_status(session, job_id, steering_input)
     ended = body["status"] in TERMINAL_STATUSES
     response = jsonify(body)
     response.status_code = 200 if (wait is not None and ended) or not created else 202
@@ -110,6 +117,26 @@ def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: b
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return response
+
+
+def steering_status(session, job_id: uuid.UUID, input_id: uuid.UUID) -> dict:
+    """`queued` (waiting for the job's next turn), `injected` (the job read it) or
+    `deferred` (the job ended first: it runs as `follow_up_job_id`)."""
+    status, follow_up = "queued", None
+    events = session.execute(select(JobEvent.type, JobEvent.data).where(
+        JobEvent.job_id == job_id,
+        JobEvent.type.in_(("steering_injected", "steering_deferred")))).all()
+    for kind, data in events:
+        if kind == "steering_injected" and data.get("input_id") == str(input_id):
+            status = "injected"
+        elif kind == "steering_deferred" and str(input_id) in (data.get("input_ids") or ()):
+            status, follow_up = "deferred", data.get("follow_up_job_id")
+    message = {"queued": "The input will be read at the job's next turn.",
+               "injected": "The job read the input.",
+               "deferred": f"The job ended before reading the input; it runs as job "
+                           f"{follow_up}."}[status]
+    return {"input_id": str(input_id), "status": status, "follow_up_job_id": follow_up,
+            "message": message}
 
 
 def _submit(route: str, body: dict, sub: Submission):
@@ -134,6 +161,7 @@ def _submit(route: str, body: dict, sub: Submission):
                 submitted.events.flush(session)
                 session.flush()
                 job_id, body_now = submitted.job.id, job_object(submitted.job)
+                steering_input = submitted.steering_input_id
             break
         except IntegrityError:
             if attempt or key is None:
@@ -141,6 +169,8 @@ def _submit(route: str, body: dict, sub: Submission):
             log.info("idempotency key raced; answering with the first job")
     submitted.events.announce()
     enqueue_after_commit(submitted.effects)
+    if steering_input is not None:
+        return answer_job(job_id, wait, created=True, steering_input=steering_input)
     return answer_job(job_id, wait, created=True, body=body_now)
 
 
@@ -155,7 +185,8 @@ def submit_message():
     return _submit("/v1/messages", body, Submission(
         incoming=incoming, content=data["content"], attachments=data["attachments"],
         metadata=data["metadata"], callback_url=data["callback_url"],
-        on_busy=data["on_busy"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
+        on_busy=data["on_busy"], limits=data["limits"], persona_id=data["persona_id"],
+        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
 
 
 @bp.post("/v1/continue")
@@ -169,7 +200,8 @@ def continue_conversation():
     return _submit("/v1/continue", body, Submission(
         incoming=None, conversation_id=conversation_id, content=data["content"],
         metadata=data["metadata"], callback_url=data["callback_url"],
-        on_busy=data["on_busy"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
+        on_busy=data["on_busy"], limits=data["limits"], persona_id=data["persona_id"],
+        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
 
 
 @bp.get("/v1/jobs/<job_id>")
@@ -195,6 +227,48 @@ def cancel_job(job_id: str):
     events.announce()
     enqueue_after_commit(effects)
     return accepted(body)
+
+
+def _optional_body() -> dict:
+    """A body that may be left out (approve, deny); when sent, JSON as everywhere."""
+    if not request.get_data(cache=True):
+        return {}
+    return json_body()
+
+
+def _decide(job_id: str, decide) -> object:
+    with session_scope(g.settings) as session:
+        job = load_job(session, job_id)
+        events = EventBuffer()
+        effects = decide(session, job.id, events)
+        events.flush(session)
+        session.flush()
+        body = job_object(session.get(Job, job.id))
+    events.announce()
+    enqueue_after_commit(effects)
+    return jsonify(body)
+
+
+@bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/approve")
+@require_key()
+def approve_tool_call(job_id: str, tool_use_id: str):
+    """Run a call that waits for approval, optionally with edited arguments."""
+    from agentq.approvals import approve
+    from agentq.tools.registry import get_registry
+    data = ApproveRequestSchema().load(_optional_body())
+    registry = get_registry(g.settings)
+    return _decide(job_id, lambda session, ident, events: approve(
+        session, ident, tool_use_id, data["arguments"], registry, events))
+
+
+@bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/deny")
+@require_key()
+def deny_tool_call(job_id: str, tool_use_id: str):
+    """Refuse a call that waits for approval; the model reads a `denied` tool error."""
+    from agentq.approvals import deny
+    data = DenyRequestSchema().load(_optional_body())
+    return _decide(job_id, lambda session, ident, events: deny(
+        session, ident, tool_use_id, data["reason"], events))
 
 
 @bp.get("/v1/jobs/<job_id>/events")
@@ -234,6 +308,12 @@ def _sse(event: dict) -> str:
             f"data: {json.dumps(event, default=str)}\n\n")
 
 
+def _sse_delta(delta: dict) -> str:
+    """A message_delta: no `id` (it is not an event of the record: Last-Event-ID stays
+    at the last stored event), its JSON as `data`."""
+    return f"event: {DELTA}\ndata: {json.dumps(delta, default=str)}\n\n"
+
+
 def _stream(job_id: uuid.UUID, after: int) -> Response:
     """The backlog from Postgres, then live events pushed through the hub, until job_end.
 
@@ -258,6 +338,13 @@ def _stream(job_id: uuid.UUID, after: int) -> Response:
                     break
             while True:
                 pushed = sub.get(KEEPALIVE_S)
+                deltas = [e for e in pushed if e.get("type") == DELTA]
+                if deltas:  # streamed text: passed on as it comes, never stored
+                    for delta in deltas:
+                        yield _sse_delta(delta)
+                    pushed = [e for e in pushed if e.get("type") != DELTA]
+                    if not pushed:
+                        continue
                 if not pushed:
                     yield ": keep-alive\n\n"
                 fresh = [e for e in pushed if e["seq"] > last]

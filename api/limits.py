@@ -66,6 +66,9 @@ def request_json() -> Any:
 
 def _allowed_query(rule: str, method: str) -> set[str]:
     from api.openapi import OPERATIONS, PARAMETERS, route_key
+    if rule.startswith("/ui"):  # the dashboard's pages are outside the spec: their own list
+        from api.ui import QUERY_PARAMETERS
+        return QUERY_PARAMETERS.get(rule, set())
     operation = OPERATIONS.get(route_key("GET" if method == "HEAD" else method, rule), {})
     allowed = set()
     for parameter in operation.get("parameters", []):

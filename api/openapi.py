@@ -61,6 +61,26 @@ SCHEMAS = {
     "ApiKey": schemas.ApiKeySchema,
     "NewApiKey": schemas.NewApiKeySchema,
     "ApiKeyPage": schemas.ApiKeyPageSchema,
+    "ModuleRequest": schemas.ModuleRequestSchema,
+    "Module": schemas.ModuleSchema,
+    "ModulePage": schemas.ModulePageSchema,
+    "PersonaRequest": schemas.PersonaRequestSchema,
+    "PersonaUpdate": schemas.PersonaUpdateSchema,
+    "Persona": schemas.PersonaSchema,
+    "PersonaPage": schemas.PersonaPageSchema,
+    "Deleted": schemas.DeletedSchema,
+    "User": schemas.UserSchema,
+    "UserPage": schemas.UserPageSchema,
+    "UserDetail": schemas.UserDetailSchema,
+    "UserUpdate": schemas.UserUpdateSchema,
+    "IdentityRequest": schemas.IdentityRequestSchema,
+    "UsageReport": schemas.UsageReportSchema,
+    "ApproveRequest": schemas.ApproveRequestSchema,
+    "DenyRequest": schemas.DenyRequestSchema,
+    "ScheduleRequest": schemas.ScheduleRequestSchema,
+    "Schedule": schemas.ScheduleSchema,
+    "ScheduleDetail": schemas.ScheduleDetailSchema,
+    "SchedulePage": schemas.SchedulePageSchema,
 }
 
 
@@ -78,7 +98,9 @@ SCHEMAS["BatchRequest"] = BatchRequestSchema
 ALWAYS_COMPLETE = ("Job", "Usage", "JobResponse", "ResponseMetadata", "ToolCallSummary",
                    "FileRef", "Message", "MessagePage", "EmbedResponse", "Error", "ErrorBody",
                    "Batch", "BatchCounts", "Tenant", "TenantPage", "ApiKey", "NewApiKey",
-                   "ApiKeyPage")
+                   "ApiKeyPage", "Persona", "PersonaPage", "Deleted", "User", "UserPage",
+                   "UserDetail", "Identity", "PeriodUsage", "TokenLog", "UsageReport",
+                   "UsageRow", "Schedule", "ScheduleDetail", "ScheduleFiring", "SchedulePage")
 
 ERROR_STATUSES = {
     400: ("BadRequest", "The request cannot be read: a body that is not JSON or is nested "
@@ -95,6 +117,10 @@ ERROR_STATUSES = {
     431: ("HeadersTooLarge", "A request header is larger than the deployment allows "
                              "(`AGENTQ_MAX_HEADER_BYTES`)."),
     502: ("ProviderFailed", "The model provider failed."),
+    503: ("Unavailable", "`unavailable`: the database or the broker cannot be reached for a "
+                         "moment; nothing was done. `Retry-After` says when to send the same "
+                         "request again (a submit with the same Idempotency-Key creates its "
+                         "job once)."),
 }
 ALWAYS_POSSIBLE = (400, 431)
 """Any route may answer these (an unknown query parameter, an oversize header); a route
@@ -120,6 +146,27 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                         "description": "The same key and body within 24 h returns the first "
                                        "job; the same key with another body is `422`.",
                         "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
+    "offset": {"in": "query", "name": "offset", "required": False,
+               "description": "Skip this many.",
+               "schema": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0}},
+    "usage_group_by": {"in": "query", "name": "group_by", "required": False,
+                       "description": "One row per `user` (id), `persona` (the job's; null "
+                                      "for none) or `model`.",
+                       "schema": {"type": "string", "enum": ["user", "persona", "model"],
+                                  "default": "user"}},
+    "usage_since": {"in": "query", "name": "since", "required": False,
+                    "description": "From this time (ISO 8601; default: `until` less the "
+                                   "budget period).",
+                    "schema": {"type": "string", "format": "date-time"}},
+    "usage_until": {"in": "query", "name": "until", "required": False,
+                    "description": "Up to this time (ISO 8601; default: now).",
+                    "schema": {"type": "string", "format": "date-time"}},
+    "schedule_conversation": {"in": "query", "name": "conversation_id", "required": False,
+                              "description": "Only this conversation's schedules.",
+                              "schema": {"type": "string", "format": "uuid"}},
+    "schedule_status": {"in": "query", "name": "status", "required": False,
+                        "description": "Only schedules in this status.",
+                        "schema": {"type": "string", "enum": ["active", "completed"]}},
     "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
                       "description": "Resume after this `seq` (overrides `after`).",
                       "schema": {"type": "string", "pattern": "^[0-9]+$"}},
@@ -131,7 +178,16 @@ PATH_PARAMETERS = {
     "file_id": "The file's id.",
     "batch_id": "The batch's id.",
     "key_id": "The API key's id.",
+    "name": "The tool module's name.",
+    "persona_id": "The persona's id.",
+    "user_id": "The user's id.",
+    "schedule_id": "The schedule's id.",
+    "tool_use_id": "The tool call's id (`tool_use_id` in the `approval_required` event).",
 }
+PATH_SCHEMAS = {"name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,30}$"}}
+
+PATH_SCHEMAS = {"tool_use_id": {"type": "string", "minLength": 1, "maxLength": 64}}
+"""Path parameters that are not UUIDs."""
 
 HEADERS = {
     "Location": {"description": "The job's URL, `/v1/jobs/<id>`.",
@@ -200,8 +256,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/messages"): _submitted(
         "Submit a message", "MessageRequest",
         "An incoming message, run as a job. `on_busy` says what happens when the "
-        "conversation already runs a job; `reject` answers `409` naming it.",
-        (401, 403, 409, 415, 422), "submitMessage"),
+        "conversation already runs a job; `reject` answers `409` naming it. A `persona_id` "
+        "that is not one of the key's tenant is `404`.",
+        (401, 403, 404, 409, 415, 422), "submitMessage"),
     ("POST", "/v1/continue"): _submitted(
         "Continue a conversation", "ContinueRequest",
         "A message into an existing conversation (background jobs, the scheduler).",
@@ -273,7 +330,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["health"], "security": [],
         "responses": {"200": _json("Health", "Ready."),
                       "503": _json("NotReady", "Not ready; `down` names what is down "
-                                          "(`database`, `broker`, `sandbox`).")}},
+                                          "(`database`, `broker`, `sandbox`). "
+                                          "`modules`: each tool module's health.")}},
+    ("GET", "/metrics"): {
+        "operationId": "metrics", "summary": "Prometheus metrics of every process (docs/metrics.md)",
+        "tags": ["health"], "security": [],
+        "description": "No key unless AGENTQ_METRICS_TOKEN is set; then "
+                       "`Authorization: Bearer <token>`.",
+        "responses": {"200": {"description": "Prometheus' text exposition format.",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      "401": ERROR_STATUSES[401][0]}},
     ("GET", "/openapi.json"): {
         "operationId": "openapi", "summary": "This document", "tags": ["meta"],
         "security": [],
@@ -302,7 +368,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"202": _json("Batch", "The batch.",
                                    headers={"Location": "BatchLocation"},
                                    links=_batch_links()),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
     ("GET", "/v1/batches/{}"): {
         "operationId": "getBatch", "summary": "Get a batch", "tags": ["batches"],
         "responses": {"200": _json("Batch", "The batch."),
@@ -377,6 +443,166 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "description": "From now on the key answers `401`.",
         "responses": {"200": _json("ApiKey", "The key, revoked."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    # --- tool modules: admin keys only ----------------------------------------------------
+    ("GET", "/v1/modules"): {
+        "operationId": "listModules", "summary": "Every tool module with its tools and health",
+        "tags": ["modules"],
+        "description": "Admin keys only. `kind` is `python` (in-process), `http` or `mcp`; "
+                       "an unhealthy module's tools are not offered. Secrets are never shown "
+                       "(`signed` says whether there is one).",
+        "responses": {"200": _json("ModulePage", "Every module, python ones first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+    ("POST", "/v1/modules"): {
+        "operationId": "addModule", "summary": "Register an HTTP module or an MCP server",
+        "tags": ["modules"],
+        "description": "Admin keys only. The module's manifest (`GET <url>/manifest`, or an "
+                       "MCP server's tools) is fetched and checked first: `422` with "
+                       "`details.fields.manifest` saying what to fix when it is refused; "
+                       "`409` when the name is taken. The URL passes the SSRF guard "
+                       "(private addresses only with AGENTQ_MODULE_ALLOW_PRIVATE).",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "ModuleRequest"}}},
+        "responses": {"201": _json("Module", "The module, with its tools."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 409, 415, 422)}}},
+    ("POST", "/v1/modules/{}/refresh"): {
+        "operationId": "refreshModule", "summary": "Fetch a module's manifest now",
+        "tags": ["modules"],
+        "description": "The manifest is cached again for an hour; a module that does not "
+                       "answer is shown unhealthy. `409` for a python module.",
+        "responses": {"200": _json("Module", "The module as it is now."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("DELETE", "/v1/modules/{}"): {
+        "operationId": "removeModule", "summary": "Unregister a module",
+        "tags": ["modules"],
+        "description": "Its tools are no longer offered. `409` for a python module or one "
+                       "configured by AGENTQ_TOOL_MODULES.",
+        "responses": {"204": {"description": "Removed."},
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("POST", "/v1/admin/keys/{}/rotate"): {
+        "operationId": "rotateKey", "summary": "Rotate an API key", "tags": ["admin"],
+        "description": "Revokes the key and makes its successor (same name, tenant and "
+                       "scope); the answer holds the new key, the only time it is shown. "
+                       "`409` when the key is revoked already.",
+        "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    # --- admin: in the admin key's tenant -------------------------------------------------
+    ("POST", "/v1/admin/personas"): {
+        "operationId": "createPersona", "summary": "Make a persona", "tags": ["admin"],
+        "description": "Admin keys only. A tenant's first persona is its default; "
+                       "`is_default: true` moves the default here. `allowed_modules` must "
+                       "name known tool modules (`422`).",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "PersonaRequest"}}},
+        "responses": {"201": _json("Persona", "The new persona."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+    ("GET", "/v1/admin/personas"): {
+        "operationId": "listPersonas", "summary": "The tenant's personas", "tags": ["admin"],
+        "responses": {"200": _json("PersonaPage", "Every persona, oldest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+    ("GET", "/v1/admin/personas/{}"): {
+        "operationId": "getPersona", "summary": "Get a persona", "tags": ["admin"],
+        "responses": {"200": _json("Persona", "The persona."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("PATCH", "/v1/admin/personas/{}"): {
+        "operationId": "updatePersona", "summary": "Change a persona", "tags": ["admin"],
+        "description": "Only the fields given change. `is_default: false` on the default "
+                       "is `409` (make another the default instead).",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "PersonaUpdate"}}},
+        "responses": {"200": _json("Persona", "The persona."),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    ("DELETE", "/v1/admin/personas/{}"): {
+        "operationId": "deletePersona", "summary": "Delete a persona", "tags": ["admin"],
+        "description": "Conversations and jobs that named it go on with none; if it was the "
+                       "default, the oldest remaining persona becomes the default.",
+        "responses": {"200": _json("Deleted", "`{\"id\", \"deleted\": true}`."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("GET", "/v1/admin/users"): {
+        "operationId": "listUsers", "summary": "The tenant's users", "tags": ["admin"],
+        "parameters": ["limit", "offset"],
+        "responses": {"200": _json("UserPage", "Users, oldest first, with identities."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+    ("GET", "/v1/admin/users/{}"): {
+        "operationId": "getUser", "summary": "A user, their usage and token logs",
+        "tags": ["admin"],
+        "responses": {"200": _json("UserDetail", "The user, usage this budget period and "
+                                                 "the latest token logs."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("PATCH", "/v1/admin/users/{}"): {
+        "operationId": "updateUser", "summary": "Set a user's level, budget or name",
+        "tags": ["admin"],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "UserUpdate"}}},
+        "responses": {"200": _json("UserDetail", "The user."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+    ("POST", "/v1/admin/users/{}/identities"): {
+        "operationId": "linkIdentity", "summary": "Link another platform identity",
+        "tags": ["admin"],
+        "description": "Messages from this (platform, platform_user_id) are this user's "
+                       "from now on. `409` when it is another user's; `200` when it is "
+                       "this user's already.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "IdentityRequest"}}},
+        "responses": {"201": _json("User", "The user, with the new identity."),
+                      "200": _json("User", "The user; the identity was linked already."),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    ("GET", "/v1/admin/usage"): {
+        "operationId": "usageReport", "summary": "Tokens and cost per user, persona or model",
+        "tags": ["admin"],
+        "parameters": ["usage_group_by", "usage_since", "usage_until"],
+        "responses": {"200": _json("UsageReport", "One row per group, largest cost first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+    # --- approvals ------------------------------------------------------------------------
+    ("POST", "/v1/jobs/{}/tool_calls/{}/approve"): {
+        "operationId": "approveToolCall", "summary": "Approve a tool call", "tags": ["jobs"],
+        "description": "The call (of a `requires_approval` tool, awaiting approval: the job is "
+                       "`waiting`) runs, with `arguments` instead of the model's if given. "
+                       "`409` when the call does not await approval.",
+        "requestBody": {"required": False,
+                        "content": {"application/json": {"schema": "ApproveRequest"}}},
+        "responses": {"200": _json("Job", "The job."),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    ("POST", "/v1/jobs/{}/tool_calls/{}/deny"): {
+        "operationId": "denyToolCall", "summary": "Deny a tool call", "tags": ["jobs"],
+        "description": "The call does not run; the model reads a `denied` tool error with "
+                       "the reason. `409` when the call does not await approval.",
+        "requestBody": {"required": False,
+                        "content": {"application/json": {"schema": "DenyRequest"}}},
+        "responses": {"200": _json("Job", "The job."),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 409, 415, 422)}}},
+    # --- schedules ------------------------------------------------------------------------
+    ("POST", "/v1/schedules"): {
+        "operationId": "createSchedule", "summary": "Continue a conversation later",
+        "tags": ["schedules"],
+        "description": "Exactly one of `run_at`, `delay_s` and `cron` (+ `timezone`). Each "
+                       "firing is a POST /v1/continue job, made once per tick.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "ScheduleRequest"}}},
+        "responses": {"201": _json("ScheduleDetail", "The schedule.",
+                                   headers={"Location": {"description": "The schedule's "
+                                                                        "URL.",
+                                                         "schema": {"type": "string"}}}),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+    ("GET", "/v1/schedules"): {
+        "operationId": "listSchedules", "summary": "Schedules", "tags": ["schedules"],
+        "parameters": ["schedule_conversation", "schedule_status", "limit"],
+        "responses": {"200": _json("SchedulePage", "Newest first."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+    ("GET", "/v1/schedules/{}"): {
+        "operationId": "getSchedule", "summary": "Get a schedule and its firings",
+        "tags": ["schedules"],
+        "responses": {"200": _json("ScheduleDetail", "The schedule."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("DELETE", "/v1/schedules/{}"): {
+        "operationId": "deleteSchedule", "summary": "Cancel a schedule",
+        "tags": ["schedules"],
+        "description": "It never fires again, and is gone from these routes.",
+        "responses": {"200": _json("ScheduleDetail", "The schedule, as it ended."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
 }
 
 
@@ -391,10 +617,11 @@ def route_key(method: str, rule: str) -> tuple[str, str]:
 
 
 def app_routes(app: Flask) -> list[tuple[str, str]]:
-    """(method, Flask rule) for every route the app serves (HEAD, OPTIONS aside)."""
+    """(method, Flask rule) for every route the app serves (HEAD, OPTIONS aside), but the
+    dashboard's HTML pages under /ui (api/ui.py: for browsers, not API clients)."""
     found = []
     for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static":
+        if rule.endpoint == "static" or rule.rule.startswith("/ui"):
             continue
         for method in sorted((rule.methods or set()) - IGNORED_METHODS):
             found.append((method, rule.rule))
@@ -431,7 +658,10 @@ def build_spec(app: Flask) -> dict[str, Any]:
     for status, (name, description) in ERROR_STATUSES.items():
         spec.components.response(name, {
             "description": description,
-            "content": {"application/json": {"schema": "Error"}}})
+            "content": {"application/json": {"schema": "Error"}},
+            **({"headers": {"Retry-After": {
+                "description": "Seconds to wait before sending the request again.",
+                "schema": {"type": "integer"}}}} if status == 503 else {})})
     for name, parameter in PARAMETERS.items():
         spec.components.parameter(name, parameter["in"],
                                   {k: v for k, v in parameter.items() if k != "in"})
@@ -445,12 +675,14 @@ def build_spec(app: Flask) -> dict[str, Any]:
         extra = ALWAYS_POSSIBLE + ((413,) if "requestBody" in operation else ())
         operation["responses"] = {**operation["responses"],
                                   **{str(s): ERROR_STATUSES[s][0] for s in extra}}
+        if path not in ("/health", "/openapi.json"):  # every route that reads a dependency
+            operation["responses"].setdefault("503", ERROR_STATUSES[503][0])
         arguments = _RULE_ARG.findall(rule)
         if arguments:
             operation["parameters"] = [
                 {"in": "path", "name": arg, "required": True,
                  "description": PATH_PARAMETERS.get(arg, ""),
-                 "schema": {"type": "string", "format": "uuid"}}
+                 "schema": PATH_SCHEMAS.get(arg, {"type": "string", "format": "uuid"})}
                 for arg in arguments] + list(operation.get("parameters", []))
         paths.setdefault(path, {})[method.lower()] = operation
     for path, operations in paths.items():
@@ -459,8 +691,13 @@ def build_spec(app: Flask) -> dict[str, Any]:
     for name in ALWAYS_COMPLETE:
         component = document["components"]["schemas"].get(name)
         if component is not None and "properties" in component:
-            component["required"] = list(component["properties"])
+            component["required"] = [p for p in component["properties"]
+                                     if (name, p) not in SOMETIMES]
     return document
+
+
+SOMETIMES = {("Job", "steering")}
+"""Properties of an ALWAYS_COMPLETE object that only some answers carry."""
 
 
 def _version() -> str:

@@ -72,17 +72,26 @@ class AttachmentSchema(StrictSchema):
     mime_type = fields.String(load_default=None, allow_none=True,
                               validate=validate.Length(max=255))
     size_bytes = fields.Integer(load_default=None, allow_none=True,
-                                validate=validate.Range(min=0))
+                                validate=validate.Range(min=0, max=2**63 - 1))
     minio_key = fields.String(load_default=None, allow_none=True,
                               validate=validate.Length(max=512))
 
 
-class _DeliveryFields(StrictSchema):
-    """What a message and a continuation share: its text, delivery and bookkeeping."""
-    content = fields.String(required=True,
-                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
+class LimitsSchema(StrictSchema):
+    """Per-job execution limits (seed 001); the smaller of these, the persona's and the
+    settings' applies."""
+    max_iterations = fields.Integer(load_default=None, allow_none=True,
+                                    validate=validate.Range(min=1, max=200))
+    max_tokens = fields.Integer(load_default=None, allow_none=True,
+                                validate=validate.Range(min=1, max=10**12))
+    max_seconds = fields.Float(load_default=None, allow_none=True,
+                               validate=validate.Range(min=0.1, max=7 * 86400),
+                               allow_nan=False)
+
+
+class _CallbackAndMetadata(StrictSchema):
+    """A webhook on the job's end, and metadata echoed back (messages, schedules)."""
     callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
-    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
     metadata = fields.Dict(keys=fields.String(), load_default=dict)
 
     @validates("metadata")
@@ -93,6 +102,20 @@ class _DeliveryFields(StrictSchema):
     @validates("callback_url")
     def _callback_url_allowed(self, value: str | None, **_kw) -> None:
         _callback_allowed(value)
+
+
+class _DeliveryFields(_CallbackAndMetadata):
+    """What a message and a continuation share: its text, delivery and bookkeeping."""
+    content = fields.String(required=True,
+                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
+    on_busy = fields.String(load_default="queue", validate=validate.OneOf(ON_BUSY))
+    limits = fields.Nested(LimitsSchema, load_default=None, allow_none=True)
+    persona_id = fields.UUID(load_default=None, allow_none=True,
+                             metadata={"description": "Answer as this persona of the key's "
+                                                      "tenant (404 if it has none such)."})
+    stream = fields.Boolean(load_default=False, metadata={
+        "description": "Stream the model's replies: `message_delta` events on the job's "
+                       "event stream (server-sent events) as the text arrives; not stored."})
 
 
 class MessageRequestSchema(_DeliveryFields):
@@ -216,9 +239,20 @@ class JobResponseSchema(Schema):
     metadata = fields.Nested(ResponseMetadataSchema)
 
 
+class SteeringSchema(Schema):
+    input_id = fields.String()
+    status = fields.String(validate=validate.OneOf(("queued", "injected", "deferred")))
+    follow_up_job_id = fields.String(allow_none=True)
+    message = fields.String()
+
+
 class JobSchema(Schema):
     id = fields.String()
     status = fields.String(validate=validate.OneOf(JOB_STATUSES))
+    waiting_for = fields.String(allow_none=True, validate=validate.OneOf(
+        ("provider", "approval")), metadata={
+        "description": "What a job with status `waiting` waits for: its model provider to "
+                       "answer again (API.md 1.1), or a person's approval of a tool call."})
     finish_reason = fields.String(allow_none=True, validate=validate.OneOf(FINISH_REASONS))
     conversation_id = fields.String()
     created_at = fields.String()
@@ -229,7 +263,12 @@ class JobSchema(Schema):
     response = fields.Nested(JobResponseSchema, allow_none=True)
     replay_of = fields.String(allow_none=True)
     batch_id = fields.String(allow_none=True)
+    follow_up_job_id = fields.String(allow_none=True)
+    limits = fields.Nested(LimitsSchema, allow_none=True)
     metadata = fields.Dict()
+    steering = fields.Nested(SteeringSchema, metadata={
+        "description": "Only in the answer to a message that steered this running job "
+                       "(on_busy=steer): where the input went (docs/api-events.md)."})
 
 
 class MessageSchema(Schema):
@@ -291,14 +330,34 @@ class DeliveryPageSchema(Schema):
     data = fields.List(fields.Nested(DeliverySchema), required=True)
 
 
+class ModuleReadinessSchema(Schema):
+    kind = fields.String(required=True)
+    status = fields.String(required=True, metadata={"description": "ok, unhealthy, unknown"})
+    error = fields.String(allow_none=True)
+
+
+class BacklogSchema(Schema):
+    unclaimed_jobs = fields.Integer(allow_none=True, metadata={
+        "description": "Live jobs the sweeper re-drove that no worker has taken yet (they "
+                       "wait and are re-driven with backoff; null when unreadable)."})
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True)
+    modules = fields.Dict(keys=fields.String(), values=fields.Nested(ModuleReadinessSchema),
+                          metadata={"description": "GET /health/ready: each external tool "
+                                                   "module's health (an unhealthy module's "
+                                                   "tools are not offered; agentq stays "
+                                                   "ready)."})
+    backlog = fields.Nested(BacklogSchema, metadata={"description": "/health/ready only."})
 
 
 class NotReadySchema(Schema):
     status = fields.String(required=True)
     down = fields.List(fields.String(), required=True)
+    backlog = fields.Nested(BacklogSchema)
     error = fields.Nested(ErrorBodySchema, required=True)
+    modules = fields.Dict(keys=fields.String(), values=fields.Nested(ModuleReadinessSchema))
 
 
 class CompareToolCallSchema(Schema):
@@ -375,3 +434,286 @@ class NewApiKeySchema(ApiKeySchema):
 
 class ApiKeyPageSchema(Schema):
     data = fields.List(fields.Nested(ApiKeySchema), required=True)
+
+
+class ModuleRequestSchema(StrictSchema):
+    """POST /v1/modules: an HTTP module by url, an MCP server by url or command."""
+    name = fields.String(required=True, validate=validate.Regexp(
+        r"^[a-z][a-z0-9_]{0,30}$", error="Must be a lowercase letter, then up to 30 "
+                                          "lowercase letters, digits or underscores."))
+    kind = fields.String(load_default="http", validate=validate.OneOf(["http", "mcp"]))
+    url = fields.String(validate=validate.Length(1, 2000))
+    command = fields.List(fields.String(validate=validate.Length(1, 1000)),
+                          validate=validate.Length(1, 50))
+    slow = fields.Boolean(load_default=False)
+    secret = fields.String(validate=validate.Length(1, 500), load_only=True)
+
+
+class ModuleToolSchema(Schema):
+    name = fields.String(required=True)
+    description = fields.String(required=True)
+    parameters = fields.Dict(required=True)
+    permission = fields.String(required=True)
+
+
+class ModuleHealthSchema(Schema):
+    status = fields.String(required=True)
+    error = fields.String(allow_none=True)
+    checked_at = fields.Float(allow_none=True)
+
+
+class ModuleSchema(Schema):
+    name = fields.String(required=True)
+    kind = fields.String(required=True)
+    url = fields.String(allow_none=True)
+    command = fields.List(fields.String(), allow_none=True)
+    slow = fields.Boolean(required=True)
+    signed = fields.Boolean(required=True)
+    static = fields.Boolean(required=True)
+    health = fields.Nested(ModuleHealthSchema, required=True)
+    tools = fields.List(fields.Nested(ModuleToolSchema), required=True)
+
+
+class ModulePageSchema(Schema):
+    data = fields.List(fields.Nested(ModuleSchema), required=True)
+
+
+# --- admin: personas, users, usage (api/admin.py, agentq/admin.py) -------------------------
+
+MODULE_NAME = validate.Regexp(r"^[a-z][a-z0-9_]{0,30}$", error="Not a module name.")
+
+
+class PersonaRequestSchema(StrictSchema):
+    name = fields.String(required=True, validate=[validate.Length(1, 200), _not_blank])
+    platform = fields.String(load_default=None, allow_none=True,
+                             validate=validate.Length(1, 64))
+    platform_server_id = fields.String(load_default=None, allow_none=True,
+                                       validate=validate.Length(1, 255))
+    is_default = fields.Boolean(load_default=None, allow_none=True,
+                                metadata={"description": "Default: true for a tenant's "
+                                                         "first persona."})
+    system_prompt = fields.String(load_default=None, allow_none=True,
+                                  validate=validate.Length(max=MAX_CONTENT_CHARS))
+    allowed_modules = fields.List(fields.String(validate=MODULE_NAME), load_default=None,
+                                  allow_none=True, validate=validate.Length(max=100))
+    default_model = fields.String(load_default=None, allow_none=True,
+                                  validate=validate.Length(1, 200))
+    max_tokens_per_request = fields.Integer(load_default=None, allow_none=True,
+                                            validate=validate.Range(1, 1_000_000))
+    stream = fields.Boolean(load_default=False, metadata={
+        "description": "Stream the replies of every job of this persona."})
+    approval_tools = fields.List(
+        fields.String(validate=validate.Length(1, 255)), load_default=None, allow_none=True,
+        validate=validate.Length(max=100), metadata={
+            "description": "Tool names whose calls wait for a person's approval under this "
+                           "persona (besides those whose manifest requires it)."})
+
+
+class PersonaUpdateSchema(PersonaRequestSchema):
+    """PATCH: only the fields given change."""
+    name = fields.String(validate=[validate.Length(1, 200), _not_blank])
+    platform = fields.String(allow_none=True, validate=validate.Length(1, 64))
+    platform_server_id = fields.String(allow_none=True, validate=validate.Length(1, 255))
+    is_default = fields.Boolean()
+    system_prompt = fields.String(allow_none=True,
+                                  validate=validate.Length(max=MAX_CONTENT_CHARS))
+    allowed_modules = fields.List(fields.String(validate=MODULE_NAME), allow_none=True,
+                                  validate=validate.Length(max=100))
+    default_model = fields.String(allow_none=True, validate=validate.Length(1, 200))
+    max_tokens_per_request = fields.Integer(allow_none=True,
+                                            validate=validate.Range(1, 1_000_000))
+    stream = fields.Boolean()
+    approval_tools = fields.List(fields.String(validate=validate.Length(1, 255)),
+                                 allow_none=True, validate=validate.Length(max=100))
+
+
+class PersonaSchema(Schema):
+    id = fields.String(required=True)
+    name = fields.String(required=True)
+    platform = fields.String(allow_none=True, required=True)
+    platform_server_id = fields.String(allow_none=True, required=True)
+    is_default = fields.Boolean(required=True)
+    system_prompt = fields.String(allow_none=True, required=True)
+    allowed_modules = fields.List(fields.String(), allow_none=True, required=True)
+    default_model = fields.String(allow_none=True, required=True)
+    max_tokens_per_request = fields.Integer(allow_none=True, required=True)
+    stream = fields.Boolean(required=True)
+    approval_tools = fields.List(fields.String(), allow_none=True, required=True)
+    created_at = fields.String(required=True)
+
+
+class PersonaPageSchema(Schema):
+    data = fields.List(fields.Nested(PersonaSchema), required=True)
+
+
+class DeletedSchema(Schema):
+    id = fields.String(required=True)
+    deleted = fields.Boolean(required=True)
+
+
+class IdentitySchema(Schema):
+    platform = fields.String(required=True)
+    platform_user_id = fields.String(required=True)
+    platform_username = fields.String(allow_none=True, required=True)
+
+
+class IdentityRequestSchema(StrictSchema):
+    platform = fields.String(required=True, validate=[validate.Length(1, 64), _not_blank])
+    platform_user_id = fields.String(required=True,
+                                     validate=[validate.Length(1, 255), _not_blank])
+    platform_username = fields.String(load_default=None, allow_none=True,
+                                      validate=validate.Length(1, 255))
+
+
+class UserSchema(Schema):
+    id = fields.String(required=True)
+    display_name = fields.String(allow_none=True, required=True)
+    permission_level = fields.String(required=True)
+    token_budget_monthly = fields.Integer(allow_none=True, required=True)
+    tokens_used_this_month = fields.Integer(required=True)
+    budget_reset_at = fields.String(allow_none=True, required=True)
+    created_at = fields.String(required=True)
+    identities = fields.List(fields.Nested(IdentitySchema), required=True)
+
+
+class UserPageSchema(Schema):
+    data = fields.List(fields.Nested(UserSchema), required=True)
+
+
+class PeriodUsageSchema(Schema):
+    period_start = fields.String(required=True)
+    period_end = fields.String(required=True)
+    input_tokens = fields.Integer(required=True)
+    output_tokens = fields.Integer(required=True)
+    cost_estimate = fields.Float(required=True)
+    calls = fields.Integer(required=True)
+
+
+class TokenLogSchema(Schema):
+    id = fields.String(required=True)
+    job_id = fields.String(allow_none=True, required=True)
+    conversation_id = fields.String(allow_none=True, required=True)
+    model = fields.String(required=True)
+    input_tokens = fields.Integer(required=True)
+    output_tokens = fields.Integer(required=True)
+    cost_estimate = fields.Float(required=True)
+    created_at = fields.String(required=True)
+
+
+class UserDetailSchema(UserSchema):
+    usage = fields.Nested(PeriodUsageSchema, required=True)
+    token_logs = fields.List(fields.Nested(TokenLogSchema), required=True)
+
+
+class UserUpdateSchema(StrictSchema):
+    permission_level = fields.String(validate=validate.OneOf(("guest", "user", "admin",
+                                                              "owner")))
+    token_budget_monthly = fields.Integer(allow_none=True, strict=True,
+                                          validate=validate.Range(0, 10**15),
+                                          metadata={"description": "Tokens a budget period; "
+                                                                   "null = unlimited."})
+    display_name = fields.String(allow_none=True, validate=validate.Length(1, 200))
+
+
+class UsageRowSchema(Schema):
+    key = fields.String(allow_none=True, required=True,
+                        metadata={"description": "The user id, persona id or model."})
+    input_tokens = fields.Integer(required=True)
+    output_tokens = fields.Integer(required=True)
+    total_tokens = fields.Integer(required=True)
+    cost_estimate = fields.Float(required=True)
+    calls = fields.Integer(required=True)
+
+
+class UsageReportSchema(Schema):
+    group_by = fields.String(required=True)
+    since = fields.String(required=True)
+    until = fields.String(required=True)
+    data = fields.List(fields.Nested(UsageRowSchema), required=True)
+
+
+class UsageQuerySchema(StrictSchema):
+    group_by = fields.String(load_default="user",
+                             validate=validate.OneOf(("user", "persona", "model")))
+    since = fields.AwareDateTime(load_default=None, default_timezone=timezone.utc)
+    until = fields.AwareDateTime(load_default=None, default_timezone=timezone.utc)
+
+
+class PageQuerySchema(StrictSchema):
+    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
+    offset = fields.Integer(load_default=0, validate=validate.Range(0, 10**9))
+
+
+# --- schedules (api/schedules.py, agentq/schedules.py) --------------------------------------
+
+class ScheduleRequestSchema(_CallbackAndMetadata):
+    conversation_id = fields.UUID(required=True)
+    content = fields.String(required=True,
+                            validate=[validate.Length(1, MAX_CONTENT_CHARS), _not_blank])
+    run_at = fields.AwareDateTime(load_default=None, allow_none=True,
+                                  metadata={"description": "When to fire, with an offset."})
+    delay_s = fields.Float(load_default=None, allow_none=True,
+                           validate=validate.Range(0, 366 * 86400),
+                           metadata={"description": "Fire this many seconds from now."})
+    cron = fields.String(load_default=None, allow_none=True, validate=validate.Length(1, 200),
+                         metadata={"description": "Fire on each tick: 5 cron fields, or 6 "
+                                                  "with seconds last."})
+    timezone = fields.String(load_default=None, allow_none=True,
+                             validate=validate.Length(1, 64),
+                             metadata={"description": "The cron's IANA time zone (UTC)."})
+
+
+class ScheduleFiringSchema(Schema):
+    fire_at = fields.String(required=True)
+    job_id = fields.String(allow_none=True, required=True)
+    missed = fields.Integer(required=True)
+    created_at = fields.String(required=True)
+
+
+class ScheduleSchema(Schema):
+    id = fields.String(required=True)
+    conversation_id = fields.String(required=True)
+    content = fields.String(required=True)
+    kind = fields.String(required=True, validate=validate.OneOf(("once", "cron")))
+    run_at = fields.String(allow_none=True, required=True)
+    cron = fields.String(allow_none=True, required=True)
+    timezone = fields.String(required=True)
+    next_run_at = fields.String(allow_none=True, required=True)
+    status = fields.String(required=True,
+                           validate=validate.OneOf(("active", "completed", "cancelled")))
+    created_by = fields.String(required=True)
+    fire_count = fields.Integer(required=True)
+    last_fired_at = fields.String(allow_none=True, required=True)
+    created_at = fields.String(required=True)
+    cancelled_at = fields.String(allow_none=True, required=True)
+    metadata = fields.Dict(required=True)
+
+
+class ScheduleDetailSchema(ScheduleSchema):
+    firings = fields.List(fields.Nested(ScheduleFiringSchema), required=True,
+                          metadata={"description": "The latest firings, newest first."})
+
+
+class SchedulePageSchema(Schema):
+    data = fields.List(fields.Nested(ScheduleSchema), required=True)
+
+
+class ScheduleQuerySchema(StrictSchema):
+    conversation_id = fields.UUID()
+    status = fields.String(validate=validate.OneOf(("active", "completed")))
+    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
+
+
+# --- approvals (api/jobs.py, agentq.approvals) ----------------------------------------------
+
+class ApproveRequestSchema(StrictSchema):
+    arguments = fields.Dict(keys=fields.String(), load_default=None, allow_none=True,
+                            metadata={"description": "Run the call with these arguments "
+                                                     "instead (checked against the tool's "
+                                                     "schema: 422 if they do not fit)."})
+
+
+class DenyRequestSchema(StrictSchema):
+    reason = fields.String(load_default=None, allow_none=True,
+                           validate=validate.Length(max=2000),
+                           metadata={"description": "Told to the model with the denial."})

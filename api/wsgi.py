@@ -3,5 +3,23 @@ from agentq import logs
 from agentq.config import get_settings
 from api import create_app
 
+WEB_BACKEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
+                            "interval_max": 0.5}
+"""Celery's Redis result backend retries a lost connection 20 times, a second apart: in a
+worker that rides out a Redis restart, but a submit answered by the web process while Redis
+is away would hang ~20 s (the job is already committed; the sweeper sends it later). The
+web process gives up at once instead."""
+
+
+def _bounded_backend_retries() -> None:
+    if get_settings().embedded_broker:
+        return
+    from tasks.app import app as celery_app
+    options = dict(celery_app.conf.result_backend_transport_options or {})
+    options["retry_policy"] = WEB_BACKEND_RETRY_POLICY
+    celery_app.conf.result_backend_transport_options = options
+
+
 logs.configure(get_settings().log_level)
-app = create_app()
+app = create_app()  # first: it names this process's traces (importing tasks.app would not)
+_bounded_backend_retries()

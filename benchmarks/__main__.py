@@ -1,5 +1,6 @@
-"""`python -m benchmarks run [--quick] [--smoke] [--only NAME] [--results-dir DIR]
-[--docs PATH | --no-docs]` — see docs/benchmarks.md."""
+"""`python -m benchmarks run [--quick] [--smoke] [--only NAME] [--peer KIND] [--results-dir DIR]
+[--docs PATH | --no-docs]` — see docs/benchmarks.md; `python -m benchmarks embedded
+[--runs N]` — agentq's own time for a one-tool job through `agentq run`."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,10 @@ def parse(argv: list[str] | None):
                      help="tiny sizes: checks the code runs (with --quick)")
     run.add_argument("--only", action="append", default=[],
                      help="run only this scenario (repeatable): server, overhead, "
-                          "throughput, inflight, growth, peer")
+                          "throughput, inflight, growth, peer, batch")
+    run.add_argument("--peer", action="append", default=[],
+                     help="run only this peer in the peer scenario (repeatable): langgraph, "
+                          "langgraph-async, dbos")
     run.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     run.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"),
                      help="the markdown file to write (default docs/benchmarks.md)")
@@ -37,6 +41,21 @@ def parse(argv: list[str] | None):
     probe.add_argument("--only", action="append", default=[],
                        help="statements, commit, sdk, window (repeatable)")
     probe.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    emb = sub.add_parser("embedded", help="agentq's own time for a one-tool job through "
+                                          "`agentq run` (embedded mode; no servers needed)")
+    emb.add_argument("--runs", type=int, default=5)
+    emb.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    faults = sub.add_parser("faults", help="the fault suite: the stack on its own Postgres "
+                                           "and Redis, one fault per scenario (docs/faults.md)")
+    faults.add_argument("--jobs", type=int, default=1000, help="jobs per scenario")
+    faults.add_argument("--rate", type=float, default=10.0, help="submissions per second")
+    faults.add_argument("--only", action="append", default=[],
+                        help="a scenario (repeatable): " + ", ".join(
+                            ("none", "orchestrator_kill9", "tools_kill9", "tools_slow_kill9",
+                             "webhooks_kill9", "web_kill9", "beat_kill9", "redis_restart",
+                             "redis_flushall", "postgres_restart",
+                             "orchestrator_down_<seconds>")))
+    faults.add_argument("--results", help="write the outcomes to this JSON file")
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")
     rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
@@ -88,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     if args.command == "probe":
         return probe_main(args)
+    if args.command == "embedded":
+        from benchmarks import embedded
+        return embedded.main(args.runs, Path(args.results_dir))
+    if args.command == "faults":
+        from benchmarks import faults
+        return faults.main(args)
     if args.command == "report":
         import json
         write_docs(Path(args.docs), json.loads(Path(args.results).read_text()))
@@ -99,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"smoke": scenarios.SMOKE, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
     if args.inflight_jobs:
         sizes.inflight_jobs = args.inflight_jobs
+    from benchmarks.peer import KINDS
+    unknown_peers = [k for k in args.peer if k not in KINDS]
+    if unknown_peers:
+        print(f"unknown peer(s): {', '.join(unknown_peers)}; choose from {', '.join(KINDS)}",
+              file=sys.stderr)
+        return 2
+    if args.peer:
+        sizes.peers = list(dict.fromkeys(args.peer))
     names = args.only or list(scenarios.SCENARIOS)
     unknown = [n for n in names if n not in scenarios.SCENARIOS]
     if unknown:

@@ -5,7 +5,8 @@ that sees jobs end, and samplers for memory and CPU.
 Redis: `AGENTQ_BENCH_REDIS` (default `redis://127.0.0.1:6379/11`) — its database is flushed
 at start and end, so give the benchmark a database number nobody else uses.
 Postgres: `AGENTQ_TEST_PG` (an admin URL, default `postgresql://postgres@127.0.0.1:5432/postgres`);
-the benchmark makes `agentq_bench_<pid>` (and `agentq_bench_peer_<pid>`) and drops them after.
+the benchmark makes `agentq_bench_<pid>` (and one `agentq_bench_peer_<kind>_<pid>` per peer) and
+drops them after.
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ BENCH_ENV = {
 }
 PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_TOOLS_CONCURRENCY",
                   "AGENTQ_DB_POOL_SIZE", "AGENTQ_LOG_LEVEL", "AGENTQ_TOOL_JOIN",
-                  "AGENTQ_HISTORY_MAX_MESSAGES", "AGENTQ_CONTEXT_MAX_TOKENS")
+                  "AGENTQ_HISTORY_MAX_MESSAGES", "AGENTQ_CONTEXT_MAX_TOKENS",
+                  "AGENTQ_METRICS", "AGENTQ_TRACING")
 
 
 # --- numbers ----------------------------------------------------------------------------
@@ -200,7 +202,26 @@ class RssSampler(threading.Thread):
 
 # --- the model server -------------------------------------------------------------------
 
-class ModelServer:
+class ModelServerClient:
+    """The benchmark model server's own routes (/stats, /reset, /config), from its base URL."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self.root = base_url[:-3] if base_url.endswith("/v1") else base_url
+        self.http = requests.Session()
+
+    def stats(self) -> dict[str, Any]:
+        return self.http.get(f"{self.root}/stats", timeout=10).json()
+
+    def reset(self) -> None:
+        self.http.post(f"{self.root}/reset", timeout=10).raise_for_status()
+
+    def set_latency(self, seconds: float) -> None:
+        self.http.post(f"{self.root}/config", json={"latency_s": seconds},
+                       timeout=10).raise_for_status()
+
+
+class ModelServer(ModelServerClient):
     """`python -m benchmarks.llm_server` as a child process."""
 
     def __init__(self, latency_s: float = 0.0):
@@ -218,23 +239,11 @@ class ModelServer:
         if not line.startswith("http"):
             self.stop()
             raise StackError(f"the model server did not start: {line!r}")
-        self.base_url = line
-        self.root = line[:-3] if line.endswith("/v1") else line
-        self.http = requests.Session()
+        super().__init__(line)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    def stats(self) -> dict[str, Any]:
-        return self.http.get(f"{self.root}/stats", timeout=10).json()
-
-    def reset(self) -> None:
-        self.http.post(f"{self.root}/reset", timeout=10).raise_for_status()
-
-    def set_latency(self, seconds: float) -> None:
-        self.http.post(f"{self.root}/config", json={"latency_s": seconds},
-                       timeout=10).raise_for_status()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -244,6 +253,10 @@ class ModelServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if hasattr(self, "http"):
+            self.http.close()
 
 
 # --- the stack --------------------------------------------------------------------------
@@ -279,7 +292,8 @@ def services_answer() -> list[str]:
 
 
 def plain_pg_url(sqlalchemy_url: str) -> str:
-    return sqlalchemy_url.replace("postgresql+psycopg2://", "postgresql://")
+    from agentq.config import libpq_url
+    return libpq_url(sqlalchemy_url)
 
 
 class Lab:
@@ -289,7 +303,7 @@ class Lab:
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.db_name = f"agentq_bench_{os.getpid()}"
-        self.peer_db_name = f"agentq_bench_peer_{os.getpid()}"
+        self.peer_db_names: list[str] = []
         self.web_workers, self.web_threads = web_workers, web_threads
         self.server: ModelServer | None = None
         self.stack: BenchStack | None = None
@@ -330,17 +344,25 @@ class Lab:
             self.server.stop()
         try:
             drop_database(self.db_name)
-            drop_database(self.peer_db_name)
         except Exception:  # noqa: BLE001 - best effort
             pass
+        for name in self.peer_db_names:
+            try:
+                drop_database(name)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
         try:
             flush_redis(BENCH_REDIS_URL)
         except Exception:  # noqa: BLE001
             pass
 
-    def create_peer_database(self) -> str:
-        """An empty database for the peer's checkpointer; its plain libpq URL."""
-        return stack_mod.create_empty_database(self.peer_db_name)
+    def create_peer_database(self, kind: str = "langgraph") -> str:
+        """An empty database of the peer's own (a checkpointer's, DBOS's system database);
+        its plain libpq URL."""
+        name = f"agentq_bench_peer_{kind.replace('-', '_')}_{os.getpid()}"
+        if name not in self.peer_db_names:
+            self.peer_db_names.append(name)
+        return stack_mod.create_empty_database(name)
 
 
 # --- the client -------------------------------------------------------------------------
@@ -510,7 +532,7 @@ def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in ("agentq", "celery", "kombu", "redis", "sqlalchemy", "psycopg2-binary",
                  "openai", "flask", "gunicorn", "langgraph", "langgraph-checkpoint-postgres",
-                 "langchain-openai", "psycopg"):
+                 "langchain-openai", "psycopg", "dbos"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -8,7 +8,7 @@ HOW_TO = """\
 
 How fast agentq's machinery is around the model, how many loops one machine keeps in flight
 while models think, how per-turn cost grows with history and tool turns, and how it compares
-with LangGraph's prebuilt ReAct agent (issue 4).
+with LangGraph's prebuilt ReAct agent (sync and async) and DBOS Transact (issues 4 and 13).
 
 ## Running them
 
@@ -20,6 +20,7 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 .venv/bin/python -m benchmarks run --quick    # smaller sizes, under two minutes
 .venv/bin/python -m benchmarks run --quick --smoke   # tiny sizes: checks the code runs
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
+.venv/bin/python -m benchmarks run --quick --only peer --peer dbos   # agentq beside one peer
 .venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
 .venv/bin/python -m benchmarks report benchmarks/results/latest-full.json  # re-render this file
 ```
@@ -50,11 +51,15 @@ and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_
 | `inflight` | model latency 10 s; N jobs (1,000 full, 300 quick) of two model calls and one tool turn submitted at once by 64 client threads: the most model calls waiting at once (the server's count), jobs/s against the ideal min(N / 20 s, saturated throughput), the orchestrator's peak RSS |
 | `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`), and for 1, 5, 20 tool turns |
 | `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
-| `peer` | LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI`, as a library in a thread pool the size of the orchestrator's pool (capped at the burst), same model server, same tool; agentq runs the same jobs in the same run: one at a time (latency) and a burst (jobs/s). Skipped with a message without the `bench` extra |
+| `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
+| `modules` | one tool call through `ToolRegistry.execute` (as a tool task runs it on its module's queue): an in-process tool (`math.evaluate`), an HTTP module (`examples/http_module.py`, signed), an MCP server over stdio and over streamable HTTP (`examples/mcp_server.py`), each in its own process on loopback, calls interleaved, 200 each (50 quick); medians and p95, ratios to the in-process tool. The Celery hop, the same for all, is not included |
 
 Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
 job row's `finished_at`; the watcher that sees jobs end polls Postgres, so its interval does not
-count. Medians and p95 in milliseconds.
+count. A peer's job ends when LangGraph's `invoke`/`ainvoke` returns (its last checkpoint
+written) or when DBOS's `workflow_status` row turns SUCCESS (its `updated_at`, seen by a watcher
+polling the system database); it counts only with the scripted final answer. Medians and p95
+in milliseconds.
 """
 
 
@@ -167,21 +172,7 @@ def figures(results: dict[str, Any]) -> str:
 
     p = sc.get("peer")
     if p:
-        out += ["### 5. Peer: LangGraph prebuilt ReAct agent + Postgres checkpointer", ""]
-        if "skipped" in p or "error" in p:
-            out += [p.get("skipped") or f"Failed: {p.get('error')}", ""]
-        else:
-            a, lg = p["agentq"], p["langgraph"]
-            out += [f"Pool {p['pool']}; {p['seq_jobs']} jobs one at a time, then a burst of "
-                    f"{p['burst_jobs']}.", "",
-                    "| | one at a time: median / p95 ms | burst jobs/s | burst median / p95 ms |",
-                    "| --- | --- | --- | --- |",
-                    f"| agentq (HTTP, Celery, workers) | {_lat(a['seq_latency'])} | "
-                    f"{a['jobs_per_s']} | {_lat(a['burst_latency'])} |",
-                    f"| LangGraph (library, threads) | {_lat(lg['seq_latency'])} | "
-                    f"{lg['jobs_per_s']} | {_lat(lg['burst_latency'])} |", "",
-                    f"agentq ahead on jobs/s: {_yes(p['ahead_on_jobs_per_s'])}; on median "
-                    f"latency: {_yes(p['ahead_on_median_latency'])}.", ""]
+        out += _peers(p)
 
     b = sc.get("batch")
     if b and "error" not in b:
@@ -194,11 +185,98 @@ def figures(results: dict[str, Any]) -> str:
                 f"{_ms(b['chat_latency']['median_ms'])} ms, when {b['batch_finished_when_chat_ended']} "
                 f"of the batch's jobs had ended.", ""]
 
+    m = sc.get("modules")
+    if m and "error" not in m:
+        out += ["### 7. Tool modules: one call, in-process vs HTTP module vs MCP server", "",
+                "| tool | median ms | p95 ms | median ratio to in-process |",
+                "| --- | --- | --- | --- |",
+                f"| in-process (`math.evaluate`) | {_ms(m['in_process']['median_ms'])} | "
+                f"{_ms(m['in_process']['p95_ms'])} | 1 |",
+                f"| HTTP module (signed POST /execute) | {_ms(m['http_module']['median_ms'])} | "
+                f"{_ms(m['http_module']['p95_ms'])} | {m['ratio_http_median']} |",
+                f"| MCP server, stdio | {_ms(m['mcp_stdio']['median_ms'])} | "
+                f"{_ms(m['mcp_stdio']['p95_ms'])} | {m['ratio_mcp_stdio_median']} |",
+                f"| MCP server, streamable HTTP | {_ms(m['mcp_http']['median_ms'])} | "
+                f"{_ms(m['mcp_http']['p95_ms'])} | {m['ratio_mcp_http_median']} |", "",
+                f"{m['calls']} calls each, interleaved, {m['failed']} failed. {m['note']}", ""]
+
     errors = {k: v["error"] for k, v in sc.items() if isinstance(v, dict) and "error" in v}
     if errors:
         out += ["### Scenarios that failed", ""] + [f"- {k}: {v}" for k, v in errors.items()]
         out.append("")
     return "\n".join(out)
+
+
+PEER_NAMES = {"langgraph": "LangGraph (sync, threads)",
+              "langgraph-async": "LangGraph (async)",
+              "dbos": "DBOS Transact (queue + steps)"}
+
+
+def _flight(f: dict[str, Any] | None) -> str:
+    if not f:
+        return "–"
+    ideal = f.get("ideal_jobs_per_s")
+    share = f" ({f['jobs_per_s'] / ideal:.0%} of {ideal:g})" if ideal and f.get("jobs_per_s") \
+        else ""
+    return f"{f.get('jobs_per_s')}{share}"
+
+
+def _peers(p: dict[str, Any]) -> list[str]:
+    """Section 5: agentq beside every peer, one column each."""
+    out = ["### 5. Peers: the same one-tool job as a library, same model server", ""]
+    if "error" in p:
+        return out + [f"Failed: {p['error']}", ""]
+    if "skipped" in p:  # a results file from before the peers were split out
+        return out + [p["skipped"], ""]
+    if "peers" not in p:  # ... or one with LangGraph alone
+        p = {**p, "peers": {"langgraph": {**p["langgraph"], "setup": p.get("peer_setup", "")}},
+             "inflight_jobs": 0, "inflight_latency_s": 0}
+    a = p["agentq"]
+    cols = [("agentq", a)] + [(PEER_NAMES.get(k, k), v) for k, v in p["peers"].items()
+                              if "skipped" not in v and "error" not in v]
+    out += [f"Pool {p['pool']} (agentq's orchestrator pool, capped at the burst); "
+            f"{p['seq_jobs']} jobs one at a time, a burst of {p['burst_jobs']}, then "
+            f"{p['inflight_jobs']} jobs at once with the model taking "
+            f"{p['inflight_latency_s']:g} s per call (agentq's figures for that row are the "
+            "in-flight scenario's, same run).", "",
+            "| measure | " + " | ".join(name for name, _ in cols) + " |",
+            "| --- |" + " --- |" * len(cols)]
+
+    def row(label: str, cell) -> None:
+        out.append(f"| {label} | " + " | ".join(cell(v) for _, v in cols) + " |")
+
+    row("one job at a time, median / p95 ms", lambda v: _lat(v["seq_latency"]))
+    row("burst jobs/s", lambda v: str(v["jobs_per_s"]))
+    row("burst median / p95 ms", lambda v: _lat(v["burst_latency"]))
+    row(f"{p['inflight_jobs']} in flight: jobs/s (share of the ideal N / 2S)",
+        lambda v: _flight(v.get("inflight")))
+    row("most model calls waiting at once",
+        lambda v: str((v.get("inflight") or {}).get("max_model_calls_waiting", "–")))
+    row("peak RSS in flight, MiB (agentq: orchestrator)",
+        lambda v: str(((v.get("inflight") or {}).get("rss_mib") or {}).get("peak_mib", "–")))
+    row("CPU ms per job in the burst", lambda v: _ms(v.get("cpu_ms_per_job")))
+    row("jobs failed (seq / burst / in flight)",
+        lambda v: f"{v.get('seq_failed', '–')} / {v.get('burst_failed', '–')} / "
+                  f"{(v.get('inflight') or {}).get('failed', '–')}")
+    r = p.get("ratios_to_best_peer")
+    out.append("")
+    if r:
+        out.append(f"agentq against the best peer: one-at-a-time median ×{r.get('seq_median')}, "
+                   f"burst jobs/s ×{r.get('burst_jobs_per_s')}, in flight jobs/s "
+                   f"×{r.get('inflight_jobs_per_s')}.")
+    out += [f"agentq ahead on jobs/s: {_yes(p['ahead_on_jobs_per_s'])}; on median latency: "
+            f"{_yes(p['ahead_on_median_latency'])}.",
+            "agentq's CPU counts its processes (web, workers, beat); a peer's its one process "
+            "(every thread); Postgres is counted for neither. On a loaded machine a process "
+            "with a thread per job gets a larger share of the CPU than one event-loop thread, "
+            "which favours the threaded peers in the in-flight row.", ""]
+    for kind, v in p["peers"].items():
+        if "skipped" in v or "error" in v:
+            out.append(f"- {PEER_NAMES.get(kind, kind)}: {v.get('skipped') or v.get('error')}")
+        else:
+            out.append(f"- {PEER_NAMES.get(kind, kind)}: {v['setup']}.")
+    out.append("")
+    return out
 
 
 def markdown(results: dict[str, Any], notes: str = "") -> str:

@@ -7,8 +7,10 @@ returns a JSON-able dict. Times are wall clock; a job's end is its row's `finish
     inflight    10 s model latency, N jobs at once: model calls waiting at once, jobs/s vs
                 the ideal, orchestrator memory
     growth      per-turn overhead at 10 / 1,000 / 10,000 stored messages, 1 / 5 / 20 turns
-    peer        LangGraph's prebuilt ReAct agent + Postgres checkpointer vs agentq, same
-                jobs, same model server, same pool size
+    peer        the peers (benchmarks/peer.py: LangGraph sync and async with the Postgres
+                checkpointer, DBOS Transact) vs agentq, same jobs, same model server, same
+                pool size: one at a time, a burst, and the in-flight scenario's jobs
+    modules     a tool call to an HTTP module and to an MCP server vs an in-process tool
 """
 from __future__ import annotations
 
@@ -48,19 +50,22 @@ class Sizes:
     growth_turn_jobs: int = 5
     peer_seq_jobs: int = 30
     peer_burst_jobs: int = 300
+    peers: list[str] = field(default_factory=lambda: ["langgraph", "langgraph-async", "dbos"])
     batch_lines: int = 2000
+    modules_calls: int = 200
 
 
 FULL = Sizes()
 QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
               throughput_levels=[1, 8, 32], throughput_level_s=4.0,
               inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
-              peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300)
+              peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300, modules_calls=50)
 SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
               throughput_levels=[1, 2], throughput_level_s=0.5,
               inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
               growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
-              growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5)
+              growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5,
+              modules_calls=2)
 
 
 class Context:
@@ -427,32 +432,88 @@ def scenario_growth(ctx: Context) -> dict[str, Any]:
             "met": (h_ratio or 99) <= 1.2}
 
 
-# --- 5. peer -----------------------------------------------------------------------------
+# --- 5. peers ----------------------------------------------------------------------------
+
+PEER_SETUP = {
+    "langgraph": "langgraph.prebuilt.create_react_agent + PostgresSaver (psycopg pool) + "
+                 "ChatOpenAI, invoke in a thread pool (a thread per job in flight)",
+    "langgraph-async": "the same graph with ainvoke on one event loop + AsyncPostgresSaver "
+                       "(async psycopg pool) + ChatOpenAI's AsyncOpenAI client",
+    "dbos": "a durable workflow per job, model and tool calls as steps "
+            "(openai SDK, sync), enqueued on a DBOS queue (worker concurrency = the batch's, "
+            "polled every 10 ms), system database on Postgres",
+}
+PEER_TIMEOUT_S = 1800
+
+
+def run_peer(ctx: Context, kind: str, pool: int) -> dict[str, Any]:
+    """One peer in its own process (benchmarks/peer.py), its own empty database, the lab's
+    model server; its JSON, summarised."""
+    import os
+    lab, sizes = ctx.lab, ctx.sizes
+    pg_url = lab.create_peer_database(kind)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peer", "--kind", kind,
+         "--base-url", lab.server.base_url, "--pg-url", pg_url, "--pool", str(pool),
+         "--seq-jobs", str(sizes.peer_seq_jobs), "--burst-jobs", str(sizes.peer_burst_jobs),
+         "--inflight-jobs", str(sizes.inflight_jobs),
+         "--inflight-latency", str(sizes.inflight_latency_s),
+         "--warmup", str(max(1, sizes.warmup_jobs)),
+         "--db-pool", str(3 * lab.settings().db_pool_size)],
+        cwd=ROOT, capture_output=True, text=True, timeout=PEER_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"})
+    lab.server.set_latency(0)  # whatever the peer left it at
+    try:
+        raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"the {kind} peer failed (exit {proc.returncode}): "
+                         f"{proc.stderr[-1500:]}"}
+    if "skipped" in raw:
+        return {"skipped": raw["skipped"]}
+    out: dict[str, Any] = {
+        "setup": PEER_SETUP[kind], "pool": raw["pool"],
+        "seq_latency": summary(raw["seq_latencies_s"]), "seq_failed": raw["seq_failed"],
+        "burst_latency": summary(raw["burst_latencies_s"]),
+        "burst_completed": raw["burst_completed"], "burst_failed": raw["burst_failed"],
+        "jobs_per_s": round(raw["jobs_per_s"], 2) if raw["jobs_per_s"] else None,
+        "cpu_ms_per_job": raw["cpu_ms_per_job"]}
+    flight = raw.get("inflight")
+    if flight:
+        out["inflight"] = {**{k: v for k, v in flight.items() if k != "latencies_s"},
+                           "latency": summary(flight["latencies_s"])}
+    return out
+
+
+def _agentq_inflight(ctx: Context) -> dict[str, Any] | None:
+    """The in-flight scenario's agentq figures, when it ran in this invocation."""
+    f = ctx.results.get("inflight")
+    if not f or "error" in f:
+        return None
+    return {"jobs": f["jobs"], "completed": f["completed"], "failed": f["failed"],
+            "jobs_per_s": f["jobs_per_s"],
+            "ideal_jobs_per_s": round(f["jobs"] / (2 * f["model_latency_s"]), 2),
+            "max_model_calls_waiting": f["max_model_calls_waiting"],
+            "latency": f["latency"], "rss_mib": f["orchestrator_rss_mib"],
+            "cpu_ms_per_job": f["cpu_ms_per_job"]}
+
+
+def _best(values: list[float | None], highest: bool) -> float | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return max(present) if highest else min(present)
+
 
 def scenario_peer(ctx: Context) -> dict[str, Any]:
-    from benchmarks.peer import peer_available
+    """Each peer (sizes.peers) in its own process, then agentq on the same jobs, one at a
+    time and in a burst of the same size, with the CPU its processes used in the burst."""
     lab, sizes = ctx.lab, ctx.sizes
-    reason = peer_available()
-    if reason:
-        return {"skipped": reason}
     lab.server.set_latency(0)
     pool = max(1, min(lab.settings().orchestrator_concurrency, sizes.peer_burst_jobs))
-    pg_url = lab.create_peer_database()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.peer", "--base-url", lab.server.base_url,
-         "--pg-url", pg_url, "--pool", str(pool), "--seq-jobs", str(sizes.peer_seq_jobs),
-         "--burst-jobs", str(sizes.peer_burst_jobs), "--db-pool",
-         str(3 * lab.settings().db_pool_size)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"})
-    try:
-        peer = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": f"the peer failed (exit {proc.returncode}): {proc.stderr[-1500:]}"}
-    if "skipped" in peer:
-        return peer
+    peers = {kind: run_peer(ctx, kind, pool) for kind in sizes.peers}
 
     # agentq, the same jobs in the same run: one at a time, then a burst.
+    lab.server.set_latency(0)
     seq = []
     for _ in range(sizes.peer_seq_jobs):
         row = ctx.one_job()
@@ -466,30 +527,46 @@ def scenario_peer(ctx: Context) -> dict[str, Any]:
         with lock:
             ids.append(job_id)
 
+    meter = CpuMeter(ctx.pids()).start()
     start = time.time()
     with ThreadPoolExecutor(max_workers=min(32, sizes.peer_burst_jobs)) as executor:
         list(executor.map(submit, range(sizes.peer_burst_jobs)))
     rows = ctx.watcher.wait_all(ids, JOB_TIMEOUT_S + sizes.peer_burst_jobs)
+    cpu = meter.stop()
     ends = [r["finished"] for r in rows if _ok(r)]
     elapsed = max(ends) - start if ends else 0.0
-    agentq = {"seq_latency": summary(seq),
+    n = sizes.peer_burst_jobs
+    own = {k: v for k, v in cpu["cpu_s"].items() if k not in ("model_server", "bench_client")}
+    agentq = {"seq_latency": summary(seq), "seq_failed": sizes.peer_seq_jobs - len(seq),
               "burst_latency": summary(e - start for e in ends),
-              "burst_failed": len(rows) - len(ends),
-              "jobs_per_s": round(len(ends) / elapsed, 2) if elapsed > 0 else None}
-    langgraph = {"seq_latency": summary(peer["seq_latencies_s"]),
-                 "seq_failed": peer["seq_failed"],
-                 "burst_latency": summary(peer["burst_latencies_s"]),
-                 "burst_failed": peer["burst_failed"],
-                 "jobs_per_s": round(peer["jobs_per_s"], 2) if peer["jobs_per_s"] else None}
-    return {"pool": pool, "seq_jobs": sizes.peer_seq_jobs, "burst_jobs": sizes.peer_burst_jobs,
-            "agentq": agentq, "langgraph": langgraph,
-            "latency_rule": "seq: submit → end, one at a time; burst: end − burst start",
-            "ahead_on_jobs_per_s": (agentq["jobs_per_s"] or 0) > (langgraph["jobs_per_s"] or 0),
-            "ahead_on_median_latency": (agentq["seq_latency"]["median_ms"] or 1e9)
-            < (langgraph["seq_latency"]["median_ms"] or 0),
-            "peer_setup": "langgraph.prebuilt.create_react_agent + PostgresSaver "
-                          "(psycopg pool), ChatOpenAI, in a thread pool of the orchestrator's "
-                          "size (capped at the burst), in its own process"}
+              "burst_completed": len(ends), "burst_failed": len(rows) - len(ends),
+              "jobs_per_s": round(len(ends) / elapsed, 2) if elapsed > 0 else None,
+              "cpu_ms_per_job": round(1000 * sum(own.values()) / n, 2) if n else None,
+              "cpu_ms_per_job_by_process": {k: round(1000 * v / n, 2) for k, v in own.items()},
+              "inflight": _agentq_inflight(ctx)}
+    ran = [p for p in peers.values() if "skipped" not in p and "error" not in p]
+    best_rate = _best([p["jobs_per_s"] for p in ran], highest=True)
+    best_median = _best([p["seq_latency"]["median_ms"] for p in ran], highest=False)
+    best_flight = _best([(p.get("inflight") or {}).get("jobs_per_s") for p in ran],
+                        highest=True)
+    return {"pool": pool, "seq_jobs": sizes.peer_seq_jobs, "burst_jobs": n,
+            "inflight_jobs": sizes.inflight_jobs,
+            "inflight_latency_s": sizes.inflight_latency_s,
+            "agentq": agentq, "peers": peers,
+            "ratios_to_best_peer": {
+                "seq_median": ratio(agentq["seq_latency"]["median_ms"], best_median),
+                "burst_jobs_per_s": ratio(agentq["jobs_per_s"], best_rate),
+                "inflight_jobs_per_s": ratio((agentq["inflight"] or {}).get("jobs_per_s"),
+                                             best_flight)},
+            "latency_rule": "seq: submit → durable end, one at a time; burst: end − burst "
+                            "start; in flight: every job at once, model latency as in the "
+                            "inflight scenario",
+            "cpu_rule": "agentq: its processes (web, workers, beat) in the burst; a peer: its "
+                        "one process (every thread) in the burst; Postgres not counted",
+            "ahead_on_jobs_per_s": (bool(ran) and (agentq["jobs_per_s"] or 0)
+                                    > (best_rate or 0)),
+            "ahead_on_median_latency": (bool(ran) and (agentq["seq_latency"]["median_ms"]
+                                                       or 1e9) < (best_median or 0))}
 
 
 def scenario_batch(ctx: Context) -> dict[str, Any]:
@@ -497,6 +574,12 @@ def scenario_batch(ctx: Context) -> dict[str, Any]:
     return run(ctx)
 
 
+def scenario_modules(ctx: Context) -> dict[str, Any]:
+    from benchmarks.modules import scenario_modules as run
+    return run(ctx)
+
+
 SCENARIOS = {"server": scenario_server, "overhead": scenario_overhead,
              "throughput": scenario_throughput, "inflight": scenario_inflight,
-             "growth": scenario_growth, "peer": scenario_peer, "batch": scenario_batch}
+             "growth": scenario_growth, "peer": scenario_peer, "batch": scenario_batch,
+             "modules": scenario_modules}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery, signals
 
-from agentq import logs
+from agentq import logs, metrics, tracing
 from agentq.config import Settings, get_settings
 
 ORCHESTRATOR_QUEUE = "orchestrator"
@@ -18,7 +18,11 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("agentq", broker=settings.broker_url, backend=settings.result_backend_url,
+    broker = settings.broker_url
+    if settings.embedded_broker:  # the in-memory broker, woken by each put (no 1 s polling)
+        from tasks import embedded_transport
+        broker = embedded_transport.register()
+    app = Celery("agentq", broker=broker, backend=settings.result_backend_url,
                  include=["tasks.orchestrator", "tasks.tools", "tasks.maintenance",
                           "tasks.webhooks"])
     app.conf.update(
@@ -36,6 +40,10 @@ def make_celery(settings: Settings) -> Celery:
         result_backend_transport_options={"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S},
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # survives a broker restart with tasks in flight (see tasks/consumer.py)
+        worker_consumer="tasks.consumer:Consumer",
+        broker_transport=("tasks.consumer:Transport"
+                          if settings.broker_url.startswith("redis://") else None),
         beat_schedule={"sweep": {"task": "maintenance.sweep",
                                  "schedule": settings.sweep_interval_s,
                                  "options": {"queue": MAINTENANCE_QUEUE,
@@ -43,7 +51,12 @@ def make_celery(settings: Settings) -> Celery:
                          "sweep-webhooks": {"task": "maintenance.sweep_webhooks",
                                             "schedule": settings.sweep_interval_s,
                                             "options": {"queue": MAINTENANCE_QUEUE,
-                                                        "expires": settings.sweep_interval_s}}},
+                                                        "expires": settings.sweep_interval_s}},
+                         "fire-schedules": {"task": "maintenance.fire_schedules",
+                                            "schedule": settings.schedule_interval_s,
+                                            "options": {"queue": MAINTENANCE_QUEUE,
+                                                        "expires": max(
+                                                            5.0, settings.schedule_interval_s)}}},
         timezone="UTC",
         # Results are needed only to join a chord; without chords nothing reads them.
         task_ignore_result=settings.tool_join != "chord",
@@ -61,6 +74,55 @@ def _after_fork(**_kwargs) -> None:
     """A forked pool process must not share the parent's database connections."""
     from agentq.db import dispose_engines
     dispose_engines()
+    tracing.after_fork()
 
 
+@signals.worker_ready.connect
+def _follow_module_queues(sender=None, **_kwargs) -> None:
+    """A tools worker consumes the queue of every module offered now, and follows modules
+    registered or removed while it runs (HTTP modules and MCP servers)."""
+    hostname = getattr(sender, "hostname", "") or ""
+    kind = hostname.partition("@")[0]
+    if kind not in ("tools", "tools-slow"):
+        return
+    start_module_watcher(sender.app, hostname, ("slow",) if kind == "tools-slow" else ("fast",))
+
+
+def start_module_watcher(celery_app: Celery, hostname: str, speeds: tuple[str, ...]) -> None:
+    """Follow the module queues of these speeds (`fast`, `slow`) in a daemon thread."""
+    import threading
+    threading.Thread(target=_watch_modules, args=(celery_app, hostname, speeds),
+                     name="module-queues", daemon=True).start()
+
+
+def _watch_modules(celery_app: Celery, hostname: str, speeds: tuple[str, ...]) -> None:
+    import logging
+    import time
+
+    from agentq.tools.registry import get_registry
+    log = logging.getLogger("agentq.modules")
+    settings = get_settings()
+    registry = get_registry(settings)
+
+    def queues() -> set[str]:
+        return {q for speed in speeds for q in registry.all_queues(slow=speed == "slow")}
+    consumed = queues()
+    local = {q for q in consumed if q.rpartition(".")[2] in registry.local_module_names}
+    while True:
+        time.sleep(max(settings.module_sync_s, 0.5))
+        try:
+            wanted = queues()
+            for queue in sorted(wanted - consumed):
+                celery_app.control.add_consumer(queue, destination=[hostname], reply=False)
+                log.info("consuming module queue", extra={"queue": queue})
+            for queue in sorted(consumed - wanted - local):
+                celery_app.control.cancel_consumer(queue, destination=[hostname], reply=False)
+                log.info("stopped consuming module queue", extra={"queue": queue})
+            consumed = wanted | local
+        except Exception as exc:  # the broker or database is away: try again next time
+            log.warning("module queues not updated", extra={"error": type(exc).__name__})
+
+
+metrics.install()
 app = make_celery(get_settings())
+tracing.configure("worker", celery=True)

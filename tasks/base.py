@@ -2,6 +2,7 @@
 id bound into the log context, and the per-process services (sessions, router, registry)."""
 from __future__ import annotations
 
+import os
 import threading
 
 from celery import Task
@@ -19,6 +20,7 @@ def services() -> dict[str, object]:
     """Settings, sessions, registry, router and stepper of this process, built once."""
     with _services_lock:
         if not _services:
+            from agentq.llm.gate import gate_for
             from agentq.llm.router import LLMRouter
             from agentq.loop.step import Stepper
             from agentq.notify import hub_for
@@ -26,7 +28,8 @@ def services() -> dict[str, object]:
             hub_for(settings)  # steps publish their events to waiting clients
             sessions = session_factory(settings)
             registry = get_registry(settings)
-            router = LLMRouter(settings)
+            router = LLMRouter(settings, gate=gate_for(
+                settings, os.environ.get("OPENAI_BASE_URL")))
             _services.update(settings=settings, sessions=sessions, registry=registry,
                              router=router,
                              stepper=Stepper(settings, router, registry, sessions))

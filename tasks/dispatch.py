@@ -10,7 +10,7 @@ from celery import chord, group
 
 from agentq.config import get_settings
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
-                                 NextStep, RevokeTools)
+                                 NextStep, RevokeTools, SendWebhooks)
 from tasks.app import ORCHESTRATOR_QUEUE, app
 
 log = logging.getLogger(__name__)
@@ -21,9 +21,10 @@ def dispatch(effects: Iterable[Effect]) -> None:
     from tasks import orchestrator, tools
     for effect in effects:
         match effect:
-            case NextStep(job_id=job_id, iteration=iteration, cause=cause):
+            case NextStep(job_id=job_id, iteration=iteration, cause=cause,
+                          not_before=not_before):
                 orchestrator.step.apply_async((job_id, iteration), {"cause": cause},
-                                              queue=ORCHESTRATOR_QUEUE)
+                                              queue=ORCHESTRATOR_QUEUE, eta=not_before)
             case DispatchTools(job_id=job_id, iteration=iteration, calls=calls):
                 # the task id is the tool_use_id, so a cancel can revoke it by name
                 header = [tools.execute.signature(
@@ -42,6 +43,9 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 log.info("job ended", extra={"job_id": job_id, "status": status})
                 from tasks.webhooks import schedule_for_job
                 schedule_for_job(job_id)  # its webhook row was written with the end
+            case SendWebhooks(job_id=job_id):
+                from tasks.webhooks import schedule_for_job
+                schedule_for_job(job_id)
             case AdmitBatch(batch_id=batch_id):
                 import uuid
 

@@ -17,7 +17,7 @@ def all_queues(settings: Settings) -> list[str]:
     from agentq.tools.registry import get_registry
     registry = get_registry(settings)
     return [ORCHESTRATOR_QUEUE, MAINTENANCE_QUEUE, WEBHOOKS_QUEUE,
-            *registry.queues(slow=False), *registry.queues(slow=True)]
+            *registry.all_queues(slow=False), *registry.all_queues(slow=True)]
 
 
 class EmbeddedWorker:
@@ -37,6 +37,8 @@ class EmbeddedWorker:
             def on_consumer_ready(self, consumer):
                 super().on_consumer_ready(consumer)
                 ready.set()
+                from tasks.app import start_module_watcher
+                start_module_watcher(app, consumer.hostname, ("fast", "slow"))
 
         self.worker = Controller(
             app=app, pool_cls="threads", concurrency=EMBEDDED_CONCURRENCY,
@@ -44,8 +46,14 @@ class EmbeddedWorker:
             without_gossip=True, loglevel=settings.log_level, hostname="embedded@localhost")
 
     def start(self, timeout_s: float = 30) -> None:
+        from tasks.base import services
         threading.Thread(target=self.worker.start, name="agentq-worker", daemon=True).start()
+        services()  # the router (openai SDK), registry and sessions now, not in a job's step
+        with self.app.producer_or_acquire() as producer:  # and the publishing connection
+            producer.connection.ensure_connection()
         threading.Thread(target=self._sweep_loop, name="agentq-sweeper", daemon=True).start()
+        threading.Thread(target=self._schedule_loop, name="agentq-schedules",
+                         daemon=True).start()
         if not self.ready.wait(timeout_s):
             log.warning("embedded worker not ready yet")
 
@@ -58,6 +66,14 @@ class EmbeddedWorker:
                     task.apply_async(queue=MAINTENANCE_QUEUE)
                 except Exception:
                     log.exception("sweep failed", extra={"task": task.name})
+
+    def _schedule_loop(self) -> None:
+        from tasks.maintenance import fire_schedules
+        while not self._stop.wait(self.settings.schedule_interval_s):
+            try:
+                fire_schedules.apply_async(queue=MAINTENANCE_QUEUE)
+            except Exception:
+                log.exception("firing schedules failed")
 
     def stop(self) -> None:
         self._stop.set()

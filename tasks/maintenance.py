@@ -1,7 +1,8 @@
-"""Maintenance tasks (beat): the sweeper."""
+"""Maintenance tasks (beat): the sweeper, and firing due schedules."""
 from __future__ import annotations
 
 from agentq.loop.sweeper import sweep as sweep_jobs
+from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.sweeper import sweep_waiting
 from tasks.app import app
 from tasks.base import AgentqTask, services
@@ -13,5 +14,23 @@ def sweep() -> int:
     s = services()
     effects = sweep_jobs(s["settings"], s["sessions"])
     effects += sweep_waiting(s["settings"], s["sessions"])
+    effects += sweep_provider_waits(s["settings"], s["sessions"])
+    from agentq.approvals import expire
+    effects += expire(s["settings"], s["sessions"])  # approvals past their deadline: denied
     dispatch(effects)
     return len(effects)
+
+
+@app.task(base=AgentqTask, name="maintenance.fire_schedules")
+def fire_schedules() -> int:
+    """Fire every due schedule (agentq.schedules): exactly once per tick, whichever beat
+    process runs this first."""
+    from agentq.schedules import fire_due
+    s = services()
+
+    def committed(buffers, effects) -> None:
+        for events in buffers:
+            events.announce()
+        dispatch(effects)
+
+    return fire_due(s["settings"], s["sessions"], on_committed=committed)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from agentq import logs
+from agentq import logs, tracing
 from agentq.loop.step import fail_job
 from tasks.app import app
 from tasks.base import AgentqTask, services
@@ -17,10 +18,13 @@ log = logging.getLogger(__name__)
 
 def _run(job_id: str, iteration: int, cause: str) -> None:
     token = logs.bind(job_id=job_id, iteration=iteration)
+    tracing.annotate(job_id=job_id, iteration=iteration, cause=cause)
     try:
         effects = services()["stepper"].run(job_id, iteration, cause)
-    except OperationalError:
-        # The database is away: nothing was written; the sweeper re-drives the step later.
+    except (OperationalError, InterfaceError, DisconnectionError, PoolTimeout):
+        # The database is away, or every pooled connection stayed busy (a burst of re-driven
+        # steps after an outage): transient, never a reason to fail the job. Nothing was
+        # written; the sweeper re-drives the step later.
         log.exception("step could not reach the database")
         raise
     except Exception as exc:

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+# Metrics recorded by code that runs inside pytest go to a directory of this run's own (a
+# stack's processes get theirs under their AGENTQ_HOME: tests/support/stack.py drops this).
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR",
+                      tempfile.mkdtemp(prefix="agentq-test-metrics-"))
+
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.stack import (Stack, StackError, answers, create_database,

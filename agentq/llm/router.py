@@ -40,8 +40,10 @@ import openai
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_random_exponential)
 
+from agentq import metrics, tracing
 from agentq.config import Settings
 from agentq.errors import ProviderError, ProviderTimeout
+from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate
 from agentq.llm.names import NameMap
 from agentq.llm.types import LLMReply, StopReason, ToolCallRequest, ToolSpec
 
@@ -74,7 +76,7 @@ class _BadResponse(Exception):
         self.status, self.retryable = status, retryable
 
 
-_FAILURES = (openai.OpenAIError, _BadResponse)
+_FAILURES = (openai.OpenAIError, _BadResponse, ProviderBusy)
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -89,8 +91,18 @@ def _is_retryable(exc: BaseException) -> bool:
     return False
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A failure that may pass by itself: the job waits for the provider rather than fail.
+    A busy provider (circuit open, no slot, rate limit) is transient but not retried within
+    the step: the job parks instead of holding its worker."""
+    return isinstance(exc, ProviderBusy) or _is_retryable(exc)
+
+
 def _retry_after_s(exc: BaseException | None) -> float | None:
-    """The server's `retry-after-ms` / `retry-after` (seconds) on a 429 or 503, if any."""
+    """The server's `retry-after-ms` / `retry-after` (seconds) on a 429 or 503, if any; a
+    busy provider's own time until it takes calls again."""
+    if isinstance(exc, ProviderBusy):
+        return exc.retry_after_s
     if not isinstance(exc, openai.APIStatusError) or exc.status_code not in RETRY_AFTER_STATUSES:
         return None
     headers = exc.response.headers
@@ -121,6 +133,8 @@ def _error_text(exc: BaseException, timeout_s: float) -> str:
     elif isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         text = f"connection error: {type(cause).__name__ if cause else ''} {cause or exc}"
+    elif isinstance(exc, ProviderBusy):
+        text = f"provider busy: {exc}"
     elif isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, dict) else {}
         message = body.get("message") if isinstance(body.get("message"), str) else exc.message
@@ -159,12 +173,24 @@ def _api_function(function: dict[str, Any], names: NameMap) -> dict[str, Any]:
     return mapped
 
 
-def _api_messages(messages: list[dict[str, Any]], names: NameMap) -> list[dict[str, Any]]:
-    """A copy of `messages` with our tool names turned into API names (inputs untouched)."""
+def _api_messages(messages: list[dict[str, Any]], names: NameMap,
+                  tool_results_as: str = "tool") -> list[dict[str, Any]]:
+    """A copy of `messages` with our tool names turned into API names (inputs untouched);
+    with `tool_results_as="user"`, each role-`tool` message becomes a user message naming
+    the tool and its arguments (llama.cpp's chatml-function-calling template renders a
+    role-`tool` message as an empty, unterminated turn: the model never sees the result)."""
     out = []
+    calls: dict[str, dict[str, Any]] = {}  # tool_call_id → the call's function
     for message in messages:
         if not isinstance(message, dict):
             out.append(message)
+            continue
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                calls[str(call.get("id"))] = call["function"]
+        if tool_results_as == "user" and message.get("role") == "tool":
+            out.append({"role": "user",
+                        "content": _tool_result_as_user(message, calls, names)})
             continue
         mapped = dict(message)
         if message.get("tool_calls"):
@@ -181,6 +207,33 @@ def _api_messages(messages: list[dict[str, Any]], names: NameMap) -> list[dict[s
             mapped["content"] = ""  # llama-cpp-python answers 500 to a null content
         out.append(mapped)
     return out
+
+
+def _tool_result_as_user(message: dict[str, Any], calls: dict[str, dict[str, Any]],
+                         names: NameMap) -> str:
+    """`The tool math_evaluate returned: expression = 6 * 7, result = 42`: plain words, no
+    JSON (the chatml template HTML-escapes quotes, and a small model copies JSON back)."""
+    function = calls.get(str(message.get("tool_call_id"))) or {}
+    name = function.get("name") or message.get("name") or "the tool"
+    if isinstance(name, str):
+        name = names.api(name)
+    content = _text(message.get("content"))
+    try:
+        value = json.loads(content)
+    except ValueError:
+        value = content
+    return f"The tool {name} returned: {_plain(value)}"
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} = {_plain(v)}" if not isinstance(v, dict)
+                         else f"{k}: {_plain(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "[" + ", ".join(_plain(v) for v in value) + "]"
+    if value is None:
+        return "nothing"
+    return str(value)
 
 
 def _text(content: Any) -> str:
@@ -386,8 +439,10 @@ def _embedding(data: dict[str, Any], status: int) -> list[float]:
 class LLMRouter:
     """Model calls with retries and fallbacks. Thread-safe: one per process is enough."""
 
-    def __init__(self, settings: Settings, client: openai.OpenAI | None = None):
+    def __init__(self, settings: Settings, client: openai.OpenAI | None = None,
+                 gate: ProviderGate | None = None):
         self._settings = settings
+        self._gate: ProviderGate = gate if gate is not None else NullGate()
         self._owns_client = client is None
         self._client = client if client is not None else openai.OpenAI(
             api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
@@ -419,10 +474,19 @@ class LLMRouter:
     # --- public calls -------------------------------------------------------------------
 
     def chat(self, messages: list[dict], tools: list[ToolSpec], model: str | None = None,
-             max_tokens: int | None = None) -> LLMReply:
+             max_tokens: int | None = None,
+             on_delta: Callable[[str, int], None] | None = None) -> LLMReply:
+        """One reply, from the first model of the chain that answers. With `on_delta`, the
+        reply is streamed: `on_delta(text, attempt)` gets each piece of its text as it
+        arrives (`attempt` counts the calls made, so a client can drop the pieces of a
+        stream that was cut: such a call is retried as a whole). The reply returned is the
+        same as without streaming."""
         chain = self.chain(model)
         names = NameMap([t.name for t in tools] + list(_history_tool_names(messages)))
-        params: dict[str, Any] = {"messages": _api_messages(messages, names)}
+        params: dict[str, Any] = {"messages": _api_messages(
+            messages, names, self._settings.tool_results_as)}
+        if self._settings.temperature is not None:
+            params["temperature"] = self._settings.temperature
         if tools:
             params["tools"] = [
                 {"type": "function", "function": {"name": names.api(t.name),
@@ -436,13 +500,20 @@ class LLMRouter:
             params["max_tokens"] = max_tokens
         attempts: list[dict[str, Any]] = []
         timed_out: list[bool] = []
+        transient: list[bool] = []
+        retry_after: list[float] = []
         for name in chain:
             started = time.monotonic()
+            post = (partial(self._post_chat, name, params) if on_delta is None else
+                    partial(self._stream_chat, name, params, on_delta, attempts))
             try:
-                data = self._with_retries(name, "chat", partial(self._post_chat, name, params),
-                                          attempts)
+                data = self._with_retries(name, "chat", post, attempts)
             except _FAILURES as exc:
                 timed_out.append(isinstance(exc, openai.APITimeoutError))
+                transient.append(is_transient(exc))
+                wait_s = _retry_after_s(exc)
+                if wait_s is not None:
+                    retry_after.append(wait_s)
                 log.warning("llm.model_failed model=%s status=%s", name, _status(exc),
                             extra={"event": "llm.model_failed", "model": name,
                                    "status": _status(exc), "attempts": len(attempts)})
@@ -472,7 +543,8 @@ class LLMRouter:
             raise error
         last = attempts[-1]["error"] if attempts else "no model configured"
         raise ProviderError(f"Every model failed ({', '.join(chain)}); last error: {last}",
-                            attempts=attempts)
+                            attempts=attempts, transient=bool(chain) and all(transient),
+                            retry_after_s=max(retry_after) if retry_after else None)
 
     def _ask_for_text(self, model: str, params: dict[str, Any], names: NameMap,
                       empty: LLMReply, attempts: list[dict[str, Any]]) -> LLMReply:
@@ -528,6 +600,53 @@ class LLMRouter:
                                response.status_code, False)
         return data
 
+    def _stream_chat(self, model: str, params: dict[str, Any],
+                     on_delta: Callable[[str, int], None],
+                     attempts: list[dict[str, Any]]) -> dict[str, Any]:
+        """A streamed chat call, put back together into the body a plain call answers."""
+        attempt = len(attempts) + 1
+        stream = self._client.chat.completions.create(
+            model=model, stream=True, stream_options={"include_usage": True},
+            timeout=self._settings.llm_timeout_s, **params)
+        content: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish, usage, answered_model = None, None, None
+        try:
+            for chunk in stream:
+                data = chunk.model_dump(exclude_none=True)
+                answered_model = data.get("model") or answered_model
+                usage = data.get("usage") or usage
+                for choice in data.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
+                    if isinstance(piece, str) and piece:
+                        content.append(piece)
+                        on_delta(piece, attempt)
+                    for part in delta.get("tool_calls") or []:
+                        entry = calls.setdefault(part.get("index", len(calls)), {
+                            "id": None, "type": "function",
+                            "function": {"name": "", "arguments": ""}})
+                        entry["id"] = part.get("id") or entry["id"]
+                        function = part.get("function") or {}
+                        entry["function"]["name"] += function.get("name") or ""
+                        entry["function"]["arguments"] += function.get("arguments") or ""
+                    finish = choice.get("finish_reason") or finish
+        except httpx2.TransportError as exc:  # cut mid-reply: the call is retried whole
+            raise _BadResponse(f"the stream was cut: {type(exc).__name__}", 200, True) from exc
+        finally:
+            stream.close()
+        if finish is None:
+            raise _BadResponse("the stream ended before the reply did", 200, True)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        body: dict[str, Any] = {"model": answered_model or model,
+                                "choices": [{"index": 0, "message": message,
+                                             "finish_reason": finish}]}
+        if usage:
+            body["usage"] = usage
+        return body
+
     def _post_embedding(self, model: str, text: str) -> list[float]:
         response = self._client.post("/embeddings", body={"model": model, "input": text,
                                                            "encoding_format": "float"},
@@ -549,11 +668,22 @@ class LLMRouter:
         for attempt in retrying:
             with attempt:
                 try:
-                    return op()
+                    with self._gate.call(model) as permit:
+                        try:
+                            with metrics.model_call(model), tracing.span(
+                                    "llm.request", model=model, call=what):
+                                result = op()
+                        except _FAILURES as exc:
+                            permit.failed(is_transient(exc))
+                            raise
+                        permit.succeeded()
+                        return result
                 except _FAILURES as exc:
                     attempts.append({"model": model,
                                      "error": _error_text(exc, self._settings.llm_timeout_s),
                                      "status": _status(exc)})
+                    if not isinstance(exc, ProviderBusy):
+                        metrics.provider_error(model, _status(exc))
                     raise
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -568,6 +698,7 @@ class LLMRouter:
     def _log_retry(model: str, what: str, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait_s = state.next_action.sleep if state.next_action else 0.0
+        metrics.provider_retry(model)
         log.warning("llm.retry call=%s model=%s attempt=%d status=%s error=%s wait_s=%.3f",
                     what, model, state.attempt_number, _status(exc) if exc else None,
                     type(exc).__name__, wait_s,

@@ -149,7 +149,26 @@ def window(newest_first: Iterable[StoredMessage], max_tokens: int,
     return []
 
 
-def to_provider(messages: Sequence[StoredMessage], max_tool_chars: int) -> list[dict[str, Any]]:
+def last_tools_succeeded(newest_first: Sequence[StoredMessage]) -> bool:
+    """True when the history (newest first) ends with tool results, every one ok."""
+    results = []
+    for m in newest_first:
+        if m.role != "tool_result":
+            break
+        results.append(m)
+    if not results:
+        return False
+    for m in results:
+        try:
+            if not json.loads(m.content).get("ok"):
+                return False
+        except (ValueError, AttributeError):
+            return False
+    return True
+
+
+def to_provider(messages: Sequence[StoredMessage], max_tool_chars: int,
+                stub_before: int | None = None) -> list[dict[str, Any]]:
     """Stored rows → Chat Completions messages (our tool names), orphans dropped."""
     out: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None  # the assistant message collecting tool_calls
@@ -181,8 +200,10 @@ def to_provider(messages: Sequence[StoredMessage], max_tool_chars: int) -> list[
             out.append({"role": "user", "content": m.content})
         elif m.role == "tool_result":
             data = json.loads(m.content)
-            out.append({"role": "tool", "tool_call_id": data["tool_use_id"],
-                        "content": render_tool_result(data, max_tool_chars)})
+            body = (PRUNED_RESULT.format(name=data.get("name"), chars=len(m.content))
+                    if stub_before is not None and m.seq < stub_before
+                    else render_tool_result(data, max_tool_chars))
+            out.append({"role": "tool", "tool_call_id": data["tool_use_id"], "content": body})
     flush()
     return _drop_orphans(out)
 
@@ -211,3 +232,228 @@ def build(system_prompt: str, newest_first: Iterable[StoredMessage], *, max_toke
     """The whole context of a turn."""
     history = to_provider(window(newest_first, max_tokens, max_tool_chars), max_tool_chars)
     return [{"role": "system", "content": system_prompt}, *history]
+
+
+# --- assembly in the seeds' layer order, budgeted by the model's window ----------------
+#
+#   system prompt → (recalled memories) → conversation summary → recent history →
+#   the current question and the whole in-run exchange
+#
+# The question and the in-run exchange are never cut: when the whole passes a share of the
+# window it is compacted (`plan_compaction`): old tool results become stubs first, then
+# older turns (history and in-run) are summarised by the model into the conversation's
+# summary. Only the recent-history layer is windowed (it starts at a user message, so a
+# tool exchange is never split).
+
+MODEL_CONTEXT_WINDOWS: dict[str, int] = {
+    "gpt-4o": 128_000, "gpt-4o-mini": 128_000, "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576, "gpt-4.1-nano": 1_047_576, "gpt-4-turbo": 128_000,
+    "gpt-4": 8_192, "gpt-3.5-turbo": 16_385, "o1": 200_000, "o3": 200_000,
+    "o3-mini": 200_000, "o4-mini": 200_000, "claude-3-5-sonnet": 200_000,
+    "claude-3-5-haiku": 200_000, "claude-3-7-sonnet": 200_000, "claude-sonnet-4": 200_000,
+    "gemini-1.5-pro": 2_000_000, "gemini-1.5-flash": 1_000_000, "gemini-2.0-flash": 1_000_000,
+    "llama-3.1-8b-instant": 131_072, "smollm2": 8_192,
+}
+"""Context windows in tokens by model name (a provider prefix `x/` and a dated suffix are
+ignored: `openai/gpt-4o-2024-08-06` is `gpt-4o`)."""
+DEFAULT_CONTEXT_WINDOW = 8_192
+OUTPUT_RESERVE_TOKENS = 1_024
+SUMMARY_HEADER = "[Summary of the earlier conversation]"
+PRUNED_RESULT = ("[tool result pruned to save context: {name}, {chars} chars; "
+                 "call the tool again if it is needed]")
+
+
+def context_window(model: str, settings) -> int:
+    """The model's context window: AGENTQ_CONTEXT_WINDOW, else AGENTQ_MODEL_CONTEXT_WINDOWS,
+    else the table (longest matching prefix), else DEFAULT_CONTEXT_WINDOW."""
+    if getattr(settings, "context_window", None):
+        return settings.context_window
+    name = model.rsplit("/", 1)[-1]
+    for table in (getattr(settings, "model_context_windows", None) or {},
+                  MODEL_CONTEXT_WINDOWS):
+        if model in table:
+            return table[model]
+        matches = [k for k in table if name == k or name.startswith(k + "-")]
+        if matches:
+            return table[max(matches, key=len)]
+    return DEFAULT_CONTEXT_WINDOW
+
+
+def input_budget(window_tokens: int, max_output: int | None) -> int:
+    """What the messages may take: the window less the answer's room."""
+    reserve = min(max_output or OUTPUT_RESERVE_TOKENS, window_tokens // 4)
+    return window_tokens - reserve
+
+
+@dataclass(frozen=True)
+class Layers:
+    """What a turn's context is made of, read from the database."""
+    system: str
+    summary: str | None
+    history: Sequence[StoredMessage]
+    """Messages before the question and after the summary, oldest first."""
+    question: StoredMessage | None
+    inrun: Sequence[StoredMessage]
+    """The job's messages after its question (and after the summary), oldest first."""
+    memories: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What to do when the context passes the threshold."""
+    tokens_before: int
+    messages_before: int
+    stub_before_seq: int | None
+    """Tool results with a lower seq are sent as stubs."""
+    summarize: tuple[StoredMessage, ...]
+    """Older turns to fold into the summary (empty: pruning was enough)."""
+
+
+TOOL_FORMAT_TOKENS = 16
+"""What the provider's format adds to a tool call or result (ids, type, wrappers)."""
+
+
+def _cost(message: StoredMessage, max_tool_chars: int, stub_before: int | None) -> int:
+    if message.role == "tool_result":
+        if stub_before is not None and message.seq < stub_before:
+            return estimate_tokens(PRUNED_RESULT) + TOOL_FORMAT_TOKENS
+        return min(message.token_count or estimate_tokens(message.content),
+                   estimate_tokens("x" * max_tool_chars)) + TOOL_FORMAT_TOKENS
+    if message.role == "tool_call":
+        return (message.token_count or estimate_tokens(message.content)) + TOOL_FORMAT_TOKENS
+    return message.token_count or estimate_tokens(message.content)
+
+
+def system_text(layers: Layers) -> str:
+    parts = [layers.system]
+    if layers.memories:
+        parts.append("[Things you remember about this user]\n"
+                     + "\n".join(f"- {m}" for m in layers.memories))
+    if layers.summary:
+        parts.append(f"{SUMMARY_HEADER}\n{layers.summary}")
+    return "\n\n".join(parts)
+
+
+def tokens_of(layers: Layers, max_tool_chars: int, stub_before: int | None = None,
+              history: Sequence[StoredMessage] | None = None) -> int:
+    history = layers.history if history is None else history
+    fixed = estimate_tokens(system_text(layers))
+    rest = [*history, *([layers.question] if layers.question else []), *layers.inrun]
+    return fixed + sum(_cost(m, max_tool_chars, stub_before) for m in rest)
+
+
+def turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
+    """Messages grouped into turns that can be cut between: a group starts at a user or an
+    assistant message, or at a tool call that follows a tool result."""
+    groups: list[list[StoredMessage]] = []
+    previous = None
+    for m in messages:
+        starts = (not groups or m.role in ("user", "assistant")
+                  or (m.role == "tool_call" and previous == "tool_result"))
+        if starts:
+            groups.append([m])
+        else:
+            groups[-1].append(m)
+        previous = m.role
+    return groups
+
+
+def plan_compaction(layers: Layers, budget: int, threshold: float, max_tool_chars: int,
+                    keep_turns: int) -> Compaction | None:
+    """None while the context is under `threshold` of `budget`; else: prune tool results
+    older than the newest `keep_turns` in-run turns (and all of history's); if that is not
+    enough, summarise history and the in-run turns older than those."""
+    limit = int(budget * threshold)
+    before = tokens_of(layers, max_tool_chars)
+    if before <= limit:
+        return None
+    count = len(layers.history) + len(layers.inrun) + (1 if layers.question else 0)
+    inrun_turns = turns(layers.inrun)
+    kept = inrun_turns[-keep_turns:] if keep_turns else []
+    old_inrun = [m for group in inrun_turns[:len(inrun_turns) - len(kept)] for m in group]
+    stub_before = (kept[0][0].seq if kept else
+                   (layers.question.seq if layers.question else None))
+    if stub_before is None and layers.inrun:
+        stub_before = layers.inrun[-1].seq + 1
+    if stub_before is None:
+        stub_before = (layers.history[-1].seq + 1) if layers.history else None
+    if tokens_of(layers, max_tool_chars, stub_before) <= limit:
+        return Compaction(before, count, stub_before, ())
+    return Compaction(before, count, stub_before, tuple([*layers.history, *old_inrun]))
+
+
+def after_summary(layers: Layers, summary: str, through_seq: int) -> Layers:
+    """The layers once everything up to `through_seq` is in `summary`."""
+    return Layers(layers.system, summary, [m for m in layers.history if m.seq > through_seq],
+                  layers.question, [m for m in layers.inrun if m.seq > through_seq],
+                  layers.memories)
+
+
+def history_window(history: Sequence[StoredMessage], max_tokens: int,
+                   max_tool_chars: int, stub_before: int | None = None
+                   ) -> list[StoredMessage]:
+    """The newest history messages that fit `max_tokens`, starting at a user message."""
+    taken: list[StoredMessage] = []
+    used = 0
+    for message in reversed(history):
+        cost = _cost(message, max_tool_chars, stub_before)
+        if used + cost > max_tokens:
+            break
+        taken.append(message)
+        used += cost
+    taken.reverse()
+    for i, message in enumerate(taken):
+        if message.role == "user":
+            return taken[i:]
+    return []
+
+
+def assemble(layers: Layers, *, budget: int, history_max_tokens: int, max_tool_chars: int,
+             stub_before: int | None = None) -> list[dict[str, Any]]:
+    """The turn's messages: the question and in-run exchange whole, history in what room
+    is left (at most `history_max_tokens`)."""
+    fixed = tokens_of(layers, max_tool_chars, stub_before, history=())
+    room = max(0, min(history_max_tokens, budget - fixed))
+    history = history_window(layers.history, room, max_tool_chars, stub_before)
+    out = [{"role": "system", "content": system_text(layers)}]
+    out += to_provider(history, max_tool_chars, stub_before)
+    current = [*([layers.question] if layers.question else []), *layers.inrun]
+    out += to_provider(current, max_tool_chars, stub_before)
+    return out
+
+
+SUMMARY_SYSTEM_PROMPT = (
+    "You compact a conversation between a user and an AI assistant so that the assistant "
+    "can continue it. Write a concise summary of the messages given: facts learned, tool "
+    "results that still matter, decisions, what was asked and answered, and what is still "
+    "open. Keep names, numbers and identifiers exactly. Reply with the summary only.")
+
+
+def summary_request(previous: str | None, question: StoredMessage | None,
+                    messages: Sequence[StoredMessage], max_tool_chars: int,
+                    max_chars: int, stub_before: int | None) -> list[dict[str, Any]]:
+    """The model call that folds `messages` (and the previous summary) into a new one."""
+    lines = []
+    for m in messages:
+        if m.role == "tool_result":
+            data = json.loads(m.content)
+            body = (PRUNED_RESULT.format(name=data.get("name"), chars=len(m.content))
+                    if stub_before is not None and m.seq < stub_before
+                    else render_tool_result(data, min(max_tool_chars, 2000)))
+            lines.append(f"[tool result {data.get('name')}] {body}")
+        elif m.role == "tool_call":
+            data = json.loads(m.content)
+            lines.append(f"[tool call {data.get('name')}] "
+                         f"{json.dumps(data.get('arguments') or {})}")
+        else:
+            lines.append(f"[{m.role}] {m.content}")
+    transcript = truncate("\n".join(lines), max_chars)
+    parts = []
+    if question is not None:
+        parts.append("The user's current request (for context; do not answer it):\n"
+                     + truncate(question.content, 4000))
+    if previous:
+        parts.append(f"The summary so far:\n{previous}")
+    parts.append(f"Messages to add to the summary:\n{transcript}")
+    return [{"role": "system", "content": SUMMARY_SYSTEM_PROMPT},
+            {"role": "user", "content": "\n\n".join(parts)}]

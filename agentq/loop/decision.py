@@ -14,12 +14,15 @@ resolved with an error result the model will read (seed 004).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Literal
 
 from agentq.llm.types import LLMReply
 
-StopReason = Literal["max_iterations", "budget_exceeded", "cancelled", "error"]
+StopReason = Literal["max_iterations", "max_tokens", "max_time", "budget_exceeded",
+                     "cancelled", "error", "hook"]
+EXECUTION_LIMITS = ("max_iterations", "max_tokens", "max_time")
+"""Stops that end a job `completed` with "[Agent stopped: <reason>]" in its conversation."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class PlannedCall:
     arguments: dict[str, Any] | None
     error: dict[str, Any] | None = None
     """Set when the call is answered without running (unknown tool, bad JSON, not allowed)."""
+    raw_arguments: str = ""
+    """The arguments as the model sent them (what a rejected call's view shows when they
+    were not a JSON object)."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,32 @@ class Limits:
     budget_limit: int | None = None
     budget_used: int = 0
     budget_reset_at: datetime | None = None
+    max_tokens: int | None = None
+    """This job's token limit (input + output, summaries included); None: none."""
+    tokens_used: int = 0
+    max_seconds: float | None = None
+    """This job's wall-time limit from its start; None: none."""
+    elapsed_s: float = 0.0
+
+
+def effective_limits(settings_iterations: int, settings_tokens: int | None,
+                     settings_seconds: float | None,
+                     *sources: dict[str, Any] | None) -> dict[str, Any]:
+    """The smaller of each limit across the settings and `sources` (a persona's, a
+    request's); None where none sets it."""
+    out: dict[str, Any] = {"max_iterations": settings_iterations,
+                           "max_tokens": settings_tokens, "max_seconds": settings_seconds}
+    for source in sources:
+        for key in out:
+            value = (source or {}).get(key)
+            if value is not None:
+                out[key] = value if out[key] is None else min(out[key], value)
+    return out
 
 
 def check_limits(limits: Limits) -> Stop | None:
-    """Before every model call: cancel, then the iteration guard, then the budget."""
+    """Before every model call: cancel, then the iteration guard, the job's token and time
+    limits, then the budget."""
     if limits.cancel_requested:
         return Stop("cancelled", "The job was cancelled.")
     if limits.iteration >= limits.max_iterations:
@@ -72,6 +100,16 @@ def check_limits(limits: Limits) -> Stop | None:
                     f"Stopped after {limits.iteration} model calls (the limit is "
                     f"{limits.max_iterations}) without a final answer.",
                     {"iterations": limits.iteration, "limit": limits.max_iterations})
+    if limits.max_tokens is not None and limits.tokens_used >= limits.max_tokens:
+        return Stop("max_tokens",
+                    f"Stopped after using {limits.tokens_used} tokens (the job's limit is "
+                    f"{limits.max_tokens}) without a final answer.",
+                    {"used": limits.tokens_used, "limit": limits.max_tokens})
+    if limits.max_seconds is not None and limits.elapsed_s >= limits.max_seconds:
+        return Stop("max_time",
+                    f"Stopped after {limits.elapsed_s:.1f} s (the job's limit is "
+                    f"{limits.max_seconds:g} s) without a final answer.",
+                    {"elapsed_s": round(limits.elapsed_s, 3), "limit": limits.max_seconds})
     if limits.budget_limit is not None and limits.budget_used >= limits.budget_limit:
         when = (f" It resets at {limits.budget_reset_at.isoformat()}."
                 if limits.budget_reset_at else "")
@@ -98,8 +136,53 @@ def decide(reply: LLMReply, offered: Iterable[str]) -> Decision:
             error = {"code": "tool_not_found",
                      "message": f"No tool named {call.name!r} is available. Available: "
                                 f"{', '.join(sorted(offered)) or 'none'}."}
-        planned.append(PlannedCall(call.id, call.name, call.arguments, error))
+        planned.append(PlannedCall(call.id, call.name, call.arguments, error,
+                                   call.raw_arguments))
     return RunTools(tuple(planned), reply.content)
+
+
+@dataclass(frozen=True)
+class WaitForProvider:
+    """Every model failed with a transient error: park the job, try again at
+    `next_attempt_at` (attempt number `attempt` was the one that just failed)."""
+    next_attempt_at: datetime
+    delay_s: float
+    attempt: int
+    waiting_since: datetime
+
+
+def provider_backoff_s(attempt: int, base_s: float, max_s: float, jitter: float,
+                       retry_after_s: float | None = None) -> float:
+    """The delay after failed attempt `attempt` (1, 2, ...): base · 2^(attempt-1), capped at
+    `max_s`, "equal jitter" (half fixed, half `jitter` ∈ [0, 1) of it) so a fleet that parked
+    together does not come back together; a provider's `Retry-After` is a floor."""
+    ceiling = min(max_s, base_s * 2 ** min(max(attempt - 1, 0), 30))
+    delay = ceiling / 2 + ceiling / 2 * min(max(jitter, 0.0), 1.0)
+    if retry_after_s is not None and retry_after_s > delay:
+        delay = retry_after_s
+    return delay
+
+
+def wait_for_provider(*, now: datetime, waiting_since: datetime | None, attempts: int,
+                      window_s: float, base_s: float, max_s: float, jitter: float,
+                      retry_after_s: float | None, last_error: str
+                      ) -> WaitForProvider | Stop:
+    """After a transient failure of the whole chain: wait (with a growing delay) while the
+    window that began at the first such failure lasts; the last attempt is made at the
+    window's end; a failure after it ends the job `provider_unavailable`."""
+    since = waiting_since or now
+    attempt = attempts + 1
+    deadline = since + timedelta(seconds=window_s)
+    if now >= deadline:
+        waited = (now - since).total_seconds()
+        return Stop("error",
+                    f"The model provider kept failing for {waited:.0f} s ({attempt} "
+                    f"attempts); last error: {last_error}",
+                    {"code": "provider_unavailable", "attempts_made": attempt,
+                     "waited_s": round(waited, 3)})
+    delay = provider_backoff_s(attempt, base_s, max_s, jitter, retry_after_s)
+    next_at = min(now + timedelta(seconds=delay), deadline)
+    return WaitForProvider(next_at, (next_at - now).total_seconds(), attempt, since)
 
 
 def remaining_output_budget(limits: Limits, requested: int | None) -> int | None:

@@ -3,9 +3,10 @@ so nothing in the loop knows Celery."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-Cause = Literal["start", "callback", "errback", "sweeper", "continue"]
+Cause = Literal["start", "callback", "errback", "sweeper", "continue", "provider"]
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,9 @@ class NextStep:
     job_id: str
     iteration: int
     cause: Cause = "continue"
+    not_before: datetime | None = None
+    """A delayed step (a job waiting for its provider): sent as a message with this ETA,
+    so no worker is held while it waits."""
 
 
 @dataclass(frozen=True)
@@ -48,4 +52,11 @@ class AdmitBatch:
     batch_id: str
 
 
-Effect = NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded | AdmitBatch
+@dataclass(frozen=True)
+class SendWebhooks:
+    """A job's pending webhook deliveries (an approval request) go out now."""
+    job_id: str
+
+
+Effect = (NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded | AdmitBatch
+          | SendWebhooks)

@@ -89,6 +89,16 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
     call.attempts += 1
     call.started_at = utcnow()
+    tool = registry.tools.get(call.name)
+    if call.attempts > 1 and call.attempts <= MAX_DELIVERIES:
+        # at-least-once: the previous delivery died before storing a result
+        idempotent = bool(tool and tool.idempotent)
+        log.log(logging.INFO if idempotent else logging.WARNING,
+                "tool call delivered again; running it again%s",
+                "" if idempotent else " although it is not idempotent",
+                extra={"event": "tool.rerun" if idempotent else "tool.rerun_not_idempotent",
+                       "tool": call.name, "tool_use_id": tool_use_id,
+                       "delivery": call.attempts, "idempotent": idempotent})
     if call.attempts > MAX_DELIVERIES:
         session.flush()
         _store(session, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
@@ -106,7 +116,8 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
                       platform_channel_id=conversation.platform_channel_id,
                       platform_thread_id=conversation.platform_thread_id,
                       session_factory=sessions,
-                      public_url=settings.public_url)
+                      public_url=settings.public_url, tenant_id=str(job.tenant_id),
+                      extra={"settings": settings})
     return call.name, call.arguments, ctx, allowed
 
 

@@ -58,12 +58,16 @@ def finish_job(session: Session, job: Job, status: str, reason: str, content: st
     job.finished_at = utcnow()
     job.step_owner = job.step_lease_until = None
     job.error = error["message"] if error else None
-    events.add(job.id, "job_end", status=status, finish_reason=reason)
-    enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
     # Lock order, everywhere: a job's row, then conversations, then the rows of jobs that
     # wait for them. A batch's row is only ever locked first, in its own transaction.
-    effects: list[Effect] = [JobEnded(str(job.id), status),
-                             *release_conversation(session, job, events)]
+    # The conversation is handed on first, so a follow-up made from late steering is named
+    # (`steering_deferred`, the job's `follow_up_job_id`) before `job_end` closes streams.
+    handed_on = release_conversation(session, job, events)
+    events.add(job.id, "job_end", status=status, finish_reason=reason,
+               **({"follow_up_job_id": str(job.follow_up_job_id)}
+                  if job.follow_up_job_id else {}))
+    enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
+    effects: list[Effect] = [JobEnded(str(job.id), status), *handed_on]
     if job.batch_id is not None:
         effects.append(AdmitBatch(str(job.batch_id)))
     return effects
@@ -94,10 +98,11 @@ def release_conversation(session: Session, job: Job, events: EventBuffer) -> lis
                         cost_estimate=0.0, waiting_for="conversation", created_at=now,
                         last_progress_at=now)
         session.add(follow_up)
+        job.follow_up_job_id = follow_up.id
         for entry in late:
             entry.consumed_at = now
         events.add(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
-                   inputs=len(late))
+                   inputs=len(late), input_ids=[str(i.id) for i in late])
         session.flush()
     nxt = next_waiting(session, conversation.id)
     if nxt is None:

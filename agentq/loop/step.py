@@ -14,7 +14,13 @@ model calls already made. `run_step(job_id, k)` does, in order:
                 budget used up → budget_exceeded.
   5. context    system prompt + a window of the history (`agentq.loop.context`).
      -- commit; no connection is held while the model thinks --
-  6. model      the router's call, with retries and fallbacks.
+  6. model      the router's call, with retries and fallbacks. When every model fails
+                with a transient error (429, 5xx, timeout, connection, circuit open), the
+                job waits for its provider: `waiting_for = provider` (shown as `status:
+                waiting`), a `waiting_provider` event with `next_attempt_at`, and this
+                same step (k) sent again as a delayed message: no worker waits. Attempts
+                back off (Retry-After honoured) for AGENTQ_PROVIDER_WAIT_S, then the job
+                fails `provider_unavailable`. Any other provider error fails it at once.
   7. persist    compare-and-set again (iteration k → k+1, our lease), usage to token_logs
                 and the user's monthly count, the reply as messages, then decide:
                   Finish(content)  → the job completes (end_turn)
@@ -28,14 +34,16 @@ A job ends `completed` (end_turn, max_iterations), `failed` (budget_exceeded, er
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
@@ -43,20 +51,28 @@ from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
-from agentq import replay
+from agentq import approvals, memory, replay
+from agentq.hooks import Hooks
 from agentq.loop import budget, context
-from agentq.loop.decision import (Finish, Limits, RunTools, Stop, check_limits, decide,
-                                  remaining_output_budget)
+from agentq.loop.decision import (EXECUTION_LIMITS, Finish, Limits, RunTools, Stop,
+                                  WaitForProvider, check_limits, decide, effective_limits,
+                                  remaining_output_budget, wait_for_provider)
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.finish import finish_job
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import EventBuffer, append_messages, recent_messages
-from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall, User
+from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
+                           Persona, TokenLog, ToolCall, User)
 from agentq.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 LIVE = ("queued", "running")
+PROVIDER_EARLY_TOLERANCE_S = 2.0
+"""A delayed step may claim its job this much before the job's next attempt time (clocks
+of workers and of the process that parked it differ a little)."""
+_WAIT = object()
+"""_collect's answer when the turn's results are not all in yet (see _split_turn)."""
 EMPTY_ANSWER = "The model gave no answer. Please try again or rephrase."
 TOOL_LOST_ERROR = {"code": "tool_task_failed",
                    "message": "The tool task ended without a result (its worker was lost "
@@ -72,15 +88,29 @@ class _Turn:
     max_tokens: int | None
     recorded: LLMReply | None = None
     """A recorded replay's answer for this turn: no provider is called, nothing billed."""
+    layers: context.Layers | None = None
+    budget: int = 0
+    stub_before: int | None = None
+    compaction: context.Compaction | None = None
+    summary_version: int = 0
+    resumed: bool = False
+    """The turn was announced by an earlier run of its step (its provider was waited for)."""
+    recall_user: uuid.UUID | None = None
+    """Set when the user has memories: the top matches for the question join the context."""
+    stream: bool = False
+    """Stream the reply: message_delta events through the hub as the text arrives."""
+    turn: int = 0
 
 
 class Stepper:
     def __init__(self, settings: Settings, router, registry: ToolRegistry,
-                 sessions: sessionmaker):
+                 sessions: sessionmaker, hooks: Hooks | None = None):
         self.settings = settings
         self.router = router
         self.registry = registry
         self.sessions = sessions
+        self.hooks = hooks if hooks is not None else Hooks.load(settings.hooks_enabled)
+        self._question_vectors: dict[tuple[str, str], list[float]] = {}
 
     # -- the step ---------------------------------------------------------------------
     def run(self, job_id: str, iteration: int, cause: Cause = "continue") -> list[Effect]:
@@ -98,11 +128,19 @@ class Stepper:
         if not isinstance(outcome, _Turn):
             return outcome
 
+        if outcome.recall_user is not None:
+            self._recall(job_id, outcome)
+        if outcome.compaction is not None and outcome.compaction.summarize:
+            if not self._summarize(job_id, iteration, owner, outcome):
+                return []
+        on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
         try:
             reply = outcome.recorded or self.router.chat(
                 outcome.messages, outcome.tools, model=outcome.model,
-                max_tokens=outcome.max_tokens)
+                max_tokens=outcome.max_tokens, **({"on_delta": on_delta} if on_delta else {}))
         except ProviderError as exc:
+            if exc.transient:
+                return self._wait_provider(job_id, iteration, owner, exc)
             return self._fail_provider(job_id, iteration, owner, exc)
 
         with self.sessions() as session, session.begin():
@@ -110,20 +148,51 @@ class Stepper:
                                     outcome, events)
             events.flush(session)
         events.announce()
+        if self.hooks.loaded:
+            self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
+                                   "model": reply.model, "content": reply.content,
+                                   "tool_calls": [c.name for c in reply.tool_calls],
+                                   "usage": {"input_tokens": reply.input_tokens,
+                                             "output_tokens": reply.output_tokens}})
         return effects
+
+    def _deltas(self, job_id: str, turn: int):
+        """Publish each piece of streamed text to the job's live listeners (SSE), not to
+        the database: the stored record is the whole message, written as without
+        streaming. `attempt` changes when a cut stream was retried: drop earlier pieces."""
+        from agentq.notify import hub_for
+        hub = hub_for(self.settings)
+        counter = iter(range(1 << 62))
+
+        def on_delta(text_: str, attempt: int) -> None:
+            try:
+                hub.publish(job_id, [{"type": "message_delta", "seq": None,
+                                      "data": {"turn": turn, "attempt": attempt,
+                                               "index": next(counter), "delta": text_},
+                                      "created_at": utcnow().isoformat()}])
+            except Exception:  # a listener's loss never fails the step
+                log.warning("delta not published", exc_info=True)
+        return on_delta
 
     # -- 1. claim ---------------------------------------------------------------------
     def _claim(self, session: Session, job_id: uuid.UUID, iteration: int,
                owner: str) -> Job | None:
         now = utcnow()
         relax_durability(session)
+        early = now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S)
         return session.execute(
             update(Job).where(
                 Job.id == job_id, Job.iteration == iteration, Job.status.in_(LIVE),
-                or_(Job.step_lease_until.is_(None), Job.step_lease_until < now))
+                or_(Job.step_lease_until.is_(None), Job.step_lease_until < now),
+                # a job waiting for its provider is not tried before its time (a duplicate
+                # or stray message claims nothing), unless it is to be cancelled
+                or_(Job.waiting_for.is_distinct_from("provider"),
+                    Job.provider_next_attempt_at.is_(None),
+                    Job.provider_next_attempt_at <= early,
+                    Job.cancel_requested_at.is_not(None)))
             .values(step_owner=owner,
                     step_lease_until=now + timedelta(seconds=self.settings.step_deadline_s),
-                    last_progress_at=now)
+                    last_progress_at=now, redrive_after=None)
             .returning(Job)
             .execution_options(synchronize_session=False, populate_existing=True)
         ).scalar_one_or_none()
@@ -140,61 +209,268 @@ class Stepper:
         if job.status == "queued":
             job.status, job.started_at = "running", now
             events.add(job.id, "job_start", conversation_id=str(job.conversation_id))
-            append_messages(session, conversation.id, job.id,
-                            [("user", _user_content(job), None)], now)
+            question = _user_content(job)
+            append_messages(session, conversation.id, job.id, [("user", question, None)], now)
+            events.add(job.id, "message_start", role="user", kind="question", content=question)
+            events.add(job.id, "message_end", role="user", kind="question", content=question)
+
+        resuming = job.waiting_for == "provider"
+        if resuming:  # the provider's turn again: the job runs (its turn began already)
+            job.waiting_for = None
+            job.provider_next_attempt_at = None
 
         if job.phase == "tools":
             redispatch = self._collect(session, job, conversation, cause, events)
+            if redispatch is _WAIT:  # another dispatch of this turn (an approved call) runs
+                job.step_owner = job.step_lease_until = None
+                return []
             if redispatch:
                 job.step_owner = job.step_lease_until = None
                 return [redispatch]
 
         inputs = pending_inputs(session, job.id) if job.pending_inputs else []
         job.pending_inputs = 0
+        turn_no = job.iteration + 1
+        # a turn resumed (after waiting for its provider, or re-driven) was announced already
+        started = _turn_started(session, job, resuming)
+        if not started:
+            events.add(job.id, "turn_start", turn=turn_no,
+                       triggered_by=_trigger(job, bool(inputs)))
         if inputs:
             append_messages(session, conversation.id, job.id,
                             [("user", entry.content, None) for entry in inputs], now)
             for entry in inputs:
                 entry.consumed_at = now
+                events.add(job.id, "message_start", role="user", kind="steering",
+                           content=entry.content)
+                events.add(job.id, "message_end", role="user", kind="steering",
+                           content=entry.content)
                 events.add(job.id, "steering_injected", input_id=str(entry.id),
-                           turn=job.iteration + 1)
+                           turn=turn_no)
 
         if budget.roll_period(user, now, self.settings.budget_period_days):
             log.info("budget period reset", extra={"user_id": str(user.id)})
         recorded_replay = job.replay_mode == "recorded"  # costs nothing: no budget applies
-        limits = Limits(iteration=job.iteration, max_iterations=self.settings.max_iterations,
+        own = effective_limits(self.settings.max_iterations, self.settings.max_job_tokens,
+                               self.settings.max_seconds,
+                               persona.limits if persona else None, job.limits)
+        limits = Limits(iteration=job.iteration, max_iterations=own["max_iterations"],
                         cancel_requested=job.cancel_requested_at is not None,
                         budget_limit=None if recorded_replay else user.token_budget_monthly,
                         budget_used=user.tokens_used_this_month,
-                        budget_reset_at=user.budget_reset_at)
+                        budget_reset_at=user.budget_reset_at,
+                        max_tokens=own["max_tokens"],
+                        tokens_used=job.input_tokens + job.output_tokens,
+                        max_seconds=own["max_seconds"],
+                        elapsed_s=(now - job.started_at).total_seconds()
+                        if job.started_at else 0.0)
         stop = check_limits(limits)
-        if stop is not None:
-            return self._stop(session, job, stop, events)
         recorded = None
-        if recorded_replay:
-            recorded = replay.recorded_reply(session, job, job.iteration + 1)
+        if stop is None and recorded_replay:
+            recorded = replay.recorded_reply(session, job, turn_no)
             if recorded is None:
-                return self._stop(session, job, Stop(
-                    "error", f"The original job made no model call {job.iteration + 1}; "
-                             "a recorded replay cannot go further."), events)
+                stop = Stop("error", f"The original job made no model call {turn_no}; "
+                                     "a recorded replay cannot go further.")
+        if stop is not None:
+            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
+            return self._stop(session, job, stop, events)
 
-        events.add(job.id, "turn_start", turn=job.iteration + 1)
         allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None)
         offered = self.registry.offered(user.permission_level, allowed)
         model = job.model or (persona.default_model if persona else None) or self.settings.model
         if recorded is not None:  # answered from the recording: no context to build
+            for kind, data in replay.recorded_compactions(session, job, turn_no):
+                events.add(job.id, kind, **data)
+            if not started:
+                events.add(job.id, "message_start", role="assistant", turn=turn_no)
             return _Turn([], self.registry.specs(offered), model, None, recorded)
         system = (persona.system_prompt if persona and persona.system_prompt
                   else self.settings.default_system_prompt)
-        messages = context.build(
-            system, recent_messages(session, conversation.id,
-                                    self.settings.history_max_messages,
-                                    conversation.message_seq),
-            max_tokens=self.settings.context_max_tokens,
-            max_tool_chars=self.settings.tool_result_max_chars)
         max_tokens = remaining_output_budget(
             limits, persona.max_tokens_per_request if persona else None)
-        return _Turn(messages, self.registry.specs(offered), model, max_tokens)
+        turn = _Turn([], self.registry.specs(offered), model, max_tokens,
+                     stream=bool(job.stream or (persona is not None and persona.stream)),
+                     turn=job.iteration + 1, resumed=started)
+        stop = self._build_context(session, job, conversation, system, turn, events)
+        if stop is not None:
+            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
+            return self._stop(session, job, stop, events)
+        if self.settings.answer_after_tools and context.last_tools_succeeded(
+                list(reversed(turn.layers.inrun))):
+            turn.tools = []  # the results are in: the model answers from them
+        return turn
+
+    # -- 5. context -------------------------------------------------------------------
+    def _build_context(self, session: Session, job: Job, conversation: Conversation,
+                       system: str, turn: "_Turn", events: EventBuffer) -> Stop | None:
+        """The layers of this turn's context; a compaction planned when they pass the
+        threshold (the summary itself is asked for outside this transaction). A
+        `before_turn` hook may stop the job here."""
+        summary = session.execute(
+            select(ConversationSummary).where(
+                ConversationSummary.conversation_id == conversation.id)
+            .order_by(ConversationSummary.version.desc()).limit(1)).scalar_one_or_none()
+        through = summary.through_seq if summary else 0
+        question = session.execute(
+            select(Message.seq, Message.role, Message.content, Message.token_count)
+            .where(Message.job_id == job.id, Message.role == "user")
+            .order_by(Message.seq).limit(1)).one_or_none()
+        question = context.StoredMessage(*question) if question else None
+        top = question.seq if question else conversation.message_seq + 1
+        history = [m for m in reversed(recent_messages(
+            session, conversation.id, self.settings.history_max_messages, top - 1))
+            if m.seq > through and m.seq < top]
+        inrun = []
+        if question is not None:
+            inrun = [context.StoredMessage(*row) for row in session.execute(
+                select(Message.seq, Message.role, Message.content, Message.token_count)
+                .where(Message.job_id == job.id, Message.seq > max(through, question.seq))
+                .order_by(Message.seq)).all()]
+        layers = context.Layers(system, summary.content if summary else None, history,
+                                question, inrun)
+        budget = context.input_budget(context.context_window(turn.model, self.settings),
+                                      turn.max_tokens)
+        turn.layers, turn.budget = layers, budget
+        turn.summary_version = summary.version if summary else 0
+        if question is not None and memory.has_memories(session, job.user_id):
+            turn.recall_user = job.user_id
+        if self.hooks.loaded:
+            stopped = self.hooks.before_turn({**_hook_ctx(job, job.iteration + 1),
+                                              "messages": self._assemble(turn)})
+            if stopped is not None:
+                hook_name, reason = stopped
+                return Stop("hook", reason, {"hook": hook_name})
+        plan = context.plan_compaction(layers, budget, self.settings.compaction_threshold,
+                                       self.settings.tool_result_max_chars,
+                                       self.settings.compaction_keep_turns)
+        if plan is not None and self.hooks.loaded and not self.hooks.before_compaction(
+                {**_hook_ctx(job, job.iteration + 1), "tokens": plan.tokens_before,
+                 "messages": plan.messages_before}):
+            log.info("compaction skipped by a hook", extra={"job_id": str(job.id)})
+            plan = None
+        turn.compaction = plan
+        if plan is not None:
+            turn.stub_before = plan.stub_before_seq
+            events.add(job.id, "compaction_start", turn=job.iteration + 1,
+                       tokens_before=plan.tokens_before, messages_before=plan.messages_before,
+                       window=budget, threshold=self.settings.compaction_threshold,
+                       summarize_messages=len(plan.summarize))
+            if not plan.summarize:
+                self._compaction_end(job.id, turn, events, "prune")
+        if (plan is None or not plan.summarize) and not turn.resumed:
+            events.add(job.id, "message_start", role="assistant", turn=job.iteration + 1)
+        turn.messages = self._assemble(turn)
+        return None
+
+    def _assemble(self, turn: "_Turn") -> list[dict[str, Any]]:
+        return context.assemble(turn.layers, budget=turn.budget,
+                                history_max_tokens=self.settings.context_max_tokens,
+                                max_tool_chars=self.settings.tool_result_max_chars,
+                                stub_before=turn.stub_before)
+
+    def _compaction_end(self, job_id: uuid.UUID, turn: "_Turn", events: EventBuffer,
+                        strategy: str, **extra: Any) -> None:
+        layers = turn.layers
+        after = context.tokens_of(layers, self.settings.tool_result_max_chars,
+                                  turn.stub_before)
+        messages = len(layers.history) + len(layers.inrun) + (1 if layers.question else 0)
+        events.add(job_id, "compaction_end", strategy=strategy,
+                   tokens_before=turn.compaction.tokens_before, tokens_after=after,
+                   messages_before=turn.compaction.messages_before, messages_after=messages,
+                   **extra)
+
+    def _recall(self, job_id: str, turn: "_Turn") -> None:
+        """The user's memories most like the question join the context (seed 000: top 5).
+        The question's embedding is kept per job; a failed embedding recalls nothing."""
+        question = turn.layers.question.content[:8000]
+        key = (job_id, question)
+        vector = self._question_vectors.get(key)
+        if vector is None:
+            try:
+                vector = self.router.embed(question)
+            except ProviderError as exc:
+                log.warning("memory recall skipped: embedding failed",
+                            extra={"job_id": job_id, "error": exc.message})
+                return
+            if len(self._question_vectors) > 1024:
+                self._question_vectors.clear()
+            self._question_vectors[key] = vector
+        events = EventBuffer()
+        with self.sessions() as session, session.begin():
+            found = memory.recall(session, turn.recall_user, vector,
+                                  self.settings.embedding_model)
+            if found:
+                events.add(uuid.UUID(job_id), "memory_recalled", count=len(found),
+                           similarities=[round(score, 4) for _, score in found])
+                events.flush(session)
+        events.announce()
+        if found:
+            turn.layers = dataclasses.replace(turn.layers,
+                                              memories=tuple(m.content for m, _ in found))
+            turn.messages = self._assemble(turn)
+
+    def _summarize(self, job_id: str, iteration: int, owner: str, turn: "_Turn") -> bool:
+        """Fold the planned older turns into the conversation's summary: a model call outside
+        any transaction, then the summary, its usage and `compaction_end` in one. False when
+        the job's lease was lost meanwhile."""
+        plan = turn.compaction
+        layers = turn.layers
+        request = context.summary_request(
+            layers.summary, layers.question, plan.summarize,
+            self.settings.tool_result_max_chars,
+            max_chars=max(2000, turn.budget * context.CHARS_PER_TOKEN * 3 // 4),
+            stub_before=turn.stub_before)
+        events = EventBuffer()
+        try:
+            reply = self.router.chat(request, [], model=turn.model,
+                                     max_tokens=min(2048, max(256, turn.budget // 4)))
+        except ProviderError as exc:
+            log.warning("summary call failed", extra={"job_id": job_id,
+                                                      "error": exc.message})
+            reply, failure = None, {"code": exc.code, "message": exc.message}
+        with self.sessions() as session, session.begin():
+            job = _leased(session, job_id, iteration, owner)
+            if job is None:
+                return False
+            if reply is None or not reply.content.strip():
+                failure = (failure if reply is None else
+                           {"code": "empty_summary", "message": "The model gave no summary."})
+                self._compaction_end(job.id, turn, events, "prune", error=failure)
+            else:
+                now = utcnow()
+                through = plan.summarize[-1].seq
+                cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+                tokens = reply.input_tokens + reply.output_tokens
+                session.add(ConversationSummary(
+                    conversation_id=job.conversation_id, version=turn.summary_version + 1,
+                    content=reply.content.strip(), through_seq=through,
+                    messages_summarized=len(plan.summarize), job_id=job.id,
+                    model=reply.model, input_tokens=reply.input_tokens,
+                    output_tokens=reply.output_tokens, created_at=now))
+                session.add(TokenLog(user_id=job.user_id, conversation_id=job.conversation_id,
+                                     job_id=job.id, iteration=-(turn.summary_version + 1),
+                                     model=reply.model,
+                                     input_tokens=reply.input_tokens,
+                                     output_tokens=reply.output_tokens, cost_estimate=cost,
+                                     usage_estimated=reply.usage_estimated,
+                                     reply=None, created_at=now))
+                session.execute(update(User).where(User.id == job.user_id).values(
+                    tokens_used_this_month=User.tokens_used_this_month + tokens))
+                job.input_tokens += reply.input_tokens
+                job.output_tokens += reply.output_tokens
+                job.cost_estimate += cost
+                turn.layers = context.after_summary(layers, reply.content.strip(), through)
+                self._compaction_end(job.id, turn, events, "summarize",
+                                     summary_version=turn.summary_version + 1,
+                                     through_seq=through,
+                                     summary_input_tokens=reply.input_tokens,
+                                     summary_output_tokens=reply.output_tokens)
+            if not turn.resumed:
+                events.add(job.id, "message_start", role="assistant", turn=iteration + 1)
+            events.flush(session)
+        events.announce()
+        turn.messages = self._assemble(turn)
+        return True
 
     def _collect(self, session: Session, job: Job, conversation: Conversation, cause: Cause,
                  events: EventBuffer) -> DispatchTools | None:
@@ -204,6 +480,9 @@ class Stepper:
                                    ToolCall.iteration == job.iteration)
             .order_by(ToolCall.position)).scalars().all()
         pending = [c for c in calls if c.status == "pending"]
+        if (pending and cause == "callback" and job.cancel_requested_at is None
+                and self._split_turn(calls)):
+            return _WAIT
         if pending and cause == "sweeper" and job.cancel_requested_at is None:
             log.warning("re-dispatching lost tool calls",
                         extra={"job_id": str(job.id), "count": len(pending)})
@@ -231,6 +510,12 @@ class Stepper:
                                   "ok": bool((c.result or {}).get("ok"))} for c in calls])
         return None
 
+    @staticmethod
+    def _split_turn(calls) -> bool:
+        """The turn's calls went out in more than one dispatch (some were held for
+        approval): a callback can come while another dispatch's calls still run."""
+        return any(c.approval_expires_at is not None for c in calls)
+
     def _limit(self, name: str) -> float:
         return (self.registry.time_limit_for(name) if name in self.registry.tools
                 else self.settings.tool_time_limit_s)
@@ -247,7 +532,9 @@ class Stepper:
             update(Job).where(Job.id == job_id, Job.iteration == iteration,
                               Job.step_owner == owner, Job.status.in_(LIVE))
             .values(iteration=turn_no, step_owner=None, step_lease_until=None,
-                    last_progress_at=now, redrives=0,
+                    last_progress_at=now, redrives=0, waiting_for=None,
+                    provider_wait_since=None, provider_next_attempt_at=None,
+                    provider_attempts=0, claimed_attempts=0, redrive_after=None,
                     input_tokens=Job.input_tokens + reply.input_tokens,
                     output_tokens=Job.output_tokens + reply.output_tokens,
                     cost_estimate=Job.cost_estimate + cost)
@@ -279,6 +566,7 @@ class Stepper:
             if reply.content:
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", reply.content, reply.model)], now)
+            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="cancelled")
             return self._stop(session, job, Stop("cancelled", "The job was cancelled."),
                               events)
         decision = decide(reply, [t.name for t in turn.tools])
@@ -307,6 +595,9 @@ class Stepper:
         if content:
             rows.append(("assistant", content, reply.model))
         dispatch = []
+        held: list[ToolCall] = []
+        persona = session.get(Persona, job.persona_id) if job.persona_id else None
+        persona_tools = persona.approval_tools if persona is not None else None
         for position, call in enumerate(calls):
             tool_use_id = _tool_use_id(job.id, turn_no, position)
             queue = (self.registry.queue_for(call.name) if call.name in self.registry.tools
@@ -318,30 +609,50 @@ class Stepper:
             if call.error is not None:
                 record.status, record.finished_at = "failed", now
                 record.result = {"ok": False, "result": None, "error": call.error}
+                # rejected before it ran (no tool_execution_start): its arguments go here
                 events.add(job.id, "tool_execution_end", tool_use_id=tool_use_id,
-                           name=call.name, ok=False, error=call.error["code"])
+                           name=call.name, ok=False, error=call.error["code"],
+                           arguments=(call.arguments if call.arguments is not None
+                                      else call.raw_arguments))
+            elif approvals.needs_approval(self.registry, call.name, persona_tools):
+                held.append(record)
             else:
                 dispatch.append((tool_use_id, queue, self._limit(call.name)))
                 events.add(job.id, "tool_execution_start", tool_use_id=tool_use_id,
-                           name=call.name, arguments=call.arguments, queue=queue)
+                           name=call.name, arguments=call.arguments, queue=queue,
+                           idempotent=getattr(self.registry.tools.get(call.name),
+                                              "idempotent", False))
             session.add(record)
             rows.append(("tool_call", json.dumps({"name": call.name,
                                                   "arguments": call.arguments,
                                                   "tool_use_id": tool_use_id}), reply.model))
         append_messages(session, job.conversation_id, job.id, rows, now)
         job.phase = "tools"
+        effects: list[Effect] = []
+        for record in held:  # they wait for a person; the job holds no worker meanwhile
+            effects += approvals.hold(session, job, record, approvals.deadline(
+                self.registry, self.settings, record.name, now), events)
         if dispatch:
-            return [DispatchTools(str(job.id), turn_no, tuple(dispatch))]
+            return [DispatchTools(str(job.id), turn_no, tuple(dispatch))] + effects
+        if held:
+            return effects
         return [NextStep(str(job.id), turn_no, "continue")]
 
     # -- endings ----------------------------------------------------------------------
     def _stop(self, session: Session, job: Job, stop: Stop,
               events: EventBuffer) -> list[Effect]:
-        status = {"max_iterations": "completed", "cancelled": "cancelled"}.get(
+        status = {"cancelled": "cancelled",
+                  **{r: "completed" for r in (*EXECUTION_LIMITS, "hook")}}.get(
             stop.reason, "failed")
         content = stop.message
-        if stop.reason == "max_iterations":
+        if stop.reason in EXECUTION_LIMITS or stop.reason == "hook":
             content = _last_assistant_text(session, job) or stop.message
+            note = f"[Agent stopped: {stop.reason}]"
+            append_messages(session, job.conversation_id, job.id, [("user", note, None)])
+            events.add(job.id, "message_start", role="user", kind="limit", content=note)
+            events.add(job.id, "message_end", role="user", kind="limit", content=note)
+            events.add(job.id, "limit_reached" if stop.reason != "hook" else "hook_stopped",
+                       reason=stop.reason, message=stop.message, **stop.details)
         return self._end(session, job, status, stop.reason, content,
                          {"code": stop.reason, "message": stop.message, **stop.details},
                          events)
@@ -350,17 +661,76 @@ class Stepper:
              error: dict[str, Any] | None, events: EventBuffer) -> list[Effect]:
         return finish_job(session, job, status, reason, content, error, events)
 
+    def _wait_provider(self, job_id: str, iteration: int, owner: str,
+                       exc: ProviderError) -> list[Effect]:
+        """Every model failed with a transient error: park the job and send this step again
+        later, or end it once the wait window has passed."""
+        events = EventBuffer()
+        with self.sessions() as session, session.begin():
+            job = _leased(session, job_id, iteration, owner)
+            if job is None:
+                return []
+            now = utcnow()
+            last_error = exc.attempts[-1]["error"] if exc.attempts else exc.message
+            plan = wait_for_provider(
+                now=now, waiting_since=job.provider_wait_since,
+                attempts=job.provider_attempts, window_s=self.settings.provider_wait_s,
+                base_s=self.settings.provider_retry_base_s,
+                max_s=self.settings.provider_retry_max_s, jitter=random.random(),
+                retry_after_s=exc.retry_after_s, last_error=last_error)
+            if isinstance(plan, Stop):
+                log.warning("provider unavailable for the whole wait; failing the job",
+                            extra={"job_id": job_id, "error": last_error})
+                error = {"code": "provider_unavailable", "message": plan.message}
+                events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
+                           error=error)
+                if self.hooks.loaded:
+                    self.hooks.on_error({**_hook_ctx(job, iteration + 1), "error": error})
+                effects = self._end(session, job, "failed", "error",
+                                    "The model provider could not be reached for too long; "
+                                    "please try again later.",
+                                    {"code": "provider_unavailable", "message": plan.message,
+                                     **{k: v for k, v in plan.details.items() if k != "code"},
+                                     "attempts": exc.attempts}, events)
+                events.flush(session)
+            else:
+                effects = self._park(session, job, plan, exc, last_error, now, events)
+                events.flush(session)
+        events.announce()
+        return effects
+
+    def _park(self, session: Session, job: Job, plan: WaitForProvider, exc: ProviderError,
+              last_error: str, now: datetime, events: EventBuffer) -> list[Effect]:
+        job.waiting_for = "provider"
+        job.provider_wait_since = plan.waiting_since
+        job.provider_attempts = plan.attempt
+        job.provider_next_attempt_at = plan.next_attempt_at
+        job.step_owner = job.step_lease_until = None
+        job.last_progress_at = now
+        job.redrives = 0  # the step ended in a known state: parking is progress
+        log.warning("waiting for the model provider", extra={
+            "job_id": str(job.id), "attempt": plan.attempt, "delay_s": round(plan.delay_s, 3),
+            "error": last_error})
+        events.add(job.id, "waiting_provider", turn=job.iteration + 1,
+                   next_attempt_at=plan.next_attempt_at.isoformat(),
+                   attempt=plan.attempt, delay_s=round(plan.delay_s, 3),
+                   retry_after_s=exc.retry_after_s, error=last_error,
+                   waiting_since=plan.waiting_since.isoformat())
+        return [NextStep(str(job.id), job.iteration, "provider", plan.next_attempt_at)]
+
     def _fail_provider(self, job_id: str, iteration: int, owner: str,
                        exc: ProviderError) -> list[Effect]:
         events = EventBuffer()
         with self.sessions() as session, session.begin():
-            job = session.execute(
-                select(Job).where(Job.id == uuid.UUID(job_id), Job.iteration == iteration,
-                                  Job.step_owner == owner, Job.status.in_(LIVE))
-            ).scalar_one_or_none()
+            job = _leased(session, job_id, iteration, owner)
             if job is None:
                 return []
             log.warning("model call failed", extra={"job_id": job_id, "error": exc.message})
+            events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
+                       error={"code": exc.code, "message": exc.message})
+            if self.hooks.loaded:
+                self.hooks.on_error({**_hook_ctx(job, iteration + 1),
+                                     "error": {"code": exc.code, "message": exc.message}})
             effects = self._end(session, job, "failed", "error",
                                 "The model could not be reached; please try again.",
                                 {"code": exc.code, "message": exc.message,
@@ -368,6 +738,30 @@ class Stepper:
             events.flush(session)
         events.announce()
         return effects
+
+
+def _leased(session: Session, job_id: str, iteration: int, owner: str) -> Job | None:
+    """The job, if it is still live at `iteration` under this step's lease."""
+    return session.execute(
+        select(Job).where(Job.id == uuid.UUID(job_id), Job.iteration == iteration,
+                          Job.step_owner == owner, Job.status.in_(LIVE))
+    ).scalar_one_or_none()
+
+
+def _trigger(job: Job, steered: bool) -> str:
+    """What started this turn (seed 001's TurnTrigger)."""
+    if job.iteration == 0:
+        if job.replay_of is not None:
+            return "replay"
+        if (job.meta or {}).get("follow_up_of"):
+            return "follow_up"
+        return "user"
+    return "steering" if steered else "continuation"
+
+
+def _hook_ctx(job: Job, turn: int) -> dict[str, Any]:
+    return {"job_id": str(job.id), "conversation_id": str(job.conversation_id),
+            "user_id": str(job.user_id), "turn": turn}
 
 
 def relax_durability(session: Session) -> None:
@@ -395,6 +789,18 @@ def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException) -> list[Ef
     return effects
 
 
+def _turn_started(session: Session, job: Job, resuming: bool) -> bool:
+    """Whether this turn's `turn_start` was written by an earlier run of this step (it
+    waited for its provider, or was re-driven while its model call ran): then the turn
+    goes on and is not announced twice. A first run needs no query."""
+    if not (resuming or job.provider_attempts or job.redrives):
+        return False
+    started = session.execute(
+        select(func.count()).select_from(JobEvent).where(
+            JobEvent.job_id == job.id, JobEvent.type == "turn_start")).scalar_one()
+    return started > job.iteration
+
+
 def _tool_use_id(job_id: uuid.UUID, turn: int, position: int) -> str:
     """Stable per (job, turn, position): a duplicated persist cannot make a second call."""
     return "tool_" + uuid.uuid5(job_id, f"{turn}:{position}").hex[:24]
@@ -412,7 +818,9 @@ def describe_attachments(content: str, attachments: list[dict]) -> str:
     for att in attachments:
         lines.append(f"- {att.get('filename', 'file')} (file_id: {att.get('file_id', '')}, "
                      f"{att.get('size_bytes') or 0} bytes, {att.get('mime_type') or ''})")
-    lines.append("Use files.read_document(file_id) to read stored text files.")
+    lines.append("Use files.read_document(file_id) to read a text file (page on with "
+                 "offset), or name file ids in code.run_python's file_ids to find the files "
+                 "in its current directory.")
     return "\n".join(lines)
 
 

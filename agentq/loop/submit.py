@@ -41,6 +41,10 @@ class Submission:
     """Set instead of `incoming` to continue an existing conversation (POST /v1/continue)."""
     persona_id: uuid.UUID | None = None
     """Overrides the persona cascade (replays)."""
+    limits: dict[str, Any] | None = None
+    """Per-job limits {max_iterations, max_tokens, max_seconds} (None values: no limit)."""
+    stream: bool = False
+    """Stream the model's replies as message_delta events."""
     tenant_id: uuid.UUID = DEFAULT_TENANT_ID
     """Whose rows these are: the API key's tenant (the CLI's embedded runs: the default).
     Users, conversations and personas are looked up in it only."""
@@ -53,6 +57,8 @@ class Submitted:
     created: bool
     effects: list[Effect]
     events: EventBuffer
+    steering_input_id: uuid.UUID | None = None
+    """When the message steered the running job: its job_inputs row."""
 
 
 def submit(session: Session, settings: Settings, sub: Submission,
@@ -74,9 +80,9 @@ def submit(session: Session, settings: Settings, sub: Submission,
     if owner is not None and sub.on_busy == "reject":
         raise busy_conflict(owner)
     if owner is not None and sub.on_busy == "steer":
-        steer(session, owner, _with_attachments(session, sub, user, now), sub.metadata,
-              events, now)
-        return Submitted(owner, False, [], events)
+        entry = steer(session, owner, _with_attachments(session, sub, user, now),
+                      sub.metadata, events, now)
+        return Submitted(owner, False, [], events, entry.id)
 
     job = _new_job(session, sub, user, persona, conversation, now,
                    waiting_for="conversation" if owner is not None else None)
@@ -158,12 +164,17 @@ def interrupt(session: Session, owner: Job, events: EventBuffer) -> list[Effect]
                           "The job was cancelled before it started.",
                           {"code": "cancelled", "message": "Interrupted by a new message."},
                           events)
+    if owner.status == "waiting":  # for a person's approval: those calls never run
+        from agentq.approvals import cancel_awaiting
+        cancel_awaiting(session, owner, events)
     revoked = request_cancel(session, owner, events)
     effects: list[Effect] = []
     if revoked:
         effects.append(RevokeTools(tuple(revoked)))
     if owner.phase == "tools":
         effects.append(NextStep(str(owner.id), owner.iteration, "callback"))
+    elif owner.waiting_for == "provider":  # parked: end it now, not at its next attempt
+        effects.append(NextStep(str(owner.id), owner.iteration, "continue"))
     return effects
 
 
@@ -185,9 +196,10 @@ def _new_job(session: Session, sub: Submission, user: User, persona: Persona | N
               user_id=user.id, persona_id=persona.id if persona else None,
               api_key_id=sub.api_key_id, content=sub.content, attachments=[],
               meta=sub.metadata or {}, callback_url=sub.callback_url, on_busy=sub.on_busy,
-              model=sub.model, iteration=0, phase="llm", event_seq=0, redrives=0,
+              model=sub.model, stream=sub.stream, iteration=0, phase="llm", event_seq=0, redrives=0,
               input_tokens=0, output_tokens=0, cost_estimate=0.0, waiting_for=waiting_for,
-              created_at=now, last_progress_at=now)
+              created_at=now, last_progress_at=now,
+              limits={k: v for k, v in (sub.limits or {}).items() if v is not None} or None)
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     session.add(job)
     if flush:

@@ -1,6 +1,16 @@
 """The sweeper: re-drives, from Postgres, every live job whose step has not advanced within
-the deadline, so a job whose broker message was lost still completes; a job re-driven
-`max_redrives` times without progress ends `failed` instead of looping.
+the deadline, so a job whose broker message was lost still completes.
+
+It tells poison from backlog:
+  * a step that was CLAIMED (a worker took it: `step_owner` set) and whose lease ran out
+    without progress crashed its worker (killed, out of memory, database lost mid-step).
+    It counts in `claimed_attempts`; after `max_redrives` of them the job ends `failed`
+    (`stalled`) instead of crashing workers forever;
+  * a re-drive nobody claimed means nothing is consuming (the orchestrator is down, the
+    broker lost its messages). That never fails a job: it is sent again with a growing
+    delay (the deadline, doubled each time, at most `redrive_backoff_max_s`), so an outage
+    of any length ends with every job completing and the queue holding a few copies per
+    job at most. `backlog()` counts such jobs (GET /health/ready, agentq_jobs_unclaimed).
 """
 from __future__ import annotations
 
@@ -21,6 +31,12 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
 
 
+def redrive_delay_s(settings: Settings, unclaimed: int) -> float:
+    """The wait before re-driving again a job whose last `unclaimed` re-drives nobody took."""
+    return min(settings.step_deadline_s * 2 ** min(unclaimed, 20),
+               max(settings.redrive_backoff_max_s, settings.step_deadline_s))
+
+
 def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
     now = utcnow()
     deadline = now - timedelta(seconds=settings.step_deadline_s)
@@ -31,32 +47,51 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
                                    Job.waiting_for.is_(None),
                                    Job.last_progress_at < deadline,
                                    or_(Job.step_lease_until.is_(None),
-                                       Job.step_lease_until < now))
+                                       Job.step_lease_until < now),
+                                   or_(Job.redrive_after.is_(None),
+                                       Job.redrive_after <= now))
                  .order_by(Job.last_progress_at).limit(SWEEP_BATCH))
         if session.bind.dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         for job in session.execute(query).scalars():
-            if job.redrives >= settings.max_redrives:
-                log.error("job stalled; failing it", extra={"job_id": str(job.id),
-                                                            "redrives": job.redrives})
+            claimed = job.step_owner is not None
+            if claimed:  # a worker took the step and died (or lost the database) in it
+                job.claimed_attempts = (job.claimed_attempts or 0) + 1
+            if job.claimed_attempts > settings.max_redrives:
+                log.error("job's step keeps crashing; failing it",
+                          extra={"job_id": str(job.id), "attempts": job.claimed_attempts})
                 effects += finish_job(session, job, "failed", "error",
                                       "The job stopped making progress and was ended.",
                                       {"code": "stalled",
-                                       "message": f"No progress after {job.redrives} "
-                                                  "re-drives.",
-                                       "redrives": job.redrives}, events)
+                                       "message": f"Its step was taken and crashed "
+                                                  f"{job.claimed_attempts} times.",
+                                       "redrives": job.redrives,
+                                       "claimed_attempts": job.claimed_attempts}, events)
                 continue
-            job.redrives += 1
+            unclaimed = max(0, (job.redrives or 0) - (job.claimed_attempts or 0))
+            job.redrives = (job.redrives or 0) + 1
             job.last_progress_at = now
+            job.redrive_after = now + timedelta(seconds=redrive_delay_s(settings, unclaimed))
             job.step_owner = job.step_lease_until = None
-            log.warning("re-driving stalled job", extra={"job_id": str(job.id),
-                                                         "iteration": job.iteration,
-                                                         "redrive": job.redrives})
-            events.add(job.id, "job_redriven", iteration=job.iteration, redrive=job.redrives)
+            log.warning("re-driving stalled job", extra={
+                "job_id": str(job.id), "iteration": job.iteration, "redrive": job.redrives,
+                "claimed": claimed, "unclaimed_before": unclaimed})
+            events.add(job.id, "job_redriven", iteration=job.iteration, redrive=job.redrives,
+                       crashed=claimed, unclaimed=unclaimed)
             effects.append(NextStep(str(job.id), job.iteration, "sweeper"))
         events.flush(session)
     events.announce()
     return effects
+
+
+def backlog(session) -> int:
+    """Live jobs whose latest re-drive no worker has taken: the sign that nothing consumes
+    the orchestrator queue (they wait; they are not failed for it)."""
+    from sqlalchemy import func
+    return int(session.execute(
+        select(func.count()).select_from(Job).where(
+            Job.status.in_(("queued", "running")), Job.waiting_for.is_(None),
+            Job.step_owner.is_(None), Job.redrives > Job.claimed_attempts)).scalar_one())
 
 
 DELIVERY_OVERDUE_MARGIN_S = 60.0

@@ -7,9 +7,17 @@ A tool module is a package in `tool_workers/` whose `__init__` ends with
         "description": "Arithmetic.",
         "tools": [
             {"name": "math.evaluate", "description": "...", "parameters": {JSON Schema},
-             "permission": "guest", "function": evaluate, "time_limit_s": 5},
+             "permission": "guest", "function": evaluate, "time_limit_s": 5,
+             "idempotent": True},
         ],
     })
+
+Tools run at least once: a call whose worker dies mid-run is delivered again, so it may
+run twice. `idempotent` (default false) says whether running a call twice has the effect
+of running it once. A tool with side effects makes itself idempotent with the call's
+`ctx.idempotency_key` (its tool_use_id, the same on every delivery): files.create_document
+stores one file per key. A non-idempotent tool that is run again is logged
+(`tool.rerun_not_idempotent`) and its `tool_execution_end` event says `reruns`.
 
 An unknown key, a duplicate name, a name outside `module.tool`, a bad JSON Schema or an
 unknown permission fails at import with a ManifestError saying what to fix.
@@ -31,7 +39,8 @@ from agentq.errors import ManifestError
 PERMISSION_LEVELS = ("guest", "user", "admin", "owner")
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,30}")  # always used with fullmatch
 MODULE_KEYS = {"module", "description", "tools", "slow", "time_limit_s"}
-TOOL_KEYS = {"name", "description", "parameters", "permission", "function", "time_limit_s"}
+TOOL_KEYS = {"name", "description", "parameters", "permission", "function", "time_limit_s",
+             "idempotent", "requires_approval", "approval_timeout_s"}
 
 
 def permission_rank(level: str) -> int:
@@ -57,7 +66,14 @@ class ToolContext:
     """A SQLAlchemy sessionmaker for tools that store rows (files)."""
     public_url: str = "http://localhost:5000"
     scratch_dir: str | None = None
+    tenant_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same on every delivery of this call (its tool_use_id): a tool with side
+        effects does them once per key."""
+        return self.tool_use_id
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,13 @@ class ToolDef:
     permission: str
     function: Callable[[dict[str, Any], ToolContext], Any]
     time_limit_s: float | None
+    idempotent: bool = False
+    """Running a call twice has the effect of running it once (tools are at-least-once)."""
+    requires_approval: bool = False
+    """A person approves each call first (POST /v1/jobs/<id>/tool_calls/<id>/approve)."""
+    approval_timeout_s: float | None = None
+    """How long a call waits for that approval before it is denied (default: the
+    deployment's AGENTQ_APPROVAL_TIMEOUT_S, 24 h)."""
 
     def validator(self) -> Draft202012Validator:
         return Draft202012Validator(self.parameters)
@@ -136,10 +159,20 @@ def define_module(manifest: dict[str, Any]) -> ToolModule:
             raise ManifestError(module, f"{name}: function must be callable")
         if not isinstance(spec["description"], str) or not spec["description"].strip():
             raise ManifestError(module, f"{name}: description must be a non-empty string")
+        idempotent = spec.get("idempotent", False)
+        if not isinstance(idempotent, bool):
+            raise ManifestError(module, f"{name}: idempotent must be true or false")
+        requires_approval = spec.get("requires_approval", False)
+        if not isinstance(requires_approval, bool):
+            raise ManifestError(module, f"{name}: requires_approval must be true or false")
         tools.append(ToolDef(
             name=name, module=module, description=spec["description"].strip(),
             parameters=params, permission=permission, function=spec["function"],
             time_limit_s=_limit(module, f"{name}.time_limit_s", spec.get("time_limit_s")),
+            idempotent=idempotent,
+            requires_approval=requires_approval,
+            approval_timeout_s=_limit(module, f"{name}.approval_timeout_s",
+                                      spec.get("approval_timeout_s")),
         ))
     slow = manifest.get("slow", False)
     if not isinstance(slow, bool):

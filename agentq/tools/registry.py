@@ -67,20 +67,47 @@ def discover(package: str = "tool_workers") -> list[ToolModule]:
 
 
 class ToolRegistry:
-    def __init__(self, settings: Settings, modules: Iterable[ToolModule] | None = None):
+    def __init__(self, settings: Settings, modules: Iterable[ToolModule] | None = None,
+                 remote=None):
         self.settings = settings
         if modules is None:
             modules = [m for package in settings.tool_packages for m in discover(package)]
-        self.modules: dict[str, ToolModule] = {}
+        self._local: dict[str, ToolModule] = {}
         for module in modules:
-            if module.name in self.modules:
+            if module.name in self._local:
                 raise ManifestError(module.name, "two tool packages define this module")
-            self.modules[module.name] = module
-        self.tools: dict[str, ToolDef] = {}
-        for module in self.modules.values():
-            for tool in module.tools:
-                self.tools[tool.name] = tool
-        self._validators = {name: tool.validator() for name, tool in self.tools.items()}
+            self._local[module.name] = module
+        self.remote = remote
+        """agentq.tools.remote.RemoteModules: HTTP modules and MCP servers, or None."""
+        self._remote_key: tuple = ()
+        self._build(list(self._local.values()))
+
+    def _build(self, modules: list[ToolModule]) -> None:
+        by_name = {m.name: m for m in modules}
+        tools = {t.name: t for m in by_name.values() for t in m.tools}
+        validators = {name: tool.validator() for name, tool in tools.items()}
+        self._state = (by_name, tools, validators)  # swapped whole: readers see one state
+
+    def _current(self):
+        if self.remote is not None:
+            remote = [m for m in self.remote.healthy_modules() if m.name not in self._local]
+            key = tuple(id(m) for m in remote)
+            if key != self._remote_key:
+                self._build([*self._local.values(), *remote])
+                self._remote_key = key
+        return self._state
+
+    @property
+    def modules(self) -> dict[str, ToolModule]:
+        return self._current()[0]
+
+    @property
+    def tools(self) -> dict[str, ToolDef]:
+        return self._current()[1]
+
+    @property
+    def local_module_names(self) -> set[str]:
+        return set(self._local)
 
     # --- where and how long -----------------------------------------------------------
     def is_slow(self, module: str) -> bool:
@@ -99,8 +126,22 @@ class ToolRegistry:
         return tool.time_limit_s or module.time_limit_s or default
 
     def queues(self, slow: bool) -> list[str]:
+        """The queues of the modules offered now (a tools worker follows new ones:
+        tasks.app's module watcher)."""
         return sorted(self.queue_for(t.name) for m in self.modules.values()
                       if self.is_slow(m.name) == slow for t in m.tools[:1])
+
+    def all_queues(self, slow: bool) -> list[str]:
+        """queues(), and those of the registered modules not offered now (unhealthy): their
+        calls already sent still run, or fail, rather than wait."""
+        queues = set(self.queues(slow))
+        if self.remote is not None:
+            for name, known in self.remote.known().items():
+                is_slow = (known.spec.slow or name in self.settings.slow_modules
+                           or bool(known.module and known.module.slow))
+                if is_slow == slow and name not in self._local:
+                    queues.add(f"tools.slow.{name}" if slow else f"tools.{name}")
+        return sorted(queues)
 
     # --- who may use what -------------------------------------------------------------
     def allowed_modules(self, persona_modules: list[str] | None) -> tuple[str, ...]:
@@ -121,6 +162,13 @@ class ToolRegistry:
     def check(self, name: str, level: str, allowed_modules: Iterable[str]) -> ToolDef:
         tool = self.tools.get(name)
         if tool is None:
+            module = name.partition(".")[0]
+            if self.remote is not None and module in self.remote.known():
+                from agentq.tools.remote import ModuleUnavailable
+                error = ModuleUnavailable(f"Module {module} is unavailable: its tools are "
+                                          "not offered now.")
+                error.retryable = False
+                raise error
             raise ToolNotFound(name)
         if tool.module not in set(allowed_modules):
             raise ToolNotPermitted(name, f"module {tool.module} enabled", level)
@@ -131,7 +179,8 @@ class ToolRegistry:
     def validate(self, tool: ToolDef, arguments: Any) -> None:
         if not isinstance(arguments, dict):
             raise ToolArgumentsInvalid(tool.name, ["arguments must be a JSON object"])
-        errors = sorted(self._validators[tool.name].iter_errors(arguments),
+        validator = self._state[2].get(tool.name) or tool.validator()
+        errors = sorted(validator.iter_errors(arguments),
                         key=lambda e: list(e.absolute_path))
         if errors:
             raise ToolArgumentsInvalid(tool.name, [
@@ -148,6 +197,7 @@ class ToolRegistry:
         except ToolError as exc:
             return ToolResult.failure(exc)
         limit_s = self.time_limit_for(name)
+        ctx.extra["time_limit_s"] = limit_s
         last: BaseException | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             started = time.monotonic()
@@ -204,5 +254,6 @@ def get_registry(settings: Settings) -> ToolRegistry:
     global _registry
     with _registry_lock:
         if _registry is None or _registry.settings is not settings:
-            _registry = ToolRegistry(settings)
+            from agentq.tools.remote import RemoteModules
+            _registry = ToolRegistry(settings, remote=RemoteModules(settings))
         return _registry

@@ -27,14 +27,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq import batches
+from agentq import batches, metrics
 from agentq.config import Settings, get_settings
 from agentq.db import session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 
 JOB_EVENT_TYPES = ("job.completed", "job.failed", "job.cancelled")
 BATCH_EVENT_TYPES = ("batch.completed", "batch.cancelled")
-EVENT_TYPES = JOB_EVENT_TYPES + BATCH_EVENT_TYPES
+APPROVAL_EVENT_TYPE = "job.approval_required"
+"""A tool call waits for a person: the body is the job object plus `approval` (the call)."""
+EVENT_TYPES = JOB_EVENT_TYPES + BATCH_EVENT_TYPES + (APPROVAL_EVENT_TYPE,)
 
 PENDING, SUCCEEDED, FAILED, GAVE_UP = "pending", "succeeded", "failed", "gave_up"
 GONE_STATUS = 410
@@ -67,7 +69,8 @@ CONTENT_TYPE = "application/json"
 
 def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job_id=None,
                   batch_id=None, event_id: str | None = None, attempt: int = 1,
-                  due: datetime | None = None) -> WebhookDelivery:
+                  due: datetime | None = None,
+                  data: dict[str, Any] | None = None) -> WebhookDelivery:
     """Add a pending delivery row (in the caller's transaction) and return it; its id is
     set at once, so the caller can enqueue `webhooks.deliver(id)` after committing.
 
@@ -85,7 +88,7 @@ def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job
         id=uuid.uuid4(), tenant_id=tenant_id, event_id=event_id or new_event_id(),
         event_type=event_type,
         job_id=job_id, batch_id=batch_id, url=url, attempt=attempt, status=PENDING,
-        created_at=now, next_attempt_at=due or now)
+        created_at=now, next_attempt_at=due or now, data=data)
     session.add(delivery)
     return delivery
 
@@ -157,6 +160,8 @@ def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
         if job is None:
             return None
         data, at = job_object(job), job.finished_at
+        if delivery.event_type == APPROVAL_EVENT_TYPE:
+            data, at = {**data, "approval": delivery.data}, delivery.created_at
     else:
         batch = session.get(Batch, delivery.batch_id)
         if batch is None:
@@ -370,6 +375,7 @@ def _record(sessions: sessionmaker, claimed: _Claimed, result: _Result,
                     event_id=claimed.event_id, attempt=claimed.attempt + 1,
                     due=utcnow() + timedelta(seconds=delay))
         status = delivery.status
+    metrics.webhook_attempt({SUCCEEDED: "delivered", FAILED: "retry"}.get(status, "failed"))
     log.log(logging.INFO if result.succeeded else logging.WARNING, "webhook attempt",
             extra={"delivery_id": str(claimed.delivery_id), "event_id": claimed.event_id,
                    "event_type": claimed.event_type, "attempt": claimed.attempt,

@@ -61,3 +61,25 @@ def signed_headers(secrets: Sequence[str], event_id: str, body: str,
                           for signer in signers)
     return {ID_HEADER: event_id, TIMESTAMP_HEADER: str(int(at.timestamp())),
             SIGNATURE_HEADER: signatures}
+
+
+def check_module_secret(secret: str) -> None:
+    """Raise ValidationFailed({"secret": ...}) unless a tool module's secret can sign (the
+    secret itself is never echoed)."""
+    from agentq.errors import ValidationFailed
+    try:
+        Webhook(secret)
+        ok = secret.startswith("whsec_") and len(secret) > len("whsec_")
+    except (binascii.Error, ValueError, EmptyWebhookSecretError, TypeError):
+        ok = False
+    if not ok:
+        raise ValidationFailed({"secret": ["Must be `whsec_` followed by base64."]},
+                               "The module secret is not valid.")
+
+
+def signed_headers_with(secret: str, event_id: str, body: str) -> dict[str, str]:
+    """The `webhook-*` headers for a request to a tool module, signed with its secret."""
+    at = datetime.now(timezone.utc).replace(microsecond=0)
+    signature = Webhook(secret).sign(msg_id=event_id, timestamp=at, data=body)
+    return {ID_HEADER: event_id, TIMESTAMP_HEADER: str(int(at.timestamp())),
+            SIGNATURE_HEADER: signature}

@@ -38,23 +38,24 @@ class Target:
     sni_hostname: str | None = None
 
 
-def _refuse(problem: str) -> ValidationFailed:
-    return ValidationFailed({FIELD: [problem]}, f"The callback_url is not allowed: {problem}")
+def _refuse(problem: str, field_name: str = FIELD) -> ValidationFailed:
+    return ValidationFailed({field_name: [problem]},
+                            f"The {field_name} is not allowed: {problem}")
 
 
-def _split(url: str) -> tuple[str, str, int]:
+def _split(url: str, field_name: str = FIELD) -> tuple[str, str, int]:
     """(scheme, host, port) of a well-formed http(s) URL, or ValidationFailed."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise _refuse("Not a valid URL.") from None
+        raise _refuse("Not a valid URL.", field_name) from None
     scheme = parts.scheme.lower()
     if scheme not in ALLOWED_SCHEMES:
-        raise _refuse("Only http and https URLs are allowed.")
+        raise _refuse("Only http and https URLs are allowed.", field_name)
     host = parts.hostname
     if not host:
-        raise _refuse("The URL has no host.")
+        raise _refuse("The URL has no host.", field_name)
     return scheme, host, port or DEFAULT_PORTS[scheme]
 
 
@@ -81,47 +82,48 @@ def disallowed_reason(address: IPAddress) -> str | None:
     return None
 
 
-def _resolve(host: str, port: int) -> list[IPAddress]:
+def _resolve(host: str, port: int, field_name: str = FIELD) -> list[IPAddress]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise _refuse(f"The host {host!r} does not resolve.") from None
+        raise _refuse(f"The host {host!r} does not resolve.", field_name) from None
     addresses: list[IPAddress] = []
     for _family, _type, _proto, _name, sockaddr in infos:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if address not in addresses:
             addresses.append(address)
     if not addresses:
-        raise _refuse(f"The host {host!r} does not resolve.")
+        raise _refuse(f"The host {host!r} does not resolve.", field_name)
     return addresses
 
 
-def _public_addresses(host: str, port: int) -> list[IPAddress]:
+def _public_addresses(host: str, port: int, field_name: str = FIELD) -> list[IPAddress]:
     """Every address of `host`, all of which must be public (one bad one refuses the host:
     a resolver answering a mix is how rebinding attacks get lucky)."""
-    addresses = _resolve(host, port)
+    addresses = _resolve(host, port, field_name)
     for address in addresses:
         reason = disallowed_reason(address)
         if reason:
             raise _refuse(f"The host {host!r} resolves to a {reason} address; "
-                          "callbacks may only reach public addresses.")
+                          "agentq may only call public addresses here.", field_name)
     return addresses
 
 
-def check_callback_url(url: str, allow_private: bool) -> None:
-    """Raise ValidationFailed({"callback_url": [...]}) unless agentq may call `url`."""
-    _scheme, host, port = _split(url)
+def check_callback_url(url: str, allow_private: bool, field_name: str = FIELD) -> None:
+    """Raise ValidationFailed({field_name: [...]}) unless agentq may call `url` (callbacks,
+    and tool modules with field_name "url")."""
+    _scheme, host, port = _split(url, field_name)
     if not allow_private:
-        _public_addresses(host, port)
+        _public_addresses(host, port, field_name)
 
 
-def resolve_and_check(url: str, allow_private: bool) -> Target:
+def resolve_and_check(url: str, allow_private: bool, field_name: str = FIELD) -> Target:
     """Check `url` now and say where to connect: the checked address itself, so a DNS answer
     that changes after the check cannot redirect the request (rebinding)."""
-    _scheme, host, port = _split(url)
+    _scheme, host, port = _split(url, field_name)
     if allow_private:
         return Target(url)
-    address = _public_addresses(host, port)[0]
+    address = _public_addresses(host, port, field_name)[0]
     if _is_ip_literal(host):
         return Target(url)  # nothing to resolve: the URL already names the address
     parsed = httpx.URL(url)

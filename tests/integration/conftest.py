@@ -13,20 +13,29 @@ from urllib3.util.retry import Retry
 
 from tests.support.stack import REDIS_URL, Stack
 
-__all__ = ["REDIS_URL", "uid"]
+__all__ = ["REDIS_URL", "uid", "wait_until"]
 
-JOB_TIMEOUT_S = 30
+JOB_TIMEOUT_S = 120  # only reached when a test fails: a loaded machine is slow, not wrong
 TEST_ENV = {
     "AGENTQ_MODEL": "primary-model", "AGENTQ_FALLBACK_MODELS": "fallback-model",
     "AGENTQ_LLM_RETRIES": "2", "AGENTQ_LLM_RETRY_BASE_S": "0.01",
     "AGENTQ_LLM_RETRY_MAX_S": "0.05", "AGENTQ_LLM_TIMEOUT_S": "5",
     "AGENTQ_STEP_DEADLINE_S": "4", "AGENTQ_SWEEP_INTERVAL_S": "1",
     "AGENTQ_TOOL_PACKAGES": "tool_workers,tests.support.testtools",
-    "AGENTQ_DEFAULT_MODULES": "math,time,files,code,flaky",
+    "AGENTQ_DEFAULT_MODULES": "math,time,files,code,flaky,memory",
     "AGENTQ_SLOW_MODULES": "code", "AGENTQ_ORCHESTRATOR_CONCURRENCY": "20",
     "AGENTQ_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-    "AGENTQ_WEBHOOK_ALLOW_PRIVATE": "1",
+    "AGENTQ_WEBHOOK_ALLOW_PRIVATE": "1", "AGENTQ_ATTACHMENT_ALLOW_PRIVATE": "1",
     "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0.5,0.5,0.5",
+    # a provider outage: jobs wait (short delays) for up to 15 minutes, longer than any test
+    # waits on a loaded machine (the test of a wait that runs out has a stack of its own
+    # with a short window: test_provider_outage.py); the circuit opens
+    # after 15 transient failures within 5 s, for 1.5 s
+    "AGENTQ_PROVIDER_WAIT_S": "900", "AGENTQ_PROVIDER_RETRY_BASE_S": "0.2",
+    "AGENTQ_PROVIDER_RETRY_MAX_S": "1.5", "AGENTQ_PROVIDER_BREAKER_FAILURES": "15",
+    "AGENTQ_PROVIDER_BREAKER_WINDOW_S": "5", "AGENTQ_PROVIDER_BREAKER_OPEN_S": "1.5",
+    "AGENTQ_MODULE_ALLOW_PRIVATE": "1", "AGENTQ_MODULE_SYNC_S": "0.5",
+    "AGENTQ_MODULE_RETRY_S": "1",
 }
 
 
@@ -73,6 +82,18 @@ class Client:
 
     def events(self, job_id: str) -> list[dict]:
         return self.get(f"/v1/jobs/{job_id}/events").json()["data"]
+
+
+def wait_until(predicate, timeout_s: float = 60, every_s: float = 0.1, what: str = ""):
+    """The predicate's first truthy value; fails after `timeout_s` (an outcome to wait for,
+    never a duration to assert)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"not met within {timeout_s} s: {what}")
 
 
 def uid(prefix: str) -> str:

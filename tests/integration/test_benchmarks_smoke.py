@@ -1,5 +1,10 @@
 """The benchmark code runs: `python -m benchmarks run --quick --smoke` end to end (tiny sizes),
-and its results file has every scenario with the expected keys. No timing is asserted.
+and its results file has every scenario with the expected keys; and each peer
+(`python -m benchmarks.peer --kind ...`) runs a handful of jobs through every phase against
+the benchmarks' model server and completes every one with the scripted answer. No timing is
+asserted.
+
+A peer whose packages are missing (the `bench` extra) is skipped, with the reason.
 
 Needs PostgreSQL and Redis on 127.0.0.1 (as the integration tests do); skipped when they do
 not answer (failed under CI=true, where .ci/run starts them).
@@ -28,8 +33,12 @@ EXPECTED = {
     "growth": {"by_stored_messages", "by_tool_turns", "history_ratio", "turns_ratio"},
     "batch": {"lines", "admit_s", "complete_s", "jobs_per_s", "counts",
               "results_in_request_order", "chat_latency", "batch_finished_when_chat_ended"},
+    "modules": {"in_process", "http_module", "mcp_stdio", "mcp_http", "ratio_http_median",
+                "ratio_mcp_stdio_median", "ratio_mcp_http_median"},
 }
-PEER_KEYS = {"agentq", "langgraph", "ahead_on_jobs_per_s", "ahead_on_median_latency"}
+PEER_KEYS = {"agentq", "peers", "ratios_to_best_peer", "ahead_on_jobs_per_s",
+             "ahead_on_median_latency"}
+PEER_KINDS = ("langgraph", "langgraph-async", "dbos")
 SUMMARY_KEYS = {"n", "median_ms", "p95_ms"}
 
 
@@ -96,6 +105,91 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
         assert {"clients", "jobs_per_s", "latency", "cpu_ms_per_job"} <= set(level)
     peer = scenarios["peer"]
     assert "error" not in peer, peer
-    assert "skipped" in peer or PEER_KEYS <= set(peer), peer
+    assert PEER_KEYS <= set(peer), peer
+    assert set(peer["peers"]) == set(PEER_KINDS)
+    sizes = meta["sizes"]
+    for kind, result in peer["peers"].items():
+        assert "error" not in result, (kind, result)
+        if "skipped" in result:
+            continue
+        # every job of every phase completed with the scripted answer
+        assert result["seq_failed"] == 0 and result["seq_latency"]["n"] == sizes["peer_seq_jobs"]
+        assert result["burst_failed"] == 0, (kind, result)
+        assert result["burst_completed"] == sizes["peer_burst_jobs"], (kind, result)
+        assert result["inflight"]["failed"] == 0, (kind, result)
+        assert result["inflight"]["completed"] == sizes["inflight_jobs"], (kind, result)
+    assert peer["agentq"]["burst_failed"] == 0
     # --smoke writes no markdown
     assert not docs.exists()
+
+
+def test_the_embedded_benchmark_runs_a_one_tool_job_through_agentq_run(tmp_path):
+    # no servers: `agentq run` in the embedded mode against the scripted model
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "embedded", "--runs", "1",
+                           "--results-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "latest-embedded.json").read_text())
+    [run] = result["runs"]
+    assert run["answer"] == "The answer is 42."
+    assert run["model_calls"] == 2 and run["tool_calls"] == 1
+    assert 0 < run["agentq_ms"] <= run["job_ms"] and result["median_agentq_ms"] > 0
+
+
+# --- each peer on its own, a handful of jobs ------------------------------------------------
+
+PEER_RUN_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def model_server():
+    """The benchmarks' scripted model server (benchmarks/llm_server.py) in its own process."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.llm_server", "--latency", "0"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        base_url = proc.stdout.readline().strip()
+        assert base_url.startswith("http"), f"the model server did not start: {base_url!r}"
+        yield base_url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("kind", PEER_KINDS)
+def test_peer_completes_every_job_with_the_scripted_answer(servers_up, model_server, kind):
+    """One peer through warm-up, one-at-a-time, burst and in-flight phases: every job ends
+    with the model's scripted final text ("The answer is 42."), two model calls each."""
+    from benchmarks.peer import peer_available
+    from tests.support.stack import create_empty_database, drop_database
+
+    reason = peer_available(kind)
+    if reason:
+        pytest.skip(reason)
+    db_name = f"agentq_peer_smoke_{kind.replace('-', '_')}_{os.getpid()}"
+    pg_url = create_empty_database(db_name)
+    seq, burst, inflight = 2, 5, 4
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.peer", "--kind", kind,
+             "--base-url", model_server, "--pg-url", pg_url, "--pool", "3",
+             "--seq-jobs", str(seq), "--burst-jobs", str(burst),
+             "--inflight-jobs", str(inflight), "--inflight-latency", "0.2",
+             "--warmup", "1", "--db-pool", "10"],
+            cwd=REPO, capture_output=True, text=True, timeout=PEER_RUN_TIMEOUT_S,
+            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    finally:
+        drop_database(db_name)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["kind"] == kind
+    assert result["seq_failed"] == 0 and len(result["seq_latencies_s"]) == seq, result
+    assert result["burst_failed"] == 0 and result["burst_completed"] == burst, result
+    assert result["pool"] == 3
+    flight = result["inflight"]
+    assert flight["failed"] == 0 and flight["completed"] == inflight, flight
+    # the in-flight phase's counters were reset before it: two model calls per job
+    assert flight["model_calls"] == 2 * inflight, flight
+    assert flight["max_model_calls_waiting"] >= 1
+    assert flight["cpu_ms_per_job"] is not None and flight["rss_mib"]["peak_mib"] > 0

@@ -16,7 +16,7 @@ from tests.support.scripted_llm import call, text, tool_calls
 pytestmark = pytest.mark.integration
 
 
-def wait_until(predicate, timeout_s=15, every_s=0.05):
+def wait_until(predicate, timeout_s=120, every_s=0.05):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -101,14 +101,18 @@ def home(tmp_path):
 def test_readme_command_runs_a_job_through_the_real_model(home):
     # when a first-time user runs the README's command (no key, no model server)
     run = agentq_run(home, QUESTION)
-    # then agentq said it uses the local model, the job ended, and its answer is printed
+    # then agentq said it uses the local model, and the model answered the question: it
+    # called the calculator, read its result (delivered as a user message its chat template
+    # keeps) and answered with the number
     assert "using the local model" in run.stderr, run.stderr
     assert run.returncode == 0, f"rc={run.returncode}\n{run.stderr}\n{run.stdout}"
     job, calls, logs, results, events = stored(home)
-    assert job.status == "completed", (job.status, job.finish_reason, job.error)
-    assert job.finish_reason in ("end_turn", "max_iterations")
+    assert (job.status, job.finish_reason) == ("completed", "end_turn"), job.error
     assert_readable(job.response["content"])
-    assert job.response["content"].strip() in run.stdout
+    assert run.stdout.strip() == job.response["content"].strip()
+    assert re.search(r"\b42\b", run.stdout), run.stdout
+    assert [c.name for c in calls][:1] == ["math.evaluate"]
+    assert any(r["ok"] and r["result"]["result"] == 42 for r in results), results
     # every tool call the model made is stored with its result, and fed back to it
     assert_every_call_has_its_result(calls, results)
     # one token log per model call, with the server's own counts
@@ -158,4 +162,4 @@ def test_the_budget_stops_a_second_job(home):
     assert job.iteration == 0 and logs == [] and calls == []
     assert_readable(job.response["content"])
     assert "budget" in job.response["content"]
-    assert run.returncode == 1
+    assert run.returncode == 4  # the exit status for a used-up budget

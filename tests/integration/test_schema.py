@@ -23,7 +23,7 @@ def test_migrations_match_the_models_and_round_trip(servers_up):
         settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
         migrate.downgrade(settings, "base")
         migrate.upgrade(settings)
-        engine = create_engine(url)
+        engine = create_engine(settings.database_url)
         with engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(
                 conn, opts={"compare_type": True}), Base.metadata)

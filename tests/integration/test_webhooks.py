@@ -48,7 +48,8 @@ class Receiver:
                     status = plan.popleft() if plan else 200
                     receiver.requests.append({
                         "path": self.path, "verified": verified, "payload": payload,
-                        "body": body, "webhook_id": self.headers.get("webhook-id"),
+                        "body": body, "headers": dict(self.headers),
+                        "webhook_id": self.headers.get("webhook-id"),
                         "status": status})
                 self.send_response(status)
                 self.send_header("Content-Length", "0")

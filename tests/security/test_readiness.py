@@ -32,4 +32,6 @@ def test_ready_when_the_sandbox_runs(app_client, monkeypatch):
     monkeypatch.setattr(sandbox, "_probe_cache", None)
     response = app_client.get("/health/ready")
     assert response.status_code == 200, response.get_json()
-    assert response.get_json() == {"status": "ok"}
+    body = response.get_json()
+    assert body["status"] == "ok"
+    assert set(body["backlog"]) == {"unclaimed_jobs"}  # a count (null if unreadable)

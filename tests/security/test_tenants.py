@@ -319,7 +319,7 @@ def test_the_migration_puts_existing_rows_and_keys_in_the_default_tenant(servers
     from agentq.tenants import DEFAULT_TENANT_ID
     from tests.support.stack import create_empty_database, drop_database
     name = f"agentq_tenants_{os.getpid()}"
-    url = create_empty_database(name).replace("postgresql://", "postgresql+psycopg2://", 1)
+    url = create_empty_database(name)
     try:
         settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
         migrate.upgrade(settings, "0002_clients_batches_replay")

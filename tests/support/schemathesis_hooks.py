@@ -13,7 +13,7 @@ and where they reach:
   generated job queues behind others in the one conversation schemathesis' ids all share);
 - an Idempotency-Key is made unique per body (schemathesis reuses "0" with many bodies,
   which the API rightly answers 422, hiding everything else the operation does);
-- a key revoke reaches only keys this run made (schemathesis reuses ids it read from
+- a key revoke or rotation reaches only keys this run made (schemathesis reuses ids it read from
   GET /v1/admin/keys, and would revoke the other tests' keys, or its own); any other id is
   replaced by a fresh one, a 404.
 """
@@ -34,6 +34,7 @@ MAX_WAIT_S = 2
 MAX_KEY = 255
 _HTTP = re.compile(r"(?i)^https?://")
 REVOKE = "/v1/admin/keys/{key_id}/revoke"
+ROTATE = "/v1/admin/keys/{key_id}/rotate"
 _made_keys: set[str] = set()
 
 
@@ -70,7 +71,8 @@ def before_call(ctx, case, **kwargs):
         if isinstance(body.get("filter"), dict):
             since, _, until = os.environ.get("AGENTQ_ST_REPLAY_WINDOW", "").partition(",")
             body["filter"]["since"], body["filter"]["until"] = since, until
-    if method == "POST" and path == REVOKE and isinstance(case.path_parameters, dict):
+    if method == "POST" and path in (REVOKE, ROTATE) and isinstance(case.path_parameters,
+                                                                    dict):
         if case.path_parameters.get("key_id") not in _made_keys:
             case.path_parameters["key_id"] = str(uuid.uuid4())
     headers = case.headers
@@ -83,7 +85,7 @@ def before_call(ctx, case, **kwargs):
 
 @schemathesis.hook
 def after_call(ctx, case, response):
-    if (case.method.upper() == "POST" and case.operation.path == "/v1/admin/keys"
+    if (case.method.upper() == "POST" and case.operation.path in ("/v1/admin/keys", ROTATE)
             and response.status_code == 201):
         try:
             _made_keys.add(response.json()["id"])

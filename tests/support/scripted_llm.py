@@ -14,6 +14,13 @@ is never what a benchmark measures. HTTP/1.1 with keep-alive; every response is 
 Requests with no script entry go to `responder(request_json)` when one is given, else get
 HTTP 500 and are recorded in `llm.unexpected`.
 
+A provider outage lasts as long as a test says, not a number of requests:
+
+    llm.storm(key, [error(429, headers={"retry-after": "1"}), error(429), error(500),
+                    hang(10)])   # every request for `key` (None: every request) gets the
+    ...                          # next of these, in a cycle, until
+    llm.calm(key)                # the provider recovers: the script answers again
+
 Standalone (benchmarks): `python -m tests.support.scripted_llm --port 8900 --latency 0.5
 --responder react` prints its base_url; `GET /stats` (or SIGUSR1) reports its request rate.
 """
@@ -70,6 +77,10 @@ class Reply:
     delay_s: float = 0.0
     expect_model: str | None = None
     check: Callable[[dict], Any] | None = None
+    hold: threading.Event | None = None
+    """Answer only once this is set (the test decides when the model has "thought" enough)."""
+    stream_cut: bool = False
+    """Asked to stream: send half the reply's pieces, then close the connection."""
 
     def describe(self) -> str:
         if self.kind == "error":
@@ -84,11 +95,14 @@ class Reply:
 
 def text(content: str, *, input_tokens: int = 10, output_tokens: int = 5, delay_s: float = 0.0,
          expect_model: str | None = None, check: Callable[[dict], Any] | None = None,
-         usage: bool = True, finish_reason: str = "stop", model: str | None = None) -> Reply:
-    """A plain answer. `model` overrides the echoed request model; `usage=False` omits usage."""
+         usage: bool = True, finish_reason: str = "stop", model: str | None = None,
+         hold: threading.Event | None = None, stream_cut: bool = False) -> Reply:
+    """A plain answer. `model` overrides the echoed request model; `usage=False` omits usage;
+    `hold`: sent only once that event is set. A request with `stream: true` gets it as
+    server-sent chunks, a word a chunk (cut halfway with `stream_cut`)."""
     return Reply(content=content, input_tokens=input_tokens, output_tokens=output_tokens,
                  delay_s=delay_s, expect_model=expect_model, check=check, usage=usage,
-                 finish_reason=finish_reason, model=model)
+                 finish_reason=finish_reason, model=model, hold=hold, stream_cut=stream_cut)
 
 
 def call(name: str, arguments: dict | str | None = None, id: str | None = None,  # noqa: A002
@@ -129,6 +143,11 @@ def error(status: int, message: str = "scripted error", headers: dict[str, str] 
 def hang(seconds: float) -> Reply:
     """Sleep `seconds`, then answer 200 with a text: for client-timeout tests."""
     return Reply(kind="hang", delay_s=seconds, content=HANG_REPLY_TEXT)
+
+
+def passes() -> Reply:
+    """In a storm: this request is answered as if there were no storm (a partial outage)."""
+    return Reply(kind="pass")
 
 
 def react_responder(tool_name: str = "math.evaluate", arguments: dict | None = None,
@@ -176,6 +195,36 @@ def _error_body(message: str, status: int) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
 
 
+def _encode_stream(payload: dict, cut: bool) -> bytes:
+    """A chat completion as OpenAI's streamed chunks (server-sent events), then the usage
+    chunk and [DONE]; the connection closes after it (no Content-Length)."""
+    base = {"id": payload["id"], "object": "chat.completion.chunk",
+            "created": payload["created"], "model": payload["model"]}
+    choice = payload["choices"][0]
+    message = choice["message"]
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                    "finish_reason": None}]}]
+    words = re.findall(r"\S+\s*|\s+", message.get("content") or "")
+    for word in words:
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": word},
+                                            "finish_reason": None}]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": i, **call}]}, "finish_reason": None}]})
+    chunks.append({**base, "choices": [{"index": 0, "delta": {},
+                                        "finish_reason": choice["finish_reason"]}]})
+    if payload.get("usage"):
+        chunks.append({**base, "choices": [], "usage": payload["usage"]})
+    if cut:
+        chunks = chunks[:max(1, (len(words) + 1) // 2)]
+    body = "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks)
+    if not cut:
+        body += "data: [DONE]\n\n"
+    head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            "Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
+    return head.encode("latin-1") + body.encode()
+
+
 def _encode(status: int, payload: dict, headers: dict[str, str], keep_alive: bool) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
     try:
@@ -215,6 +264,10 @@ class ScriptedLLM:
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[asyncio.Task] = set()
+        self._storms: dict[str | None, tuple["itertools.cycle[Reply]",
+                                              Callable[[dict], bool] | None]] = {}
+        self.storm_served: collections.Counter[str | None] = collections.Counter()
+        """Requests answered by a storm, per script key (None: a storm on every key)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -292,6 +345,32 @@ class ScriptedLLM:
         with self._lock:
             self._scripts.setdefault(key, collections.deque()).extend(replies)
         return f"script:{key}"
+
+    def storm(self, key: str | None, replies: list[Reply],
+              when: Callable[[dict], bool] | None = None) -> None:
+        """Until `calm(key)`, answer every chat request for `key` (every request when None)
+        with the next of `replies` (errors, hangs), in a cycle; no script is consumed.
+        `when(request)`, if given, picks the requests the storm hits (e.g. later turns)."""
+        if not replies or not all(isinstance(r, Reply) for r in replies):
+            raise TypeError("a storm needs replies built with error(), hang(), ...")
+        with self._lock:
+            self._storms[key] = (itertools.cycle(list(replies)), when)
+
+    def calm(self, key: str | None = None) -> None:
+        """End the storm on `key`: the provider answers again."""
+        with self._lock:
+            self._storms.pop(key, None)
+
+    def _storm_reply(self, key: str | None, request: dict) -> tuple[Reply | None, str | None]:
+        with self._lock:
+            for which in (key, None):
+                if which in self._storms:
+                    replies, when = self._storms[which]
+                    if when is not None and not when(request):
+                        continue
+                    self.storm_served[which] += 1
+                    return next(replies), which
+        return None, None
 
     def requests(self, key: str | None = None) -> list[dict]:
         """The chat request bodies received for `key` (all of them when None), in order."""
@@ -386,6 +465,11 @@ class ScriptedLLM:
                 status, payload, extra = await self._route(method, target.split("?", 1)[0], body)
                 if writer.is_closing():
                     break
+                streamed = payload.pop("_stream", None) if isinstance(payload, dict) else None
+                if streamed is not None:
+                    writer.write(_encode_stream(payload, streamed["cut"]))
+                    await writer.drain()
+                    break
                 writer.write(_encode(status, payload, extra, keep_alive))
                 await writer.drain()
                 if not keep_alive:
@@ -453,6 +537,14 @@ class ScriptedLLM:
                               if isinstance(m, dict))
             with self._lock:
                 self._requests.append((key, request))
+            stormy, _which = self._storm_reply(key, request)
+            if stormy is not None and stormy.kind != "pass":
+                if stormy.delay_s > 0:
+                    await asyncio.sleep(stormy.delay_s)
+                if stormy.kind == "error":
+                    return (stormy.status, _error_body(stormy.content or "", stormy.status),
+                            stormy.headers)
+                return 200, self._completion(stormy, request.get("model") or "scripted"), {}
             reply, index = self._take(key)
             if reply is None and self.responder is not None:
                 reply = self.responder(request)
@@ -467,9 +559,14 @@ class ScriptedLLM:
             delay_s = self.latency_s + reply.delay_s
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
+            if reply.hold is not None:
+                await asyncio.get_running_loop().run_in_executor(None, reply.hold.wait, 600)
             if reply.kind == "error":
                 return reply.status, _error_body(reply.content or "", reply.status), reply.headers
-            return 200, self._completion(reply, request.get("model") or "scripted"), reply.headers
+            body = self._completion(reply, request.get("model") or "scripted")
+            if request.get("stream"):
+                body["_stream"] = {"cut": reply.stream_cut}
+            return 200, body, reply.headers
 
     def _completion(self, reply: Reply, model: str) -> dict:
         has_calls = bool(reply.tool_calls or reply.function_call)

@@ -2,6 +2,7 @@
 Redis broker: used by the integration tests and the benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,8 +65,9 @@ def create_empty_database(name: str) -> str:
 
 
 def create_database(name: str) -> str:
-    """A fresh database, migrated by Alembic; returns its SQLAlchemy URL."""
-    url = create_empty_database(name).replace("postgresql://", "postgresql+psycopg2://", 1)
+    """A fresh database, migrated by Alembic; returns its URL in the plain `postgresql://`
+    form a user writes (agentq.config resolves it to the driver agentq installs)."""
+    url = create_empty_database(name)
     from agentq import migrate
     from agentq.config import Settings
     migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": url}))
@@ -104,7 +106,8 @@ class Stack:
         self.base = f"http://127.0.0.1:{self.port}"
         self.database_url = database_url
         self.scratch = Path(scratch)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_",
+                                                                      "PROMETHEUS_"))}
         env.update({
             "AGENTQ_DATABASE_URL": database_url, "AGENTQ_BROKER_URL": REDIS_URL,
             "AGENTQ_HOME": str(self.scratch), "AGENTQ_TEST_SCRATCH": str(self.scratch),
@@ -127,19 +130,27 @@ class Stack:
         return [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
                 "--workers", "1", "--threads", str(self.web_threads), "api.wsgi:app"]
 
-    def start(self) -> "Stack":
+    def commands(self) -> dict[str, list[str]]:
         commands = {"web": self.web_command()}
         for kind in self.workers:
             commands[kind] = [self.agentq_bin(), "worker", kind]
         if self.with_beat:
             commands["beat"] = [self.agentq_bin(), "beat"]
-        for name, cmd in commands.items():
-            self.logs[name] = self.scratch / f"{name}.log"
-            with self.logs[name].open("wb") as out:
-                self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
-                                                    stderr=subprocess.STDOUT,
-                                                    start_new_session=True,
-                                                    preexec_fn=die_with_parent)
+        return commands
+
+    def spawn(self, name: str) -> subprocess.Popen:
+        """Start (or start again) one process; its log is appended to."""
+        self.logs[name] = self.scratch / f"{name}.log"
+        with self.logs[name].open("ab") as out:
+            self.procs[name] = subprocess.Popen(self.commands()[name], cwd=ROOT, env=self.env,
+                                                stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True,
+                                                preexec_fn=die_with_parent)
+        return self.procs[name]
+
+    def start(self) -> "Stack":
+        for name in self.commands():
+            self.spawn(name)
         self._wait_ready()
         return self
 
@@ -202,3 +213,31 @@ class Stack:
         if result.returncode != 0:
             raise StackError(result.stderr)
         return json.loads(result.stdout)["id"]
+
+
+@contextlib.contextmanager
+def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
+              workers=("orchestrator", "tools"), pythonpath: Path | None = None):
+    """A stack of its own: its own Redis server on a free port (so its queues are nobody
+    else's), its own database, the given settings; stopped and dropped after."""
+    import shutil
+    redis_port = free_port()
+    redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port",
+                              str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                             preexec_fn=die_with_parent)
+    database_name = f"agentq_{name}_{os.getpid()}"
+    database = create_database(database_name)
+    stack = Stack(database, llm_base_url, scratch,
+                  {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
+                  workers=workers, beat=False)
+    if pythonpath is not None:
+        stack.env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}"
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+        redis.terminate()
+        redis.wait(timeout=30)
+        drop_database(database_name)

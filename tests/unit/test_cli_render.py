@@ -92,3 +92,9 @@ def test_a_dropped_stream_resumes_after_the_last_event(monkeypatch):
 def test_submit_without_wait_prints_the_id(monkeypatch):
     result = _run(monkeypatch, [], None)
     assert result.exit_code == 0 and result.stdout == f"{JOB_ID}\n"
+
+
+def test_a_waiting_provider_event_says_when_the_job_tries_again():
+    line = cli._describe("waiting_provider", {"error": "HTTP 429",
+                                              "next_attempt_at": "2026-11-23T10:00:05+00:00"})
+    assert "HTTP 429" in line and "2026-11-23T10:00:05+00:00" in line

@@ -304,3 +304,108 @@ def test_build_with_no_history_is_only_the_system_prompt():
     # given / when / then
     assert build("S", [], max_tokens=100, max_tool_chars=100) == [
         {"role": "system", "content": "S"}]
+
+
+def test_last_tools_succeeded_reads_the_newest_turn_only():
+    from agentq.loop.context import last_tools_succeeded
+    from agentq.loop.store import StoredMessage
+
+    def result(seq, ok):
+        return StoredMessage(seq, "tool_result", json.dumps({"name": "math.evaluate",
+                                                             "tool_use_id": f"t{seq}",
+                                                             "ok": ok}), 5)
+    call = StoredMessage(2, "tool_call", "{}", 5)
+    user = StoredMessage(1, "user", "What is 6*7?", 5)
+    # newest first, as recent_messages returns them
+    assert last_tools_succeeded([result(4, True), result(3, True), call, user])
+    assert not last_tools_succeeded([result(4, True), result(3, False), call, user])
+    assert not last_tools_succeeded([user])
+    assert not last_tools_succeeded([StoredMessage(5, "assistant", "42", 1), result(4, True)])
+
+
+# --- layered assembly and compaction ---------------------------------------------------
+
+from agentq.loop.context import (Layers, after_summary, assemble, context_window,
+                                 input_budget, plan_compaction, tokens_of, turns)
+
+
+def _inrun(start: int, n_turns: int, calls_per_turn: int = 1,
+           result: str = "2") -> list[StoredMessage]:
+    out, seq = [], start
+    for t in range(n_turns):
+        ids = [f"t{t}_{c}" for c in range(calls_per_turn)]
+        for i in ids:
+            out.append(_call(seq, i)); seq += 1
+        for i in ids:
+            out.append(_result(seq, i, result=result, tokens=estimate_tokens(result) + 20))
+            seq += 1
+    return out
+
+
+def test_the_question_survives_any_number_of_in_run_messages():
+    # given 300 turns of ten calls each after the question (6,000 rows)
+    layers = Layers("sys", None, [], _user(1, "the question"), _inrun(2, 300, 10))
+    # when assembled with a tiny budget
+    messages = assemble(layers, budget=500, history_max_tokens=100, max_tool_chars=100)
+    # then the question is there, after the system prompt, and every call has its result
+    assert messages[1] == {"role": "user", "content": "the question"}
+    asked = {c["id"] for m in messages if m["role"] == "assistant" for c in m["tool_calls"]}
+    assert asked == {m["tool_call_id"] for m in messages if m["role"] == "tool"}
+    assert len(asked) == 3000
+
+
+def test_layers_come_in_the_seeds_order():
+    history = [_user(1, "old q"), _assistant(2, "old a")]
+    layers = Layers("sys", "they talked", history, _user(3, "now"), _inrun(4, 1),
+                    memories=("likes tea",))
+    messages = assemble(layers, budget=10_000, history_max_tokens=1000, max_tool_chars=100)
+    system = messages[0]["content"]
+    assert system.index("sys") < system.index("likes tea") < system.index("they talked")
+    assert [m.get("content") for m in messages[1:4]] == ["old q", "old a", "now"]
+    assert messages[4]["role"] == "assistant" and messages[5]["role"] == "tool"
+
+
+def test_history_gets_only_the_room_left_and_starts_at_a_user_message():
+    history = [(_user if i % 2 == 0 else _assistant)(i, tokens=100) for i in range(1, 21)]
+    layers = Layers("sys", None, history, _user(100, "now"), [])
+    messages = assemble(layers, budget=450, history_max_tokens=10_000, max_tool_chars=100)
+    assert messages[-1]["content"] == "now"
+    assert messages[1]["role"] == "user"
+    assert len(messages) - 2 <= 4
+
+
+def test_under_the_threshold_nothing_is_compacted():
+    layers = Layers("sys", None, [], _user(1), _inrun(2, 3))
+    assert plan_compaction(layers, 10_000, 0.8, 1000, 2) is None
+
+
+def test_old_tool_results_are_pruned_first_then_older_turns_summarised():
+    big = "y" * 400
+    layers = Layers("sys", None, [], _user(1), _inrun(2, 10, result=big))
+    full = tokens_of(layers, 10_000)
+    # pruning is enough when the old results are what takes the room
+    plan = plan_compaction(layers, int(full * 0.9), 0.8, 10_000, 2)
+    assert plan is not None and plan.summarize == ()
+    assert plan.stub_before_seq == turns(layers.inrun)[-2][0].seq
+    assert tokens_of(layers, 10_000, plan.stub_before_seq) < full
+    pruned = assemble(layers, budget=full, history_max_tokens=0, max_tool_chars=10_000,
+                      stub_before=plan.stub_before_seq)
+    tool_texts = [m["content"] for m in pruned if m["role"] == "tool"]
+    assert sum("pruned" in t for t in tool_texts) == 8
+    # with a window too small even for stubs, the older turns are summarised
+    plan = plan_compaction(layers, 150, 0.8, 10_000, 2)
+    assert plan is not None and len(plan.summarize) == 16
+    after = after_summary(layers, "short", plan.summarize[-1].seq)
+    assert [m.seq for m in after.inrun] == [m.seq for m in layers.inrun[16:]]
+    assert after.question == layers.question
+
+
+def test_context_window_table_and_overrides():
+    settings = Settings.from_env({})
+    assert context_window("gpt-4o-mini", settings) == 128_000
+    assert context_window("openai/gpt-4o-2024-08-06", settings) == 128_000
+    assert context_window("unknown-model", settings) == 8_192
+    settings = Settings.from_env({"AGENTQ_MODEL_CONTEXT_WINDOWS": "unknown-model=2048"})
+    assert context_window("unknown-model", settings) == 2048
+    assert context_window("anything", Settings.from_env({"AGENTQ_CONTEXT_WINDOW": "999"})) == 999
+    assert input_budget(4000, None) == 3000 and input_budget(100_000, 500) == 99_500

@@ -154,3 +154,24 @@ def test_remaining_output_budget_caps_the_output_tokens(limit, used, requested, 
     limits = Limits(iteration=0, max_iterations=5, budget_limit=limit, budget_used=used)
     # when / then
     assert remaining_output_budget(limits, requested) == expected
+
+
+def test_the_smaller_limit_wins_and_the_settings_cap_them():
+    from agentq.loop.decision import effective_limits
+    persona = {"max_iterations": 8, "max_tokens": 1000}
+    request = {"max_iterations": 50, "max_seconds": 30.0}
+    assert effective_limits(10, None, None, persona, request) == {
+        "max_iterations": 8, "max_tokens": 1000, "max_seconds": 30.0}
+    assert effective_limits(10, 500, 20.0, None, request) == {
+        "max_iterations": 10, "max_tokens": 500, "max_seconds": 20.0}
+    assert effective_limits(10, None, None) == {
+        "max_iterations": 10, "max_tokens": None, "max_seconds": None}
+
+
+def test_token_and_time_limits_stop_with_their_own_reasons():
+    stop = check_limits(Limits(iteration=2, max_iterations=10, max_tokens=40, tokens_used=45))
+    assert stop.reason == "max_tokens" and stop.details == {"used": 45, "limit": 40}
+    stop = check_limits(Limits(iteration=2, max_iterations=10, max_seconds=1.0, elapsed_s=1.5))
+    assert stop.reason == "max_time"
+    assert check_limits(Limits(iteration=2, max_iterations=10, max_tokens=40, tokens_used=39,
+                               max_seconds=1.0, elapsed_s=0.5)) is None

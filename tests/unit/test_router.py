@@ -243,3 +243,37 @@ def test_embed(llm, make_router):
         router.embed(f"x {marker}")
     assert info.value.attempts[0]["status"] == 400
     llm.assert_done()
+
+
+# --- transient or not: a job waits for its provider, or fails at once ----------------------
+
+@pytest.mark.parametrize("failures, retry_after", [
+    ([error(429, headers={"retry-after": "3"})] * 3 + [error(429)] * 3, 3.0),
+    ([error(500)] * 3 + [error(503, headers={"retry-after-ms": "1500"})] * 3, 1.5),
+    ([error(502)] * 6, None),
+])
+def test_transient_failures_of_the_whole_chain_are_marked_transient(
+        llm, make_router, failures, retry_after):
+    marker = llm.script("storm", failures)
+    with pytest.raises(ProviderError) as info:
+        make_router(AGENTQ_LLM_RETRY_MAX_S="0.01").chat(user(marker), [])
+    assert info.value.transient is True
+    assert info.value.retry_after_s == retry_after
+    llm.assert_done()
+
+
+def test_timeouts_are_transient(llm, make_router):
+    marker = llm.script("slow2", [hang(3)] * 2)
+    with pytest.raises(ProviderTimeout) as info:
+        make_router(AGENTQ_LLM_TIMEOUT_S="0.2", AGENTQ_LLM_RETRIES="0").chat(user(marker), [])
+    assert info.value.transient is True
+    llm.assert_done()
+
+
+@pytest.mark.parametrize("last", [400, 401, 404])
+def test_a_non_transient_error_anywhere_in_the_chain_is_not_transient(llm, make_router, last):
+    marker = llm.script("mixed", [error(500)] * 3 + [error(last)])
+    with pytest.raises(ProviderError) as info:
+        make_router().chat(user(marker), [])
+    assert info.value.transient is False
+    llm.assert_done()

@@ -357,3 +357,35 @@ def test_empty_reply_without_tools_is_not_asked_again(replay, make_router):
     replay.queue = [(status, empty)]
     assert make_router().chat(ask("hi"), []).content == ""
     assert len(replay.requests) == 1
+
+
+# --- tool results the chatml template keeps --------------------------------------------------
+
+def after_a_tool_call() -> list[dict]:
+    return [*ask(), {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "math.evaluate", "arguments": '{"expression": "6*7"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": '{"expression": "6*7", "result": 42}'}]
+
+
+def test_tool_results_go_as_user_messages_naming_the_tool_when_configured(replay, make_router):
+    # chatml-function-calling renders a role-`tool` message as an empty turn: the result is lost
+    replay.queue = recorded("tool_call_and_function_call")
+    make_router(AGENTQ_TOOL_RESULTS_AS="user", AGENTQ_TEMPERATURE="0").chat(
+        after_a_tool_call(), [])
+    [request] = replay.requests
+    assert [m["role"] for m in request["messages"]] == ["system", "user", "assistant", "user"]
+    assert request["messages"][-1]["content"] == (
+        "The tool math-evaluate returned: expression = 6*7, result = 42")
+    assert '"' not in request["messages"][-1]["content"]  # the template HTML-escapes quotes
+    assert request["temperature"] == 0
+
+
+def test_tool_results_keep_the_tool_role_by_default(replay, make_router):
+    replay.queue = recorded("tool_call_and_function_call")
+    make_router().chat(after_a_tool_call(), [])
+    [request] = replay.requests
+    assert request["messages"][-1]["role"] == "tool"
+    assert request["messages"][-1]["tool_call_id"] == "call_1"
+    assert "temperature" not in request

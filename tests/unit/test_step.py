@@ -524,13 +524,16 @@ def test_the_sweeper_redrives_a_job_whose_first_step_never_ran(make):
     assert h.job(job_id).response["content"] == "recovered"
 
 
-def test_the_sweeper_fails_a_job_after_max_redrives(make):
-    # given a job that never makes progress
+def test_the_sweeper_fails_a_job_whose_step_crashes_past_max_redrives(make):
+    # given a job whose step is taken by a worker that dies, every time
     h = make(AGENTQ_STEP_DEADLINE_S="1", AGENTQ_MAX_REDRIVES="2")
     job_id = h.submit()
-    # when it is swept past its re-drives
     rounds = []
     for _ in range(3):
+        with h.sessions() as session, session.begin():
+            assert h.stepper._claim(session, uuid.UUID(job_id), 0, uuid.uuid4().hex)
+            session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
+                step_lease_until=utcnow() - timedelta(seconds=1)))
         _backdate(h, job_id)
         rounds.append(sweep(h.settings, h.sessions))
     # then

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from agentq import attachments
 from agentq.errors import ToolError
 from agentq.models import FileRecord, Job
 from agentq.tools.manifest import ToolContext, define_module
@@ -16,6 +17,9 @@ MAX_DOCUMENT_BYTES = 1_000_000
 FILE_ID_NAMESPACE = uuid.UUID("5b0f3e2a-9c1d-4f57-8a43-2f1d7c6e0b19")
 """A document's id is uuid5(this, tool_use_id): one file per tool call."""
 READ_MAX_CHARS = 100_000
+PAGE_CHARS = 6_000
+"""A page of read_document by default: under AGENTQ_TOOL_RESULT_MAX_CHARS' default (8000)
+with the result's other fields, so the model reads whole pages."""
 FORMATS = {"md": "text/markdown", "txt": "text/plain", "json": "application/json",
            "csv": "text/csv", "html": "text/html"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
@@ -38,8 +42,9 @@ def create_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise FileToolError(f"document is {len(data)} bytes; the limit is {MAX_DOCUMENT_BYTES}")
     if ctx.session_factory is None:
         raise ToolError("files tools need a database session")
-    # at-least-once: a re-run of the same call (same tool_use_id) writes the same file once
-    file_id = uuid.uuid5(FILE_ID_NAMESPACE, ctx.tool_use_id)
+    # at-least-once: a re-run of the same call (same idempotency key, its tool_use_id)
+    # writes the same file once
+    file_id = uuid.uuid5(FILE_ID_NAMESPACE, ctx.idempotency_key)
     filename = _filename(args["title"], fmt)
     url = f"{ctx.public_url}/v1/files/{file_id}"
     try:
@@ -58,25 +63,40 @@ def create_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             "size_bytes": len(data)}
 
 
+def _settings(ctx: ToolContext):
+    settings = ctx.extra.get("settings")
+    if settings is None:
+        from agentq.config import Settings
+        settings = Settings.from_env()
+    return settings
+
+
 def read_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    try:
-        file_id = uuid.UUID(args["file_id"])
-    except ValueError:
-        raise FileToolError(f"file_id {args['file_id']!r} is not a UUID") from None
+    """A stored or attached file's text, `max_chars` at a time from `offset`; an attachment
+    known only by its URL is fetched (SSRF-guarded, size-capped) and stored on first read."""
     if ctx.session_factory is None:
         raise ToolError("files tools need a database session")
-    with ctx.session_factory() as session:
-        record = session.get(FileRecord, file_id)
-        # users belong to one tenant: this user's files are in the job's tenant
-        if record is None or record.user_id is None or str(record.user_id) != ctx.user_id:
-            raise FileToolError(f"no file {file_id} belongs to this user")
-        if record.content is None:
-            raise FileToolError(f"file {record.filename} has no stored content "
-                                f"(it is at {record.public_url or 'an external address'})")
-        text = record.content.decode("utf-8", errors="replace")
-    truncated = len(text) > READ_MAX_CHARS
-    return {"file_id": str(file_id), "filename": record.filename,
-            "content": text[:READ_MAX_CHARS], "truncated": truncated}
+    record = attachments.load(ctx.session_factory, _settings(ctx), args["file_id"],
+                              ctx.user_id)
+    if record.mime_type and not attachments.is_text_type(record.mime_type) \
+            and not record.mime_type.startswith("application/octet-stream"):
+        raise FileToolError(f"file {record.filename} is {record.mime_type}, not text; "
+                            "name it in code.run_python's file_ids to work on it")
+    try:
+        text = record.content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileToolError(f"file {record.filename} is not UTF-8 text; name it in "
+                            "code.run_python's file_ids to work on it") from None
+    offset = int(args.get("offset", 0))
+    max_chars = min(int(args.get("max_chars", PAGE_CHARS)), READ_MAX_CHARS)
+    if offset > len(text):
+        raise FileToolError(f"offset {offset} is past the end ({len(text)} characters)")
+    page = text[offset:offset + max_chars]
+    end = offset + len(page)
+    return {"file_id": str(record.id), "filename": record.filename,
+            "mime_type": record.mime_type, "content": page, "offset": offset,
+            "total_chars": len(text), "truncated": end < len(text),
+            "next_offset": end if end < len(text) else None}
 
 
 MODULE = define_module({
@@ -99,17 +119,27 @@ MODULE = define_module({
          },
          "permission": "guest",
          "function": create_document,
-         "time_limit_s": 10},
+         "time_limit_s": 10,
+         "idempotent": True},
         {"name": "files.read_document",
-         "description": "Read a stored text document by its file_id.",
+         "description": ("Read a stored or attached text file by its file_id, a page at a "
+                         "time: pass next_offset back as offset to read on."),
          "parameters": {
              "type": "object",
-             "properties": {"file_id": {"type": "string", "description": "The file's id."}},
+             "properties": {
+                 "file_id": {"type": "string", "description": "The file's id."},
+                 "offset": {"type": "integer", "minimum": 0, "default": 0,
+                            "description": "Character to start at (default 0)."},
+                 "max_chars": {"type": "integer", "minimum": 1, "maximum": READ_MAX_CHARS,
+                               "default": PAGE_CHARS,
+                               "description": f"Characters to return (default {PAGE_CHARS})."},
+             },
              "required": ["file_id"],
              "additionalProperties": False,
          },
          "permission": "guest",
          "function": read_document,
-         "time_limit_s": 10},
+         "time_limit_s": 30,
+         "idempotent": True},
     ],
 })

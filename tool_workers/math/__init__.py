@@ -45,6 +45,7 @@ MODULE = define_module({
             },
             "permission": "guest",
             "function": evaluate,
+            "idempotent": True,
             "time_limit_s": TIME_LIMIT_S,
         },
     ],

@@ -74,6 +74,7 @@ MODULE = define_module({
             },
             "permission": "guest",
             "function": now,
+            "idempotent": True,  # reads the clock: no side effect
             "time_limit_s": TIME_LIMIT_S,
         },
     ],

@@ -1,0 +1,183 @@
+"""Human approval of tool calls.
+
+A tool whose manifest says `requires_approval` (or that the job's persona lists in its
+`approval_tools`) does not run when the model calls it: its
+call row starts `awaiting`, with a deadline (the tool's `approval_timeout_s`, else
+AGENTQ_APPROVAL_TIMEOUT_S, 24 h), an `approval_required` event and, when the job has a
+callback_url, a signed `job.approval_required` webhook naming the call and its arguments.
+The job goes to `status: waiting` (`waiting_for: approval`): no step claims it, so it holds
+no worker slot. Other calls of the same turn run meanwhile.
+
+- approve (optionally with edited arguments, validated against the tool's schema): the call
+  becomes `pending` and is dispatched; its result joins the turn like any other.
+- deny (with a reason), or the deadline passing (the sweeper): the call ends `failed` with a
+  `denied` (or `approval_timeout`) error that the model reads.
+
+When no call of the turn awaits any more, the job is `running` again; if no call is still
+running either, the next step is dispatched at once. Cancelling a waiting job cancels its
+awaiting calls and ends the job at its next step, as for any job.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from agentq.config import Settings
+from agentq.db import utcnow
+from agentq.errors import Conflict, NotFound, ToolError, ValidationFailed
+from agentq.loop.busy import lock_job
+from agentq.loop.effects import DispatchTools, Effect, NextStep, SendWebhooks
+from agentq.loop.store import EventBuffer
+from agentq.models import Job, ToolCall
+from agentq.tools.registry import ToolRegistry
+from agentq.webhooks.delivery import APPROVAL_EVENT_TYPE, enqueue_event
+
+log = logging.getLogger(__name__)
+
+AWAITING = "awaiting"
+MAX_REASON_CHARS = 2000
+
+
+def needs_approval(registry: ToolRegistry, name: str,
+                   persona_tools: list[str] | None = None) -> bool:
+    """The tool's manifest says so, or the job's persona lists it."""
+    tool = registry.tools.get(name)
+    return bool(tool and (tool.requires_approval or name in (persona_tools or ())))
+
+
+def deadline(registry: ToolRegistry, settings: Settings, name: str,
+             now: datetime) -> datetime:
+    tool = registry.tools[name]
+    return now + timedelta(seconds=tool.approval_timeout_s or settings.approval_timeout_s)
+
+
+def hold(session: Session, job: Job, call: ToolCall, expires_at: datetime,
+         events: EventBuffer) -> list[Effect]:
+    """Park `call` for approval and put the job in `waiting` (the step's transaction)."""
+    call.status, call.approval_expires_at = AWAITING, expires_at
+    job.status, job.waiting_for = "waiting", "approval"
+    approval = {"tool_use_id": call.tool_use_id, "name": call.name,
+                "arguments": call.arguments, "expires_at": expires_at.isoformat(),
+                "turn": call.iteration}
+    events.add(job.id, "approval_required", **approval)
+    if job.callback_url:
+        enqueue_event(session, tenant_id=job.tenant_id, event_type=APPROVAL_EVENT_TYPE,
+                      url=job.callback_url, job_id=job.id, data=approval)
+        return [SendWebhooks(str(job.id))]
+    return []
+
+
+def _awaiting_call(session: Session, job: Job, tool_use_id: str) -> ToolCall:
+    call = session.execute(select(ToolCall).where(
+        ToolCall.job_id == job.id, ToolCall.tool_use_id == tool_use_id)
+        .with_for_update()).scalar_one_or_none()
+    if call is None:
+        raise NotFound("tool call", tool_use_id)
+    if call.status != AWAITING:
+        raise Conflict(f"Tool call {tool_use_id} is not awaiting approval ({call.status}).",
+                       tool_use_id=tool_use_id, status=call.status)
+    return call
+
+
+def approve(session: Session, job_id: uuid.UUID, tool_use_id: str,
+            arguments: dict[str, Any] | None, registry: ToolRegistry,
+            events: EventBuffer) -> list[Effect]:
+    job = lock_job(session, job_id)
+    call = _awaiting_call(session, job, tool_use_id)
+    if arguments is not None:
+        tool = registry.tools.get(call.name)
+        try:
+            if tool is None:
+                raise ToolError(f"no tool {call.name!r}")
+            registry.validate(tool, arguments)
+        except ToolError as exc:
+            raise ValidationFailed({"arguments": [exc.message]},
+                                   "The arguments do not fit the tool's schema.") from None
+        call.arguments = arguments
+    call.status = "pending"
+    events.add(job.id, "approval_granted", tool_use_id=tool_use_id, name=call.name,
+               arguments=call.arguments, edited=arguments is not None)
+    events.add(job.id, "tool_execution_start", tool_use_id=tool_use_id, name=call.name,
+               arguments=call.arguments, queue=call.queue)
+    limit = (registry.time_limit_for(call.name) if call.name in registry.tools else 60.0)
+    return _resume(session, job, call.iteration,
+                   [DispatchTools(str(job.id), call.iteration,
+                                  ((tool_use_id, call.queue, limit),))])
+
+
+def deny(session: Session, job_id: uuid.UUID, tool_use_id: str, reason: str | None,
+         events: EventBuffer, code: str = "denied") -> list[Effect]:
+    job = lock_job(session, job_id)
+    call = _awaiting_call(session, job, tool_use_id)
+    return _deny(session, job, call, reason, events, code)
+
+
+def _deny(session: Session, job: Job, call: ToolCall, reason: str | None,
+          events: EventBuffer, code: str) -> list[Effect]:
+    message = ("A person denied this tool call" + (f": {reason}" if reason else ".")
+               if code == "denied" else
+               "Nobody approved this tool call in time; it was not run.")
+    call.status, call.finished_at = "failed", utcnow()
+    call.result = {"ok": False, "result": None, "error": {"code": code, "message": message}}
+    events.add(job.id, "approval_denied", tool_use_id=call.tool_use_id, name=call.name,
+               reason=reason, code=code)
+    events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id, name=call.name,
+               ok=False, error=code)
+    return _resume(session, job, call.iteration, [])
+
+
+def _resume(session: Session, job: Job, iteration: int,
+            effects: list[Effect]) -> list[Effect]:
+    """No call of the turn awaits any more: the job runs again; with nothing running,
+    its next step goes out now."""
+    statuses = session.execute(select(ToolCall.status).where(
+        ToolCall.job_id == job.id, ToolCall.iteration == iteration)).scalars().all()
+    if AWAITING in statuses:
+        return effects
+    if job.status == "waiting":
+        job.status, job.waiting_for = "running", None
+        job.last_progress_at = utcnow()
+    if "pending" not in statuses:
+        return effects + [NextStep(str(job.id), iteration, "callback")]
+    return effects
+
+
+def cancel_awaiting(session: Session, job: Job, events: EventBuffer) -> None:
+    """A waiting job is being cancelled: its awaiting calls will never run."""
+    from agentq.loop.busy import CANCELLED_TOOL_RESULT
+    calls = session.execute(select(ToolCall).where(
+        ToolCall.job_id == job.id, ToolCall.status == AWAITING)).scalars().all()
+    now = utcnow()
+    for call in calls:
+        call.status, call.result, call.finished_at = "cancelled", CANCELLED_TOOL_RESULT, now
+        events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
+                   name=call.name, ok=False, error="cancelled")
+    if job.status == "waiting":
+        job.status, job.waiting_for = "running", None
+        job.last_progress_at = now
+
+
+def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> list[Effect]:
+    """Deny every awaiting call past its deadline (the sweeper)."""
+    effects: list[Effect] = []
+    now = utcnow()
+    with sessions() as session:
+        due = session.execute(select(ToolCall.job_id, ToolCall.tool_use_id).where(
+            ToolCall.status == AWAITING, ToolCall.approval_expires_at < now)
+            .order_by(ToolCall.approval_expires_at).limit(limit)).all()
+    for job_id, tool_use_id in due:
+        events = EventBuffer()
+        try:
+            with sessions() as session, session.begin():
+                effects += deny(session, job_id, tool_use_id, None, events,
+                                code="approval_timeout")
+                events.flush(session)
+        except Conflict:
+            continue  # approved or denied meanwhile
+        events.announce()
+    return effects

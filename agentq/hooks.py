@@ -1,0 +1,84 @@
+"""Hooks (seed 001's callbacks): Python entry points in group `agentq.hooks`, loaded once
+per orchestrator process.
+
+An entry point names an object (an instance, a class made with no arguments, or a module)
+with any of:
+
+    before_turn(ctx)        -> None/True: go on; False, a reason string, or {"stop": reason}:
+                               end the job (finish_reason `hook`)
+    after_turn(ctx)         after a model reply is stored
+    on_error(ctx)           a model call failed
+    before_compaction(ctx)  -> False skips this compaction
+
+`ctx` is a dict (job_id, conversation_id, user_id, turn, and what the moment adds). A hook
+that raises is logged and ignored: it never fails a job.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GROUP = "agentq.hooks"
+NAMES = ("before_turn", "after_turn", "on_error", "before_compaction")
+
+
+@dataclass
+class Hooks:
+    loaded: list[tuple[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, enabled: bool = True) -> "Hooks":
+        hooks = cls()
+        if not enabled:
+            return hooks
+        for entry in metadata.entry_points(group=GROUP):
+            try:
+                target = entry.load()
+                if inspect.isclass(target):
+                    target = target()
+            except Exception:
+                log.exception("hook failed to load", extra={"hook": entry.name})
+                continue
+            hooks.loaded.append((entry.name, target))
+            log.info("hook loaded", extra={"hook": entry.name,
+                                           "callbacks": [n for n in NAMES
+                                                         if callable(getattr(target, n, None))]})
+        return hooks
+
+    def _call(self, name: str, ctx: dict[str, Any]) -> list[tuple[str, Any]]:
+        out = []
+        for hook_name, target in self.loaded:
+            fn = getattr(target, name, None)
+            if not callable(fn):
+                continue
+            try:
+                out.append((hook_name, fn(dict(ctx))))
+            except Exception:
+                log.exception("hook failed", extra={"hook": hook_name, "callback": name,
+                                                    "job_id": ctx.get("job_id")})
+        return out
+
+    def before_turn(self, ctx: dict[str, Any]) -> tuple[str, str] | None:
+        """(hook name, reason) of the first hook that stops the job, else None."""
+        for hook_name, result in self._call("before_turn", ctx):
+            if result is False:
+                return hook_name, f"Stopped by hook {hook_name}."
+            if isinstance(result, str) and result:
+                return hook_name, result
+            if isinstance(result, dict) and result.get("stop"):
+                return hook_name, str(result["stop"])
+        return None
+
+    def before_compaction(self, ctx: dict[str, Any]) -> bool:
+        return all(result is not False for _, result in self._call("before_compaction", ctx))
+
+    def after_turn(self, ctx: dict[str, Any]) -> None:
+        self._call("after_turn", ctx)
+
+    def on_error(self, ctx: dict[str, Any]) -> None:
+        self._call("on_error", ctx)

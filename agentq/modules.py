@@ -1,0 +1,89 @@
+"""Registering external tool modules (the admin API and `agentq modules ...` share this):
+add (the manifest is fetched and checked first: a bad one is refused saying what to fix),
+list with health, refresh now, remove. Secrets are stored, never returned nor logged."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import event
+
+from agentq.errors import Conflict, ManifestError, NotFound, ValidationFailed
+from agentq.models import ToolModuleRow
+from agentq.tools.registry import ToolRegistry
+from agentq.tools.remote import (Known, ModuleSpec, build_module, check_spec, module_object,
+                                 spec_of, tools_of)
+
+log = logging.getLogger(__name__)
+
+
+def python_module_object(module) -> dict[str, Any]:
+    return {"name": module.name, "kind": "python", "url": None, "command": None,
+            "slow": module.slow, "signed": False, "static": True,
+            "health": {"status": "ok", "error": None, "checked_at": None},
+            "tools": tools_of(module)}
+
+
+def list_modules(registry: ToolRegistry) -> list[dict[str, Any]]:
+    local = [python_module_object(registry._local[n]) for n in sorted(registry._local)]
+    remote = registry.remote.known(force=True) if registry.remote else {}
+    return local + [module_object(remote[n]) for n in sorted(remote)
+                    if n not in registry._local]
+
+
+def _after_commit(session, action) -> None:
+    """Tell the other processes only once the row is committed: told earlier, one of them
+    could re-read the list without it (or with a removed one, and fetch it again)."""
+    event.listen(session, "after_commit", lambda _session: action(), once=True)
+
+
+def add_module(session, registry: ToolRegistry, spec: ModuleSpec) -> dict[str, Any]:
+    check_spec(spec, registry.settings, registry.local_module_names)
+    if session.get(ToolModuleRow, spec.name) is not None or any(
+            s.name == spec.name for s in registry.settings.tool_modules):
+        raise Conflict(f"A tool module named {spec.name!r} exists.", name=spec.name)
+    try:
+        manifest = registry.remote.fetch(spec)
+    except ManifestError as exc:
+        raise ValidationFailed({"manifest": [exc.message]},
+                               f"The module's manifest was refused: {exc.message}") from None
+    session.add(ToolModuleRow(name=spec.name, kind=spec.kind, url=spec.url,
+                              command=list(spec.command) if spec.command else None,
+                              slow=spec.slow, secret=spec.secret))
+    session.flush()
+    registry.remote.forget(spec.name)
+    _cached, health = registry.remote.cache(spec, manifest)
+    _after_commit(session, registry.remote.store.bump)
+    log.info("tool module added", extra={"tool_module": spec.name, "kind": spec.kind})
+    module = build_module(spec, manifest, registry.remote._function_for)
+    return module_object(Known(spec, module, health))
+
+
+def find_spec(session, registry: ToolRegistry, name: str) -> ModuleSpec:
+    row = session.get(ToolModuleRow, name) if len(name) <= 31 else None
+    if row is not None:
+        return spec_of(row)
+    for spec in registry.settings.tool_modules:
+        if spec.name == name:
+            return spec
+    if name in registry.local_module_names:
+        raise Conflict(f"Module {name!r} is an in-process (python) module; it has no "
+                       "manifest to refresh and cannot be removed here.", name=name)
+    raise NotFound("module", name)
+
+
+def refresh_module(session, registry: ToolRegistry, name: str) -> dict[str, Any]:
+    spec = find_spec(session, registry, name)
+    registry.remote.refresh(spec)
+    return module_object(registry.remote.known(force=True)[name])
+
+
+def remove_module(session, registry: ToolRegistry, name: str) -> None:
+    spec = find_spec(session, registry, name)
+    if spec.static:
+        raise Conflict(f"Module {name!r} is configured by AGENTQ_TOOL_MODULES; remove it "
+                       "there.", name=name)
+    session.delete(session.get(ToolModuleRow, name))
+    session.flush()
+    _after_commit(session, lambda: registry.remote.forget(name))
+    log.info("tool module removed", extra={"tool_module": name})

@@ -1,0 +1,533 @@
+"""Tool modules from outside: HTTP modules (seed 003: `GET /manifest`, `POST /execute`) and
+MCP servers (agentq.tools.mcp), registered by the admin API / `agentq modules add` (rows of
+`tool_modules`) or statically by AGENTQ_TOOL_MODULES.
+
+A module's manifest is fetched through the webhooks' SSRF guard, checked by the same
+`define_module` as an in-process manifest, and cached in Redis for an hour
+(AGENTQ_MODULE_MANIFEST_TTL_S): every process reads the cache, and only one of them (a Redis
+lock) fetches when it is missing or stale. A module whose manifest cannot be fetched, or that
+does not answer a call, is unhealthy: its tools are not offered until a probe (every
+AGENTQ_MODULE_RETRY_S) fetches its manifest again.
+
+A call is `POST <url>/execute` with `{tool, arguments, context, tool_use_id, time_limit_s}`,
+signed per Standard Webhooks with the module's secret (`webhook-id` is the tool_use_id, the
+call's idempotency key); the answer is `{ok, result | error}`. Whatever goes wrong (an error,
+a timeout, a 5xx, an answer that is not that shape) is a ToolError: data for the model.
+
+Secrets are never logged nor returned; errors name the module, never the secret.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from agentq.config import Settings
+from agentq.errors import ManifestError, ToolError, ToolTimeout, ValidationFailed
+from agentq.tools.manifest import NAME_RE, ToolContext, ToolModule, define_module
+from agentq.webhooks import urls
+
+log = logging.getLogger(__name__)
+
+KINDS = ("http", "mcp")
+KEY_PREFIX = "agentq:modules:"
+LOCK_S = 30
+MAX_MANIFEST_BYTES = 1_000_000
+MAX_ANSWER_BYTES = 2_000_000
+
+
+class ModuleError(ToolError):
+    """The module answered with an error (`{"ok": false, "error": ...}`): not retried."""
+    code = "module_error"
+    retryable = False
+
+
+class ModuleUnavailable(ToolError):
+    """The module could not be reached (retried once, then the module is unhealthy)."""
+    code = "module_unavailable"
+
+
+class ModuleHttpError(ToolError):
+    code = "module_http_error"
+
+
+class ModuleBadAnswer(ToolError):
+    code = "module_bad_answer"
+    retryable = False
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """Where a module is and how to reach it; `secret` is never shown."""
+    name: str
+    kind: str = "http"
+    url: str | None = None
+    command: tuple[str, ...] | None = None
+    slow: bool = False
+    secret: str | None = field(default=None, repr=False)
+    static: bool = False
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "url": self.url,
+                "command": list(self.command) if self.command else None, "slow": self.slow,
+                "signed": bool(self.secret), "static": self.static}
+
+
+# --- registration checks ------------------------------------------------------------------
+
+def check_spec(spec: ModuleSpec, settings: Settings, taken: set[str] = frozenset()) -> None:
+    """Raise ValidationFailed naming the field to fix."""
+    if not NAME_RE.fullmatch(spec.name or ""):
+        raise ValidationFailed({"name": ["Must match [a-z][a-z0-9_]{0,30}."]},
+                               "The module name is not valid.")
+    if spec.name in taken:
+        raise ValidationFailed({"name": ["An in-process module has this name."]},
+                               f"The module name {spec.name!r} is taken.")
+    if spec.kind not in KINDS:
+        raise ValidationFailed({"kind": [f"Must be one of {list(KINDS)}."]},
+                               "The module kind is not valid.")
+    if spec.kind == "http" and not spec.url:
+        raise ValidationFailed({"url": ["An HTTP module needs a url."]}, "url is missing.")
+    if spec.kind == "mcp" and bool(spec.url) == bool(spec.command):
+        raise ValidationFailed({"url": ["An MCP module needs a url or a command, not both."]},
+                               "An MCP module needs either url or command.")
+    if spec.url:
+        urls.check_callback_url(spec.url, settings.module_allow_private, field_name="url")
+    if spec.secret is not None:
+        from agentq.webhooks.signing import check_module_secret
+        check_module_secret(spec.secret)
+
+
+def parse_static(raw: str | None, env: dict[str, str]) -> tuple[ModuleSpec, ...]:
+    """AGENTQ_TOOL_MODULES: `name=url` entries, comma-separated (`name=mcp+http://…` for an
+    MCP server over streamable HTTP); secret from AGENTQ_MODULE_SECRET_<NAME>; slow when
+    the name is in AGENTQ_SLOW_MODULES."""
+    from agentq.errors import ConfigError
+    specs = []
+    slow = {p.strip() for p in (env.get("AGENTQ_SLOW_MODULES") or "").split(",")}
+    for entry in (raw or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, sep, url = entry.partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or not NAME_RE.fullmatch(name) or not url:
+            raise ConfigError("AGENTQ_TOOL_MODULES",
+                              f"entry {name or entry!r} must be name=url with name matching "
+                              "[a-z][a-z0-9_]*")
+        kind = "http"
+        if url.startswith("mcp+"):
+            kind, url = "mcp", url[4:]
+        specs.append(ModuleSpec(name=name, kind=kind, url=url, slow=name in slow,
+                                secret=env.get(f"AGENTQ_MODULE_SECRET_{name.upper()}") or None,
+                                static=True))
+    return tuple(specs)
+
+
+# --- the shared cache ---------------------------------------------------------------------
+
+class Store:
+    """Manifests (with a TTL), health and fetch locks: in Redis when there is one, else in
+    this process (the embedded broker: one process)."""
+
+    def __init__(self, redis_url: str | None):
+        self._local: dict[str, tuple[float | None, str]] = {}
+        self._lock = threading.Lock()
+        self._redis = None
+        if redis_url:
+            import redis
+            self._redis = redis.Redis.from_url(redis_url, socket_timeout=5)
+
+    def get(self, key: str) -> Any:
+        if self._redis is not None:
+            raw = self._redis.get(KEY_PREFIX + key)
+        else:
+            with self._lock:
+                expires, raw = self._local.get(key, (None, None))
+                if expires is not None and expires < time.time():
+                    self._local.pop(key, None)
+                    raw = None
+        return json.loads(raw) if raw else None
+
+    def set(self, key: str, value: Any, ttl_s: float | None = None) -> None:
+        raw = json.dumps(value)
+        if self._redis is not None:
+            self._redis.set(KEY_PREFIX + key, raw, ex=int(ttl_s) if ttl_s else None)
+        else:
+            with self._lock:
+                self._local[key] = (time.time() + ttl_s if ttl_s else None, raw)
+
+    def delete(self, *keys: str) -> None:
+        if self._redis is not None:
+            self._redis.delete(*(KEY_PREFIX + k for k in keys))
+        else:
+            with self._lock:
+                for k in keys:
+                    self._local.pop(k, None)
+
+    def try_lock(self, key: str, ttl_s: float = LOCK_S) -> bool:
+        if self._redis is not None:
+            return bool(self._redis.set(KEY_PREFIX + key, "1", nx=True, ex=int(ttl_s)))
+        with self._lock:
+            expires, _ = self._local.get(key, (None, None))
+            if expires is not None and expires > time.time():
+                return False
+            self._local[key] = (time.time() + ttl_s, "1")
+            return True
+
+    def incr(self, key: str) -> int:
+        if self._redis is not None:
+            return int(self._redis.incr(KEY_PREFIX + key))
+        with self._lock:
+            value = int(self._local.get(key, (None, "0"))[1]) + 1
+            self._local[key] = (None, str(value))
+            return value
+
+    def version(self) -> int:
+        """Bumped whenever a module is added, removed, refreshed or changes health: every
+        process sees the change at its next look, not AGENTQ_MODULE_SYNC_S later."""
+        if self._redis is not None:
+            return int(self._redis.get(KEY_PREFIX + "version") or 0)
+        with self._lock:
+            return int(self._local.get("version", (None, "0"))[1])
+
+    def bump(self) -> None:
+        self.incr("version")
+
+
+def redis_url_of(settings: Settings) -> str | None:
+    for url in (settings.broker_url, settings.result_backend_url):
+        if url.startswith(("redis://", "rediss://")):
+            return url
+    return None
+
+
+# --- talking to a module --------------------------------------------------------------------
+
+_http: tuple[int, httpx.Client] | None = None
+_http_lock = threading.Lock()
+
+
+def _http_client() -> httpx.Client:
+    """One pooled client per process (keep-alive to the modules); a forked process makes
+    its own."""
+    global _http
+    import os
+    with _http_lock:
+        if _http is None or _http[0] != os.getpid():
+            _http = (os.getpid(), httpx.Client(follow_redirects=False, trust_env=False,
+                                               limits=httpx.Limits(max_connections=100)))
+        return _http[1]
+
+
+def _request(spec: ModuleSpec, method: str, path: str, body: str, event_id: str,
+             timeout_s: float, settings: Settings) -> httpx.Response:
+    url = spec.url.rstrip("/") + path
+    try:
+        target = urls.resolve_and_check(url, settings.module_allow_private, field_name="url")
+    except ValidationFailed as exc:
+        raise ModuleUnavailable(f"Module {spec.name}: {exc.message}") from None
+    headers = {"content-type": "application/json", "idempotency-key": event_id}
+    if spec.secret:
+        from agentq.webhooks.signing import signed_headers_with
+        headers.update(signed_headers_with(spec.secret, event_id, body))
+    if target.host_header:
+        headers["Host"] = target.host_header
+    extensions = {"sni_hostname": target.sni_hostname} if target.sni_hostname else {}
+    client = _http_client()
+    request = client.build_request(method, target.url, content=body.encode(), headers=headers,
+                                   extensions=extensions, timeout=timeout_s)
+    return client.send(request)
+
+
+def fetch_http_manifest(spec: ModuleSpec, settings: Settings) -> dict[str, Any]:
+    """GET <url>/manifest; raise ManifestError saying what is wrong."""
+    try:
+        response = _request(spec, "GET", "/manifest", "", f"manifest_{int(time.time())}",
+                            settings.module_fetch_timeout_s, settings)
+    except ModuleUnavailable as exc:
+        raise ManifestError(spec.name, exc.message) from None
+    except httpx.TimeoutException:
+        raise ManifestError(spec.name, f"GET /manifest did not answer within "
+                                       f"{settings.module_fetch_timeout_s:g} s") from None
+    except Exception as exc:  # connection refused, a URL httpx cannot use, ...
+        raise ManifestError(spec.name, f"GET /manifest failed: {type(exc).__name__}; is the "
+                                       "module running at its url?") from None
+    if response.status_code != 200:
+        raise ManifestError(spec.name, f"GET /manifest answered HTTP {response.status_code}; "
+                                       "it must answer 200 with the manifest as JSON")
+    if len(response.content) > MAX_MANIFEST_BYTES:
+        raise ManifestError(spec.name, f"the manifest is over {MAX_MANIFEST_BYTES} bytes")
+    try:
+        return response.json()
+    except ValueError:
+        raise ManifestError(spec.name, "GET /manifest did not answer JSON") from None
+
+
+def build_module(spec: ModuleSpec, manifest: Any,
+                 function_for: Callable[[ModuleSpec, str, str], Callable]) -> ToolModule:
+    """The manifest, checked by the rules of in-process manifests (define_module), with a
+    function per tool that calls the module (by the server's own name for MCP)."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(spec.name, "the manifest must be a JSON object")
+    remote_names: dict[str, str] = {}
+    if spec.kind == "mcp":
+        from agentq.tools.mcp import MCP_NAMES_KEY
+        manifest = dict(manifest)
+        remote_names = manifest.pop(MCP_NAMES_KEY, None) or {}
+    if manifest.get("module") != spec.name:
+        raise ManifestError(spec.name, f"the manifest names module {manifest.get('module')!r}; "
+                                       f"it must be {spec.name!r}, the registered name")
+    tools = manifest.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            if isinstance(tool, dict) and "function" in tool:
+                raise ManifestError(spec.name, f"tools[{i}]: 'function' is not a manifest "
+                                               "key of a remote module")
+        manifest = {**manifest, "tools": [
+            {**t, "function": function_for(spec, str(t.get("name")),
+                                           remote_names.get(str(t.get("name")),
+                                                            str(t.get("name"))))}
+            if isinstance(t, dict) else t for t in tools]}
+    module = define_module(manifest)
+    if spec.slow and not module.slow:
+        module = ToolModule(name=module.name, description=module.description,
+                            tools=module.tools, slow=True, time_limit_s=module.time_limit_s)
+    return module
+
+
+def context_of(ctx: ToolContext) -> dict[str, Any]:
+    return {"user_id": ctx.user_id, "tenant_id": ctx.tenant_id, "platform": ctx.platform,
+            "platform_channel_id": ctx.platform_channel_id,
+            "platform_thread_id": ctx.platform_thread_id,
+            "conversation_id": ctx.conversation_id, "job_id": ctx.job_id,
+            "permission_level": ctx.permission_level, "tool_use_id": ctx.tool_use_id}
+
+
+def call_http(spec: ModuleSpec, tool: str, arguments: dict, ctx: ToolContext,
+              limit_s: float, settings: Settings, on_unreachable: Callable[[str], None]) -> Any:
+    body = json.dumps({"tool": tool, "arguments": arguments, "context": context_of(ctx),
+                       "tool_use_id": ctx.tool_use_id, "time_limit_s": limit_s})
+    try:
+        response = _request(spec, "POST", "/execute", body, ctx.tool_use_id, limit_s, settings)
+    except httpx.TimeoutException:
+        raise ToolTimeout(tool, limit_s) from None
+    except httpx.HTTPError as exc:
+        on_unreachable(f"POST /execute: {type(exc).__name__}")
+        raise ModuleUnavailable(f"Module {spec.name} did not answer: "
+                                f"{type(exc).__name__}.") from None
+    if response.status_code >= 500:
+        raise ModuleHttpError(f"Module {spec.name} answered HTTP {response.status_code}.")
+    if len(response.content) > MAX_ANSWER_BYTES:
+        raise ModuleBadAnswer(f"Module {spec.name} answered over {MAX_ANSWER_BYTES} bytes.")
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+        raise ModuleBadAnswer(f"Module {spec.name} answered HTTP {response.status_code} "
+                              "without {\"ok\": true|false, ...}.")
+    if answer["ok"]:
+        if "result" not in answer:
+            raise ModuleBadAnswer(f"Module {spec.name} answered ok without a result.")
+        return answer["result"]
+    error = answer.get("error")
+    if isinstance(error, dict):
+        message = str(error.get("message") or error.get("code") or "error")
+    else:
+        message = str(error or f"HTTP {response.status_code}")
+    raise ModuleError(f"{tool}: {message[:2000]}")
+
+
+# --- the modules this process knows --------------------------------------------------------
+
+@dataclass
+class Known:
+    spec: ModuleSpec
+    module: ToolModule | None
+    health: dict[str, Any]
+
+
+class RemoteModules:
+    """The registered modules and their cached manifests, as this process sees them; read
+    again at most every AGENTQ_MODULE_SYNC_S."""
+
+    def __init__(self, settings: Settings, store: Store | None = None,
+                 load_rows: Callable[[], list[ModuleSpec]] | None = None):
+        self.settings = settings
+        self.store = store or Store(redis_url_of(settings))
+        self._load_rows = load_rows or self._rows_from_db
+        self._loaded = threading.Condition()
+        self._loading = False
+        self._known: dict[str, Known] = {}
+        self._synced_at = 0.0
+        self._version = -1
+
+    # which modules exist
+    def _rows_from_db(self) -> list[ModuleSpec]:
+        from sqlalchemy import select
+
+        from agentq.db import session_factory
+        from agentq.models import ToolModuleRow
+        with session_factory(self.settings)() as session:
+            rows = session.execute(select(ToolModuleRow)).scalars().all()
+            return [spec_of(row) for row in rows]
+
+    def specs(self) -> list[ModuleSpec]:
+        by_name = {s.name: s for s in self.settings.tool_modules}
+        try:
+            for spec in self._load_rows():
+                by_name.setdefault(spec.name, spec)
+        except Exception as exc:  # no database yet (CLI before migrate): static ones only
+            log.warning("tool modules not read", extra={"error": type(exc).__name__})
+        return sorted(by_name.values(), key=lambda s: s.name)
+
+    def known(self, force: bool = False) -> dict[str, Known]:
+        """The modules as this process sees them. One thread re-reads them when due (a
+        fetch may take AGENTQ_MODULE_FETCH_TIMEOUT_S); the others keep the last view
+        meanwhile, but for the very first one, which they wait for. Redis away: the last
+        view."""
+        with self._loaded:
+            try:
+                version = self.store.version()
+            except Exception as exc:  # Redis away: the broker is too; keep what we know
+                log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
+                return dict(self._known)
+            due = force or version != self._version or \
+                time.monotonic() - self._synced_at >= self.settings.module_sync_s
+            if not due:
+                return dict(self._known)
+            if self._loading:
+                if self._version == -1:  # never read yet: wait for the first reading
+                    self._loaded.wait_for(lambda: not self._loading, timeout=60)
+                return dict(self._known)
+            self._loading = True
+        known = self._known
+        try:
+            known = {s.name: self._load(s) for s in self.specs()}
+        except Exception as exc:  # Redis away mid-way: keep the last view, try again later
+            log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
+        finally:
+            with self._loaded:
+                self._known = known
+                self._synced_at = time.monotonic()
+                self._version = version
+                self._loading = False
+                self._loaded.notify_all()
+        return dict(known)
+
+    def healthy_modules(self) -> list[ToolModule]:
+        return [k.module for k in self.known().values()
+                if k.module is not None and k.health.get("status") == "ok"]
+
+    # the cache
+    def _load(self, spec: ModuleSpec) -> Known:
+        cached = self.store.get(f"{spec.name}:manifest")
+        health = self.store.get(f"{spec.name}:health") or {}
+        unhealthy = health.get("status") == "unhealthy"
+        probe_due = unhealthy and time.time() - float(health.get("checked_at", 0)) >= \
+            self.settings.module_retry_s
+        if (cached is None or probe_due) and self.store.try_lock(f"{spec.name}:lock"):
+            try:
+                cached, health = self.refresh(spec)
+            finally:
+                self.store.delete(f"{spec.name}:lock")
+        module = None
+        if cached is not None:
+            try:
+                module = build_module(spec, cached["manifest"], self._function_for)
+            except ManifestError as exc:
+                health = {"status": "unhealthy", "error": exc.message,
+                          "checked_at": time.time()}
+        return Known(spec, module, health or {"status": "unknown"})
+
+    def fetch(self, spec: ModuleSpec) -> dict[str, Any]:
+        """The module's manifest, checked; raise ManifestError saying what to fix."""
+        if spec.kind == "mcp":
+            from agentq.tools import mcp
+            manifest = mcp.manifest_of(spec, self.settings)
+        else:
+            manifest = fetch_http_manifest(spec, self.settings)
+        build_module(spec, manifest, self._function_for)
+        return manifest
+
+    def refresh(self, spec: ModuleSpec) -> tuple[dict | None, dict]:
+        """Fetch now and cache; a failure marks the module unhealthy (and keeps no old
+        manifest: its tools are hidden)."""
+        now = time.time()
+        try:
+            manifest = self.fetch(spec)
+        except ManifestError as exc:
+            health = {"status": "unhealthy", "error": exc.message, "checked_at": now}
+            self.store.set(f"{spec.name}:health", health)
+            self.store.delete(f"{spec.name}:manifest")
+            self.store.bump()
+            log.warning("tool module unhealthy", extra={"tool_module": spec.name,
+                                                        "error": exc.message})
+            return None, health
+        cached, health = self.cache(spec, manifest)
+        log.info("tool module manifest fetched", extra={"tool_module": spec.name,
+                                                        "tools": len(manifest["tools"])})
+        return cached, health
+
+    def cache(self, spec: ModuleSpec, manifest: dict) -> tuple[dict, dict]:
+        """Keep a fetched, checked manifest for the hour; the module is healthy."""
+        now = time.time()
+        cached = {"manifest": manifest, "fetched_at": now}
+        self.store.set(f"{spec.name}:manifest", cached, self.settings.module_manifest_ttl_s)
+        self.store.incr(f"{spec.name}:fetches")
+        health = {"status": "ok", "error": None, "checked_at": now}
+        self.store.set(f"{spec.name}:health", health)
+        self.store.bump()
+        return cached, health
+
+    def forget(self, name: str) -> None:
+        self.store.delete(f"{name}:manifest", f"{name}:health", f"{name}:lock")
+        self.store.bump()
+
+    def mark_unhealthy(self, name: str, error: str) -> None:
+        log.warning("tool module unreachable", extra={"tool_module": name, "error": error})
+        self.store.set(f"{name}:health", {"status": "unhealthy", "error": error,
+                                          "checked_at": time.time()})
+        self.store.bump()
+
+    def _function_for(self, spec: ModuleSpec, name: str, remote_name: str) -> Callable:
+        settings = self.settings
+
+        def call(arguments: dict, ctx: ToolContext) -> Any:
+            limit_s = ctx.extra.get("time_limit_s") or settings.tool_time_limit_s
+            if spec.kind == "mcp":
+                from agentq.tools import mcp
+                try:
+                    return mcp.call(spec, remote_name, arguments, limit_s, settings)
+                except ModuleUnavailable as exc:
+                    self.mark_unhealthy(spec.name, exc.message)
+                    raise
+            return call_http(spec, name, arguments, ctx, limit_s, settings,
+                             lambda error: self.mark_unhealthy(spec.name, error))
+        return call
+
+
+def spec_of(row) -> ModuleSpec:
+    return ModuleSpec(name=row.name, kind=row.kind, url=row.url,
+                      command=tuple(row.command) if row.command else None, slow=row.slow,
+                      secret=row.secret)
+
+
+def tools_of(module: ToolModule | None) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description, "parameters": t.parameters,
+             "permission": t.permission} for t in (module.tools if module else ())]
+
+
+def module_object(known: Known) -> dict[str, Any]:
+    """A module as GET /v1/modules shows it: never its secret."""
+    return {**known.spec.public(),
+            "health": {"status": known.health.get("status", "unknown"),
+                       "error": known.health.get("error"),
+                       "checked_at": known.health.get("checked_at")},
+            "tools": tools_of(known.module)}

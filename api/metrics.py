@@ -1,0 +1,25 @@
+"""GET /metrics: Prometheus' text format, summed over every process of this machine
+(agentq/metrics.py; the names are in docs/metrics.md). No key unless AGENTQ_METRICS_TOKEN is
+set; then `Authorization: Bearer <token>`."""
+from __future__ import annotations
+
+import hmac
+
+from flask import Blueprint, Response, g, request
+
+from agentq import metrics
+from agentq.errors import Unauthorized
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def scrape():
+    token = g.settings.metrics_token
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise Unauthorized("GET /metrics needs the metrics token "
+                               "(Authorization: Bearer <AGENTQ_METRICS_TOKEN>).")
+    body, content_type = metrics.render(g.settings)
+    return Response(body, content_type=content_type)

@@ -1,0 +1,78 @@
+"""Schedules (agentq.schedules): POST /v1/schedules, GET /v1/schedules,
+GET /v1/schedules/<id>, DELETE /v1/schedules/<id> (cancel: it never fires again and is
+gone from these routes; its firings stay recorded). A schedule continues one of the
+key's conversations later, as a POST /v1/continue would; a key sees the schedules it made
+(an admin key every one of its tenant)."""
+from __future__ import annotations
+
+from flask import Blueprint, g, jsonify, request
+from sqlalchemy import select
+
+from agentq.db import session_scope
+from agentq.errors import NotFound
+from agentq.models import Schedule
+from agentq.schedules import (cancel_schedule, create_schedule, firings, schedule_object,
+                              timing)
+from api.auth import can_see, require_key
+from api.jobs import json_body, load_conversation, parse_uuid
+from api.schemas import ScheduleQuerySchema, ScheduleRequestSchema
+
+bp = Blueprint("schedules", __name__)
+
+
+def load_schedule(session, schedule_id: str) -> Schedule:
+    schedule = session.get(Schedule, parse_uuid(schedule_id, "schedule"))
+    if not can_see(schedule) or schedule.cancelled_at is not None:
+        raise NotFound("schedule", schedule_id)
+    return schedule
+
+
+@bp.post("/v1/schedules")
+@require_key()
+def post_schedule():
+    data = ScheduleRequestSchema().load(json_body())
+    when = timing(data["run_at"], data["delay_s"], data["cron"], data["timezone"])
+    with session_scope(g.settings) as session:
+        conversation = load_conversation(session, data["conversation_id"])
+        schedule = create_schedule(session, conversation, data["content"], when,
+                                   g.api_key_id, callback_url=data["callback_url"],
+                                   metadata=data["metadata"])
+        body = schedule_object(schedule, [])
+    response = jsonify(body)
+    response.status_code = 201
+    response.headers["Location"] = f"/v1/schedules/{body['id']}"
+    return response
+
+
+@bp.get("/v1/schedules")
+@require_key()
+def list_schedules():
+    query = ScheduleQuerySchema().load(request.args.to_dict())
+    stmt = select(Schedule).where(Schedule.tenant_id == g.tenant_id,
+                                  Schedule.cancelled_at.is_(None))
+    if not g.is_admin:
+        stmt = stmt.where(Schedule.api_key_id == g.api_key_id)
+    if "conversation_id" in query:
+        stmt = stmt.where(Schedule.conversation_id == query["conversation_id"])
+    if "status" in query:
+        stmt = stmt.where(Schedule.status == query["status"])
+    with session_scope(g.settings) as session:
+        rows = session.execute(stmt.order_by(Schedule.created_at.desc(), Schedule.id)
+                               .limit(query["limit"])).scalars()
+        return jsonify({"data": [schedule_object(s) for s in rows]})
+
+
+@bp.get("/v1/schedules/<schedule_id>")
+@require_key()
+def get_schedule(schedule_id: str):
+    with session_scope(g.settings) as session:
+        schedule = load_schedule(session, schedule_id)
+        return jsonify(schedule_object(schedule, firings(session, schedule.id)))
+
+
+@bp.delete("/v1/schedules/<schedule_id>")
+@require_key()
+def delete_schedule(schedule_id: str):
+    with session_scope(g.settings) as session:
+        schedule = cancel_schedule(session, load_schedule(session, schedule_id))
+        return jsonify(schedule_object(schedule, firings(session, schedule.id)))

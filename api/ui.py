@@ -1,0 +1,274 @@
+"""The web dashboard under /ui: server-rendered pages (Jinja, no build step) over the same
+rows and the same route logic as the API, behind an API key (admin or tenant).
+
+Sign-in takes an API key once and keeps it in an HttpOnly, SameSite=Strict cookie scoped to
+/ui; every page then sees exactly what that key sees through the API (its tenant, and its
+own rows unless admin). Changes (cancel, replay, sign-out) are POSTs that must come from
+this origin. Live updates use the job's event stream (the API's SSE, read with the cookie):
+a job page appends events as they happen; the jobs list follows its live jobs.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import (Blueprint, Response, abort, g, redirect, render_template, request,
+                   url_for)
+from sqlalchemy import select
+
+from agentq import batches as batch_rows
+from agentq import replay
+from agentq.db import session_scope
+from agentq.errors import AgentqError
+from agentq.keys import lookup
+from agentq.loop.store import event_dict
+from agentq.models import (Batch, Job, JobEvent, ToolCall, UserPlatformLink,
+                           WebhookDelivery)
+from agentq.views import delivery_object, job_object
+from api.auth import can_see
+
+bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
+               static_folder="static", static_url_path="/static")
+COOKIE = "agentq_ui_key"
+PAGE = 50
+STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
+    "/ui/sign-in": {"next"},
+    "/ui/jobs": {"status", "finish_reason", "user", "since", "until", "rows"},
+    "/ui/jobs/<job_id>": {"message"},
+    "/ui/jobs/<job_id>/events": {"after"},
+}
+FINISH_REASONS = ("end_turn", "max_iterations", "budget_exceeded", "cancelled", "error",
+                  "max_tokens", "max_time", "hook")
+
+
+@bp.before_request
+def _signed_in():
+    if request.endpoint in ("ui.sign_in", "ui.static"):
+        return None
+    if request.method == "POST" and not _same_origin():
+        abort(403)
+    key = request.cookies.get(COOKIE, "")
+    with session_scope(g.settings) as session:
+        row = lookup(session, key) if key else None
+        if row is None:
+            return redirect(url_for("ui.sign_in", next=request.full_path))
+        g.api_key_id, g.is_admin, g.tenant_id = row.id, row.is_admin, row.tenant_id
+    return None
+
+
+def _same_origin() -> bool:
+    origin = request.headers.get("Origin") or request.headers.get("Referer")
+    return bool(origin) and urlsplit(origin).netloc == request.host
+
+
+def _visible(query, model=Job):
+    query = query.where(model.tenant_id == g.tenant_id)
+    return query if g.is_admin else query.where(model.api_key_id == g.api_key_id)
+
+
+@bp.route("/sign-in", methods=["GET", "POST"])
+def sign_in():
+    error = None
+    target = request.values.get("next") or url_for("ui.jobs")
+    if not target.startswith("/ui"):
+        target = url_for("ui.jobs")
+    if request.method == "POST":
+        if not _same_origin():
+            abort(403)
+        key = (request.form.get("key") or "").strip()
+        with session_scope(g.settings) as session:
+            valid = bool(key) and lookup(session, key) is not None
+        if valid:
+            response = redirect(target)
+            response.set_cookie(COOKIE, key, httponly=True, samesite="Strict", path="/ui",
+                                secure=request.is_secure)
+            return response
+        error = "That API key is not valid."
+    status = 401 if error else 200
+    return render_template("ui/sign_in.html", error=error, next=target), status
+
+
+@bp.post("/sign-out")
+def sign_out():
+    response = redirect(url_for("ui.sign_in"))
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+@bp.get("/")
+def home():
+    return redirect(url_for("ui.jobs"))
+
+
+# --- jobs ----------------------------------------------------------------------------------
+def _when(raw: str | None, name: str, errors: list[str]) -> datetime | None:
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        errors.append(f"{name}: not a date and time ({raw!r}).")
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _job_rows(filters: dict[str, str], errors: list[str]) -> list[dict[str, Any]]:
+    query = _visible(select(Job, UserPlatformLink.platform_user_id)
+                     .outerjoin(UserPlatformLink, UserPlatformLink.user_id == Job.user_id))
+    if filters["status"] in STATUSES:
+        query = query.where(Job.status == filters["status"])
+    if filters["finish_reason"] in FINISH_REASONS:
+        query = query.where(Job.finish_reason == filters["finish_reason"])
+    if filters["user"]:
+        query = query.where(UserPlatformLink.platform_user_id == filters["user"])
+    since = _when(filters["since"], "From", errors)
+    until = _when(filters["until"], "Until", errors)
+    if since:
+        query = query.where(Job.created_at >= since)
+    if until:
+        query = query.where(Job.created_at < until)
+    with session_scope(g.settings) as session:
+        rows = session.execute(query.order_by(Job.created_at.desc()).limit(PAGE)).all()
+        seen, out = set(), []
+        for job, user in rows:
+            if job.id in seen:  # a user with two platform links: one row
+                continue
+            seen.add(job.id)
+            out.append({**job_object(job), "user": user})
+        return out
+
+
+@bp.get("/jobs")
+def jobs():
+    filters = {k: (request.args.get(k) or "").strip()
+               for k in ("status", "finish_reason", "user", "since", "until")}
+    errors: list[str] = []
+    rows = _job_rows(filters, errors)
+    template = "ui/job_rows.html" if request.args.get("rows") else "ui/jobs.html"
+    return render_template(template, jobs=rows, filters=filters, errors=errors,
+                           statuses=STATUSES, finish_reasons=FINISH_REASONS)
+
+
+def _load_job(session, job_id: str) -> Job:
+    try:
+        job = session.get(Job, uuid.UUID(job_id))
+    except ValueError:
+        job = None
+    if not can_see(job):
+        abort(404)
+    return job
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id: str):
+    with session_scope(g.settings) as session:
+        row = _load_job(session, job_id)
+        events = [event_dict(e) for e in session.execute(
+            select(JobEvent).where(JobEvent.job_id == row.id).order_by(JobEvent.seq)
+        ).scalars()]
+        calls = {c.tool_use_id: {"name": c.name, "arguments": c.arguments,
+                                 "result": c.result, "status": c.status}
+                 for c in session.execute(select(ToolCall).where(ToolCall.job_id == row.id)
+                                          ).scalars()}
+        deliveries = [delivery_object(d) for d in session.execute(
+            select(WebhookDelivery).where(WebhookDelivery.job_id == row.id)
+            .order_by(WebhookDelivery.created_at)).scalars()]
+        replays = [str(r) for r in session.execute(
+            _visible(select(Job.id)).where(Job.replay_of == row.id)
+            .order_by(Job.created_at)).scalars()]
+        body = job_object(row)
+    return render_template("ui/job.html", job=body, events=events, calls=calls,
+                           deliveries=deliveries, replays=replays,
+                           last_seq=events[-1]["seq"] if events else 0,
+                           pretty=_pretty, message=request.args.get("message"))
+
+
+@bp.get("/jobs/<job_id>/events")
+def job_events(job_id: str):
+    """The API's event stream of the job (SSE), for the pages."""
+    from api.jobs import list_events
+    return list_events.__wrapped__(job_id)
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel(job_id: str):
+    from api.jobs import cancel_job
+    try:
+        cancel_job.__wrapped__(job_id)
+        message = "Cancel requested: the job ends at its next step."
+    except AgentqError as exc:
+        if getattr(exc, "status", None) == 404:
+            abort(404)
+        message = exc.message
+    return redirect(url_for("ui.job", job_id=job_id, message=message))
+
+
+@bp.post("/jobs/<job_id>/replay")
+def replay_job(job_id: str):
+    from api.jobs import enqueue_after_commit
+    mode = request.form.get("mode", "recorded")
+    if mode not in ("recorded", "live"):
+        return redirect(url_for("ui.job", job_id=job_id, message=f"No replay mode {mode!r}."))
+    with session_scope(g.settings) as session:
+        original = _load_job(session, job_id)
+        if original.status not in ("completed", "failed", "cancelled"):
+            return redirect(url_for("ui.job", job_id=job_id,
+                                    message="Replay a job once it has ended."))
+        new, effects = replay.create_replay(session, g.settings, original, mode,
+                                            api_key_id=g.api_key_id)
+        new_id = str(new.id)
+    enqueue_after_commit(effects)
+    return redirect(url_for("ui.job", job_id=new_id, message=f"Replay ({mode}) of {job_id}."))
+
+
+@bp.get("/jobs/<job_id>/compare")
+def compare(job_id: str):
+    with session_scope(g.settings) as session:
+        row = _load_job(session, job_id)
+        if row.replay_of is None:
+            abort(404)
+        sides = replay.compare(session, row)
+    return render_template("ui/compare.html", job_id=job_id, compare=sides, pretty=_pretty)
+
+
+# --- batches -------------------------------------------------------------------------------
+@bp.get("/batches")
+def batches():
+    with session_scope(g.settings) as session:
+        rows = session.execute(_visible(select(Batch), Batch).order_by(Batch.created_at.desc())
+                               .limit(PAGE)).scalars().all()
+        items = [batch_rows.batch_object(b, batch_rows.counts(session, b.id)) for b in rows]
+    return render_template("ui/batches.html", batches=items)
+
+
+@bp.errorhandler(404)
+def _absent(_exc):
+    return render_template("ui/absent.html"), 404
+
+
+@bp.errorhandler(403)
+def _refused(_exc):
+    return Response("This change must come from the dashboard's own pages.", 403,
+                    mimetype="text/plain")
+
+
+def _pretty(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@bp.after_request
+def _headers(response: Response) -> Response:
+    response.headers.setdefault("Content-Security-Policy",
+                                "default-src 'self'; style-src 'self'; script-src 'self'")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Cache-Control", "no-store")
+    return response
+

@@ -1,0 +1,382 @@
+"""The fault suite: the Procfile's processes against their own Postgres and Redis (private
+ports, scratch directories), a stream of one-tool jobs, and one fault injected while it
+flows. Every scenario asserts the promise: every job `completed`, nothing duplicated, no
+API 500.
+
+    python -m benchmarks faults [--jobs 1000] [--rate 10] [--only NAME]
+
+Also run by tests/faults/ at a reduced size (AGENTQ_FAULT_JOBS, default 100).
+
+The submitter is a well-behaved client: on a 503 (or a connection cut while `web` is
+killed) it resends the same request with the same Idempotency-Key after `Retry-After`, so a
+job is created exactly once whatever the API went through. A 500 is never retried: it is
+counted and fails the scenario.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from benchmarks.harness import BenchStack, ModelServer
+from tests.support.services import PrivatePostgres, PrivateRedis
+from tests.support.stack import StackError
+
+ONE_TOOL_JOB = "What is 6*7? turns=1"
+FAULT_ENV = {
+    "AGENTQ_MODEL": "gpt-4o-mini",
+    "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
+    "AGENTQ_MAX_ITERATIONS": "25",
+    "AGENTQ_LLM_TIMEOUT_S": "30",
+    "AGENTQ_STEP_DEADLINE_S": os.environ.get("AGENTQ_FAULT_STEP_DEADLINE_S", "8"),
+    "AGENTQ_SWEEP_INTERVAL_S": "2",
+    "AGENTQ_REDRIVE_BACKOFF_MAX_S": "30",
+    "AGENTQ_ORCHESTRATOR_CONCURRENCY": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_CONCURRENCY", "200"),
+    "AGENTQ_LOG_LEVEL": "INFO",
+}
+SUBMIT_GIVE_UP_S = 300.0
+
+
+@dataclass
+class Outcome:
+    name: str
+    jobs: int
+    statuses: dict[str, int] = field(default_factory=dict)
+    api: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    not_submitted: int = 0
+    drain_s: float | None = None
+    fault_s: float | None = None
+    total_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        return self.statuses.get("completed", 0)
+
+    @property
+    def api_500(self) -> int:
+        return sum(n for code, n in self.api.items()
+                   if code.isdigit() and int(code) >= 500 and code != "503")
+
+    def ok(self) -> bool:
+        return (self.completed == self.jobs and self.not_submitted == 0
+                and self.api_500 == 0 and not any(self.duplicates.values()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scenario": self.name, "jobs": self.jobs, "completed": self.completed,
+                "failed": self.statuses.get("failed", 0), "statuses": self.statuses,
+                "api": self.api, "api_5xx_not_503": self.api_500,
+                "not_submitted": self.not_submitted, "duplicates": self.duplicates,
+                "fault_s": self.fault_s, "drain_s": self.drain_s, "total_s": self.total_s,
+                "notes": self.notes, "ok": self.ok()}
+
+
+class FaultLab:
+    """Private Redis + Postgres + model server + the Procfile's processes."""
+
+    def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None):
+        self.scratch = Path(scratch)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.redis = PrivateRedis(self.scratch)
+        self.pg = PrivatePostgres(self.scratch)
+        self.extra_env = extra_env or {}
+        self.server: ModelServer | None = None
+        self.stack: BenchStack | None = None
+        self.key = ""
+        # Faults run here: a process started from a thread gets its parent-death signal
+        # when THAT thread ends (PR_SET_PDEATHSIG), so restarts come from one thread that
+        # lives as long as the lab.
+        self.control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fault")
+
+    def start(self) -> "FaultLab":
+        self.redis.start()
+        self.pg.start()
+        self.database_url = self.pg.create_database("agentq_faults")
+        self.server = ModelServer()
+        env = {**FAULT_ENV, "AGENTQ_BROKER_URL": self.redis.url,
+               "AGENTQ_RESULT_BACKEND_URL": self.redis.url, **self.extra_env}
+        self.stack = BenchStack(self.database_url, self.server.base_url,
+                                self.scratch / "stack", env, web_workers=2, web_threads=8)
+        (self.scratch / "stack").mkdir(exist_ok=True)
+        try:
+            self.stack.start()
+            self.key = self.stack.create_key("faults", admin=True)
+        except StackError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+        if self.server is not None:
+            self.server.stop()
+        self.redis.stop()
+        self.pg.destroy()
+        self.control.shutdown(wait=False)
+
+    # -- faults -------------------------------------------------------------------------
+    def kill9(self, name: str, down_s: float = 0.0) -> None:
+        """kill -9 one process (its whole group: a prefork pool's children too), then the
+        process manager's restart after `down_s`."""
+        proc = self.stack.procs[name]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        time.sleep(down_s)
+        self.stack.spawn(name)
+
+    def alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self.stack.procs.items()}
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        return self.stack.logs[name].read_text(errors="replace")[-chars:]
+
+    # -- measurements -------------------------------------------------------------------
+    def _sql(self, query: str) -> list[tuple]:
+        import psycopg2
+        conn = psycopg2.connect(self.database_url.replace("+psycopg2", ""))
+        try:
+            with conn.cursor() as cur:
+                cur.execute(query)
+                return cur.fetchall()
+        finally:
+            conn.close()
+
+    def sql(self, query: str, timeout_s: float = 120.0) -> list[tuple]:
+        """A query that waits out a Postgres restart."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._sql(query)
+            except Exception:  # noqa: BLE001 - the database may be restarting
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def statuses(self, job_ids: list[str]) -> dict[str, str]:
+        if not job_ids:
+            return {}
+        ids = ",".join(f"'{j}'" for j in job_ids)
+        return {str(i): s for i, s in self.sql(f"SELECT id, status FROM jobs WHERE id IN ({ids})")}
+
+    def duplicates(self, job_ids: list[str]) -> dict[str, int]:
+        """What must never exist twice, for the given jobs."""
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        one = lambda q: int(self.sql(q)[0][0] or 0)  # noqa: E731
+        return {
+            # the same message stored twice in a job (role + content)
+            "messages": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
+                SELECT COUNT(*) n FROM messages WHERE job_id IN ({ids})
+                GROUP BY job_id, role, content HAVING COUNT(*) > 1) d"""),
+            # a tool call recorded twice for one turn, or a call's result written twice
+            "tool_results": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
+                SELECT COUNT(*) n FROM tool_calls WHERE job_id IN ({ids})
+                GROUP BY job_id, iteration, position HAVING COUNT(*) > 1) d"""),
+            # an event a job emits once, emitted twice
+            "events": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
+                SELECT COUNT(*) n FROM job_events WHERE job_id IN ({ids})
+                AND type IN ('job_start', 'job_end', 'turn_end', 'tool_execution_end')
+                GROUP BY job_id, type, data->>'turn', data->>'tool_use_id'
+                HAVING COUNT(*) > 1) d"""),
+            "token_logs": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
+                SELECT COUNT(*) n FROM token_logs WHERE job_id IN ({ids})
+                GROUP BY job_id, iteration HAVING COUNT(*) > 1) d"""),
+        }
+
+    def tool_runs_twice(self, job_ids: list[str]) -> int:
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        return int(self.sql(f"SELECT COUNT(*) FROM tool_calls WHERE job_id IN ({ids}) "
+                            "AND attempts > 1")[0][0])
+
+
+class Submitter:
+    """POST /v1/messages at a steady rate, each request retried (same Idempotency-Key) on
+    503 or a cut connection until it is answered 202."""
+
+    def __init__(self, base: str, key: str, threads: int = 16):
+        self.base, self.key = base, key
+        self.pool = ThreadPoolExecutor(max_workers=threads)
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.api: dict[str, int] = {}
+        self.job_ids: list[str] = []
+        self.lost = 0
+
+    def _count(self, code: str) -> None:
+        with self.lock:
+            self.api[code] = self.api.get(code, 0) + 1
+
+    def _http(self) -> requests.Session:
+        if not hasattr(self.local, "s"):
+            self.local.s = requests.Session()
+            self.local.s.headers["Authorization"] = f"Bearer {self.key}"
+        return self.local.s
+
+    def _one(self, n: int) -> None:
+        key = uuid.uuid4().hex
+        body = {"platform": "api", "platform_user_id": f"u{n % 50}",
+                "platform_channel_id": f"c-{key}", "content": ONE_TOOL_JOB}
+        deadline = time.monotonic() + SUBMIT_GIVE_UP_S
+        while time.monotonic() < deadline:
+            try:
+                r = self._http().post(f"{self.base}/v1/messages", json=body, timeout=30,
+                                      headers={"Idempotency-Key": key})
+            except requests.RequestException:
+                self._count("conn_error")
+                self.local.__dict__.pop("s", None)
+                time.sleep(0.5)
+                continue
+            self._count(str(r.status_code))
+            if r.status_code in (200, 202):
+                with self.lock:
+                    self.job_ids.append(r.json()["id"])
+                return
+            if r.status_code == 503:
+                assert r.json()["error"]["code"] == "unavailable", r.text
+                time.sleep(min(float(r.headers.get("Retry-After", "1")), 5.0))
+                continue
+            break  # a 500 or a 4xx: not retried, counted
+        with self.lock:
+            self.lost += 1
+
+    def run(self, n: int, rate: float, at: Callable[[int], None] | None = None) -> None:
+        futures = []
+        t0 = time.monotonic()
+        for i in range(n):
+            if at is not None:
+                at(i)
+            futures.append(self.pool.submit(self._one, i))
+            pause = t0 + (i + 1) / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        for f in futures:
+            f.result()
+        self.pool.shutdown()
+
+
+def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | None,
+                 jobs: int, rate: float, drain_timeout_s: float = 600.0) -> Outcome:
+    """Submit `jobs` at `rate`, inject `fault` 40% of the way in (in a thread, so the
+    submissions continue through it), wait until every job has ended."""
+    outcome = Outcome(name, jobs)
+    sub = Submitter(lab.stack.base, lab.key)
+    fault_done = threading.Event()
+    fault_box: dict[str, float] = {}
+
+    def inject() -> None:
+        f0 = time.monotonic()
+        try:
+            fault(lab)
+        finally:
+            fault_box["s"] = round(time.monotonic() - f0, 2)
+            fault_done.set()
+
+    def at(i: int) -> None:
+        if fault is not None and i == int(jobs * 0.4):
+            lab.control.submit(inject)
+
+    t0 = time.monotonic()
+    sub.run(jobs, rate, at)
+    if fault is not None:
+        fault_done.wait(drain_timeout_s)
+    t_submitted = time.monotonic()
+    deadline = t_submitted + drain_timeout_s
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        statuses = lab.statuses(sub.job_ids)
+        if all(s in ("completed", "failed", "cancelled") for s in statuses.values()):
+            break
+        time.sleep(1.0)
+    outcome.drain_s = round(time.monotonic() - t_submitted, 1)
+    outcome.total_s = round(time.monotonic() - t0, 1)
+    outcome.fault_s = fault_box.get("s")
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    outcome.statuses = counts
+    outcome.api = dict(sub.api)
+    outcome.not_submitted = sub.lost + (jobs - sub.lost - len(sub.job_ids))
+    outcome.duplicates = lab.duplicates(sub.job_ids)
+    outcome.duplicates["tool_runs_twice"] = 0  # reported, not a duplicate result
+    outcome.notes.append(f"tool executions run twice: {lab.tool_runs_twice(sub.job_ids)}")
+    failed = [j for j, s in statuses.items() if s == "failed"]
+    if failed:
+        ids = ",".join(f"'{j}'" for j in failed)
+        reasons = lab.sql(f"SELECT response->'error'->>'code', COUNT(*) FROM jobs "
+                          f"WHERE id IN ({ids}) GROUP BY 1")
+        outcome.notes.append("failed by error code: "
+                             + ", ".join(f"{code}: {n}" for code, n in reasons))
+    outcome.duplicates.pop("tool_runs_twice")
+    dead = [n for n, up in lab.alive().items() if not up]
+    if dead:
+        outcome.notes.append(f"processes dead at the end: {dead}")
+    return outcome
+
+
+# --- the faults -------------------------------------------------------------------------
+
+def kill9(name: str, down_s: float = 2.0) -> Callable[[FaultLab], None]:
+    return lambda lab: lab.kill9(name, down_s)
+
+
+def redis_restart(lab: FaultLab) -> None:
+    lab.redis.restart(down_s=2.0)
+
+
+def redis_flushall(lab: FaultLab) -> None:
+    lab.redis.flushall()
+
+
+def postgres_restart(lab: FaultLab) -> None:
+    lab.pg.restart(down_s=3.0)
+
+
+def orchestrator_down(seconds: float) -> Callable[[FaultLab], None]:
+    return lambda lab: lab.kill9("orchestrator", seconds)
+
+
+SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
+    "none": None,
+    "orchestrator_kill9": kill9("orchestrator"),
+    "tools_kill9": kill9("tools"),
+    "tools_slow_kill9": kill9("tools-slow"),
+    "webhooks_kill9": kill9("webhooks"),
+    "web_kill9": kill9("web"),
+    "beat_kill9": kill9("beat"),
+    "redis_restart": redis_restart,
+    "redis_flushall": redis_flushall,
+    "postgres_restart": postgres_restart,
+}
+
+
+def main(args) -> int:
+    import tempfile
+    names = args.only or list(SCENARIOS)
+    results = []
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
+    lab = FaultLab(scratch).start()
+    try:
+        for name in names:
+            fault = SCENARIOS[name] if name in SCENARIOS else orchestrator_down(
+                float(name.split("_")[-1].rstrip("s")))
+            out = run_scenario(lab, name, fault, args.jobs, args.rate)
+            results.append(out.as_dict())
+            print(json.dumps(out.as_dict()), flush=True)
+    finally:
+        lab.stop()
+    if args.results:
+        Path(args.results).write_text(json.dumps(results, indent=2))
+    return 0 if all(r["ok"] for r in results) else 1

@@ -1,0 +1,62 @@
+"""The fault suite's lab: the Procfile's processes against a private Redis and a private
+Postgres (free ports, scratch directories), so a test may restart or flush them.
+
+Size: AGENTQ_FAULT_JOBS jobs per scenario (default 100, CI's size) submitted at
+AGENTQ_FAULT_RATE per second (default 20). `python -m benchmarks faults` runs the same
+scenarios at full size (N = 1,000 at 10/s).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.stack import StackError
+
+JOBS = int(os.environ.get("AGENTQ_FAULT_JOBS", "100"))
+RATE = float(os.environ.get("AGENTQ_FAULT_RATE", "20"))
+DRAIN_TIMEOUT_S = float(os.environ.get("AGENTQ_FAULT_DRAIN_TIMEOUT_S", "300"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/faults/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def fault_lab(servers_up):
+    from benchmarks.faults import FaultLab
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
+    lab = FaultLab(scratch)
+    try:
+        lab.start()
+    except StackError as exc:
+        pytest.fail(str(exc))
+    yield lab
+    lab.stop()
+    if os.environ.get("AGENTQ_FAULT_KEEP"):  # the processes' logs, for a failed run
+        print(f"fault lab kept: {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def run_fault(fault_lab):
+    """Run one scenario on the shared lab; assert the promise; return the outcome."""
+    from benchmarks.faults import run_scenario
+
+    def run(name, fault, jobs=JOBS, rate=RATE):
+        outcome = run_scenario(fault_lab, name, fault, jobs, rate, DRAIN_TIMEOUT_S)
+        print(outcome.as_dict())
+        dead = {n: fault_lab.log_tail(n) for n, up in fault_lab.alive().items() if not up}
+        assert not dead, f"processes died: {dead}"
+        assert outcome.not_submitted == 0, outcome.as_dict()
+        assert outcome.api_500 == 0, outcome.as_dict()
+        assert not any(outcome.duplicates.values()), outcome.as_dict()
+        assert outcome.completed == jobs, outcome.as_dict()
+        return outcome
+    return run

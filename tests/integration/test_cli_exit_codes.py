@@ -1,0 +1,138 @@
+"""`agentq run` — the README's first command, as written there — against the scripted model:
+its exit status says how the job ended (0 answered, 3 max_iterations, 4 budget, 5 failed,
+6 cancelled, 7 still running after --timeout), and only an answer goes to stdout.
+
+Each run is a fresh process in the embedded mode (SQLite in its own AGENTQ_HOME, the
+in-process broker and worker), pointed at the scripted server by OPENAI_BASE_URL; the
+script's marker rides in the system prompt, so the user's message is the README's own."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.support.scripted_llm import call, error, text, tool_calls
+from tests.support.stack import ROOT
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT_S = 180
+
+
+def readme_run_command() -> list[str]:
+    """The `agentq run …` part of the README's first command (after the last `&&`)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```\n(.*?)\n```", readme, re.S)
+    first = next(b for b in blocks if "agentq run" in b)
+    command = first.split("&&")[-1].strip()
+    argv = shlex.split(command)
+    assert Path(argv[0]).name == "agentq" and argv[1] == "run", argv
+    return argv[1:]
+
+
+def agentq_run(home: Path, marker: str, llm, *extra: str, **env: str) -> subprocess.Popen:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("AGENTQ_", "OPENAI_", "PROMETHEUS_"))}
+    clean.update({"AGENTQ_HOME": str(home), "OPENAI_BASE_URL": llm.base_url,
+                  "OPENAI_API_KEY": "sk-test", "AGENTQ_LLM_RETRIES": "0",
+                  "AGENTQ_SYSTEM_PROMPT": f"You are a test. {marker}", **env})
+    agentq = str(Path(os.sys.executable).with_name("agentq"))
+    return subprocess.Popen([agentq, *readme_run_command(), *extra], cwd=ROOT, env=clean,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    return process.returncode, out, err
+
+
+def test_the_readme_command_is_agentq_run_with_the_question():
+    assert readme_run_command() == ["run", "What is 6*7? Use the calculator."]
+
+
+def test_answered_exits_0_with_only_the_answer_on_stdout(llm, script, tmp_path):
+    marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"})),
+                     text("It is 42.")])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm))
+    assert code == 0, err
+    assert out == "It is 42.\n"
+    assert "← math.evaluate ok" in err and "· completed (end_turn)" in err
+    # human lines only on the terminal; the JSON logs (Celery's, Alembic's) in the log file
+    assert not any(line.lstrip().startswith("{") for line in err.splitlines()), err
+    for foreign in ("alembic", "kombu", "received", "succeeded", "\x1b["):
+        assert foreign not in err, err
+    logged = (tmp_path / "agentq.log").read_text()
+    assert "alembic" in logged and "orchestrator.step" in logged
+
+
+def test_the_iteration_limit_exits_3(llm, script, tmp_path):
+    marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"}))])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm, AGENTQ_MAX_ITERATIONS="1"))
+    assert code == 3, err
+    assert out == ""
+    assert "completed (max_iterations)" in err.splitlines()[-1]
+
+
+def test_a_used_up_budget_exits_4(llm, script, tmp_path):
+    # the first model call costs 15 tokens of a 10-token budget; the second is refused
+    marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"}),
+                                input_tokens=10, output_tokens=5)])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm,
+                                       AGENTQ_GUEST_MONTHLY_TOKENS="10"))
+    assert code == 4, err
+    assert out == ""
+    assert "failed (budget_exceeded)" in err.splitlines()[-1]
+
+
+def test_a_failed_job_exits_5(llm, script, tmp_path):
+    marker = script([error(400, "the model refuses this request")])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm))
+    assert code == 5, err
+    assert out == ""
+    assert "failed (error)" in err.splitlines()[-1]
+
+
+def test_ctrl_c_cancels_the_job_and_exits_6(llm, script, tmp_path):
+    answer = threading.Event()  # the model answers only after the cancel is recorded
+    marker = script([text("too late", hold=answer)])
+    process = agentq_run(tmp_path, marker, llm)
+    try:
+        lines = []
+        for line in process.stderr:  # wait for the model call to be under way
+            lines.append(line)
+            if "· turn 1" in line:
+                break
+        process.send_signal(signal.SIGINT)
+        for line in process.stderr:
+            lines.append(line)
+            if "cancel requested" in line:
+                break
+        answer.set()
+        out, rest = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        answer.set()
+        if process.poll() is None:
+            process.kill()
+    err = "".join(lines) + rest
+    assert process.returncode == 6, err
+    assert out == ""
+    assert "cancelled (cancelled)" in err.splitlines()[-1]
+
+
+def test_still_running_after_the_timeout_exits_7(llm, tmp_path):
+    # (not the `script` fixture: the run may end before its model call is even sent)
+    answer = threading.Event()
+    marker = llm.script(f"timeout_{tmp_path.name}", [text("late", hold=answer)])
+    try:
+        code, out, err = finish(agentq_run(tmp_path, marker, llm, "--timeout", "1"))
+    finally:
+        answer.set()
+    assert code == 7, err
+    assert out == ""
+    assert "still running after 1 s" in err.splitlines()[-1]

@@ -1,0 +1,79 @@
+"""Hooks as installed entry points (group `agentq.hooks`): tests/support/hooks_dist is a site
+directory holding an installed distribution (its module and .dist-info with
+entry_points.txt), which a stack of this module's own (own Redis server, own database) has
+on its path. A before_turn hook stops
+a job with a reason; a hook that raises is logged and the job goes on."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import TEST_ENV, Client
+from tests.support.scripted_llm import call, error, text, tool_calls
+from tests.support.stack import ROOT, own_stack
+
+pytestmark = pytest.mark.integration
+DIST = ROOT / "tests" / "support" / "hooks_dist"
+
+
+@pytest.fixture(scope="module")
+def hooked(servers_up, llm, tmp_path_factory):
+    hook_log = tmp_path_factory.mktemp("hooks-log") / "calls.jsonl"
+    with own_stack("hooks", llm.base_url, tmp_path_factory.mktemp("hooked"),
+                   {**TEST_ENV, "AGENTQ_TEST_HOOK_LOG": str(hook_log)},
+                   pythonpath=DIST) as stack:
+        yield stack, Client(stack, stack.create_key("hooks", admin=True)), hook_log
+
+
+def _calls(hook_log: Path, job_id: str) -> list[dict]:
+    if not hook_log.exists():
+        return []
+    return [c for c in map(json.loads, hook_log.read_text().splitlines())
+            if c["job_id"] == job_id]
+
+
+def test_a_hook_stops_a_job_before_its_model_call(hooked, script):
+    stack, client, hook_log = hooked
+    marker = script([])
+    job = client.wait(client.submit(f"{marker} HOOK-STOP now")["id"])
+    assert (job["status"], job["finish_reason"]) == ("completed", "hook"), job
+    assert job["iterations"] == 0
+    assert job["response"]["error"]["message"] == "stopped by the test hook"
+    events = client.events(job["id"])
+    kinds = [e["type"] for e in events]
+    assert kinds.index("hook_stopped") < kinds.index("job_end")
+    stopped = next(e["data"] for e in events if e["type"] == "hook_stopped")
+    assert stopped["hook"] == "test_hooks"
+    messages = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()
+    assert messages["data"][-1]["content"] == "[Agent stopped: hook]"
+    assert [c["hook"] for c in _calls(hook_log, job["id"])] == ["before_turn"]
+
+
+def test_a_hook_that_raises_never_fails_the_job(hooked, script):
+    stack, client, hook_log = hooked
+    marker = script([tool_calls(call("math.evaluate", {"expression": "2+2"})),
+                     text("4, and HOOK-RAISE again")])
+    job = client.wait(client.submit(f"{marker} HOOK-RAISE what is 2+2?")["id"])
+    assert (job["status"], job["finish_reason"]) == ("completed", "end_turn"), job
+    assert job["response"]["content"] == "4, and HOOK-RAISE again"
+    calls = [c["hook"] for c in _calls(hook_log, job["id"])]
+    assert calls == ["before_turn", "after_turn", "before_turn", "after_turn"]
+    deadline = time.monotonic() + 30
+    while b"hook failed" not in stack.logs["orchestrator"].read_bytes():
+        assert time.monotonic() < deadline, "the failing hook was not logged"
+        time.sleep(0.1)
+
+
+def test_on_error_hears_a_failed_model_call(hooked, script):
+    stack, client, hook_log = hooked
+    # a 400 is not transient (a 5xx would park the job to wait for its provider):
+    # the call fails at once, on each of the two models
+    marker = script([error(400, "bad request"), error(400, "bad request")])
+    job = client.wait(client.submit(f"{marker} go")["id"])
+    assert (job["status"], job["finish_reason"]) == ("failed", "error")
+    calls = _calls(hook_log, job["id"])
+    assert [c["hook"] for c in calls] == ["before_turn", "on_error"]
+    assert calls[1]["error"]["code"]

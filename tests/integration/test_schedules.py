@@ -1,0 +1,345 @@
+"""Schedules through HTTP and real beat processes: a schedule fires once at its time with TWO
+beat processes running and across a restart of both, a cron schedule fires on its ticks, a
+cancelled one never fires, missed ticks are caught up by firing once for the latest, and a
+schedule the model makes with the `scheduler` tool continues its conversation.
+
+Nothing here asserts a duration: each test waits for an outcome (a firing, a job's end)
+with a generous timeout. "Never fires again" is shown by a later schedule that did fire."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import func, select, update
+
+from agentq.models import Job, Schedule, ScheduleFiring
+from tests.integration.conftest import wait_until, Client, uid
+from tests.support.scripted_llm import call, text, tool_calls
+from tests.support.stack import ROOT, die_with_parent
+
+pytestmark = pytest.mark.integration
+WAIT_S = 60
+
+
+class Beat:
+    """One `agentq beat` process of its own (its own beat schedule file)."""
+
+    def __init__(self, stack, home):
+        self.stack, self.home = stack, home
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Beat":
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = self.home / f"beat-{time.monotonic_ns()}.log"
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen([self.stack.agentq_bin(), "beat"], cwd=ROOT,
+                                         env={**self.stack.env, "AGENTQ_HOME": str(self.home)},
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=die_with_parent)
+        wait_until(lambda: b" ready." in log.read_bytes() or self.proc.poll() is not None,
+                   what="beat ready")
+        assert self.proc.poll() is None, log.read_text()[-3000:]
+        return self
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def second_beat(stack, tmp_path_factory):
+    beat = Beat(stack, tmp_path_factory.mktemp("beat2")).start()
+    yield beat
+    beat.stop()
+
+
+def stop_stack_beat(stack) -> None:
+    proc = stack.procs["beat"]
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def start_stack_beat(stack) -> None:
+    """Start the stack's own beat again, as `Stack.start` did."""
+    log = stack.logs["beat"]
+    log.write_bytes(b"")
+    with log.open("ab") as out:
+        stack.procs["beat"] = subprocess.Popen(
+            [stack.agentq_bin(), "beat"], cwd=ROOT, env=stack.env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+    wait_until(lambda: b" ready." in log.read_bytes(), what="the stack's beat ready")
+
+
+def conversation_of(client, llm, key: str) -> str:
+    """A conversation (one finished job) whose history carries `script:<key>`."""
+    marker = llm.script(key, [text("ok")])
+    job = client.submit(f"{marker} start")
+    assert client.wait(job["id"])["status"] == "completed"
+    return job["conversation_id"]
+
+
+def firings(stack, schedule_id: str) -> list[ScheduleFiring]:
+    with stack.sessions()() as session:
+        return list(session.execute(select(ScheduleFiring).where(
+            ScheduleFiring.schedule_id == uuid.UUID(schedule_id))
+            .order_by(ScheduleFiring.fire_at)).scalars())
+
+
+def jobs_of(stack, schedule_id: str) -> list[Job]:
+    with stack.sessions()() as session:
+        return list(session.execute(select(Job).where(
+            Job.meta["schedule_id"].as_string() == schedule_id)).scalars())
+
+
+def schedule(client, conversation_id: str, content: str, **when) -> dict:
+    response = client.post("/v1/schedules", json={"conversation_id": conversation_id,
+                                                  "content": content, **when})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def sentinel(client, llm) -> None:
+    """A schedule made now, on a conversation of its own, has fired and its job ended:
+    beat has run since anything made before this call became due."""
+    key = uid("sentinel").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    llm.script(key, [text("sentinel")])
+    body = schedule(client, conversation_id, f"script:{key} sentinel", delay_s=0)
+    client.wait(fired(client, body["id"])["firings"][0]["job_id"])
+    llm.assert_done(key)
+
+
+def fired(client, schedule_id: str, at_least: int = 1) -> dict:
+    def done():
+        body = client.get(f"/v1/schedules/{schedule_id}").json()
+        return body if body["fire_count"] >= at_least else None
+    return wait_until(done, what=f"schedule {schedule_id} fired {at_least}x")
+
+
+def test_a_schedule_fires_once_at_its_time_with_two_beats(stack, client, llm, second_beat):
+    key = uid("sch").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    llm.script(key, [text(f"later {i}") for i in range(12)])
+    run_at = (datetime.now(timezone.utc) + timedelta(seconds=2)).isoformat()
+    made = [schedule(client, conversation_id, f"script:{key} wake up {i}", run_at=run_at)
+            for i in range(12)]
+    assert made[0]["status"] == "active" and made[0]["next_run_at"]
+    for body in made:
+        shown = fired(client, body["id"])
+        assert shown["status"] == "completed" and shown["next_run_at"] is None
+        assert len(shown["firings"]) == 1
+        assert datetime.fromisoformat(shown["firings"][0]["fire_at"]) == \
+            datetime.fromisoformat(run_at)
+        job = client.wait(shown["firings"][0]["job_id"])
+        assert job["status"] == "completed" and job["conversation_id"] == conversation_id
+        assert job["metadata"]["schedule_id"] == body["id"]
+    sentinel(client, llm)  # later ticks of both beats came and went
+    for body in made:
+        assert len(firings(stack, body["id"])) == 1
+        assert len(jobs_of(stack, body["id"])) == 1
+    llm.assert_done(key)
+
+
+def test_schedules_made_while_beat_is_down_fire_once_after_it_restarts(
+        stack, client, llm, second_beat):
+    key = uid("rst").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    second_beat.stop()
+    stop_stack_beat(stack)  # no beat at all now
+    llm.script(key, [text(f"r{i}") for i in range(3)])
+    made = [schedule(client, conversation_id, f"script:{key} r{i}", delay_s=0.5)
+            for i in range(3)]
+    start_stack_beat(stack)
+    second_beat.start()  # both from fresh processes
+    for body in made:
+        client.wait(fired(client, body["id"])["firings"][0]["job_id"])
+    sentinel(client, llm)
+    assert [len(firings(stack, b["id"])) for b in made] == [1, 1, 1]
+    assert [len(jobs_of(stack, b["id"])) for b in made] == [1, 1, 1]
+    llm.assert_done(key)
+
+
+def test_a_cron_schedule_fires_on_its_ticks_and_never_after_cancel(stack, client, llm):
+    key = uid("cron").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    llm.script(key, [text(f"tick {i}") for i in range(30)])
+    body = schedule(client, conversation_id, f"script:{key} tick", cron="* * * * * */1",
+                    timezone="Europe/Berlin")
+    assert body["kind"] == "cron" and body["timezone"] == "Europe/Berlin"
+    fired(client, body["id"], at_least=3)
+    deleted = client.http.delete(client.url(f"/v1/schedules/{body['id']}"), timeout=70)
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["status"] == "cancelled"
+    count = deleted.json()["fire_count"]
+    ticks = [f.fire_at for f in firings(stack, body["id"])]
+    assert len(ticks) == count and len(set(ticks)) == count
+    assert all(t.microsecond == 0 for t in ticks)  # each firing is a tick of the cron
+    for job in jobs_of(stack, body["id"]):
+        assert client.wait(str(job.id))["status"] == "completed"
+        assert str(job.conversation_id) == conversation_id
+    sentinel(client, llm)  # a one-off made after the cancel fired; the cron one has not
+    assert len(firings(stack, body["id"])) == count
+    assert client.get(f"/v1/schedules/{body['id']}").status_code == 404
+    messages = client.get(f"/v1/conversations/{conversation_id}/messages",
+                          params={"limit": 1000}).json()["data"]
+    assert sum(1 for m in messages if m["role"] == "assistant"
+               and m["content"].startswith("tick ")) == count
+
+
+def test_a_cancelled_schedule_never_fires(stack, client, llm):
+    key = uid("cnl").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    doomed = schedule(client, conversation_id, f"script:{key} never", delay_s=2)
+    gone = client.http.delete(client.url(f"/v1/schedules/{doomed['id']}"), timeout=70)
+    assert gone.status_code == 200 and gone.json()["status"] == "cancelled"
+    assert client.http.delete(client.url(f"/v1/schedules/{doomed['id']}"),
+                              timeout=70).status_code == 404
+    listed = client.get("/v1/schedules", params={"conversation_id": conversation_id}).json()
+    assert doomed["id"] not in [s["id"] for s in listed["data"]]
+    time_due = datetime.fromisoformat(doomed["next_run_at"])
+    wait_until(lambda: datetime.now(timezone.utc) > time_due, what="past its run_at")
+    sentinel(client, llm)
+    assert firings(stack, doomed["id"]) == [] and jobs_of(stack, doomed["id"]) == []
+
+
+def test_missed_cron_ticks_fire_once_for_the_latest(stack, client, llm):
+    """Beat was away for years: a yearly schedule fires once, for this year's tick."""
+    key = uid("miss").replace("-", "_")
+    conversation_id = conversation_of(client, llm, key)
+    llm.script(key, [text("caught up")])
+    body = schedule(client, conversation_id, f"script:{key} yearly", cron="0 0 1 1 *")
+    with stack.sessions()() as session, session.begin():
+        session.execute(update(Schedule).where(Schedule.id == uuid.UUID(body["id"])).values(
+            next_run_at=datetime(2020, 1, 1, tzinfo=timezone.utc)))
+    shown = fired(client, body["id"])
+    (firing,) = shown["firings"]
+    this_year = datetime(datetime.now(timezone.utc).year, 1, 1, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(firing["fire_at"]) == this_year
+    assert firing["missed"] == this_year.year - 2020
+    assert datetime.fromisoformat(shown["next_run_at"]) == this_year.replace(
+        year=this_year.year + 1)
+    assert shown["status"] == "active"
+    assert client.wait(firing["job_id"])["status"] == "completed"
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"content": "x"}, "run_at"),
+    ({"content": "x", "delay_s": 1, "cron": "* * * * *"}, "cron"),
+    ({"content": "x", "cron": "not a cron"}, "cron"),
+    ({"content": "x", "cron": "61 * * * *"}, "cron"),
+    ({"content": "x", "cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
+    ({"content": "x", "delay_s": 5, "timezone": "UTC"}, "timezone"),
+    ({"content": "x", "delay_s": -1}, "delay_s"),
+    ({"content": "x", "run_at": "2030-01-01T00:00:00"}, "run_at"),
+    ({"content": "x", "run_at": "tomorrow"}, "run_at"),
+    ({"content": "", "delay_s": 1}, "content"),
+    ({"content": "x", "delay_s": 1, "extra": True}, "extra"),
+])
+def test_bad_schedules_are_422_naming_the_field(client, llm, body, field):
+    conversation_id = conversation_of(client, llm, uid("bad").replace("-", "_"))
+    response = client.post("/v1/schedules", json={"conversation_id": conversation_id, **body})
+    assert response.status_code == 422, response.text
+    assert field in response.json()["error"]["details"]["fields"]
+
+
+def test_schedules_of_other_conversations_and_tenants_are_absent(stack, client, llm):
+    conversation_id = conversation_of(client, llm, uid("own").replace("-", "_"))
+    missing = client.post("/v1/schedules", json={"conversation_id": str(uuid.uuid4()),
+                                                 "content": "x", "delay_s": 1})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    other = Client(stack, stack.create_key("sch-other", admin=True,
+                                           tenant=stack.create_tenant(uid("sch-t"))))
+    assert other.post("/v1/schedules", json={"conversation_id": conversation_id,
+                                             "content": "x", "delay_s": 9999}
+                      ).status_code == 404
+    mine = schedule(client, conversation_id, "x", delay_s=9999)
+    assert other.get(f"/v1/schedules/{mine['id']}").status_code == 404
+    assert other.http.delete(other.url(f"/v1/schedules/{mine['id']}"),
+                             timeout=70).status_code == 404
+    assert mine["id"] not in [s["id"] for s in other.get("/v1/schedules").json()["data"]]
+    assert client.get("/v1/schedules/not-a-uuid").status_code == 404
+    assert client.get("/v1/schedules", params={"status": "nope"}).status_code == 422
+    client.http.delete(client.url(f"/v1/schedules/{mine['id']}"), timeout=70)
+
+
+@pytest.fixture(scope="module")
+def scheduling_tenant(stack):
+    """A tenant whose default persona enables the scheduler module, with an admin key."""
+    name = uid("tool-t")
+    tenant_id = stack.create_tenant(name)
+    admin = Client(stack, stack.create_key("tool-adm", admin=True, tenant=tenant_id))
+    persona = admin.post("/v1/admin/personas", json={
+        "name": "Planner", "allowed_modules": ["scheduler", "time"]})
+    assert persona.status_code == 201, persona.text
+    return {"name": name, "client": admin}
+
+
+def test_the_model_schedules_a_continue_with_the_scheduler_tool(stack, llm,
+                                                                scheduling_tenant):
+    client, tenant = scheduling_tenant["client"], scheduling_tenant["name"]
+    ref = uid("u")
+    made = stack.agentq("users", "set", "api", ref, "--level", "user", "--tenant", tenant)
+    assert made.returncode == 0, made.stderr
+    key = uid("tool").replace("-", "_")
+
+    def offered(request):
+        names = {t["function"]["name"] for t in request.get("tools") or []}
+        assert {"scheduler-add_job", "scheduler-list_jobs", "scheduler-cancel_job"} <= names
+
+    marker = llm.script(key, [
+        tool_calls(call("scheduler.add_job", {"content": f"script:{key} remind them",
+                                              "delay_s": 1}), check=offered),
+        text("I will remind you."),
+        text("Here is your reminder."),  # the fired continue
+    ])
+    job = client.submit(f"{marker} remind me in a second", user=ref)
+    ended = client.wait(job["id"])
+    assert ended["status"] == "completed", ended
+    with stack.sessions()() as session:
+        (row,) = session.execute(select(Schedule).where(
+            Schedule.conversation_id == uuid.UUID(job["conversation_id"]))).scalars()
+        assert row.created_by == "tool" and row.tool_use_id
+    shown = fired(client, str(row.id))
+    follow = client.wait(shown["firings"][0]["job_id"])
+    assert follow["status"] == "completed"
+    assert follow["conversation_id"] == job["conversation_id"]
+    assert follow["response"]["content"] == "Here is your reminder."
+    messages = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()
+    assert [m["content"] for m in messages["data"] if m["role"] == "assistant"][-2:] == [
+        "I will remind you.", "Here is your reminder."]
+    llm.assert_done(key)
+
+
+def test_a_guest_may_not_use_the_scheduler_tool(stack, llm, scheduling_tenant):
+    client = scheduling_tenant["client"]
+    key = uid("guest").replace("-", "_")
+    seen = {}
+
+    def result_of(request):
+        seen["tool"] = [m for m in request["messages"] if m.get("role") == "tool"]
+
+    marker = llm.script(key, [
+        tool_calls(call("scheduler.add_job", {"content": "x", "delay_s": 1})),
+        text("I cannot.", check=result_of),
+    ])
+    job = client.submit(f"{marker} remind me", user=uid("guest"))
+    assert client.wait(job["id"])["status"] == "completed"
+    error = json.loads(seen["tool"][0]["content"])["error"]
+    # a guest is not offered the module's tools: the call is refused as unavailable
+    assert error["code"] in ("tool_not_found", "tool_not_permitted"), error
+    assert "Available: time.now." in error["message"], error
+    with stack.sessions()() as session:
+        assert session.execute(select(func.count()).select_from(Schedule).where(
+            Schedule.conversation_id == uuid.UUID(job["conversation_id"]))).scalar_one() == 0
+    llm.assert_done(key)

@@ -1,0 +1,107 @@
+"""Events as seed 001 names them: message_start/message_end for user, steering and assistant
+messages, turn_start.triggered_by, a turn_end for every turn (a failed model call too), and
+follow-ups made from late steering that are visible before job_end."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import uid
+from tests.integration.test_clients import wait_until
+from tests.support.scripted_llm import call, error, text, tool_calls
+
+pytestmark = pytest.mark.integration
+
+
+def _compact(events: list[dict]) -> list[tuple]:
+    """(type, role or triggered_by) pairs, for comparing orders."""
+    out = []
+    for e in events:
+        d = e["data"]
+        detail = d.get("triggered_by") or d.get("role") or ""
+        out.append((e["type"], detail))
+    return out
+
+
+def test_a_tool_job_emits_the_seeds_events_in_order(client, script):
+    marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"})), text("42")])
+    job = client.wait(client.submit(f"{marker} what is 6*7?")["id"])
+    assert job["status"] == "completed" and job["follow_up_job_id"] is None
+    events = client.events(job["id"])
+    assert _compact(events) == [
+        ("job_start", ""),
+        ("message_start", "user"), ("message_end", "user"),
+        ("turn_start", "user"),
+        ("message_start", "assistant"), ("message_end", "assistant"),
+        ("tool_execution_start", ""), ("tool_execution_end", ""),
+        ("turn_end", ""),
+        ("turn_start", "continuation"),
+        ("message_start", "assistant"), ("message_end", "assistant"),
+        ("turn_end", ""),
+        ("job_end", ""),
+    ]
+    question = events[1]["data"]
+    assert question["kind"] == "question" and marker in question["content"]
+    turn_starts = [e["data"]["turn"] for e in events if e["type"] == "turn_start"]
+    turn_ends = [e["data"]["turn"] for e in events if e["type"] == "turn_end"]
+    assert turn_starts == turn_ends == [1, 2]
+
+
+def test_a_failed_model_call_still_ends_its_turn(client, script):
+    # a 400 is not transient (a 5xx would park the job to wait for its provider):
+    # the call fails at once, on each of the two models
+    marker = script([error(400, "bad request"), error(400, "bad request")])
+    job = client.wait(client.submit(f"{marker} go")["id"])
+    assert (job["status"], job["finish_reason"]) == ("failed", "error")
+    events = client.events(job["id"])
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["turn_end", "job_end"]
+    assert events[-2]["data"]["turn"] == 1 and events[-2]["data"]["error"]["code"]
+    assert kinds.count("turn_start") == kinds.count("turn_end") == 1
+
+
+def test_steering_is_a_user_message_and_triggers_its_turn(client, script):
+    user, channel = uid("u"), uid("c")
+    marker = script([tool_calls(call("flaky.sleep", {"seconds": 0.8})), text("Metric.")])
+    job = client.submit(f"{marker} convert", user=user, channel=channel)
+    wait_until(lambda: "tool_execution_start" in [e["type"] for e in client.events(job["id"])],
+               timeout_s=30)
+    steered = client.submit("use metric units", user=user, channel=channel, on_busy="steer")
+    assert steered["id"] == job["id"]
+    assert steered["steering"]["status"] in ("queued", "injected")
+    done = client.wait(job["id"])
+    assert done["status"] == "completed"
+    events = client.events(job["id"])
+    steering = [e["data"] for e in events if e["type"] == "message_end"
+                and e["data"].get("kind") == "steering"]
+    assert steering == [{"role": "user", "kind": "steering", "content": "use metric units"}]
+    second = [e["data"] for e in events if e["type"] == "turn_start"][1]
+    assert second["triggered_by"] == "steering"
+
+
+def test_late_steering_becomes_a_visible_follow_up_before_job_end(client, script):
+    user, channel = uid("u"), uid("c")
+    # the job's only model call answers slowly; steering sent meanwhile comes too late
+    marker = script([text("First answer.", delay_s=1.5), text("Follow-up answer.")])
+    job = client.submit(f"{marker} first", user=user, channel=channel)
+    wait_until(lambda: "message_start" in [
+        e["type"] for e in client.events(job["id"]) if e["data"].get("role") == "assistant"],
+        timeout_s=30)
+    response = client.post("/v1/messages", params={"wait": 30}, json={
+        "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
+        "content": f"{marker} and also this", "on_busy": "steer"})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["id"] == job["id"] and answer["status"] == "completed"
+    steering = answer["steering"]
+    assert steering["status"] == "deferred"
+    follow_up_id = steering["follow_up_job_id"]
+    assert follow_up_id and follow_up_id in steering["message"]
+    assert answer["follow_up_job_id"] == follow_up_id
+    # the event naming it comes before job_end, where streams close
+    kinds = [e["type"] for e in client.events(job["id"])]
+    assert kinds.index("steering_deferred") < kinds.index("job_end")
+    assert client.get(f"/v1/jobs/{job['id']}").json()["follow_up_job_id"] == follow_up_id
+    follow_up = client.wait(follow_up_id)
+    assert follow_up["response"]["content"] == "Follow-up answer."
+    first_turn = [e["data"] for e in client.events(follow_up_id) if e["type"] == "turn_start"]
+    assert first_turn[0]["triggered_by"] == "follow_up"

@@ -1,0 +1,161 @@
+"""Private Redis and Postgres servers on free loopback ports, in a scratch directory, so a
+fault test can restart, flush or stop them without touching any shared server.
+
+    redis = PrivateRedis(tmp).start();  redis.restart();  redis.flushall();  redis.stop()
+    pg = PrivatePostgres(tmp).start();  pg.create_database("x");  pg.restart();  pg.stop()
+
+Postgres refuses to run as root: when the tests run as root, its binaries run as the
+`postgres` user (runuser) on a data directory that user owns.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.stack import StackError, answers, free_port
+
+PG_BIN = Path(os.environ.get("AGENTQ_PG_BIN", "/usr/lib/postgresql/15/bin"))
+START_TIMEOUT_S = 60
+
+
+def _wait_port(port: int, up: bool, timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if answers("127.0.0.1", port) == up:
+            return
+        time.sleep(0.1)
+    raise StackError(f"port {port} did not go {'up' if up else 'down'} in {timeout_s} s")
+
+
+class PrivateRedis:
+    def __init__(self, scratch: Path, port: int | None = None):
+        self.dir = Path(scratch) / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "PrivateRedis":
+        from tests.support.stack import die_with_parent
+        with (self.dir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [shutil.which("redis-server") or "redis-server", "--port", str(self.port),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.dir), "--maxclients", "10000"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent)
+        _wait_port(self.port, True)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: the server is gone at once, its data with it (no persistence)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        _wait_port(self.port, False)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """A restart on the same port: every client connection is cut, every key lost."""
+        self.kill()
+        time.sleep(down_s)
+        self.start()
+
+    def flushall(self) -> None:
+        import redis
+        client = redis.Redis(port=self.port)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+
+
+class PrivatePostgres:
+    def __init__(self, scratch: Path, port: int | None = None):
+        self.dir = Path(scratch) / "pg"
+        self.data = self.dir / "data"
+        self.port = port or free_port()
+        self.as_root = os.geteuid() == 0
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        cmd = [str(a) for a in args]
+        if self.as_root:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise StackError(f"{args[0]} failed: {result.stdout}{result.stderr}")
+        return result
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url(self, name: str) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{name}"
+
+    def start(self) -> "PrivatePostgres":
+        if not self.data.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if self.as_root:
+                shutil.chown(self.dir, "postgres", "postgres")
+                os.chmod(self.dir, 0o700)
+                # runuser needs to reach the directory through its parents
+                for parent in self.dir.parents:
+                    if parent == Path("/"):
+                        break
+                    mode = os.stat(parent).st_mode
+                    if not mode & 0o001:
+                        os.chmod(parent, mode | 0o001)
+            self._run(PG_BIN / "initdb", "-D", self.data, "-U", "postgres",
+                      "--auth=trust", "--no-sync", "-E", "UTF8")
+        self._run(PG_BIN / "pg_ctl", "-D", self.data, "-l", self.dir / "pg.log", "-w",
+                  "-t", str(START_TIMEOUT_S), "-o",
+                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                  "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                  "-c max_connections=400", "start")
+        _wait_port(self.port, True)
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.data.exists():
+            self._run(PG_BIN / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop",
+                      check=False)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop (fast: every session cut) and start again on the same port."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def create_database(self, name: str) -> str:
+        """A fresh database migrated by Alembic; its SQLAlchemy URL."""
+        import psycopg2
+        admin = psycopg2.connect(self.admin_url)
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            admin.close()
+        from agentq import migrate
+        from agentq.config import Settings
+        migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": self.url(name)}))
+        return self.url(name)
+
+    def destroy(self) -> None:
+        self.stop(mode="immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)

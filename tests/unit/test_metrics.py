@@ -1,0 +1,73 @@
+"""agentq.metrics without servers: events become counts, a bad event never escapes the event
+hook, and the docs and the Grafana dashboard name only metrics that exist."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
+                               multiprocess)
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentq import metrics
+from agentq.loop import store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def value(name: str, **labels: str) -> float:
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v
+                                           for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_events_are_counted_by_their_labels():
+    before = (value("agentq_jobs_ended_total", status="completed", finish_reason="end_turn"),
+              value("agentq_tool_executions_total", tool="math.evaluate", outcome="error"),
+              value("agentq_tokens_total", model="unit-model", direction="output"),
+              value("agentq_sweeper_redrives_total"))
+    metrics.observe_events("j1", [
+        {"type": "job_end", "data": {"status": "completed", "finish_reason": "end_turn"}},
+        {"type": "tool_execution_end", "data": {"name": "math.evaluate", "ok": False}},
+        {"type": "message_end", "data": {"role": "assistant", "model": "unit-model",
+                                         "input_tokens": 11, "output_tokens": 7}},
+        {"type": "job_redriven", "data": {}},
+        {"type": "turn_start", "data": {}},
+    ])
+    after = (value("agentq_jobs_ended_total", status="completed", finish_reason="end_turn"),
+             value("agentq_tool_executions_total", tool="math.evaluate", outcome="error"),
+             value("agentq_tokens_total", model="unit-model", direction="output"),
+             value("agentq_sweeper_redrives_total"))
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 7, 1]
+
+
+def test_a_model_call_is_in_flight_only_while_it_runs():
+    with metrics.model_call("unit-flight"):
+        assert value("agentq_model_calls_in_flight", model="unit-flight") == 1
+    assert value("agentq_model_calls_in_flight", model="unit-flight") == 0
+    assert value("agentq_model_call_seconds_count", model="unit-flight", outcome="ok") == 1
+
+
+def test_a_malformed_event_is_logged_by_the_hook_runner_and_never_raised(caplog):
+    metrics.install()
+    store._notify("j2", [{"data": {}}])  # no "type"
+    assert "event hook failed" in caplog.text
+
+
+def test_docs_and_dashboard_name_exactly_the_metrics_that_exist():
+    exposed = {"agentq_jobs", "agentq_queue_depth", "agentq_jobs_unclaimed"} | {
+        m._name + ("_total" if isinstance(m, Counter) else "")
+        for m in vars(metrics).values() if isinstance(m, (Counter, Gauge, Histogram))}
+    documented = set(re.findall(r"`(agentq_[a-z_]+)`", (ROOT / "docs/metrics.md").read_text()))
+    assert documented == exposed
+    dashboard = json.loads((ROOT / "docs/grafana-dashboard.json").read_text())
+    used = {re.sub(r"_(bucket|count|sum)$", "", name) for panel in dashboard["panels"]
+            for target in panel["targets"]
+            for name in re.findall(r"agentq_[a-z_]+", target["expr"])}
+    assert used <= exposed and len(used) >= 10

@@ -1,0 +1,162 @@
+"""The sweeper tells poison from backlog (issue 11), on real Postgres (SKIP LOCKED and the
+claim's compare-and-set behave as in production).
+
+Poison: a step a worker CLAIMED and never finished (its lease ran out) counts; after
+AGENTQ_MAX_REDRIVES such crashes the job fails. Backlog: a re-drive nobody claimed never
+counts; it is sent again after a delay that doubles up to AGENTQ_REDRIVE_BACKOFF_MAX_S.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from agentq.db import utcnow
+from agentq.loop.effects import JobEnded, NextStep
+from agentq.loop.sweeper import backlog, redrive_delay_s, sweep
+from agentq.models import Job
+from tests.support.stack import create_database, drop_database
+from agentq.tools.registry import discover
+from tests.unit.test_step import Harness, ScriptedRouter, _settings, calls, text
+
+
+@pytest.fixture(scope="module")
+def pg_url(servers_up):
+    name = f"agentq_sweeper_{os.getpid()}"
+    yield create_database(name)
+    drop_database(name)
+
+
+@pytest.fixture
+def make(tmp_path, pg_url):
+    modules = discover()
+
+    def factory(*replies, **env) -> Harness:
+        h = Harness(_settings(tmp_path, AGENTQ_DATABASE_URL=pg_url,
+                              AGENTQ_STEP_DEADLINE_S="10", **env),
+                    modules, ScriptedRouter(*replies))
+        with h.sessions() as session, session.begin():  # each test sees only its jobs
+            session.execute(update(Job).where(Job.status.in_(("queued", "running")))
+                            .values(status="cancelled"))
+        return h
+    return factory
+
+
+def _time_passes(h: Harness, job_id: str, *, past_backoff: bool = True) -> None:
+    """The deadline (and, unless told otherwise, the re-drive delay) has run out."""
+    past = utcnow() - timedelta(hours=1)
+    values = {"last_progress_at": past}
+    if past_backoff:
+        values["redrive_after"] = past
+    with h.sessions() as session, session.begin():
+        session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(**values))
+
+
+def _a_worker_claims_and_dies(h: Harness, job_id: str) -> None:
+    """A worker takes the step (the real claim) and is killed before it progresses."""
+    job = h.job(job_id)
+    with h.sessions() as session, session.begin():
+        assert h.stepper._claim(session, job.id, job.iteration, uuid.uuid4().hex) is not None
+        session.execute(update(Job).where(Job.id == job.id).values(
+            step_lease_until=utcnow() - timedelta(seconds=1)))
+
+
+def _backlog(h: Harness) -> int:
+    with h.sessions() as session:
+        return backlog(session)
+
+
+def test_a_job_nobody_consumes_is_redriven_with_backoff_and_never_failed(make):
+    # given a job whose messages no worker ever takes, and a budget of one crash
+    h = make(text("done"), AGENTQ_MAX_REDRIVES="1", AGENTQ_REDRIVE_BACKOFF_MAX_S="80")
+    job_id = h.submit()
+    delays = []
+    for _ in range(8):  # many deadlines: an orchestrator down for a long while
+        # when the deadline passes but not the backoff: nothing is sent
+        _time_passes(h, job_id, past_backoff=False)
+        if h.job(job_id).redrive_after is not None:
+            assert sweep(h.settings, h.sessions) == []
+        # when the backoff passes too: it is re-driven, never failed
+        _time_passes(h, job_id)
+        before = utcnow()
+        assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+        job = h.job(job_id)
+        assert job.status == "queued" and job.claimed_attempts == 0
+        delays.append(round((job.redrive_after - before).total_seconds()))
+    # then the waits double from the deadline up to the cap
+    assert [abs(d - e) <= 1 for d, e in zip(delays, [10, 20, 40, 80, 80, 80, 80, 80])] \
+        == [True] * 8, delays
+    # and the backlog shows it
+    assert _backlog(h) == 1
+    # when a worker finally takes it, it completes and leaves the backlog
+    assert h.stepper.run(job_id, 0, "sweeper") == [JobEnded(job_id, "completed")]
+    assert _backlog(h) == 0
+    assert h.job(job_id).status == "completed"
+
+
+def test_a_step_that_keeps_crashing_fails_after_max_claimed_attempts(make):
+    # given a job whose step kills its worker each time it is taken
+    h = make(AGENTQ_MAX_REDRIVES="2")
+    job_id = h.submit()
+    rounds = []
+    for _ in range(3):
+        _a_worker_claims_and_dies(h, job_id)
+        _time_passes(h, job_id, past_backoff=False)  # a crash is re-driven without backoff
+        rounds.append(sweep(h.settings, h.sessions))
+    # then two re-drives, and the third crash fails it
+    assert rounds == [[NextStep(job_id, 0, "sweeper")], [NextStep(job_id, 0, "sweeper")],
+                      [JobEnded(job_id, "failed")]]
+    job = h.job(job_id)
+    assert (job.status, job.finish_reason) == ("failed", "error")
+    assert job.response["error"]["code"] == "stalled"
+    assert job.response["error"]["claimed_attempts"] == 3
+    # and a later sweep leaves the ended job alone
+    _time_passes(h, job_id)
+    assert sweep(h.settings, h.sessions) == []
+
+
+def test_unclaimed_redrives_do_not_spend_the_crash_budget(make):
+    # given a budget of one crash, and a job left unconsumed for many re-drives
+    h = make(text("done"), AGENTQ_MAX_REDRIVES="1")
+    job_id = h.submit()
+    for _ in range(5):
+        _time_passes(h, job_id)
+        assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+    # when a worker then takes it and dies once
+    _a_worker_claims_and_dies(h, job_id)
+    _time_passes(h, job_id, past_backoff=False)
+    # then it is re-driven (one crash is within budget), not failed
+    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+    assert (h.job(job_id).claimed_attempts, h.job(job_id).status) == (1, "queued")
+    # and the next worker completes it; progress resets the counts
+    assert h.stepper.run(job_id, 0, "sweeper") == [JobEnded(job_id, "completed")]
+
+
+def test_progress_resets_the_crash_count(make):
+    # given a one-tool job whose first step crashed once (budget: one crash)
+    h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"),
+             AGENTQ_MAX_REDRIVES="1")
+    job_id = h.submit()
+    _a_worker_claims_and_dies(h, job_id)
+    _time_passes(h, job_id, past_backoff=False)
+    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+    # when the re-driven step advances the job (the model asks for a tool)
+    effects = h.stepper.run(job_id, 0, "sweeper")
+    assert effects and h.job(job_id).iteration == 1
+    job = h.job(job_id)
+    # then its crash count and re-drive state start over
+    assert (job.claimed_attempts, job.redrives, job.redrive_after) == (0, 0, None)
+    # and a crash of the next step is again within budget
+    _a_worker_claims_and_dies(h, job_id)
+    _time_passes(h, job_id, past_backoff=False)
+    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 1, "sweeper")]
+
+
+def test_the_delay_doubles_from_the_deadline_to_the_cap(tmp_path):
+    settings = _settings(tmp_path, AGENTQ_STEP_DEADLINE_S="20",
+                         AGENTQ_REDRIVE_BACKOFF_MAX_S="300")
+    assert [redrive_delay_s(settings, n) for n in range(6)] == [20, 40, 80, 160, 300, 300]
+    assert redrive_delay_s(settings, 10_000) == 300
