@@ -22,7 +22,7 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR",
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import ScriptedLLM
-from tests.support.stack import (Stack, StackError, answers, create_database,
+from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,
                                  drop_database, flush_redis)
 
 
@@ -73,6 +73,27 @@ def admin_key(stack) -> str:
 @pytest.fixture()
 def client(stack, admin_key) -> Client:
     return Client(stack, admin_key)
+
+
+@pytest.fixture(autouse=True)
+def closed_circuit(request):
+    """Each test that talks to the scripted provider starts, and leaves it, with the
+    provider's circuit closed and its gate empty. Every stack of a session shares that one
+    provider (one gate in Redis), so without this an earlier test's failures (a storm, a
+    script used up) could make this test's first call park."""
+    if "llm" not in request.fixturenames:
+        yield
+        return
+    import redis
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def close() -> None:
+        for key in client.scan_iter("agentq:provider:*"):
+            client.delete(key)
+    close()
+    yield
+    close()
+    client.close()
 
 
 @pytest.fixture()

@@ -21,6 +21,9 @@ model calls already made. `run_step(job_id, k)` does, in order:
                 same step (k) sent again as a delayed message: no worker waits. Attempts
                 back off (Retry-After honoured) for AGENTQ_PROVIDER_WAIT_S, then the job
                 fails `provider_unavailable`. Any other provider error fails it at once.
+                While the model thinks, this process renews the step's lease
+                (`agentq.loop.leases`): a call longer than a step deadline is not taken
+                for a dead worker's and made a second time.
   7. persist    compare-and-set again (iteration k → k+1, our lease), usage to token_logs
                 and the user's monthly count, the reply as messages, then decide:
                   Finish(content)  → the job completes (end_turn)
@@ -59,6 +62,7 @@ from agentq.loop.decision import (EXECUTION_LIMITS, Finish, Limits, RunTools, St
                                   remaining_output_budget, wait_for_provider)
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.finish import finish_job
+from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import EventBuffer, append_messages, recent_messages
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
@@ -104,12 +108,14 @@ class _Turn:
 
 class Stepper:
     def __init__(self, settings: Settings, router, registry: ToolRegistry,
-                 sessions: sessionmaker, hooks: Hooks | None = None):
+                 sessions: sessionmaker, hooks: Hooks | None = None,
+                 leases: LeaseKeeper | None = None):
         self.settings = settings
         self.router = router
         self.registry = registry
         self.sessions = sessions
         self.hooks = hooks if hooks is not None else Hooks.load(settings.hooks_enabled)
+        self.leases = leases or LeaseKeeper(sessions, settings.step_deadline_s)
         self._question_vectors: dict[tuple[str, str], list[float]] = {}
 
     # -- the step ---------------------------------------------------------------------
@@ -128,20 +134,22 @@ class Stepper:
         if not isinstance(outcome, _Turn):
             return outcome
 
-        if outcome.recall_user is not None:
-            self._recall(job_id, outcome)
-        if outcome.compaction is not None and outcome.compaction.summarize:
-            if not self._summarize(job_id, iteration, owner, outcome):
-                return []
-        on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
-        try:
-            reply = outcome.recorded or self.router.chat(
-                outcome.messages, outcome.tools, model=outcome.model,
-                max_tokens=outcome.max_tokens, **({"on_delta": on_delta} if on_delta else {}))
-        except ProviderError as exc:
-            if exc.transient:
-                return self._wait_provider(job_id, iteration, owner, exc)
-            return self._fail_provider(job_id, iteration, owner, exc)
+        with self.leases.hold(job_id, owner):  # the model may outlast one step deadline
+            if outcome.recall_user is not None:
+                self._recall(job_id, outcome)
+            if outcome.compaction is not None and outcome.compaction.summarize:
+                if not self._summarize(job_id, iteration, owner, outcome):
+                    return []
+            on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
+            try:
+                reply = outcome.recorded or self.router.chat(
+                    outcome.messages, outcome.tools, model=outcome.model,
+                    max_tokens=outcome.max_tokens,
+                    **({"on_delta": on_delta} if on_delta else {}))
+            except ProviderError as exc:
+                if exc.transient:
+                    return self._wait_provider(job_id, iteration, owner, exc)
+                return self._fail_provider(job_id, iteration, owner, exc)
 
         with self.sessions() as session, session.begin():
             effects = self._persist(session, uuid.UUID(job_id), iteration, owner, reply,

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall
-from tests.integration.conftest import REDIS_URL, TEST_ENV, Client, uid
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import call, error, hang, text, tool_calls
 from tests.support.stack import own_stack
 
@@ -25,22 +25,6 @@ pytestmark = pytest.mark.integration
 WAIT_TIMEOUT_S = 120
 STORM = [error(429, "slow down", headers={"retry-after": "1"}), error(429, "slow down"),
          error(500, "overloaded"), hang(8)]  # the client gives up after 5 s
-
-
-@pytest.fixture(autouse=True)
-def closed_circuit(stack):
-    """Each test starts with a provider whose circuit is closed, and leaves it so: an open
-    circuit would make the next test's first call park (other tests share the provider)."""
-    import redis
-    client = redis.Redis.from_url(REDIS_URL)
-
-    def close() -> None:
-        for key in client.scan_iter("agentq:provider:*"):
-            client.delete(key)
-    close()
-    yield
-    close()
-    client.close()
 
 
 def later_turns(request: dict) -> bool:

@@ -8,6 +8,7 @@ counts; it is sent again after a delay that doubles up to AGENTQ_REDRIVE_BACKOFF
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from datetime import timedelta
 
@@ -160,3 +161,75 @@ def test_the_delay_doubles_from_the_deadline_to_the_cap(tmp_path):
                          AGENTQ_REDRIVE_BACKOFF_MAX_S="300")
     assert [redrive_delay_s(settings, n) for n in range(6)] == [20, 40, 80, 160, 300, 300]
     assert redrive_delay_s(settings, 10_000) == 300
+
+
+# --- a step whose model call outlasts the deadline keeps its lease (issue 11, CI) --------
+
+def _the_deadline_runs_out(h: Harness, job_id: str) -> None:
+    """A whole step deadline passes: the claim's lease is behind us."""
+    past = utcnow() - timedelta(seconds=1)
+    with h.sessions() as session, session.begin():
+        session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
+            last_progress_at=past - timedelta(hours=1), step_lease_until=past))
+
+
+def test_a_model_call_longer_than_the_deadline_is_not_made_twice(make):
+    # given a job whose model call outlasts the step deadline, this process renewing its
+    # step's lease meanwhile (the keeper's thread, driven here by hand)
+    swept = []
+
+    def slow_model():
+        _the_deadline_runs_out(h, job_id)
+        assert h.stepper.leases.renew() == 1
+        swept.extend(sweep(h.settings, h.sessions))
+        return text("done")
+
+    h = make(slow_model)
+    job_id = h.submit()
+    # when the step runs, the sweeper passing while the model thinks
+    effects = h.stepper.run(job_id, 0, "start")
+    # then the sweeper took the step for alive: nothing re-driven, one model call, the
+    # reply kept
+    assert swept == []
+    assert effects == [JobEnded(job_id, "completed")]
+    assert len(h.router.requests) == 1
+    assert h.job(job_id).response["content"] == "done"
+    # and nothing is held once the step has ended
+    assert h.stepper.leases.renew() == 0
+
+
+def test_without_renewal_the_sweeper_takes_the_step_for_dead(make):
+    # given the same slow model call, but a worker that renews nothing (it died)
+    swept = []
+
+    def slow_model():
+        _the_deadline_runs_out(h, job_id)
+        swept.extend(sweep(h.settings, h.sessions))
+        return text("done")
+
+    h = make(slow_model)
+    job_id = h.submit()
+    effects = h.stepper.run(job_id, 0, "start")
+    # then the job is re-driven, and the late reply is discarded (its lease is gone)
+    assert swept == [NextStep(job_id, 0, "sweeper")]
+    assert effects == []
+    assert h.job(job_id).iteration == 0
+
+
+def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
+    # given a keeper with a short deadline, holding a claimed step whose lease has run out
+    from agentq.loop.leases import LeaseKeeper
+    h = make(text("done"))
+    job_id = h.submit()
+    owner = uuid.uuid4().hex
+    with h.sessions() as session, session.begin():
+        assert h.stepper._claim(session, uuid.UUID(job_id), 0, owner) is not None
+    _the_deadline_runs_out(h, job_id)
+    keeper = LeaseKeeper(h.sessions, deadline_s=1.0)
+    # when it holds the step, its thread pushes the lease ahead (no time limit: it waits
+    # for the renewal to happen)
+    with keeper.hold(job_id, owner):
+        while h.job(job_id).step_lease_until <= utcnow():
+            time.sleep(0.05)
+        # then the sweeper leaves the job alone
+        assert sweep(h.settings, h.sessions) == []
