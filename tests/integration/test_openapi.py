@@ -24,7 +24,9 @@ from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration
 
-SCHEMATHESIS_MAX_EXAMPLES = int(os.environ.get("AGENTQ_ST_MAX_EXAMPLES", "60"))
+# 30 examples per operation in CI (half the cases of 60, found the same); AGENTQ_ST_MAX_EXAMPLES=200
+# for a deeper run
+SCHEMATHESIS_MAX_EXAMPLES = int(os.environ.get("AGENTQ_ST_MAX_EXAMPLES", "30"))
 SCHEMATHESIS_SEED = os.environ.get("AGENTQ_ST_SEED", "1")
 SCHEMATHESIS_TIMEOUT_S = 240
 # Checks that judge the API's answers. Left out: `negative_data_rejection` and
