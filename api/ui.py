@@ -25,7 +25,7 @@ from agentq.db import session_scope
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
-from agentq.models import (Batch, Job, JobEvent, ToolCall, UserPlatformLink,
+from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, ToolCall, UserPlatformLink,
                            WebhookDelivery)
 from agentq.views import delivery_object, job_object
 from api.auth import can_see
@@ -41,8 +41,6 @@ QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
     "/ui/jobs/<job_id>": {"message"},
     "/ui/jobs/<job_id>/events": {"after"},
 }
-FINISH_REASONS = ("end_turn", "max_iterations", "budget_exceeded", "cancelled", "error",
-                  "max_tokens", "max_time", "hook")
 
 
 @bp.before_request
