@@ -128,13 +128,15 @@ class Stepper:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
                 return []
+            lease_until = job.step_lease_until
             outcome = self._prepare(session, job, cause, events)
             events.flush(session)
         events.announce()
         if not isinstance(outcome, _Turn):
             return outcome
 
-        with self.leases.hold(job_id, owner):  # the model may outlast one step deadline
+        # the model may outlast one step deadline: the lease is renewed meanwhile
+        with self.leases.hold(job_id, owner, lease_until):
             if outcome.recall_user is not None:
                 self._recall(job_id, outcome)
             if outcome.compaction is not None and outcome.compaction.summarize:

@@ -225,11 +225,21 @@ def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
     with h.sessions() as session, session.begin():
         assert h.stepper._claim(session, uuid.UUID(job_id), 0, owner) is not None
     _the_deadline_runs_out(h, job_id)
+    # and another step whose lease has an hour left
+    other, other_owner = h.submit(user="u-2"), uuid.uuid4().hex
+    with h.sessions() as session, session.begin():
+        assert h.stepper._claim(session, uuid.UUID(other), 0, other_owner) is not None
+        session.execute(update(Job).where(Job.id == uuid.UUID(other)).values(
+            step_lease_until=utcnow() + timedelta(hours=1)))
+    far = h.job(other).step_lease_until
     keeper = LeaseKeeper(h.sessions, deadline_s=1.0)
-    # when it holds the step, its thread pushes the lease ahead (no time limit: it waits
-    # for the renewal to happen)
-    with keeper.hold(job_id, owner):
+    # when it holds both steps, its thread pushes the due lease ahead (no time limit: it
+    # waits for the renewal to happen)
+    with keeper.hold(other, other_owner, far), \
+            keeper.hold(job_id, owner, h.job(job_id).step_lease_until):
         while h.job(job_id).step_lease_until <= utcnow():
             time.sleep(0.05)
         # then the sweeper leaves the job alone
         assert sweep(h.settings, h.sessions) == []
+        # and the lease not yet due was not written
+        assert h.job(other).step_lease_until == far
