@@ -196,6 +196,9 @@ class Settings:
     webhook_retry_schedule_s: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14400,
                                                    28800, 43200)
     """AGENTQ_WEBHOOK_RETRY_SCHEDULE_S: delays before each retry (default: about a day)."""
+    webhook_overdue_s: float = 60.0
+    """AGENTQ_WEBHOOK_OVERDUE_S: a pending delivery this late was not picked up (a lost
+    message, a retry too far off for a countdown): the sweeper enqueues it again."""
 
     # --- attachments ----------------------------------------------------------------------
     attachment_max_bytes: int = 10 * 1024 * 1024
@@ -345,6 +348,7 @@ class Settings:
                                   0.1),
             webhook_retry_schedule_s=_delays(env.get("AGENTQ_WEBHOOK_RETRY_SCHEDULE_S"),
                                              cls.webhook_retry_schedule_s),
+            webhook_overdue_s=num("AGENTQ_WEBHOOK_OVERDUE_S", cls.webhook_overdue_s, float, 1),
             attachment_max_bytes=num("AGENTQ_ATTACHMENT_MAX_BYTES", cls.attachment_max_bytes,
                                      int, 1),
             attachment_timeout_s=num("AGENTQ_ATTACHMENT_TIMEOUT_S", cls.attachment_timeout_s,

@@ -17,15 +17,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
 import requests
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from benchmarks.harness import BenchStack, ModelServer
 from tests.support.services import PrivatePostgres, PrivateRedis
@@ -42,6 +45,14 @@ FAULT_ENV = {
     "AGENTQ_REDRIVE_BACKOFF_MAX_S": "30",
     "AGENTQ_ORCHESTRATOR_CONCURRENCY": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_CONCURRENCY", "200"),
     "AGENTQ_LOG_LEVEL": "INFO",
+    # every job has a callback: its end event must reach the receiver once, with one id,
+    # whatever the fault; retries keep going for 20 minutes (the receiver's longest outage
+    # is 10), and a delivery whose message was lost is sent again after 10 s
+    "AGENTQ_WEBHOOK_SECRET": "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+    "AGENTQ_WEBHOOK_ALLOW_PRIVATE": "1",
+    "AGENTQ_WEBHOOK_TIMEOUT_S": "5",
+    "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "1,2,4,8,15" + ",30" * 40,
+    "AGENTQ_WEBHOOK_OVERDUE_S": "10",
 }
 SUBMIT_GIVE_UP_S = 300.0
 
@@ -54,6 +65,7 @@ class Outcome:
     api: dict[str, int] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
     not_submitted: int = 0
+    webhooks: dict[str, int] = field(default_factory=dict)
     drain_s: float | None = None
     fault_s: float | None = None
     total_s: float | None = None
@@ -70,19 +82,97 @@ class Outcome:
 
     def ok(self) -> bool:
         return (self.completed == self.jobs and self.not_submitted == 0
-                and self.api_500 == 0 and not any(self.duplicates.values()))
+                and self.api_500 == 0 and not any(self.duplicates.values())
+                and not self.webhook_problems())
+
+    def webhook_problems(self) -> dict[str, int]:
+        """What went wrong with the callbacks: jobs whose end event never arrived, jobs
+        whose event arrived under more than one id, requests that failed verification."""
+        return {k: n for k, n in self.webhooks.items()
+                if k in ("jobs_not_delivered", "jobs_with_two_ids", "bad_signatures") and n}
 
     def as_dict(self) -> dict[str, Any]:
         return {"scenario": self.name, "jobs": self.jobs, "completed": self.completed,
                 "failed": self.statuses.get("failed", 0), "statuses": self.statuses,
                 "api": self.api, "api_5xx_not_503": self.api_500,
                 "not_submitted": self.not_submitted, "duplicates": self.duplicates,
+                "webhooks": self.webhooks,
                 "fault_s": self.fault_s, "drain_s": self.drain_s, "total_s": self.total_s,
                 "notes": self.notes, "ok": self.ok()}
 
 
+class Receiver:
+    """Every job's webhook endpoint: verifies each request's signature (the standardwebhooks
+    library), records its `webhook-id` per job, answers 204. `down()` closes its port (the
+    sender's connections are refused) and `up()` opens it again, on the same port."""
+
+    def __init__(self, secret: str):
+        self._webhook = Webhook(secret)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        self._lock = threading.Lock()
+        self.ids: dict[str, set[str]] = {}
+        """job id → the webhook-ids its events arrived under"""
+        self.requests: dict[str, int] = {}
+        """job id → the requests that carried its events (a retry after a lost answer
+        arrives twice under one id: at-least-once delivery)"""
+        self.bad_signatures = 0
+        self._server: ThreadingHTTPServer | None = None
+
+    def up(self) -> None:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    event = receiver._webhook.verify(body, dict(self.headers.items()))
+                except WebhookVerificationError:
+                    with receiver._lock:
+                        receiver.bad_signatures += 1
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                job_id = event["data"]["id"]
+                with receiver._lock:
+                    receiver.requests[job_id] = receiver.requests.get(job_id, 0) + 1
+                    receiver.ids.setdefault(job_id, set()).add(self.headers["webhook-id"])
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True,
+                         name="webhook-receiver").start()
+        self._server = server
+
+    def down(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def not_delivered(self, job_ids: list[str]) -> list[str]:
+        with self._lock:
+            return [j for j in job_ids if not self.ids.get(j)]
+
+    def report(self, job_ids: list[str]) -> dict[str, int]:
+        with self._lock:
+            return {"requests": sum(self.requests.get(j, 0) for j in job_ids),
+                    "bad_signatures": self.bad_signatures,
+                    "jobs_not_delivered": sum(1 for j in job_ids if not self.ids.get(j)),
+                    "jobs_with_two_ids": sum(1 for j in job_ids
+                                             if len(self.ids.get(j, ())) > 1)}
+
+
 class FaultLab:
-    """Private Redis + Postgres + model server + the Procfile's processes."""
+    """Private Redis + Postgres + model server + the Procfile's processes, and the jobs'
+    webhook receiver."""
 
     def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None):
         self.scratch = Path(scratch)
@@ -91,6 +181,7 @@ class FaultLab:
         self.pg = PrivatePostgres(self.scratch)
         self.extra_env = extra_env or {}
         self.server: ModelServer | None = None
+        self.receiver = Receiver(FAULT_ENV["AGENTQ_WEBHOOK_SECRET"])
         self.stack: BenchStack | None = None
         self.key = ""
         # Faults run here: a process started from a thread gets its parent-death signal
@@ -103,6 +194,7 @@ class FaultLab:
         self.pg.start()
         self.database_url = self.pg.create_database("agentq_faults")
         self.server = ModelServer()
+        self.receiver.up()
         env = {**FAULT_ENV, "AGENTQ_BROKER_URL": self.redis.url,
                "AGENTQ_RESULT_BACKEND_URL": self.redis.url, **self.extra_env}
         self.stack = BenchStack(self.database_url, self.server.base_url,
@@ -121,6 +213,7 @@ class FaultLab:
             self.stack.stop()
         if self.server is not None:
             self.server.stop()
+        self.receiver.down()
         self.redis.stop()
         self.pg.destroy()
         self.control.shutdown(wait=False)
@@ -194,7 +287,18 @@ class FaultLab:
             "token_logs": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
                 SELECT COUNT(*) n FROM token_logs WHERE job_id IN ({ids})
                 GROUP BY job_id, iteration HAVING COUNT(*) > 1) d"""),
+            # a job's end event made twice (two webhook ids for one job and event type)
+            "webhook_events": one(f"""SELECT COALESCE(SUM(n - 1), 0) FROM (
+                SELECT COUNT(DISTINCT event_id) n FROM webhook_deliveries
+                WHERE job_id IN ({ids}) GROUP BY job_id, event_type
+                HAVING COUNT(DISTINCT event_id) > 1) d"""),
         }
+
+    def delivery_retries(self, job_ids: list[str]) -> int:
+        """Delivery attempts after a first one that failed."""
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        return int(self.sql(f"SELECT COUNT(*) FROM webhook_deliveries "
+                            f"WHERE job_id IN ({ids}) AND attempt > 1")[0][0])
 
     def tool_runs_twice(self, job_ids: list[str]) -> int:
         ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
@@ -206,8 +310,9 @@ class Submitter:
     """POST /v1/messages at a steady rate, each request retried (same Idempotency-Key) on
     503 or a cut connection until it is answered 202."""
 
-    def __init__(self, base: str, key: str, threads: int = 16):
-        self.base, self.key = base, key
+    def __init__(self, base: str, key: str, callback_url: str | None = None,
+                 threads: int = 16):
+        self.base, self.key, self.callback_url = base, key, callback_url
         self.pool = ThreadPoolExecutor(max_workers=threads)
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -229,6 +334,8 @@ class Submitter:
         key = uuid.uuid4().hex
         body = {"platform": "api", "platform_user_id": f"u{n % 50}",
                 "platform_channel_id": f"c-{key}", "content": ONE_TOOL_JOB}
+        if self.callback_url:
+            body["callback_url"] = self.callback_url
         deadline = time.monotonic() + SUBMIT_GIVE_UP_S
         while time.monotonic() < deadline:
             try:
@@ -272,7 +379,7 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
     """Submit `jobs` at `rate`, inject `fault` 40% of the way in (in a thread, so the
     submissions continue through it), wait until every job has ended."""
     outcome = Outcome(name, jobs)
-    sub = Submitter(lab.stack.base, lab.key)
+    sub = Submitter(lab.stack.base, lab.key, lab.receiver.url)
     fault_done = threading.Event()
     fault_box: dict[str, float] = {}
 
@@ -297,7 +404,8 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
     statuses: dict[str, str] = {}
     while time.monotonic() < deadline:
         statuses = lab.statuses(sub.job_ids)
-        if all(s in ("completed", "failed", "cancelled") for s in statuses.values()):
+        if all(s in ("completed", "failed", "cancelled") for s in statuses.values()) \
+                and not lab.receiver.not_delivered(sub.job_ids):
             break
         time.sleep(1.0)
     outcome.drain_s = round(time.monotonic() - t_submitted, 1)
@@ -320,6 +428,8 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
         outcome.notes.append("failed by error code: "
                              + ", ".join(f"{code}: {n}" for code, n in reasons))
     outcome.duplicates.pop("tool_runs_twice")
+    outcome.webhooks = {**lab.receiver.report(sub.job_ids),
+                        "retried_attempts": lab.delivery_retries(sub.job_ids)}
     dead = [n for n, up in lab.alive().items() if not up]
     if dead:
         outcome.notes.append(f"processes dead at the end: {dead}")
@@ -348,6 +458,15 @@ def orchestrator_down(seconds: float) -> Callable[[FaultLab], None]:
     return lambda lab: lab.kill9("orchestrator", seconds)
 
 
+def webhook_receiver_down(seconds: float) -> Callable[[FaultLab], None]:
+    """The jobs' webhook receiver refuses connections for `seconds`, then is back."""
+    def fault(lab: FaultLab) -> None:
+        lab.receiver.down()
+        time.sleep(seconds)
+        lab.receiver.up()
+    return fault
+
+
 SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "none": None,
     "orchestrator_kill9": kill9("orchestrator"),
@@ -359,6 +478,8 @@ SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "redis_restart": redis_restart,
     "redis_flushall": redis_flushall,
     "postgres_restart": postgres_restart,
+    "webhook_receiver_down": webhook_receiver_down(
+        float(os.environ.get("AGENTQ_FAULT_WEBHOOK_DOWN_S", "20"))),
 }
 
 
@@ -370,8 +491,11 @@ def main(args) -> int:
     lab = FaultLab(scratch).start()
     try:
         for name in names:
-            fault = SCENARIOS[name] if name in SCENARIOS else orchestrator_down(
-                float(name.split("_")[-1].rstrip("s")))
+            seconds = lambda: float(name.split("_")[-1].rstrip("s"))  # noqa: E731
+            fault = (SCENARIOS[name] if name in SCENARIOS
+                     else webhook_receiver_down(seconds())
+                     if name.startswith("webhook_receiver_down_")
+                     else orchestrator_down(seconds()))
             out = run_scenario(lab, name, fault, args.jobs, args.rate)
             results.append(out.as_dict())
             print(json.dumps(out.as_dict()), flush=True)

@@ -94,16 +94,11 @@ def backlog(session) -> int:
             Job.step_owner.is_(None), Job.redrives > Job.claimed_attempts)).scalar_one())
 
 
-DELIVERY_OVERDUE_MARGIN_S = 60.0
-"""A pending webhook delivery this late was not picked up (a lost message, a dead worker's
-lease, a retry too far off for a countdown): the sweeper enqueues it again."""
-
-
 def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
     """Ids of overdue pending webhook deliveries, each marked due now, so that one is
     re-enqueued at most once per margin (a duplicate is harmless: attempts claim the row)."""
     now = utcnow()
-    overdue = now - timedelta(seconds=DELIVERY_OVERDUE_MARGIN_S)
+    overdue = now - timedelta(seconds=settings.webhook_overdue_s)
     with sessions() as session, session.begin():
         query = (select(WebhookDelivery)
                  .where(WebhookDelivery.status == "pending",

@@ -58,5 +58,6 @@ def run_fault(fault_lab):
         assert outcome.api_500 == 0, outcome.as_dict()
         assert not any(outcome.duplicates.values()), outcome.as_dict()
         assert outcome.completed == jobs, outcome.as_dict()
+        assert not outcome.webhook_problems(), outcome.as_dict()
         return outcome
     return run

@@ -19,7 +19,7 @@ from agentq.loop.finish import finish_job
 from agentq.loop.identity import Incoming
 from agentq.loop.store import EventBuffer
 from agentq.loop.submit import Submission, create_job
-from agentq.loop.sweeper import DELIVERY_OVERDUE_MARGIN_S, sweep_deliveries
+from agentq.loop.sweeper import sweep_deliveries
 from agentq.models import Job, WebhookDelivery
 from agentq.views import job_object
 from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
@@ -265,7 +265,7 @@ def test_the_sweeper_picks_up_overdue_deliveries_once(settings):
     with session_scope(settings) as session:
         session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id)
                         .values(next_attempt_at=utcnow() - timedelta(
-                            seconds=DELIVERY_OVERDUE_MARGIN_S + 5)))
+                            seconds=settings.webhook_overdue_s + 5)))
     assert sweep_deliveries(settings, sessions) == [str(delivery_id)]
     assert sweep_deliveries(settings, sessions) == []  # marked due now: not again at once
     assert attempt_delivery(str(delivery_id), settings=settings,
