@@ -1,4 +1,4 @@
-"""The admin surface, shared by the /v1/admin/ routes (api/admin.py) and the `agentq`
+"""The admin surface, shared by the admin routes (api/admin.py) and the `agentq`
 subcommands: personas, users (levels, budgets, platform identities), key rotation, usage.
 
 Everything here acts inside one tenant (the admin key's, or the CLI's `--tenant`): another
@@ -27,7 +27,10 @@ from agentq.tools.manifest import PERMISSION_LEVELS
 
 PERSONA_FIELDS = ("name", "platform", "platform_server_id", "is_default", "system_prompt",
                   "allowed_modules", "default_model", "max_tokens_per_request", "stream",
-                  "approval_tools")
+                  "limits", "requires_approval")
+PERSONA_COLUMNS = {"requires_approval": "approval_tools"}
+"""API field → Persona column, where they differ (the column keeps its first name)."""
+LIMIT_KEYS = ("max_iterations", "max_tokens", "max_seconds")
 RECENT_TOKEN_LOGS = 20
 USAGE_GROUPS = ("user", "persona", "model")
 
@@ -53,7 +56,8 @@ def check_tools(names: Iterable[str] | None, known: Iterable[str]) -> None:
         return
     unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValidationFailed({"approval_tools": [f"Unknown tool(s): {', '.join(unknown)}."]},
+        raise ValidationFailed({"requires_approval": [f"Unknown tool(s): "
+                                                      f"{', '.join(unknown)}."]},
                                "Unknown tool(s).")
 
 
@@ -94,14 +98,29 @@ def _unset_default(session: Session, tenant_id: uuid.UUID, keep: uuid.UUID | Non
     session.flush()
 
 
+def _limits(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The limits that are set (None when none is): what effective_limits reads."""
+    kept = {k: v for k, v in (value or {}).items() if k in LIMIT_KEYS and v is not None}
+    return kept or None
+
+
+def _columns(data: dict[str, Any]) -> dict[str, Any]:
+    """The persona fields of `data` (API names) as Persona column values, is_default aside
+    (the callers move the default flag under its lock)."""
+    out = {}
+    for name, value in data.items():
+        if name in PERSONA_FIELDS and name != "is_default":
+            out[PERSONA_COLUMNS.get(name, name)] = _limits(value) if name == "limits" else value
+    return out
+
+
 def create_persona(session: Session, tenant_id: uuid.UUID, data: dict[str, Any]) -> Persona:
     current = _lock_defaults(session, tenant_id)
     make_default = data.get("is_default")
     if make_default is None:
         make_default = current is None
     persona = Persona(id=uuid.uuid4(), tenant_id=tenant_id, created_at=utcnow(),
-                      **{k: v for k, v in data.items() if k in PERSONA_FIELDS
-                         and k != "is_default"}, is_default=False)
+                      **_columns(data), is_default=False)
     session.add(persona)
     session.flush()
     if make_default or current is None:
@@ -116,9 +135,8 @@ def update_persona(session: Session, persona: Persona, data: dict[str, Any]) -> 
     if data.get("is_default") is False and persona.is_default:
         raise Conflict("A tenant keeps one default persona: make another one the default "
                        "instead.", persona_id=str(persona.id))
-    for name, value in data.items():
-        if name in PERSONA_FIELDS and name != "is_default":
-            setattr(persona, name, value)
+    for name, value in _columns(data).items():
+        setattr(persona, name, value)
     if data.get("is_default") and not persona.is_default:
         _unset_default(session, persona.tenant_id, persona.id)
         persona.is_default = True
@@ -151,7 +169,8 @@ def persona_object(persona: Persona) -> dict[str, Any]:
             "allowed_modules": persona.allowed_modules,
             "default_model": persona.default_model,
             "max_tokens_per_request": persona.max_tokens_per_request,
-            "stream": bool(persona.stream), "approval_tools": persona.approval_tools,
+            "stream": bool(persona.stream), "limits": _limits(persona.limits),
+            "requires_approval": persona.approval_tools,
             "created_at": _iso(persona.created_at)}
 
 

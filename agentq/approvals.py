@@ -1,10 +1,11 @@
 """Human approval of tool calls.
 
 A tool whose manifest says `requires_approval` (or that the job's persona lists in its
-`approval_tools`) does not run when the model calls it: its
-call row starts `awaiting`, with a deadline (the tool's `approval_timeout_s`, else
+`requires_approval`, stored in the `approval_tools` column) does not run when the model
+calls it: its call row starts `awaiting`, with a deadline (the tool's `approval_timeout_s`, else
 AGENTQ_APPROVAL_TIMEOUT_S, 24 h), an `approval_required` event and, when the job has a
-callback_url, a signed `job.approval_required` webhook naming the call and its arguments.
+callback_url, a signed `job.approval_required` webhook (data: the job object plus
+`tool_call: {tool_use_id, name, arguments}`).
 The job goes to `status: waiting` (`waiting_for: approval`): no step claims it, so it holds
 no worker slot. Other calls of the same turn run meanwhile.
 
@@ -12,6 +13,9 @@ no worker slot. Other calls of the same turn run meanwhile.
   becomes `pending` and is dispatched; its result joins the turn like any other.
 - deny (with a reason), or the deadline passing (the sweeper): the call ends `failed` with a
   `denied` (or `approval_timeout`) error that the model reads.
+
+Either way an `approval_resolved` event says how: `decision` is `approved`, `denied` or
+`timed_out`.
 
 When no call of the turn awaits any more, the job is `running` again; if no call is still
 running either, the next step is dispatched at once. Cancelling a waiting job cancels its
@@ -40,6 +44,8 @@ from agentq.webhooks.delivery import APPROVAL_EVENT_TYPE, enqueue_event
 log = logging.getLogger(__name__)
 
 AWAITING = "awaiting"
+DECISIONS = {"denied": "denied", "approval_timeout": "timed_out"}
+"""A refused call's error code → the `decision` of its approval_resolved event."""
 MAX_REASON_CHARS = 2000
 
 
@@ -100,8 +106,8 @@ def approve(session: Session, job_id: uuid.UUID, tool_use_id: str,
                                    "The arguments do not fit the tool's schema.") from None
         call.arguments = arguments
     call.status = "pending"
-    events.add(job.id, "approval_granted", tool_use_id=tool_use_id, name=call.name,
-               arguments=call.arguments, edited=arguments is not None)
+    events.add(job.id, "approval_resolved", decision="approved", tool_use_id=tool_use_id,
+               name=call.name, arguments=call.arguments, edited=arguments is not None)
     events.add(job.id, "tool_execution_start", tool_use_id=tool_use_id, name=call.name,
                arguments=call.arguments, queue=call.queue)
     limit = (registry.time_limit_for(call.name) if call.name in registry.tools else 60.0)
@@ -124,8 +130,8 @@ def _deny(session: Session, job: Job, call: ToolCall, reason: str | None,
                "Nobody approved this tool call in time; it was not run.")
     call.status, call.finished_at = "failed", utcnow()
     call.result = {"ok": False, "result": None, "error": {"code": code, "message": message}}
-    events.add(job.id, "approval_denied", tool_use_id=call.tool_use_id, name=call.name,
-               reason=reason, code=code)
+    events.add(job.id, "approval_resolved", decision=DECISIONS[code],
+               tool_use_id=call.tool_use_id, name=call.name, reason=reason, code=code)
     events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id, name=call.name,
                ok=False, error=code)
     return _resume(session, job, call.iteration, [])

@@ -32,8 +32,8 @@ EXIT_FAILED = 5
 EXIT_CANCELLED = 6
 EXIT_TIMEOUT = 7
 EXIT_INTERRUPTED = 130
-EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped at the iteration limit "
-                   "(max_iterations); 4 budget used up; 5 failed; 6 cancelled; 7 still running "
+EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped without an answer at a limit "
+                   "(max_iterations, max_tokens, max_time) or by a hook; 4 budget used up; 5 failed; 6 cancelled; 7 still running "
                    "after --timeout; 1 an error before the job ended (configuration, the API).")
 
 
@@ -83,11 +83,47 @@ stderr too with -v)."""
 
 class _Main(click.Group):
     def invoke(self, ctx: click.Context):
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+
         from agentq.errors import ConfigError
         try:
             return super().invoke(ctx)
         except ConfigError as exc:  # a setting out of range: one line, not a traceback
             raise click.ClickException(f"configuration: {exc.message}") from None
+        except (OperationalError, ProgrammingError) as exc:  # the database: one line too
+            raise _database_error(exc, getattr(exc, "orig", None)) from None
+        except Exception as exc:
+            if _is_driver_error(exc):  # psycopg2's own, unwrapped by SQLAlchemy
+                raise _database_error(exc, exc) from None
+            raise
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    try:
+        import psycopg2
+    except ImportError:  # pragma: no cover - psycopg2 is a dependency
+        return False
+    return isinstance(exc, (psycopg2.OperationalError, psycopg2.ProgrammingError))
+
+
+def _database_error(exc: BaseException, orig: BaseException | None) -> click.ClickException:
+    """One line for a database that is away, or not migrated (its tables missing): where
+    (the URL without its password) and what to do."""
+    from sqlalchemy.exc import ProgrammingError
+    first = (str(orig or exc).strip().splitlines() or [type(exc).__name__])[0]
+    if getattr(orig, "pgcode", None) in ("42P01", "42703") or "no such table" in first:
+        return click.ClickException(f"the database is not migrated ({first}): run "
+                                    f"`agentq db upgrade`")
+    try:
+        where = _safe_url(get_settings().database_url)
+    except Exception:  # noqa: BLE001 - the settings themselves may be what is wrong
+        where = "configured in AGENTQ_DATABASE_URL"
+    if "does not exist" in first:
+        return click.ClickException(f"no database at {where} ({first}): run "
+                                    f"`agentq db upgrade` to create and migrate it")
+    if isinstance(exc, ProgrammingError) or type(exc).__name__ == "ProgrammingError":
+        return click.ClickException(f"the database at {where} refused a query: {first}")
+    return click.ClickException(f"cannot reach the database at {where}: {first}")
 
 
 @click.group(cls=_Main)
@@ -222,16 +258,28 @@ def _module_call(fn, *args):
               "streamable HTTP; or --command).")
 @click.option("--command", "command", default=None,
               help="An MCP server started over stdio, e.g. 'python -m examples.mcp_server'.")
+@click.option("--permission", default=None,
+              type=click.Choice(["guest", "user", "admin", "owner"]),
+              help="The level a caller needs for its tools (default guest; an HTTP "
+                   "manifest's own permission wins).")
+@click.option("--approval", "approval", multiple=True, metavar="TOOL|all",
+              help="Calls of this tool wait for a person's approval; `all` for every tool. "
+                   "Repeatable.")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Each call's time limit in seconds (an HTTP manifest's own wins).")
 def modules_add(name: str, url: str | None, slow: bool, secret: str | None, mcp_kind: bool,
-                command: str | None) -> None:
+                command: str | None, permission: str | None, approval: tuple[str, ...],
+                timeout_s: float | None) -> None:
     """Register a module by URL; its manifest is fetched and checked first. Prints it."""
     import shlex
 
     from agentq.modules import add_module
     from agentq.tools.remote import ModuleSpec
+    requires_approval = True if "all" in approval else (tuple(approval) or False)
     spec = ModuleSpec(name=name, kind="mcp" if (mcp_kind or command) else "http", url=url,
                       command=tuple(shlex.split(command)) if command else None, slow=slow,
-                      secret=secret)
+                      secret=secret, permission=permission,
+                      requires_approval=requires_approval, timeout_s=timeout_s)
     click.echo(json.dumps(_module_call(add_module, spec)))
 
 
@@ -261,6 +309,33 @@ def modules_remove(name: str) -> None:
     click.echo(json.dumps({"removed": name}))
 
 
+UNLIMITED = "unlimited"
+MAX_BUDGET = 10**15
+"""As the API takes it (PATCH /v1/users/<id> token_budget_monthly)."""
+
+
+class _Budget(click.ParamType):
+    """A monthly token budget: a whole number 0..MAX_BUDGET, or 'unlimited'."""
+    name = "TOKENS|unlimited"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == UNLIMITED:
+            return value
+        text = str(value).strip()
+        if text.lower() == UNLIMITED:
+            return UNLIMITED
+        try:
+            number = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number of tokens or 'unlimited'.", param, ctx)
+        if not 0 <= number <= MAX_BUDGET:
+            self.fail(f"{number} is not in the range 0<=x<={MAX_BUDGET}.", param, ctx)
+        return number
+
+
+BUDGET = _Budget()
+
+
 @main.group()
 def users() -> None:
     """Users and their budgets."""
@@ -271,7 +346,8 @@ def users() -> None:
 @click.argument("platform_user_id")
 @click.option("--level", type=click.Choice(["guest", "user", "admin", "owner"]),
               help="The user's permission level (which tools it may use).")
-@click.option("--budget", help="Monthly tokens, or 'unlimited'.")
+@click.option("--budget", type=BUDGET, help="Monthly tokens (a whole number >= 0), or "
+                                             "'unlimited'.")
 @click.option("--tenant", "tenant_ref", default=None,
               help="The user's tenant, by id or name (default: the default tenant).")
 def users_set(platform: str, platform_user_id: str, level: str | None,
@@ -287,7 +363,7 @@ def users_set(platform: str, platform_user_id: str, level: str | None,
         if level:
             user.permission_level = level
         if budget is not None:
-            user.token_budget_monthly = None if budget == "unlimited" else int(budget)
+            user.token_budget_monthly = None if budget == UNLIMITED else budget
         click.echo(json.dumps({"user_id": str(user.id), "permission_level":
                                user.permission_level,
                                "token_budget_monthly": user.token_budget_monthly}))
@@ -422,6 +498,17 @@ def _persona_options(command, create: bool):
                      default=None, help="The most output tokens one model call may ask for."),
         click.option("--default/--not-default", "is_default", default=None,
                      help="Make it the tenant's default (the first persona is)."),
+        click.option("--stream/--no-stream", "stream", default=None,
+                     help="Stream the replies of its jobs (message_delta events)."),
+        click.option("--requires-approval", "requires_approval", default=None,
+                     help="Comma-separated tool names whose calls wait for a person's "
+                          "approval; 'none' for no tool."),
+        click.option("--max-iterations", type=click.IntRange(1, 200), default=None,
+                     help="Limit: model calls per job."),
+        click.option("--max-job-tokens", "max_tokens", type=click.IntRange(1, 10**12),
+                     default=None, help="Limit: tokens per job (input + output)."),
+        click.option("--max-seconds", type=click.FloatRange(0.1, 7 * 86400), default=None,
+                     help="Limit: seconds per job."),
     ]
     if not create:
         options.append(click.option("--name", default=None, help="A new name."))
@@ -430,16 +517,32 @@ def _persona_options(command, create: bool):
     return command
 
 
-def _persona_data(values: dict) -> dict:
+PERSONA_LIMITS = ("max_iterations", "max_tokens", "max_seconds")
+
+
+def _persona_data(values: dict, limits: dict | None = None) -> dict:
+    """The options given, as the fields of POST|PATCH /v1/personas. Limits given join
+    `limits` (the persona's current ones, on update)."""
     from agentq import admin
     from agentq.tools.registry import get_registry
-    data = {k: v for k, v in values.items() if v is not None and k != "tenant_ref"
-            and k != "modules"}
+    skip = {"tenant_ref", "modules", "requires_approval", *PERSONA_LIMITS}
+    data = {k: v for k, v in values.items() if v is not None and k not in skip}
+    registry = None
     modules = values.get("modules")
     if modules is not None:
+        registry = get_registry(get_settings())
         data["allowed_modules"] = (None if modules == "default" else
                                    [m.strip() for m in modules.split(",") if m.strip()])
-        admin.check_modules(data["allowed_modules"], get_registry(get_settings()).modules)
+        admin.check_modules(data["allowed_modules"], registry.modules)
+    tools = values.get("requires_approval")
+    if tools is not None:
+        registry = registry or get_registry(get_settings())
+        data["requires_approval"] = (None if tools.strip().lower() == "none" else
+                                     [t.strip() for t in tools.split(",") if t.strip()])
+        admin.check_tools(data["requires_approval"], registry.tools)
+    given = {k: values[k] for k in PERSONA_LIMITS if values.get(k) is not None}
+    if given:
+        data["limits"] = {**(limits or {}), **given}
     return data
 
 
@@ -464,7 +567,8 @@ def personas_update(persona_id: str, **values) -> None:
     from agentq import admin
     with _admin_session(values["tenant_ref"]) as (session, tenant_id):
         persona = admin.find_persona(session, tenant_id, persona_id)
-        persona = admin.update_persona(session, persona, _persona_data(values))
+        persona = admin.update_persona(session, persona,
+                                       _persona_data(values, persona.limits))
         click.echo(json.dumps(admin.persona_object(persona)))
 
 

@@ -448,6 +448,8 @@ class ToolModuleRow(Base):
     slow: Mapped[bool] = mapped_column(Boolean, default=False)
     secret: Mapped[str | None] = mapped_column(Text)
     """`whsec_…`; signs every request to the module; never logged nor returned."""
+    defaults: Mapped[dict[str, Any] | None]
+    """Per-module defaults for its tools: {permission?, requires_approval?, timeout_s?}."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 SCHEDULE_KINDS = ("once", "cron")
 SCHEDULE_STATUSES = ("active", "completed", "cancelled")

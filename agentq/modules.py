@@ -11,15 +11,16 @@ from sqlalchemy import event
 from agentq.errors import Conflict, ManifestError, NotFound, ValidationFailed
 from agentq.models import ToolModuleRow
 from agentq.tools.registry import ToolRegistry
-from agentq.tools.remote import (Known, ModuleSpec, build_module, check_spec, module_object,
-                                 spec_of, tools_of)
+from agentq.tools.remote import (Known, ModuleSpec, build_module, check_approval_names,
+                                 check_spec, module_object, spec_of, tools_of)
 
 log = logging.getLogger(__name__)
 
 
 def python_module_object(module) -> dict[str, Any]:
     return {"name": module.name, "kind": "python", "url": None, "command": None,
-            "slow": module.slow, "signed": False, "static": True,
+            "slow": module.slow, "signed": False, "static": True, "permission": None,
+            "requires_approval": False, "timeout_s": None,
             "health": {"status": "ok", "error": None, "checked_at": None},
             "tools": tools_of(module)}
 
@@ -47,15 +48,16 @@ def add_module(session, registry: ToolRegistry, spec: ModuleSpec) -> dict[str, A
     except ManifestError as exc:
         raise ValidationFailed({"manifest": [exc.message]},
                                f"The module's manifest was refused: {exc.message}") from None
+    module = build_module(spec, manifest, registry.remote._function_for)
+    check_approval_names(spec, module)
     session.add(ToolModuleRow(name=spec.name, kind=spec.kind, url=spec.url,
                               command=list(spec.command) if spec.command else None,
-                              slow=spec.slow, secret=spec.secret))
+                              slow=spec.slow, secret=spec.secret, defaults=spec.defaults()))
     session.flush()
     registry.remote.forget(spec.name)
     _cached, health = registry.remote.cache(spec, manifest)
     _after_commit(session, registry.remote.store.bump)
     log.info("tool module added", extra={"tool_module": spec.name, "kind": spec.kind})
-    module = build_module(spec, manifest, registry.remote._function_for)
     return module_object(Known(spec, module, health))
 
 

@@ -183,14 +183,42 @@ def firings(session: Session, schedule_id: uuid.UUID,
         .order_by(ScheduleFiring.fire_at.desc()).limit(limit)).scalars())
 
 
-def schedule_object(schedule: Schedule, recent: list[ScheduleFiring] | None = None) -> dict:
+STATUS_SHOWN = {"completed": "done"}
+"""Stored status → the API's (API.md: active | done | cancelled). A one-off that fired is
+stored `completed` (its rows predate the contract's name), shown `done`."""
+STATUS_STORED = {shown: stored for stored, shown in STATUS_SHOWN.items()}
+
+
+def last_jobs(session: Session, schedule_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    """Each schedule's latest firing's job (schedules that never fired are absent)."""
+    if not schedule_ids:
+        return {}
+    latest = (select(ScheduleFiring.schedule_id, func.max(ScheduleFiring.fire_at).label("at"))
+              .where(ScheduleFiring.schedule_id.in_(schedule_ids))
+              .group_by(ScheduleFiring.schedule_id).subquery())
+    rows = session.execute(select(ScheduleFiring.schedule_id, ScheduleFiring.job_id).join(
+        latest, (ScheduleFiring.schedule_id == latest.c.schedule_id)
+        & (ScheduleFiring.fire_at == latest.c.at))).all()
+    return {schedule_id: job_id for schedule_id, job_id in rows if job_id is not None}
+
+
+def schedule_object(schedule: Schedule, recent: list[ScheduleFiring] | None = None,
+                    last_job_id: uuid.UUID | None = None) -> dict:
+    """The schedule as the API shows it (API.md 1.1: id, conversation_id, content,
+    next_run_at, cron, status, runs, last_job_id; and more). `recent` (newest first) adds
+    `firings` and, without `last_job_id`, gives it."""
     def iso(value):
         return value.isoformat() if value else None
+    if last_job_id is None and recent:
+        last_job_id = recent[0].job_id
     body = {"id": str(schedule.id), "conversation_id": str(schedule.conversation_id),
             "content": schedule.content, "kind": schedule.kind, "run_at": iso(schedule.run_at),
             "cron": schedule.cron, "timezone": schedule.timezone,
-            "next_run_at": iso(schedule.next_run_at), "status": schedule.status,
-            "created_by": schedule.created_by, "fire_count": schedule.fire_count,
+            "next_run_at": iso(schedule.next_run_at),
+            "status": STATUS_SHOWN.get(schedule.status, schedule.status),
+            "runs": schedule.fire_count,
+            "last_job_id": str(last_job_id) if last_job_id else None,
+            "created_by": schedule.created_by,
             "last_fired_at": iso(schedule.last_fired_at),
             "created_at": iso(schedule.created_at), "cancelled_at": iso(schedule.cancelled_at),
             "metadata": schedule.meta or {}}

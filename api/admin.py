@@ -3,10 +3,10 @@
 Across tenants: POST|GET /v1/admin/tenants, POST|GET /v1/admin/keys,
 POST /v1/admin/keys/<id>/revoke, POST /v1/admin/keys/<id>/rotate.
 
-In the admin key's tenant (agentq.admin; the same as the `agentq` subcommands):
-personas (POST|GET /v1/admin/personas, GET|PATCH|DELETE /v1/admin/personas/<id>),
-users (GET /v1/admin/users, GET|PATCH /v1/admin/users/<id>,
-POST /v1/admin/users/<id>/identities) and GET /v1/admin/usage."""
+In the admin key's tenant (API.md 1.1 "Admin of the tenant"; agentq.admin, the same as
+the `agentq` subcommands): personas (GET|POST /v1/personas, GET|PATCH|DELETE
+/v1/personas/<id>), users (GET /v1/users, GET|PATCH /v1/users/<id>,
+POST /v1/users/<id>/links) and GET /v1/usage. Another tenant's persona or user is 404."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -94,10 +94,10 @@ def _check_persona(data: dict) -> None:
     from agentq.tools.registry import get_registry
     registry = get_registry(g.settings)
     admin.check_modules(data.get("allowed_modules"), registry.modules)
-    admin.check_tools(data.get("approval_tools"), registry.tools)
+    admin.check_tools(data.get("requires_approval"), registry.tools)
 
 
-@bp.post("/v1/admin/personas")
+@bp.post("/v1/personas")
 @require_key(admin=True)
 def post_persona():
     data = PersonaRequestSchema().load(json_body())
@@ -106,7 +106,7 @@ def post_persona():
         return _created(admin.persona_object(admin.create_persona(session, g.tenant_id, data)))
 
 
-@bp.get("/v1/admin/personas")
+@bp.get("/v1/personas")
 @require_key(admin=True)
 def get_personas():
     with session_scope(g.settings) as session:
@@ -114,7 +114,7 @@ def get_personas():
                                  for p in admin.list_personas(session, g.tenant_id)]})
 
 
-@bp.get("/v1/admin/personas/<persona_id>")
+@bp.get("/v1/personas/<persona_id>")
 @require_key(admin=True)
 def get_persona(persona_id: str):
     with session_scope(g.settings) as session:
@@ -122,7 +122,7 @@ def get_persona(persona_id: str):
                                                                persona_id)))
 
 
-@bp.patch("/v1/admin/personas/<persona_id>")
+@bp.patch("/v1/personas/<persona_id>")
 @require_key(admin=True)
 def patch_persona(persona_id: str):
     data = PersonaUpdateSchema().load(json_body())
@@ -132,7 +132,7 @@ def patch_persona(persona_id: str):
         return jsonify(admin.persona_object(admin.update_persona(session, persona, data)))
 
 
-@bp.delete("/v1/admin/personas/<persona_id>")
+@bp.delete("/v1/personas/<persona_id>")
 @require_key(admin=True)
 def delete_persona(persona_id: str):
     with session_scope(g.settings) as session:
@@ -144,7 +144,7 @@ def delete_persona(persona_id: str):
 
 # --- users ----------------------------------------------------------------------------------
 
-@bp.get("/v1/admin/users")
+@bp.get("/v1/users")
 @require_key(admin=True)
 def get_users():
     page = PageQuerySchema().load(request.args.to_dict())
@@ -154,7 +154,7 @@ def get_users():
         return jsonify({"data": [admin.user_object(u, links[u.id]) for u in users]})
 
 
-@bp.get("/v1/admin/users/<user_id>")
+@bp.get("/v1/users/<user_id>")
 @require_key(admin=True)
 def get_user(user_id: str):
     with session_scope(g.settings) as session:
@@ -162,7 +162,7 @@ def get_user(user_id: str):
         return jsonify(admin.user_detail(session, g.settings, user))
 
 
-@bp.patch("/v1/admin/users/<user_id>")
+@bp.patch("/v1/users/<user_id>")
 @require_key(admin=True)
 def patch_user(user_id: str):
     data = UserUpdateSchema().load(json_body())
@@ -171,9 +171,9 @@ def patch_user(user_id: str):
         return jsonify(admin.user_detail(session, g.settings, user))
 
 
-@bp.post("/v1/admin/users/<user_id>/identities")
+@bp.post("/v1/users/<user_id>/links")
 @require_key(admin=True)
-def post_identity(user_id: str):
+def post_link(user_id: str):
     data = IdentityRequestSchema().load(json_body())
     with session_scope(g.settings) as session:
         user = admin.find_user(session, g.tenant_id, user_id)
@@ -188,7 +188,7 @@ def post_identity(user_id: str):
 
 # --- usage ----------------------------------------------------------------------------------
 
-@bp.get("/v1/admin/usage")
+@bp.get("/v1/usage")
 @require_key(admin=True)
 def get_usage():
     query = UsageQuerySchema().load(request.args.to_dict())

@@ -246,7 +246,7 @@ def _decide(job_id: str, decide) -> object:
         body = job_object(session.get(Job, job.id))
     events.announce()
     enqueue_after_commit(effects)
-    return jsonify(body)
+    return accepted(body)
 
 
 @bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/approve")

@@ -5,8 +5,10 @@
 - JSON (a body, a JSONL line) nested deeper than `max_json_depth` is refused (400) before
   `json.loads` sees it: the decoder recurses once a level, and Postgres' JSONB and the
   response encoder have their own limits.
-- A header longer than `max_header_bytes` is refused (431) in the error shape; gunicorn is
-  configured with a larger limit (gunicorn.conf.py) so the app is the one that answers.
+- A header longer than `max_header_bytes`, or more than MAX_HEADERS headers, is refused
+  (431) in the error shape; gunicorn is configured with larger limits (gunicorn.conf.py) so
+  the app is the one that answers, and what gunicorn still refuses itself (a request line
+  over 8190 bytes, a head past its larger limits) it answers in the same shape.
 - A query parameter the route does not take (it is not in the route's OpenAPI entry) is
   refused (400), never ignored.
 """
@@ -18,7 +20,21 @@ from typing import Any
 
 from flask import Flask, g, request
 
-from agentq.errors import BadJson, HeaderTooLarge, PayloadTooLarge, UnknownQueryParameter
+from agentq.errors import (BadJson, ClientError, HeaderTooLarge, PayloadTooLarge,
+                           UnknownQueryParameter)
+
+MAX_HEADERS = 100
+"""Headers one request may have (gunicorn.conf.py lets up to 150 through to be refused
+here)."""
+
+
+class TooManyHeaders(ClientError):
+    status = 431
+    code = "too_many_headers"
+
+    def __init__(self, count: int, limit: int):
+        super().__init__(f"The request has {count} headers; the limit is {limit}.",
+                         count=count, limit=limit)
 
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKET = re.compile(r'[^\[\]{}]+')
@@ -80,6 +96,9 @@ def _allowed_query(rule: str, method: str) -> set[str]:
 
 def check_request() -> None:
     settings = g.settings
+    count = len(request.headers)
+    if count > MAX_HEADERS:
+        raise TooManyHeaders(count, MAX_HEADERS)
     for name, value in request.headers.items():
         if len(value) > settings.max_header_bytes:
             raise HeaderTooLarge(name, len(value), settings.max_header_bytes)

@@ -33,12 +33,21 @@ def post_module():
                                "This deployment does not take MCP commands over the API.")
     spec = ModuleSpec(name=data["name"], kind=data["kind"], url=data.get("url"),
                       command=tuple(data["command"]) if data.get("command") else None,
-                      slow=data.get("slow", False), secret=data.get("secret"))
+                      slow=data.get("slow", False), secret=data.get("secret"),
+                      permission=data.get("permission"),
+                      requires_approval=approval_of(data.get("requires_approval", False)),
+                      timeout_s=data.get("timeout_s"))
     with session_scope(g.settings) as session:
         body = add_module(session, get_registry(g.settings), spec)
     response = jsonify(body)
     response.status_code = 201
     return response
+
+
+def approval_of(value):
+    """requires_approval as ModuleSpec takes it (a list becomes a tuple; check_spec says
+    what is wrong with anything else)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 @bp.post("/v1/modules/<name>/refresh")

@@ -166,7 +166,7 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                               "schema": {"type": "string", "format": "uuid"}},
     "schedule_status": {"in": "query", "name": "status", "required": False,
                         "description": "Only schedules in this status.",
-                        "schema": {"type": "string", "enum": ["active", "completed"]}},
+                        "schema": {"type": "string", "enum": ["active", "done"]}},
     "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
                       "description": "Resume after this `seq` (overrides `after`).",
                       "schema": {"type": "string", "pattern": "^[0-9]+$"}},
@@ -184,9 +184,8 @@ PATH_PARAMETERS = {
     "schedule_id": "The schedule's id.",
     "tool_use_id": "The tool call's id (`tool_use_id` in the `approval_required` event).",
 }
-PATH_SCHEMAS = {"name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,30}$"}}
-
-PATH_SCHEMAS = {"tool_use_id": {"type": "string", "minLength": 1, "maxLength": 64}}
+PATH_SCHEMAS = {"name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,30}$"},
+                "tool_use_id": {"type": "string", "minLength": 1, "maxLength": 64}}
 """Path parameters that are not UUIDs."""
 
 HEADERS = {
@@ -486,24 +485,25 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
     # --- admin: in the admin key's tenant -------------------------------------------------
-    ("POST", "/v1/admin/personas"): {
+    ("POST", "/v1/personas"): {
         "operationId": "createPersona", "summary": "Make a persona", "tags": ["admin"],
         "description": "Admin keys only. A tenant's first persona is its default; "
                        "`is_default: true` moves the default here. `allowed_modules` must "
-                       "name known tool modules (`422`).",
+                       "name known tool modules and `requires_approval` known tools "
+                       "(`422`).",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "PersonaRequest"}}},
         "responses": {"201": _json("Persona", "The new persona."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
-    ("GET", "/v1/admin/personas"): {
+    ("GET", "/v1/personas"): {
         "operationId": "listPersonas", "summary": "The tenant's personas", "tags": ["admin"],
         "responses": {"200": _json("PersonaPage", "Every persona, oldest first."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
-    ("GET", "/v1/admin/personas/{}"): {
+    ("GET", "/v1/personas/{}"): {
         "operationId": "getPersona", "summary": "Get a persona", "tags": ["admin"],
         "responses": {"200": _json("Persona", "The persona."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
-    ("PATCH", "/v1/admin/personas/{}"): {
+    ("PATCH", "/v1/personas/{}"): {
         "operationId": "updatePersona", "summary": "Change a persona", "tags": ["admin"],
         "description": "Only the fields given change. `is_default: false` on the default "
                        "is `409` (make another the default instead).",
@@ -512,32 +512,32 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": _json("Persona", "The persona."),
                       **{str(s): ERROR_STATUSES[s][0]
                          for s in (401, 403, 404, 409, 415, 422)}}},
-    ("DELETE", "/v1/admin/personas/{}"): {
+    ("DELETE", "/v1/personas/{}"): {
         "operationId": "deletePersona", "summary": "Delete a persona", "tags": ["admin"],
         "description": "Conversations and jobs that named it go on with none; if it was the "
                        "default, the oldest remaining persona becomes the default.",
         "responses": {"200": _json("Deleted", "`{\"id\", \"deleted\": true}`."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
-    ("GET", "/v1/admin/users"): {
+    ("GET", "/v1/users"): {
         "operationId": "listUsers", "summary": "The tenant's users", "tags": ["admin"],
         "parameters": ["limit", "offset"],
         "responses": {"200": _json("UserPage", "Users, oldest first, with identities."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
-    ("GET", "/v1/admin/users/{}"): {
+    ("GET", "/v1/users/{}"): {
         "operationId": "getUser", "summary": "A user, their usage and token logs",
         "tags": ["admin"],
         "responses": {"200": _json("UserDetail", "The user, usage this budget period and "
                                                  "the latest token logs."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
-    ("PATCH", "/v1/admin/users/{}"): {
+    ("PATCH", "/v1/users/{}"): {
         "operationId": "updateUser", "summary": "Set a user's level, budget or name",
         "tags": ["admin"],
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "UserUpdate"}}},
         "responses": {"200": _json("UserDetail", "The user."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
-    ("POST", "/v1/admin/users/{}/identities"): {
-        "operationId": "linkIdentity", "summary": "Link another platform identity",
+    ("POST", "/v1/users/{}/links"): {
+        "operationId": "linkUser", "summary": "Link another platform identity",
         "tags": ["admin"],
         "description": "Messages from this (platform, platform_user_id) are this user's "
                        "from now on. `409` when it is another user's; `200` when it is "
@@ -548,7 +548,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "200": _json("User", "The user; the identity was linked already."),
                       **{str(s): ERROR_STATUSES[s][0]
                          for s in (401, 403, 404, 409, 415, 422)}}},
-    ("GET", "/v1/admin/usage"): {
+    ("GET", "/v1/usage"): {
         "operationId": "usageReport", "summary": "Tokens and cost per user, persona or model",
         "tags": ["admin"],
         "parameters": ["usage_group_by", "usage_since", "usage_until"],
@@ -562,7 +562,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "`409` when the call does not await approval.",
         "requestBody": {"required": False,
                         "content": {"application/json": {"schema": "ApproveRequest"}}},
-        "responses": {"200": _json("Job", "The job."),
+        "responses": {"202": _json("Job", "Approved: the call runs; the job object."),
                       **{str(s): ERROR_STATUSES[s][0]
                          for s in (401, 403, 404, 409, 415, 422)}}},
     ("POST", "/v1/jobs/{}/tool_calls/{}/deny"): {
@@ -571,7 +571,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "the reason. `409` when the call does not await approval.",
         "requestBody": {"required": False,
                         "content": {"application/json": {"schema": "DenyRequest"}}},
-        "responses": {"200": _json("Job", "The job."),
+        "responses": {"202": _json("Job", "Denied; the job object."),
                       **{str(s): ERROR_STATUSES[s][0]
                          for s in (401, 403, 404, 409, 415, 422)}}},
     # --- schedules ------------------------------------------------------------------------
@@ -601,7 +601,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "deleteSchedule", "summary": "Cancel a schedule",
         "tags": ["schedules"],
         "description": "It never fires again, and is gone from these routes.",
-        "responses": {"200": _json("ScheduleDetail", "The schedule, as it ended."),
+        "responses": {"204": {"description": "Cancelled; no body."},
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
 }
 

@@ -1,6 +1,6 @@
 """Schedules (agentq.schedules): POST /v1/schedules, GET /v1/schedules,
-GET /v1/schedules/<id>, DELETE /v1/schedules/<id> (cancel: it never fires again and is
-gone from these routes; its firings stay recorded). A schedule continues one of the
+GET /v1/schedules/<id>, DELETE /v1/schedules/<id> (204; cancel: it never fires again and
+is gone from these routes; its firings stay recorded). A schedule continues one of the
 key's conversations later, as a POST /v1/continue would; a key sees the schedules it made
 (an admin key every one of its tenant)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from sqlalchemy import select
 from agentq.db import session_scope
 from agentq.errors import NotFound
 from agentq.models import Schedule
-from agentq.schedules import (cancel_schedule, create_schedule, firings, schedule_object,
-                              timing)
+from agentq.schedules import (STATUS_STORED, cancel_schedule, create_schedule, firings,
+                              last_jobs, schedule_object, timing)
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.schemas import ScheduleQuerySchema, ScheduleRequestSchema
@@ -55,11 +55,14 @@ def list_schedules():
     if "conversation_id" in query:
         stmt = stmt.where(Schedule.conversation_id == query["conversation_id"])
     if "status" in query:
-        stmt = stmt.where(Schedule.status == query["status"])
+        stmt = stmt.where(Schedule.status == STATUS_STORED.get(query["status"],
+                                                               query["status"]))
     with session_scope(g.settings) as session:
-        rows = session.execute(stmt.order_by(Schedule.created_at.desc(), Schedule.id)
-                               .limit(query["limit"])).scalars()
-        return jsonify({"data": [schedule_object(s) for s in rows]})
+        rows = list(session.execute(stmt.order_by(Schedule.created_at.desc(), Schedule.id)
+                                    .limit(query["limit"])).scalars())
+        last = last_jobs(session, [s.id for s in rows])
+        return jsonify({"data": [schedule_object(s, last_job_id=last.get(s.id))
+                                 for s in rows]})
 
 
 @bp.get("/v1/schedules/<schedule_id>")
@@ -74,5 +77,5 @@ def get_schedule(schedule_id: str):
 @require_key()
 def delete_schedule(schedule_id: str):
     with session_scope(g.settings) as session:
-        schedule = cancel_schedule(session, load_schedule(session, schedule_id))
-        return jsonify(schedule_object(schedule, firings(session, schedule.id)))
+        cancel_schedule(session, load_schedule(session, schedule_id))
+    return "", 204

@@ -447,6 +447,16 @@ class ModuleRequestSchema(StrictSchema):
                           validate=validate.Length(1, 50))
     slow = fields.Boolean(load_default=False)
     secret = fields.String(validate=validate.Length(1, 500), load_only=True)
+    permission = fields.String(validate=validate.OneOf(["guest", "user", "admin", "owner"]),
+                               metadata={"description": "The level a caller needs for its "
+                                         "tools (default guest; an HTTP manifest's own wins)."})
+    requires_approval = fields.Raw(metadata={
+        "description": "true (every call waits for approval) or a list of its tool names.",
+        "oneOf": [{"type": "boolean"}, {"type": "array", "items": {"type": "string"},
+                                        "minItems": 1, "maxItems": 200}]})
+    timeout_s = fields.Float(validate=validate.Range(min=0.1, max=86400),
+                             allow_nan=False,
+                             metadata={"description": "Each call's time limit in seconds."})
 
 
 class ModuleToolSchema(Schema):
@@ -470,6 +480,10 @@ class ModuleSchema(Schema):
     slow = fields.Boolean(required=True)
     signed = fields.Boolean(required=True)
     static = fields.Boolean(required=True)
+    permission = fields.String(allow_none=True)
+    requires_approval = fields.Raw(metadata={"oneOf": [
+        {"type": "boolean"}, {"type": "array", "items": {"type": "string"}}]})
+    timeout_s = fields.Float(allow_none=True)
     health = fields.Nested(ModuleHealthSchema, required=True)
     tools = fields.List(fields.Nested(ModuleToolSchema), required=True)
 
@@ -502,7 +516,10 @@ class PersonaRequestSchema(StrictSchema):
                                             validate=validate.Range(1, 1_000_000))
     stream = fields.Boolean(load_default=False, metadata={
         "description": "Stream the replies of every job of this persona."})
-    approval_tools = fields.List(
+    limits = fields.Nested(LimitsSchema, load_default=None, allow_none=True, metadata={
+        "description": "Limits for every job of this persona (each optional); the smaller of "
+                       "the request's, these and the settings' applies."})
+    requires_approval = fields.List(
         fields.String(validate=validate.Length(1, 255)), load_default=None, allow_none=True,
         validate=validate.Length(max=100), metadata={
             "description": "Tool names whose calls wait for a person's approval under this "
@@ -523,8 +540,9 @@ class PersonaUpdateSchema(PersonaRequestSchema):
     max_tokens_per_request = fields.Integer(allow_none=True,
                                             validate=validate.Range(1, 1_000_000))
     stream = fields.Boolean()
-    approval_tools = fields.List(fields.String(validate=validate.Length(1, 255)),
-                                 allow_none=True, validate=validate.Length(max=100))
+    limits = fields.Nested(LimitsSchema, allow_none=True)
+    requires_approval = fields.List(fields.String(validate=validate.Length(1, 255)),
+                                    allow_none=True, validate=validate.Length(max=100))
 
 
 class PersonaSchema(Schema):
@@ -538,7 +556,8 @@ class PersonaSchema(Schema):
     default_model = fields.String(allow_none=True, required=True)
     max_tokens_per_request = fields.Integer(allow_none=True, required=True)
     stream = fields.Boolean(required=True)
-    approval_tools = fields.List(fields.String(), allow_none=True, required=True)
+    limits = fields.Nested(LimitsSchema, allow_none=True, required=True)
+    requires_approval = fields.List(fields.String(), allow_none=True, required=True)
     created_at = fields.String(required=True)
 
 
@@ -680,9 +699,11 @@ class ScheduleSchema(Schema):
     timezone = fields.String(required=True)
     next_run_at = fields.String(allow_none=True, required=True)
     status = fields.String(required=True,
-                           validate=validate.OneOf(("active", "completed", "cancelled")))
+                           validate=validate.OneOf(("active", "done", "cancelled")))
+    runs = fields.Integer(required=True, metadata={"description": "Firings so far."})
+    last_job_id = fields.String(allow_none=True, required=True, metadata={
+        "description": "The job of the latest firing (null before the first)."})
     created_by = fields.String(required=True)
-    fire_count = fields.Integer(required=True)
     last_fired_at = fields.String(allow_none=True, required=True)
     created_at = fields.String(required=True)
     cancelled_at = fields.String(allow_none=True, required=True)
@@ -700,7 +721,7 @@ class SchedulePageSchema(Schema):
 
 class ScheduleQuerySchema(StrictSchema):
     conversation_id = fields.UUID()
-    status = fields.String(validate=validate.OneOf(("active", "completed")))
+    status = fields.String(validate=validate.OneOf(("active", "done")))
     limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from flask import (Blueprint, Response, abort, g, redirect, render_template, request,
                    url_for)
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
 from agentq import replay
@@ -25,18 +25,21 @@ from agentq.db import session_scope
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
-from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, ToolCall, UserPlatformLink,
-                           WebhookDelivery)
-from agentq.views import delivery_object, job_object
+from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, ToolCall,
+                           UserPlatformLink, WebhookDelivery)
+from agentq.views import SHOWN_WAITS, delivery_object, job_object
 from api.auth import can_see
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
 COOKIE = "agentq_ui_key"
 PAGE = 50
-STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+"""As the API shows them: `waiting` is a live job waiting for approval or its provider."""
+LIVE = ("queued", "running", "waiting")
 QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
     "/ui/sign-in": {"next"},
+    "/ui/schedules": {"message"},
     "/ui/jobs": {"status", "finish_reason", "user", "since", "until", "rows"},
     "/ui/jobs/<job_id>": {"message"},
     "/ui/jobs/<job_id>/events": {"after"},
@@ -117,7 +120,13 @@ def _when(raw: str | None, name: str, errors: list[str]) -> datetime | None:
 def _job_rows(filters: dict[str, str], errors: list[str]) -> list[dict[str, Any]]:
     query = _visible(select(Job, UserPlatformLink.platform_user_id)
                      .outerjoin(UserPlatformLink, UserPlatformLink.user_id == Job.user_id))
-    if filters["status"] in STATUSES:
+    waits = or_(Job.waiting_for.is_(None), Job.waiting_for.notin_(SHOWN_WAITS))
+    if filters["status"] == "waiting":  # as job_status shows it
+        query = query.where(or_(Job.status == "waiting", and_(
+            Job.status.in_(LIVE), Job.waiting_for.in_(SHOWN_WAITS))))
+    elif filters["status"] in ("queued", "running"):
+        query = query.where(Job.status == filters["status"], waits)
+    elif filters["status"] in STATUSES:
         query = query.where(Job.status == filters["status"])
     if filters["finish_reason"] in FINISH_REASONS:
         query = query.where(Job.finish_reason == filters["finish_reason"])
@@ -169,9 +178,10 @@ def job(job_id: str):
             select(JobEvent).where(JobEvent.job_id == row.id).order_by(JobEvent.seq)
         ).scalars()]
         calls = {c.tool_use_id: {"name": c.name, "arguments": c.arguments,
-                                 "result": c.result, "status": c.status}
+                                 "result": c.result, "status": c.status,
+                                 "tool_use_id": c.tool_use_id}
                  for c in session.execute(select(ToolCall).where(ToolCall.job_id == row.id)
-                                          ).scalars()}
+                                          .order_by(ToolCall.created_at)).scalars()}
         deliveries = [delivery_object(d) for d in session.execute(
             select(WebhookDelivery).where(WebhookDelivery.job_id == row.id)
             .order_by(WebhookDelivery.created_at)).scalars()]
@@ -179,8 +189,11 @@ def job(job_id: str):
             _visible(select(Job.id)).where(Job.replay_of == row.id)
             .order_by(Job.created_at)).scalars()]
         body = job_object(row)
+    from agentq.approvals import AWAITING
+    awaiting = [c for c in calls.values() if c["status"] == AWAITING]
     return render_template("ui/job.html", job=body, events=events, calls=calls,
-                           deliveries=deliveries, replays=replays,
+                           awaiting=awaiting, live=LIVE, deliveries=deliveries,
+                           replays=replays,
                            last_seq=events[-1]["seq"] if events else 0,
                            pretty=_pretty, message=request.args.get("message"))
 
@@ -198,6 +211,33 @@ def cancel(job_id: str):
     try:
         cancel_job.__wrapped__(job_id)
         message = "Cancel requested: the job ends at its next step."
+    except AgentqError as exc:
+        if getattr(exc, "status", None) == 404:
+            abort(404)
+        message = exc.message
+    return redirect(url_for("ui.job", job_id=job_id, message=message))
+
+
+@bp.post("/jobs/<job_id>/tool_calls/<tool_use_id>/<decision>")
+def decide(job_id: str, tool_use_id: str, decision: str):
+    """Approve or deny a call waiting for approval, through the API's own route logic
+    (POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny)."""
+    from agentq.approvals import approve, deny
+    from agentq.tools.registry import get_registry
+    from api.jobs import _decide
+    if decision not in ("approve", "deny"):
+        abort(404)
+    reason = (request.form.get("reason") or "").strip()[:2000] or None
+    registry = get_registry(g.settings) if decision == "approve" else None
+    try:
+        if decision == "approve":
+            _decide(job_id, lambda session, ident, events: approve(
+                session, ident, tool_use_id, None, registry, events))
+            message = "Approved: the call runs now."
+        else:
+            _decide(job_id, lambda session, ident, events: deny(
+                session, ident, tool_use_id, reason, events))
+            message = "Denied: the model reads that the call was refused."
     except AgentqError as exc:
         if getattr(exc, "status", None) == 404:
             abort(404)
@@ -241,6 +281,36 @@ def batches():
                                .limit(PAGE)).scalars().all()
         items = [batch_rows.batch_object(b, batch_rows.counts(session, b.id)) for b in rows]
     return render_template("ui/batches.html", batches=items)
+
+
+# --- schedules -----------------------------------------------------------------------------
+@bp.get("/schedules")
+def schedules():
+    from agentq.schedules import last_jobs, schedule_object
+    with session_scope(g.settings) as session:
+        rows = session.execute(_visible(select(Schedule), Schedule)
+                               .where(Schedule.cancelled_at.is_(None))
+                               .order_by(Schedule.created_at.desc(), Schedule.id)
+                               .limit(PAGE)).scalars().all()
+        last = last_jobs(session, [s.id for s in rows])
+        items = [schedule_object(s, last_job_id=last.get(s.id)) for s in rows]
+    return render_template("ui/schedules.html", schedules=items,
+                           message=request.args.get("message"))
+
+
+@bp.post("/schedules/<schedule_id>/cancel")
+def cancel_schedule(schedule_id: str):
+    from agentq.schedules import cancel_schedule as cancel
+    from api.schedules import load_schedule
+    try:
+        with session_scope(g.settings) as session:
+            cancel(session, load_schedule(session, schedule_id))
+        message = f"Schedule {schedule_id[:8]} cancelled: it will not run again."
+    except AgentqError as exc:
+        if getattr(exc, "status", None) == 404:
+            abort(404)
+        message = exc.message
+    return redirect(url_for("ui.schedules", message=message))
 
 
 @bp.errorhandler(404)

@@ -55,7 +55,8 @@ def parse(argv: list[str] | None):
                              "webhooks_kill9", "web_kill9", "beat_kill9", "redis_restart",
                              "redis_flushall", "postgres_restart",
                              "webhook_receiver_down (20 s)", "orchestrator_down_<seconds>",
-                             "webhook_receiver_down_<seconds>")))
+                             "webhook_receiver_down_<seconds>", "provider_storm (5 min)",
+                             "provider_storm_<seconds>")))
     faults.add_argument("--results", help="write the outcomes to this JSON file")
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")

@@ -1,9 +1,17 @@
 """The fault suite: the Procfile's processes against their own Postgres and Redis (private
 ports, scratch directories), a stream of one-tool jobs, and one fault injected while it
 flows. Every scenario asserts the promise: every job `completed`, nothing duplicated, no
-API 500.
+non-idempotent tool run twice, at most one file per call, no API 500.
 
     python -m benchmarks faults [--jobs 1000] [--rate 10] [--only NAME]
+
+The jobs: most call `math.evaluate`; every 10th (n % 10 == 3) calls `files.create_document`
+(a side effect, idempotent by its tool_use_id) and every 25th (n % 25 == 7) a slow
+`code.run_python` (sleeps 2 s in the sandbox, on the tools-slow worker, 2 at a time; not
+idempotent), as one of the few users the lab made `user` level. Few and short enough that
+no code call waits in the tools-slow queue past the 8 s step deadline: the sweeper
+re-dispatches a call pending that long (agentq/loop/step.py `_collect`), and a
+non-idempotent one then runs twice (docs/faults.md).
 
 Also run by tests/faults/ at a reduced size (AGENTQ_FAULT_JOBS, default 100).
 
@@ -35,11 +43,34 @@ from tests.support.services import PrivatePostgres, PrivateRedis
 from tests.support.stack import StackError
 
 ONE_TOOL_JOB = "What is 6*7? turns=1"
+FILE_JOB = "Write it down. tool=create_document turns=1"
+CODE_JOB = "Compute it slowly. tool=run_python:2 turns=1"
+CODERS = 3
+"""users of `user` level (code.run_python needs it), made by the lab: coder0..coder2"""
+STORM_S = float(os.environ.get("AGENTQ_FAULT_STORM_S", "300"))
+"""The provider storm's length for `python -m benchmarks faults` (5 minutes; the tests'
+size is set in tests/faults/conftest.py)."""
+
+
+def job_content(n: int) -> tuple[str, str]:
+    """Job n's user (platform_user_id) and message."""
+    if n % 10 == 3:
+        return f"u{n % 50}", FILE_JOB
+    if n % 25 == 7:
+        return f"coder{n % CODERS}", CODE_JOB
+    return f"u{n % 50}", ONE_TOOL_JOB
+
+
 FAULT_ENV = {
     "AGENTQ_MODEL": "gpt-4o-mini",
     "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
     "AGENTQ_MAX_ITERATIONS": "25",
-    "AGENTQ_LLM_TIMEOUT_S": "30",
+    # a storm's hangs (10 s) run past the model call's timeout, and its parked jobs come
+    # back within 2..20 s (agentq's defaults: 5..300 s, for a real provider); the wait
+    # window stays agentq's 30 minutes, far past the longest storm (5 minutes)
+    "AGENTQ_LLM_TIMEOUT_S": "4",
+    "AGENTQ_PROVIDER_RETRY_BASE_S": "2",
+    "AGENTQ_PROVIDER_RETRY_MAX_S": "20",
     "AGENTQ_STEP_DEADLINE_S": os.environ.get("AGENTQ_FAULT_STEP_DEADLINE_S", "8"),
     "AGENTQ_SWEEP_INTERVAL_S": "2",
     "AGENTQ_REDRIVE_BACKOFF_MAX_S": "30",
@@ -66,6 +97,14 @@ class Outcome:
     duplicates: dict[str, int] = field(default_factory=dict)
     not_submitted: int = 0
     webhooks: dict[str, int] = field(default_factory=dict)
+    tool_reruns: dict[str, int] = field(default_factory=dict)
+    """tool calls run more than once (at-least-once delivery), idempotent or not; the
+    non-idempotent ones also count in `duplicates` (they fail the scenario)"""
+    tool_calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    """tool name → {status: calls}: what the jobs' mix ran"""
+    files_made: int = 0
+    provider_waits: int = 0
+    """jobs that waited for their provider (a `waiting_provider` event)"""
     drain_s: float | None = None
     fault_s: float | None = None
     total_s: float | None = None
@@ -96,7 +135,9 @@ class Outcome:
                 "failed": self.statuses.get("failed", 0), "statuses": self.statuses,
                 "api": self.api, "api_5xx_not_503": self.api_500,
                 "not_submitted": self.not_submitted, "duplicates": self.duplicates,
-                "webhooks": self.webhooks,
+                "webhooks": self.webhooks, "tool_reruns": self.tool_reruns,
+                "provider_waits": self.provider_waits, "tool_calls": self.tool_calls,
+                "files_made": self.files_made,
                 "fault_s": self.fault_s, "drain_s": self.drain_s, "total_s": self.total_s,
                 "notes": self.notes, "ok": self.ok()}
 
@@ -184,6 +225,7 @@ class FaultLab:
         self.receiver = Receiver(FAULT_ENV["AGENTQ_WEBHOOK_SECRET"])
         self.stack: BenchStack | None = None
         self.key = ""
+        self.database_url = ""
         # Faults run here: a process started from a thread gets its parent-death signal
         # when THAT thread ends (PR_SET_PDEATHSIG), so restarts come from one thread that
         # lives as long as the lab.
@@ -203,6 +245,10 @@ class FaultLab:
         try:
             self.stack.start()
             self.key = self.stack.create_key("faults", admin=True)
+            for n in range(CODERS):  # code.run_python's permission: `user`
+                made = self.stack.agentq("users", "set", "api", f"coder{n}", "--level", "user")
+                if made.returncode != 0:
+                    raise StackError(made.stderr)
         except StackError:
             self.stop()
             raise
@@ -240,7 +286,7 @@ class FaultLab:
     # -- measurements -------------------------------------------------------------------
     def _sql(self, query: str) -> list[tuple]:
         import psycopg2
-        conn = psycopg2.connect(self.database_url.replace("+psycopg2", ""))
+        conn = psycopg2.connect(self.database_url)
         try:
             with conn.cursor() as cur:
                 cur.execute(query)
@@ -300,10 +346,67 @@ class FaultLab:
         return int(self.sql(f"SELECT COUNT(*) FROM webhook_deliveries "
                             f"WHERE job_id IN ({ids}) AND attempt > 1")[0][0])
 
-    def tool_runs_twice(self, job_ids: list[str]) -> int:
+    def tool_reruns(self, job_ids: list[str]) -> dict[str, int]:
+        """Tool calls whose execution was started more than once (`attempts` counts the
+        deliveries that began running the tool), split by what the call's
+        `tool_execution_start` event said of the tool: idempotent or not."""
         ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
-        return int(self.sql(f"SELECT COUNT(*) FROM tool_calls WHERE job_id IN ({ids}) "
-                            "AND attempts > 1")[0][0])
+        row = self.sql(f"""SELECT
+              COUNT(*) FILTER (WHERE idempotent),
+              COUNT(*) FILTER (WHERE NOT idempotent),
+              COALESCE(SUM(attempts - 1) FILTER (WHERE NOT idempotent), 0)
+            FROM (SELECT tc.attempts, COALESCE((
+                    SELECT bool_and((e.data->>'idempotent')::boolean) FROM job_events e
+                    WHERE e.job_id = tc.job_id AND e.type = 'tool_execution_start'
+                      AND e.data->>'tool_use_id' = tc.tool_use_id), false) idempotent
+                  FROM tool_calls tc WHERE tc.job_id IN ({ids}) AND tc.attempts > 1) r""")[0]
+        return {"idempotent_calls": int(row[0]), "non_idempotent_calls": int(row[1]),
+                "non_idempotent_extra_runs": int(row[2])}
+
+    def file_problems(self, job_ids: list[str]) -> dict[str, int]:
+        """`files.create_document` writes one file per call: files whose id is not the one
+        derived from a recorded call of their job (uuid5 of its tool_use_id; as ids are
+        unique, none such means at most one file per call), and files beyond one per job
+        (each job makes one call)."""
+        from tool_workers.files import FILE_ID_NAMESPACE
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        calls = self.sql(f"SELECT job_id, tool_use_id FROM tool_calls WHERE job_id IN ({ids}) "
+                         "AND name = 'files.create_document'")
+        files = self.sql(f"SELECT job_id, id FROM files WHERE job_id IN ({ids})")
+        expected = {(str(j), str(uuid.uuid5(FILE_ID_NAMESPACE, t))) for j, t in calls}
+        per_job: dict[str, int] = {}
+        for job_id, _ in files:
+            per_job[str(job_id)] = per_job.get(str(job_id), 0) + 1
+        return {"files_without_their_call": sum(1 for j, f in files
+                                                if (str(j), str(f)) not in expected),
+                "files_per_job_beyond_one": sum(n - 1 for n in per_job.values())}
+
+    def tool_calls(self, job_ids: list[str]) -> dict[str, dict[str, int]]:
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        out: dict[str, dict[str, int]] = {}
+        for name, status, n in self.sql(f"SELECT name, status, COUNT(*) FROM tool_calls "
+                                        f"WHERE job_id IN ({ids}) GROUP BY 1, 2"):
+            out.setdefault(name, {})[status] = int(n)
+        return out
+
+    def files_made(self, job_ids: list[str]) -> int:
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        return int(self.sql(f"SELECT COUNT(*) FROM files WHERE job_id IN ({ids})")[0][0])
+
+    def provider_waits(self, job_ids: list[str]) -> int:
+        ids = ",".join(f"'{j}'" for j in job_ids) or "NULL"
+        return int(self.sql(f"SELECT COUNT(DISTINCT job_id) FROM job_events WHERE job_id IN "
+                            f"({ids}) AND type = 'waiting_provider'")[0][0])
+
+    def storm(self, seconds: float | None, share: float = 0.8, hang_s: float = 10.0,
+              retry_after_s: float = 2.0) -> dict:
+        """Start a provider storm on the model server (None: end it)."""
+        spec = None if seconds is None else {"seconds": seconds, "share": share,
+                                             "hang_s": hang_s, "retry_after_s": retry_after_s}
+        r = self.server.http.post(f"{self.server.root}/config", json={"storm": spec},
+                                  timeout=10)
+        r.raise_for_status()
+        return r.json()
 
 
 class Submitter:
@@ -332,8 +435,9 @@ class Submitter:
 
     def _one(self, n: int) -> None:
         key = uuid.uuid4().hex
-        body = {"platform": "api", "platform_user_id": f"u{n % 50}",
-                "platform_channel_id": f"c-{key}", "content": ONE_TOOL_JOB}
+        user, content = job_content(n)
+        body = {"platform": "api", "platform_user_id": user,
+                "platform_channel_id": f"c-{key}", "content": content}
         if self.callback_url:
             body["callback_url"] = self.callback_url
         deadline = time.monotonic() + SUBMIT_GIVE_UP_S
@@ -418,8 +522,15 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
     outcome.api = dict(sub.api)
     outcome.not_submitted = sub.lost + (jobs - sub.lost - len(sub.job_ids))
     outcome.duplicates = lab.duplicates(sub.job_ids)
-    outcome.duplicates["tool_runs_twice"] = 0  # reported, not a duplicate result
-    outcome.notes.append(f"tool executions run twice: {lab.tool_runs_twice(sub.job_ids)}")
+    outcome.tool_reruns = lab.tool_reruns(sub.job_ids)
+    # a side-effecting (non-idempotent) tool executed twice is a duplicate; an idempotent
+    # tool run again (at-least-once delivery) is reported only
+    outcome.duplicates["non_idempotent_tool_runs"] = \
+        outcome.tool_reruns["non_idempotent_extra_runs"]
+    outcome.duplicates.update(lab.file_problems(sub.job_ids))
+    outcome.files_made = lab.files_made(sub.job_ids)
+    outcome.tool_calls = lab.tool_calls(sub.job_ids)
+    outcome.provider_waits = lab.provider_waits(sub.job_ids)
     failed = [j for j, s in statuses.items() if s == "failed"]
     if failed:
         ids = ",".join(f"'{j}'" for j in failed)
@@ -427,7 +538,6 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
                           f"WHERE id IN ({ids}) GROUP BY 1")
         outcome.notes.append("failed by error code: "
                              + ", ".join(f"{code}: {n}" for code, n in reasons))
-    outcome.duplicates.pop("tool_runs_twice")
     outcome.webhooks = {**lab.receiver.report(sub.job_ids),
                         "retried_attempts": lab.delivery_retries(sub.job_ids)}
     dead = [n for n, up in lab.alive().items() if not up]
@@ -458,6 +568,19 @@ def orchestrator_down(seconds: float) -> Callable[[FaultLab], None]:
     return lambda lab: lab.kill9("orchestrator", seconds)
 
 
+def provider_storm(seconds: float, share: float = 0.8) -> Callable[[FaultLab], None]:
+    """The model provider in a storm for `seconds`: a share of the calls answer 429 with
+    `Retry-After`, 429 without, 500, or hang 10 s (past the lab's 4 s call timeout), in
+    turn; the jobs must wait for the provider (`waiting_for: provider`) and resume."""
+    def fault(lab: FaultLab) -> None:
+        lab.storm(seconds, share)
+        try:
+            time.sleep(seconds)
+        finally:
+            lab.storm(None)
+    return fault
+
+
 def webhook_receiver_down(seconds: float) -> Callable[[FaultLab], None]:
     """The jobs' webhook receiver refuses connections for `seconds`, then is back."""
     def fault(lab: FaultLab) -> None:
@@ -480,22 +603,46 @@ SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "postgres_restart": postgres_restart,
     "webhook_receiver_down": webhook_receiver_down(
         float(os.environ.get("AGENTQ_FAULT_WEBHOOK_DOWN_S", "20"))),
+    "provider_storm": provider_storm(STORM_S),
 }
+PARAMETRIC = {"orchestrator_down_": orchestrator_down,
+              "webhook_receiver_down_": webhook_receiver_down,
+              "provider_storm_": provider_storm}
+"""Scenarios named with their length: orchestrator_down_600, webhook_receiver_down_600s,
+provider_storm_300s."""
+
+
+def scenario(name: str) -> Callable[[FaultLab], None] | None:
+    """The fault a scenario name stands for; ValueError for a name that is none."""
+    if name in SCENARIOS:
+        return SCENARIOS[name]
+    for prefix, make in PARAMETRIC.items():
+        if name.startswith(prefix):
+            try:
+                seconds = float(name[len(prefix):].rstrip("s"))
+            except ValueError:
+                break
+            if seconds > 0:
+                return make(seconds)
+    raise ValueError(
+        f"unknown fault scenario {name!r}; known: {', '.join(SCENARIOS)}, or "
+        + ", ".join(f"{p}<seconds>" for p in PARAMETRIC))
 
 
 def main(args) -> int:
     import tempfile
+    import sys
     names = args.only or list(SCENARIOS)
+    try:
+        faults = {name: scenario(name) for name in names}
+    except ValueError as exc:
+        print(f"python -m benchmarks faults: {exc}", file=sys.stderr)
+        return 2
     results = []
     scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
     lab = FaultLab(scratch).start()
     try:
-        for name in names:
-            seconds = lambda: float(name.split("_")[-1].rstrip("s"))  # noqa: E731
-            fault = (SCENARIOS[name] if name in SCENARIOS
-                     else webhook_receiver_down(seconds())
-                     if name.startswith("webhook_receiver_down_")
-                     else orchestrator_down(seconds()))
+        for name, fault in faults.items():
             out = run_scenario(lab, name, fault, args.jobs, args.rate)
             results.append(out.as_dict())
             print(json.dumps(out.as_dict()), flush=True)

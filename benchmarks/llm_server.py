@@ -8,13 +8,22 @@ prints its base URL on stdout. Routes besides the OpenAI ones:
     GET  /stats   counters since the last reset: calls, max_in_flight, requests_per_s,
                   process_cpu_s, messages per request (mean, max)
     POST /reset   zero the counters
-    POST /config  {"latency_s": S} the latency added to every chat reply
+    POST /config  {"latency_s": S} the latency added to every chat reply;
+                  {"storm": {"seconds": S, "share": F, "hang_s": H, "retry_after_s": R}}
+                  a provider storm from now for S seconds: a share F (default 0.8) of the
+                  chat calls fail, in turn 429 with `Retry-After: R` (default 2), 429
+                  without it, 500, and a hang of H seconds (default 10: set it past the
+                  client's timeout) before a late answer; the other calls are answered
+                  as usual. `{"storm": null}` ends it at once. /stats counts the storm's
+                  answers (`storm`: by kind).
 
 The responder: the request's last user message may carry `turns=N` (default 1); the model
 asks for one tool call per turn until N assistant tool-call turns follow that user message,
 then answers in text. The tool it calls is the offered tool whose name contains
 `evaluate` (agentq's `math-evaluate`, the peer's `math_evaluate`), with `{"expression":
-"6*7"}`.
+"6*7"}`; a user message carrying `tool=create_document` or `tool=run_python[:S]` calls that
+tool instead (a document titled after the conversation; Python that sleeps S seconds,
+default 3, then prints 42).
 """
 from __future__ import annotations
 
@@ -25,11 +34,16 @@ import re
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from tests.support.scripted_llm import ScriptedLLM, _error_body, call, text, tool_calls
 
 TURNS_RE = re.compile(r"turns=(\d+)")
+TOOL_RE = re.compile(r"tool=(create_document|run_python)(?::(\d+(?:\.\d+)?))?")
+STORM_KINDS = ("429_retry_after", "429", "500", "hang")
+STORM_CYCLE = 20
+"""A storm's share is applied per block of this many calls (0.8: 16 fail, 4 answer)."""
 DEFAULT_TOOL = "math-evaluate"
 FINAL_TEXT = "The answer is 42."
 
@@ -55,13 +69,24 @@ def react_reply(request: dict):
                if m.get("role") == "assistant" and m.get("tool_calls"))
     if done >= turns:
         return text(FINAL_TEXT)
+    wanted = TOOL_RE.search(_text_of(messages[last_user].get("content"))) \
+        if last_user >= 0 else None
+    needle, arguments = "evaluate", {"expression": "6*7"}
+    if wanted and wanted.group(1) == "create_document":
+        needle = "create_document"
+        arguments = {"title": f"note {last_user}", "content": "six times seven is 42",
+                     "format": "md"}
+    elif wanted:
+        needle = "run_python"
+        arguments = {"code": f"import time\ntime.sleep({float(wanted.group(2) or 3)})\n"
+                             "print(6 * 7)"}
     name = DEFAULT_TOOL
     for tool in request.get("tools") or ():
         fname = ((tool or {}).get("function") or {}).get("name") or ""
-        if "evaluate" in fname:
+        if needle in fname:
             name = fname
             break
-    return tool_calls(call(name, {"expression": "6*7"}, raw=True))
+    return tool_calls(call(name, arguments, raw=True))
 
 
 class BenchLLM(ScriptedLLM):
@@ -71,10 +96,15 @@ class BenchLLM(ScriptedLLM):
         super().__init__(latency_s, react_reply, **kw)
         self.messages_total = 0
         self.messages_max = 0
+        self.storm: dict[str, Any] | None = None
+        """{"until": monotonic time, "share", "hang_s", "retry_after_s"} while it lasts"""
+        self.storm_calls = 0
+        self.storm_served: dict[str, int] = {}
 
     def reset_stats(self) -> None:
         super().reset_stats()
         self.messages_total = self.messages_max = 0
+        self.storm_served = {}
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -82,6 +112,8 @@ class BenchLLM(ScriptedLLM):
         out["messages_per_request_mean"] = (round(self.messages_total / self.calls, 1)
                                             if self.calls else 0.0)
         out["messages_per_request_max"] = self.messages_max
+        out["storm"] = dict(self.storm_served)
+        out["storm_active"] = self._storm_active()
         out["cpu_ms_per_call"] = (round(1000 * out["process_cpu_s"] / self.calls, 3)
                                   if self.calls else None)
         return out
@@ -94,17 +126,57 @@ class BenchLLM(ScriptedLLM):
         if method == "POST" and bare == "/config":
             try:
                 config = json.loads(body or b"{}")
-                self.latency_s = float(config.get("latency_s", self.latency_s))
-            except (ValueError, TypeError):
+                latency_s = float(config.get("latency_s", self.latency_s))
+                storm = self._storm_config(config["storm"]) if "storm" in config \
+                    else self.storm
+            except (ValueError, TypeError, AttributeError, KeyError):
                 return 400, _error_body("bad config", 400), {}
-            return 200, {"latency_s": self.latency_s}, {}
+            self.latency_s, self.storm = latency_s, storm
+            return 200, {"latency_s": self.latency_s, "storm": self._storm_active()}, {}
         return await super()._route(method, path, body)
+
+    @staticmethod
+    def _storm_config(spec: dict | None) -> dict[str, Any] | None:
+        if spec is None:
+            return None
+        seconds = float(spec["seconds"])
+        share = float(spec.get("share", 0.8))
+        if seconds < 0 or not 0 <= share <= 1:
+            raise ValueError("storm: seconds >= 0, 0 <= share <= 1")
+        return {"until": time.monotonic() + seconds, "share": share,
+                "hang_s": float(spec.get("hang_s", 10.0)),
+                "retry_after_s": float(spec.get("retry_after_s", 2.0))}
+
+    def _storm_active(self) -> bool:
+        return self.storm is not None and time.monotonic() < self.storm["until"]
+
+    def _storm_kind(self) -> str | None:
+        """The storm's answer to this call, or None: answered as usual. Of every
+        STORM_CYCLE calls the first share × STORM_CYCLE fail, the kinds in turn."""
+        storm = self.storm
+        if storm is None or time.monotonic() >= storm["until"]:
+            return None
+        n = self.storm_calls
+        self.storm_calls += 1
+        if n % STORM_CYCLE >= round(storm["share"] * STORM_CYCLE):
+            return None
+        kind = STORM_KINDS[n % len(STORM_KINDS)]
+        self.storm_served[kind] = self.storm_served.get(kind, 0) + 1
+        return kind
 
     async def _chat(self, request: dict):
         with self._in_flight():
             count = len(request.get("messages") or ())
             self.messages_total += count
             self.messages_max = max(self.messages_max, count)
+            storm, kind = self.storm, self._storm_kind()
+            if kind == "429_retry_after":
+                return 429, _error_body("rate limited (storm)", 429), {
+                    "retry-after": f"{storm['retry_after_s']:g}"}
+            if kind in ("429", "500"):
+                return int(kind), _error_body(f"storm {kind}", int(kind)), {}
+            if kind == "hang":
+                await asyncio.sleep(storm["hang_s"])
             reply = react_reply(request)
             if self.latency_s > 0:
                 await asyncio.sleep(self.latency_s)

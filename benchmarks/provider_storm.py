@@ -3,7 +3,9 @@
 
 One-tool jobs (math.evaluate, then an answer) are submitted at R jobs/s; when 40% are in,
 the scripted provider answers a share F of chat requests with 429 (with and without
-Retry-After) and 500 for S seconds, then recovers. Prints, as JSON: jobs completed and
+Retry-After), 500 and a 15 s hang (past the 10 s call timeout) for S seconds, then
+recovers. (The fault suite has the same storm with its other checks: `python -m benchmarks
+faults --only provider_storm`, docs/faults.md.) Prints, as JSON: jobs completed and
 failed, duplicates (token logs, tool calls run more than once, assistant messages per
 turn), calls the provider received during the storm, jobs seen waiting, and the time from
 the storm's end until the last job ended. agentq's own defaults apply (30-minute wait
@@ -26,7 +28,7 @@ import requests
 from sqlalchemy import func, select
 
 from agentq.models import Job, Message, TokenLog, ToolCall
-from tests.support.scripted_llm import ScriptedLLM, error, passes, react_responder
+from tests.support.scripted_llm import ScriptedLLM, error, hang, passes, react_responder
 from tests.support.stack import Stack, create_database, drop_database, flush_redis
 
 STORM_ENV = {"AGENTQ_MODEL": "gpt-4o-mini", "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
@@ -36,7 +38,7 @@ STORM_ENV = {"AGENTQ_MODEL": "gpt-4o-mini", "AGENTQ_GUEST_MONTHLY_TOKENS": "1000
 
 def storm_replies(share: float) -> list:
     failures = [error(429, headers={"retry-after": "2"}), error(500), error(429),
-                error(500)]
+                hang(15.0)]
     total = 20
     bad = round(share * total)
     return [failures[i % len(failures)] for i in range(bad)] + [passes()] * (total - bad)

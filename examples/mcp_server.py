@@ -7,11 +7,15 @@ registered with `agentq modules add notes --command "python -m examples.mcp_serv
 `agentq modules add notes http://127.0.0.1:8701/mcp --mcp`.
 
 Tools: `add` (two numbers), `shout` (upper-case a text), `whoami` (the process id: one
-session per tool worker process), `fail` (raises: the model reads the error).
+session per tool worker process), `fail` (raises: the model reads the error), `environ`
+(the names of the variables in the server's environment: a stdio server gets an
+allow-listed environment, never agentq's secrets), `sleep` (answers after some seconds:
+past the module's time limit, the model reads a timeout).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 
 from mcp.server.mcpserver import MCPServer
@@ -38,6 +42,17 @@ def whoami() -> dict:
 @server.tool(description="Always fails, with the given message.")
 def fail(message: str) -> str:
     raise ToolError(message)
+
+
+@server.tool(description="The names of the variables in this server's environment.")
+def environ() -> dict:
+    return {"names": sorted(os.environ)}
+
+
+@server.tool(description="Answer after the given number of seconds.")
+async def sleep(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return f"slept {seconds:g} s"
 
 
 def main(argv: list[str] | None = None) -> None:

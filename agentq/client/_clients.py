@@ -216,6 +216,34 @@ class AgentQ:
         return self._json(Call("GET", f"/v1/conversations/{conversation_id}/messages",
                                retry_safe=True))["data"]
 
+    # approvals (API.md 1.1)
+    def approve(self, job_id: str, tool_use_id: str, arguments: dict | None = None) -> Job:
+        """Run a tool call that waits for approval (with `arguments` instead of the
+        model's, if given). 409 (Conflict) when that call is not waiting."""
+        return Job.parse(self._json(_core.decision_call(job_id, tool_use_id, "approve",
+                                                        {"arguments": arguments})))
+
+    def deny(self, job_id: str, tool_use_id: str, reason: str | None = None) -> Job:
+        """Refuse a tool call that waits for approval: the model reads a `denied` error."""
+        return Job.parse(self._json(_core.decision_call(job_id, tool_use_id, "deny",
+                                                        {"reason": reason})))
+
+    # schedules (API.md 1.1): the schedule objects as the API sends them
+    def create_schedule(self, conversation_id: str, content: str, **when: Any) -> dict:
+        """`when`: run_at | delay_s | cron (+ timezone); callback_url, metadata."""
+        return self._json(_core.schedule_call(conversation_id, content, **when))
+
+    def schedule(self, schedule_id: str) -> dict:
+        return self._json(Call("GET", f"/v1/schedules/{schedule_id}", retry_safe=True))
+
+    def schedules(self, conversation_id: str | None = None, status: str | None = None,
+                  limit: int | None = None) -> list[dict]:
+        return self._json(_core.schedules_call(conversation_id, status, limit))["data"]
+
+    def cancel_schedule(self, schedule_id: str) -> None:
+        """DELETE /v1/schedules/<id> (204): it never fires again."""
+        self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
+
     # batches
     def submit_batch(self, requests: Iterable[dict], *, callback_url: str | None = None,
                      max_concurrency: int | None = None) -> Batch:
@@ -375,6 +403,28 @@ class AsyncAgentQ:
     async def deliveries(self, job_id: str) -> list[Delivery]:
         page = await self._json(Call("GET", f"/v1/jobs/{job_id}/deliveries", retry_safe=True))
         return [Delivery.parse(d) for d in page["data"]]
+
+    async def approve(self, job_id: str, tool_use_id: str, arguments: dict | None = None
+                      ) -> Job:
+        return Job.parse(await self._json(_core.decision_call(
+            job_id, tool_use_id, "approve", {"arguments": arguments})))
+
+    async def deny(self, job_id: str, tool_use_id: str, reason: str | None = None) -> Job:
+        return Job.parse(await self._json(_core.decision_call(
+            job_id, tool_use_id, "deny", {"reason": reason})))
+
+    async def create_schedule(self, conversation_id: str, content: str, **when: Any) -> dict:
+        return await self._json(_core.schedule_call(conversation_id, content, **when))
+
+    async def schedule(self, schedule_id: str) -> dict:
+        return await self._json(Call("GET", f"/v1/schedules/{schedule_id}", retry_safe=True))
+
+    async def schedules(self, conversation_id: str | None = None, status: str | None = None,
+                        limit: int | None = None) -> list[dict]:
+        return (await self._json(_core.schedules_call(conversation_id, status, limit)))["data"]
+
+    async def cancel_schedule(self, schedule_id: str) -> None:
+        await self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
 
     async def submit_batch(self, requests: Iterable[dict], *, callback_url: str | None = None,
                            max_concurrency: int | None = None) -> Batch:

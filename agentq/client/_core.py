@@ -306,6 +306,32 @@ def replay_call(job_id: str, mode: str = "recorded", model: str | None = None) -
     return Call("POST", f"/v1/jobs/{job_id}/replay", json=body)
 
 
+def decision_call(job_id: str, tool_use_id: str, decision: str, body: dict[str, Any]
+                  ) -> Call:
+    """POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (API.md 1.1): `202`."""
+    return Call("POST", f"/v1/jobs/{job_id}/tool_calls/{tool_use_id}/{decision}",
+                json={k: v for k, v in body.items() if v is not None})
+
+
+def schedule_call(conversation_id: str, content: str, *, run_at: str | None = None,
+                  delay_s: float | None = None, cron: str | None = None,
+                  timezone: str | None = None, callback_url: str | None = None,
+                  metadata: dict | None = None) -> Call:
+    """POST /v1/schedules: exactly one of run_at (ISO 8601 with an offset), delay_s, cron."""
+    optional = {"run_at": run_at, "delay_s": delay_s, "cron": cron, "timezone": timezone,
+                "callback_url": callback_url, "metadata": metadata}
+    return Call("POST", "/v1/schedules", json={
+        "conversation_id": conversation_id, "content": content,
+        **{k: v for k, v in optional.items() if v is not None}})
+
+
+def schedules_call(conversation_id: str | None = None, status: str | None = None,
+                   limit: int | None = None) -> Call:
+    params = {k: v for k, v in (("conversation_id", conversation_id), ("status", status),
+                                ("limit", limit)) if v is not None}
+    return Call("GET", "/v1/schedules", params=params or None, retry_safe=True)
+
+
 def _wait_param(wait_s: float | None) -> dict | None:
     if wait_s is None:
         return None

@@ -1,12 +1,15 @@
 """MCP servers as tool modules, through the official `mcp` package: a server started over
-stdio (a command) or reached over streamable HTTP (a URL).
+stdio (a command) or reached over streamable HTTP (a URL). A stdio server is started with
+an allow-listed environment (child_env), not the worker's: no database URL, keys nor secrets.
 
 Its tools appear as `<module>.<tool>` with their input schemas, checked by the same
 `define_module` as any manifest (a name the rules refuse is mapped: lowercased, other
 characters to `_`; the server is still called by its own name). Calls run on the module's
 queue, like any tool, through one session per module that the tool worker process keeps
 open (a background event loop holds it; a broken session is opened again on the next call).
-A call the server answers with `isError`, or that fails or times out, is a ToolError.
+A call the server answers with `isError` or a JSON-RPC error is a `module_error`; one past
+its time limit a `tool_timeout` (the session and the module's health are kept); a broken
+session a `module_unavailable` (the module is then unhealthy).
 """
 from __future__ import annotations
 
@@ -40,11 +43,23 @@ def tool_name(module: str, remote: str) -> str:
     return f"{module}.{name}"
 
 
+CHILD_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH")
+"""What a stdio MCP server inherits from the tool worker's environment (plus LC_*): never
+the database URL, keys, secrets nor anything else of agentq's (AGENTQ_*, OPENAI_*, ...)."""
+
+
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a stdio MCP server is started with: an allow-list, not ours."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k in CHILD_ENV or k.startswith("LC_")) and not v.startswith("()")}
+
+
 def _target(spec, settings: Settings):
     from mcp.client.stdio import StdioServerParameters
     if spec.command:
         return StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
-                                     env={**os.environ}, cwd=os.getcwd())
+                                     env=child_env(), cwd=os.getcwd())
     from agentq.webhooks import urls
     urls.check_callback_url(spec.url, settings.module_allow_private, field_name="url")
     return spec.url
@@ -131,9 +146,24 @@ class Sessions:
         client = await self.client(spec, settings)
         try:
             return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
-        except Exception:
-            await self.drop(spec)  # the next call opens a new session
+        except Exception as exc:
+            if not _answered(exc):
+                await self.drop(spec)  # the next call opens a new session
             raise
+
+
+def _timed_out(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import REQUEST_TIMEOUT
+    return isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT
+
+
+def _answered(exc: BaseException) -> bool:
+    """The server answered the call with a JSON-RPC error, or did not answer it in time:
+    the session itself is sound (a timed-out call does not make the module unhealthy)."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+    return isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED
 
 
 _sessions: Sessions | None = None
@@ -192,6 +222,10 @@ def call(spec, remote_name: str, arguments: dict, limit_s: float,
     except TimeoutError:
         raise ToolTimeout(f"{spec.name}.{remote_name}", limit_s) from None
     except Exception as exc:  # noqa: BLE001 - the session broke or the server refused
+        if _timed_out(exc):  # the call, not the server: the module stays healthy
+            raise ToolTimeout(f"{spec.name}.{remote_name}", limit_s) from None
+        if _answered(exc):
+            raise ModuleError(f"{remote_name}: {str(exc)[:2000]}") from None
         raise ModuleUnavailable(f"MCP server {spec.name}: {type(exc).__name__}: "
                                 f"{str(exc)[:500]}") from None
     texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]

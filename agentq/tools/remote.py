@@ -29,7 +29,8 @@ import httpx
 
 from agentq.config import Settings
 from agentq.errors import ManifestError, ToolError, ToolTimeout, ValidationFailed
-from agentq.tools.manifest import NAME_RE, ToolContext, ToolModule, define_module
+from agentq.tools.manifest import (NAME_RE, PERMISSION_LEVELS, ToolContext, ToolModule,
+                                   define_module)
 from agentq.webhooks import urls
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,38 @@ class ModuleSpec:
     slow: bool = False
     secret: str | None = field(default=None, repr=False)
     static: bool = False
+    permission: str | None = None
+    """The level a caller needs for the module's tools (an HTTP manifest's own `permission`
+    wins; an MCP server has none, so this is its tools' level; default guest)."""
+    requires_approval: bool | tuple[str, ...] = False
+    """True: every call of its tools waits for a person's approval; a tuple: the tools so
+    named (`tool` or `module.tool`). An HTTP manifest's own `requires_approval` wins."""
+    timeout_s: float | None = None
+    """Each call's time limit (an HTTP manifest's own `time_limit_s` wins)."""
 
     def public(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "url": self.url,
                 "command": list(self.command) if self.command else None, "slow": self.slow,
-                "signed": bool(self.secret), "static": self.static}
+                "signed": bool(self.secret), "static": self.static,
+                "permission": self.permission,
+                "requires_approval": (list(self.requires_approval)
+                                      if isinstance(self.requires_approval, tuple)
+                                      else self.requires_approval),
+                "timeout_s": self.timeout_s}
+
+    def defaults(self) -> dict[str, Any] | None:
+        """The per-module defaults as stored (tool_modules.defaults), or None."""
+        out = {k: v for k, v in self.public().items()
+               if k in ("permission", "requires_approval", "timeout_s") and v not in
+               (None, False, [])}
+        return out or None
+
+    def gated(self, tool: str) -> bool:
+        """Whether the registration asks approval for `tool` (`module.tool`)."""
+        if isinstance(self.requires_approval, tuple):
+            short = tool.partition(".")[2]
+            return tool in self.requires_approval or short in self.requires_approval
+        return bool(self.requires_approval)
 
 
 # --- registration checks ------------------------------------------------------------------
@@ -101,12 +129,54 @@ def check_spec(spec: ModuleSpec, settings: Settings, taken: set[str] = frozenset
     if spec.secret is not None:
         from agentq.webhooks.signing import check_module_secret
         check_module_secret(spec.secret)
+    check_defaults(spec.name, spec.permission, spec.requires_approval, spec.timeout_s)
+
+
+def check_defaults(name: str, permission: Any, requires_approval: Any,
+                   timeout_s: Any) -> None:
+    """The per-module defaults; ValidationFailed naming the field to fix."""
+    if permission is not None and permission not in PERMISSION_LEVELS:
+        raise ValidationFailed({"permission": [f"Must be one of {list(PERMISSION_LEVELS)}."]},
+                               "The module's permission is not valid.")
+    if not isinstance(requires_approval, bool):
+        ok = isinstance(requires_approval, (list, tuple)) and 0 < len(requires_approval) <= 200
+        for tool in requires_approval if ok else ():
+            prefix, dot, short = tool.partition(".") if isinstance(tool, str) else ("", "", "")
+            if not (NAME_RE.fullmatch(tool) if isinstance(tool, str) and not dot else
+                    prefix == name and NAME_RE.fullmatch(short)):
+                ok = False
+        if not ok:
+            raise ValidationFailed(
+                {"requires_approval": ["Must be true, false, or a non-empty list of the "
+                                       f"module's tool names (`tool` or `{name}.tool`)."]},
+                "The module's requires_approval is not valid.")
+    if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or
+                                  isinstance(timeout_s, bool) or not 0.1 <= timeout_s <= 86400):
+        raise ValidationFailed({"timeout_s": ["Must be a number of seconds from 0.1 to "
+                                              "86400."]},
+                               "The module's timeout_s is not valid.")
+
+
+def check_approval_names(spec: ModuleSpec, module: ToolModule) -> None:
+    """Every tool that requires_approval names is one of the module's."""
+    if not isinstance(spec.requires_approval, tuple):
+        return
+    names = {t.name for t in module.tools} | {t.name.partition(".")[2] for t in module.tools}
+    unknown = [t for t in spec.requires_approval if t not in names]
+    if unknown:
+        raise ValidationFailed(
+            {"requires_approval": [f"No such tool in the module: {', '.join(unknown)}; it "
+                                   f"has {', '.join(sorted(t.name for t in module.tools))}."]},
+            "requires_approval names a tool the module does not have.")
 
 
 def parse_static(raw: str | None, env: dict[str, str]) -> tuple[ModuleSpec, ...]:
     """AGENTQ_TOOL_MODULES: `name=url` entries, comma-separated (`name=mcp+http://…` for an
     MCP server over streamable HTTP); secret from AGENTQ_MODULE_SECRET_<NAME>; slow when
-    the name is in AGENTQ_SLOW_MODULES."""
+    the name is in AGENTQ_SLOW_MODULES; per-module defaults from
+    AGENTQ_MODULE_PERMISSION_<NAME> (guest|user|admin|owner),
+    AGENTQ_MODULE_APPROVAL_<NAME> (`all`, or tool names comma-separated) and
+    AGENTQ_MODULE_TIMEOUT_S_<NAME> (seconds)."""
     from agentq.errors import ConfigError
     specs = []
     slow = {p.strip() for p in (env.get("AGENTQ_SLOW_MODULES") or "").split(",")}
@@ -123,9 +193,29 @@ def parse_static(raw: str | None, env: dict[str, str]) -> tuple[ModuleSpec, ...]
         kind = "http"
         if url.startswith("mcp+"):
             kind, url = "mcp", url[4:]
+        upper = name.upper()
+        permission = env.get(f"AGENTQ_MODULE_PERMISSION_{upper}") or None
+        approval_raw = (env.get(f"AGENTQ_MODULE_APPROVAL_{upper}") or "").strip()
+        approval: bool | tuple[str, ...] = False
+        if approval_raw.lower() in ("all", "true", "1", "*"):
+            approval = True
+        elif approval_raw:
+            approval = tuple(t.strip() for t in approval_raw.split(",") if t.strip())
+        timeout_raw = env.get(f"AGENTQ_MODULE_TIMEOUT_S_{upper}") or None
+        try:
+            timeout_s = float(timeout_raw) if timeout_raw else None
+            check_defaults(name, permission, approval, timeout_s)
+        except (ValueError, ValidationFailed) as exc:
+            fields = getattr(exc, "fields", {"timeout_s": ["Must be a number of seconds."]})
+            field_name = next(iter(fields))
+            env_name = {"permission": "PERMISSION", "requires_approval": "APPROVAL",
+                        "timeout_s": "TIMEOUT_S"}[field_name]
+            raise ConfigError(f"AGENTQ_MODULE_{env_name}_{upper}",
+                              fields[field_name][0]) from None
         specs.append(ModuleSpec(name=name, kind=kind, url=url, slow=name in slow,
-                                secret=env.get(f"AGENTQ_MODULE_SECRET_{name.upper()}") or None,
-                                static=True))
+                                secret=env.get(f"AGENTQ_MODULE_SECRET_{upper}") or None,
+                                static=True, permission=permission,
+                                requires_approval=approval, timeout_s=timeout_s))
     return tuple(specs)
 
 
@@ -290,15 +380,31 @@ def build_module(spec: ModuleSpec, manifest: Any,
                 raise ManifestError(spec.name, f"tools[{i}]: 'function' is not a manifest "
                                                "key of a remote module")
         manifest = {**manifest, "tools": [
-            {**t, "function": function_for(spec, str(t.get("name")),
-                                           remote_names.get(str(t.get("name")),
-                                                            str(t.get("name"))))}
+            {**with_defaults(spec, t),
+             "function": function_for(spec, str(t.get("name")),
+                                      remote_names.get(str(t.get("name")),
+                                                       str(t.get("name"))))}
             if isinstance(t, dict) else t for t in tools]}
     module = define_module(manifest)
     if spec.slow and not module.slow:
         module = ToolModule(name=module.name, description=module.description,
                             tools=module.tools, slow=True, time_limit_s=module.time_limit_s)
     return module
+
+
+def with_defaults(spec: ModuleSpec, tool: dict[str, Any]) -> dict[str, Any]:
+    """A manifest's tool with the registration's defaults: for an MCP server (which has no
+    permission, approval nor limit of its own) they are the tool's; for an HTTP module they
+    fill in what its manifest does not say."""
+    out = dict(tool)
+    mcp = spec.kind == "mcp"
+    if spec.permission is not None and (mcp or "permission" not in out):
+        out["permission"] = spec.permission
+    if spec.gated(str(out.get("name"))) and (mcp or "requires_approval" not in out):
+        out["requires_approval"] = True
+    if spec.timeout_s is not None and (mcp or "time_limit_s" not in out):
+        out["time_limit_s"] = spec.timeout_s
+    return out
 
 
 def context_of(ctx: ToolContext) -> dict[str, Any]:
@@ -514,9 +620,14 @@ class RemoteModules:
 
 
 def spec_of(row) -> ModuleSpec:
+    defaults = getattr(row, "defaults", None) or {}
+    approval = defaults.get("requires_approval") or False
     return ModuleSpec(name=row.name, kind=row.kind, url=row.url,
                       command=tuple(row.command) if row.command else None, slow=row.slow,
-                      secret=row.secret)
+                      secret=row.secret, permission=defaults.get("permission"),
+                      requires_approval=tuple(approval) if isinstance(approval, list)
+                      else bool(approval),
+                      timeout_s=defaults.get("timeout_s"))
 
 
 def tools_of(module: ToolModule | None) -> list[dict[str, Any]]:

@@ -13,12 +13,16 @@ The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without se
     file access as that uid (an unprivileged worker runs it as itself). bwrap then builds
     a user namespace (uid kept), and new pid, network, ipc, uts and cgroup namespaces, and
     forbids nested user namespaces (`--disable-userns`): unshare/setns/mount fail;
-  * the file system is a fresh tmpfs root holding only /usr (read-only: the Python runtime
-    and its standard library; /bin, /lib, /lib64 are the usual symlinks into it), a fresh
+  * the file system is a fresh tmpfs root holding only /usr/bin, /usr/lib*, /usr/share
+    (read-only: the Python runtime, its shared libraries and standard library; /bin, /lib,
+    /lib64 are the usual symlinks into them; not /usr/local, /usr/src), a fresh
     /proc of the sandbox's pid namespace, bwrap's minimal /dev (null, zero, full, random,
-    urandom, tty), a private /tmp, and the run's own scratch directory (writable, at its
-    host path, the cwd). No /etc, /run, /var, /root, /home, project or database files, no
-    other run's scratch;
+    urandom, tty), a private /tmp (a tmpfs of TMP_SIZE_BYTES), and the run's own scratch
+    directory, the cwd: a tmpfs of SCRATCH_SIZE_BYTES (with the caller's input files bound
+    read-only) that ends with the run, or a host directory the caller shares with the run.
+    Writing past a tmpfs's size fails with ENOSPC inside the code: a run cannot fill the
+    host's memory or disk. No /etc, /run, /var, /root, /home, project or database files,
+    no other run's scratch;
   * the network namespace holds only a loopback interface: TCP and UDP reach nothing;
     abstract Unix sockets are per network namespace; no socket file of the host is mounted;
   * inside, a small stdlib-only supervisor (SUPERVISOR, below) sets the resource limits --
@@ -33,7 +37,8 @@ The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without se
   * a new session, an empty stdin, an environment of PATH/HOME/TMPDIR/LANG/LC_ALL only;
   * stdout/stderr are read as they come; beyond the cap the bytes are read and discarded,
     so a chatty child cannot fill our memory or block on a full pipe. Output is cut once,
-    here; the tool result stays valid JSON.
+    here, by its length as a JSON string (a control character takes 6 characters there),
+    so a caller can size the caps to make its whole result fit its JSON budget.
 
 Why bubblewrap and not the hand-written namespaces we had: it is packaged by every major
 distribution, maintained (Flatpak's sandbox), needs no daemon or setuid bit when user
@@ -51,9 +56,9 @@ import selectors
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -70,6 +75,12 @@ PYTHON_ENV = "AGENTQ_SANDBOX_PYTHON"
 DEFAULT_UID = DEFAULT_GID = 65534
 DEFAULT_PYTHON = "/usr/bin/python3"
 FILE_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
+SCRATCH_SIZE_BYTES = 64 * 1024 * 1024
+"""The run's own scratch (a tmpfs in the sandbox, unless the caller binds a directory of its
+own): writing past it fails with ENOSPC inside the code. tmpfs lives in memory, outside the
+code's RLIMIT_AS, so it is bounded here."""
+TMP_SIZE_BYTES = 16 * 1024 * 1024
+"""The private /tmp (a tmpfs): writing past it fails with ENOSPC."""
 OPEN_FILES_LIMIT = 256
 MAX_PROCESSES = 64
 """Processes and threads one run may have at once (bwrap's pid 1 and the supervisor count)."""
@@ -211,24 +222,50 @@ def _tools() -> tuple[str, str]:
     return bwrap, real
 
 
-def _bwrap_command(bwrap: str, python: str, workdir: str) -> list[str]:
+def _bwrap_command(bwrap: str, python: str, workdir: str, bind_workdir: bool = True,
+                   files: dict[str, str] | None = None) -> list[str]:
+    """bwrap's arguments. The scratch `workdir` is the host directory bound in
+    (`bind_workdir`), or a fresh tmpfs of SCRATCH_SIZE_BYTES holding `files` ({name: host
+    path}, bound read-only)."""
     command = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
-               "--die-with-parent", "--new-session", "--hostname", "sandbox",
-               "--ro-bind", "/usr", "/usr"]
+               "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    for path in _runtime_dirs(python):
+        command += ["--ro-bind", path, path]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = "/" + name
         if os.path.islink(path):
             command += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             command += ["--ro-bind", path, path]
-    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--bind", workdir, workdir, "--remount-ro", "/", "--chdir", workdir,
-                "--clearenv"]
+    command += ["--proc", "/proc", "--dev", "/dev",
+                "--size", str(TMP_SIZE_BYTES), "--perms", "1777", "--tmpfs", "/tmp"]
+    if bind_workdir:
+        command += ["--bind", workdir, workdir]
+    else:
+        command += ["--size", str(SCRATCH_SIZE_BYTES), "--perms", "0700", "--tmpfs", workdir]
+        for name, path in (files or {}).items():
+            command += ["--ro-bind", path, os.path.join(workdir, name)]
+    command += ["--remount-ro", "/", "--chdir", workdir, "--clearenv"]
     env = {"PATH": CHILD_PATH, "HOME": workdir, "TMPDIR": workdir,
            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     for name, value in env.items():
         command += ["--setenv", name, value]
     return command + ["--", python, "-I", "-S", "-B", "-c", SUPERVISOR]
+
+
+USR_DIRS = ("bin", "lib", "lib32", "lib64", "libx32", "share")
+"""What of /usr the sandbox sees: programs, shared libraries, the standard library, shared
+data (zoneinfo). Not /usr/local, /usr/src, /usr/include, /usr/sbin, /usr/etc."""
+
+
+def _runtime_dirs(python: str) -> list[str]:
+    """The directories bound read-only: USR_DIRS of /usr, and the bin and lib of the
+    interpreter's own prefix when it is elsewhere under /usr (e.g. /usr/local)."""
+    dirs = [f"/usr/{name}" for name in USR_DIRS]
+    prefix = os.path.dirname(os.path.dirname(python))
+    if prefix != "/usr":
+        dirs += [os.path.join(prefix, "bin"), os.path.join(prefix, "lib")]
+    return [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
 
 
 _probe_lock = threading.Lock()
@@ -254,30 +291,86 @@ def problem() -> str | None:
         return found
 
 
+MARKER = "\n... [truncated {n} bytes]"
+
+
+def json_chars(text: str) -> int:
+    """How many characters `text` takes as a JSON string (json.dumps, ensure_ascii=False,
+    as tool results are written), quotes excluded."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
+
+
 @dataclass
 class _Capture:
-    """Keeps the first `max_chars` characters of a stream (as bytes) and counts the rest."""
+    """Keeps the start of a stream (as bytes) and counts the rest. Its text is cut so that
+    it takes at most `max_chars` characters as a JSON string, the marker included: a
+    control character takes 6 (\\u0001), a quote 2, so the caller's JSON budget holds."""
     max_chars: int
     data: bytearray = field(default_factory=bytearray)
     total: int = 0
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        room = self.max_chars * 4 + 4 - len(self.data)  # UTF-8: at most 4 bytes a char
+        # a character takes at least one JSON character and at most 4 UTF-8 bytes
+        room = self.max_chars * 4 + 4 - len(self.data)
         if room > 0:
             self.data += chunk[:room]
 
-    def text(self) -> tuple[str, bool]:
+    def whole(self) -> str | None:
+        """The stream, if it was kept whole."""
+        if self.total != len(self.data):
+            return None
+        return _printable(bytes(self.data).decode("utf-8", "surrogateescape"))
+
+    def text(self, max_chars: int | None = None) -> tuple[str, bool]:
+        """The stream as text taking at most `max_chars` (default: ours) JSON characters,
+        and whether it was cut."""
+        limit = self.max_chars if max_chars is None else max_chars
+        whole = self.whole()
+        if whole is not None and json_chars(whole) <= limit:
+            return whole, False
         text = bytes(self.data).decode("utf-8", "surrogateescape")
-        if len(text) <= self.max_chars and self.total == len(self.data):
-            return _printable(text), False
-        kept = text[:self.max_chars]
-        omitted = self.total - len(kept.encode("utf-8", "surrogateescape"))
-        return _printable(kept) + f"\n... [truncated {omitted} bytes]", True
+        guess = self.total  # the marker's count, at most this many digits
+        while True:
+            room = limit - json_chars(MARKER.format(n=guess))
+            low, high = 0, min(len(text), max(room, 0))
+            while low < high:  # the longest prefix within the room
+                mid = (low + high + 1) // 2
+                if json_chars(_printable(text[:mid])) <= room:
+                    low = mid
+                else:
+                    high = mid - 1
+            kept = text[:low]
+            omitted = self.total - len(kept.encode("utf-8", "surrogateescape"))
+            if len(str(omitted)) == len(str(guess)):
+                break
+            guess = omitted  # fewer digits: room for a little more text
+        return _printable(kept) + MARKER.format(n=omitted), True
 
 
 def _printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _share(captures: dict[str, "_Capture"], total: int | None) -> dict[str, int]:
+    """Each stream's JSON budget: its own cap, and when the streams share `total`, what one
+    does not use goes to the other."""
+    caps = {name: c.max_chars for name, c in captures.items()}
+    if total is None or sum(caps.values()) <= total:
+        return caps
+    need = {}
+    for name, capture in captures.items():
+        whole = capture.whole()
+        need[name] = json_chars(whole) if whole is not None else caps[name]
+        need[name] = min(need[name], caps[name])
+    fair = total // len(caps)
+    small = [n for n in caps if need[n] <= fair]
+    spare = total - sum(need[n] for n in small)
+    large = [n for n in caps if n not in small]
+    out = {n: need[n] for n in small}
+    for n in large:
+        out[n] = min(caps[n], spare // len(large))
+    return out
 
 
 @dataclass
@@ -319,30 +412,53 @@ class _Child:
 
 
 def run_python(code: str, *, cpu_s: float, memory_mb: int, wall_s: float,
-               max_output_chars: int, scratch_dir: str | None = None) -> dict[str, Any]:
-    """Run `code` in the sandbox; see the module docstring for what it may and may not do."""
+               max_output_chars: int, max_output_total_chars: int | None = None,
+               scratch_dir: str | None = None, input_dir: str | None = None) -> dict[str, Any]:
+    """Run `code` in the sandbox; see the module docstring for what it may and may not do.
+
+    The code's scratch (its cwd, HOME and TMPDIR) is a fresh tmpfs of SCRATCH_SIZE_BYTES
+    that ends with the run, holding the files of `input_dir` (read-only); or, given
+    `scratch_dir`, that host directory itself, shared with the caller while the code runs
+    (bounded only by the file-size limit: for callers that read it back).
+
+    `max_output_chars` caps each of stdout and stderr by its length as a JSON string
+    (marker included); with `max_output_total_chars` the two also share that total, one
+    taking what the other leaves. A caller that adds the rest of its result's JSON to these
+    knows the whole result's length before the run, so nothing after it cuts again."""
     _check_arguments(code, cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
-                     max_output_chars=max_output_chars)
+                     max_output_chars=max_output_chars,
+                     **({} if max_output_total_chars is None
+                        else {"max_output_total_chars": max_output_total_chars}))
     identity = _identity()
     bwrap, python = _tools()
-    own_dir = scratch_dir is None
-    if own_dir:
-        workdir = tempfile.mkdtemp(prefix="agentq-sandbox-")
+    if scratch_dir is not None and input_dir is not None:
+        raise ValueError("run_python: give scratch_dir or input_dir, not both")
+    files: dict[str, str] = {}
+    if scratch_dir is None:
+        # only inside the sandbox: nothing of it is on the host's disk
+        workdir = f"/tmp/agentq-sandbox-{uuid.uuid4().hex}"
+        if input_dir is not None:
+            input_dir = os.path.realpath(input_dir)
+            files = {entry.name: entry.path for entry in os.scandir(input_dir)
+                     if entry.is_file(follow_symlinks=False)}
+            _hand_over(input_dir, identity)   # bwrap, as the sandbox's uid, binds them
     else:
         workdir = os.path.realpath(scratch_dir)
         os.makedirs(workdir, mode=0o700, exist_ok=True)
-    try:
-        if identity.switch:
-            os.chown(workdir, identity.uid, identity.gid)
-            os.chmod(workdir, 0o700)
-        return _run(code, cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
-                    max_output_chars=int(max_output_chars), workdir=workdir,
-                    identity=identity, bwrap=bwrap, python=python)
-    finally:
-        if own_dir:
-            shutil.rmtree(workdir, ignore_errors=True)
-            if os.path.exists(workdir):
-                log.warning("sandbox scratch not removed", extra={"path": workdir})
+        _hand_over(workdir, identity)
+    return _run(code, cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
+                max_output_chars=int(max_output_chars),
+                max_output_total_chars=(None if max_output_total_chars is None
+                                        else int(max_output_total_chars)),
+                workdir=workdir, bind_workdir=scratch_dir is not None, files=files,
+                identity=identity, bwrap=bwrap, python=python)
+
+
+def _hand_over(directory: str, identity: "_Identity") -> None:
+    """Make `directory` the sandbox uid's alone (when we are root and switch to it)."""
+    if identity.switch:
+        os.chown(directory, identity.uid, identity.gid)
+        os.chmod(directory, 0o700)
 
 
 def _check_arguments(code: str, **limits: float) -> None:
@@ -386,11 +502,13 @@ def _rlimits(cpu_s: float, memory_mb: int) -> list[tuple[str, int, int]]:
 
 
 def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_chars: int,
-         workdir: str, identity: _Identity, bwrap: str, python: str) -> dict[str, Any]:
+         max_output_total_chars: int | None, workdir: str, bind_workdir: bool,
+         files: dict[str, str], identity: _Identity, bwrap: str, python: str) -> dict[str, Any]:
     status_r, status_w = os.pipe()
     config = {"status_fd": status_w, "rlimits": _rlimits(cpu_s, memory_mb),
               "wrapper": WRAPPER}
-    command = _bwrap_command(bwrap, python, workdir) + [json.dumps(config), code]
+    command = _bwrap_command(bwrap, python, workdir, bind_workdir, files) + [
+        json.dumps(config), code]
     user_args: dict[str, Any] = {}
     if identity.switch:
         user_args = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
@@ -437,8 +555,9 @@ def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_c
         or (exit_code == -signal.SIGKILL
             and cpu_used >= _cpu_limit(cpu_s) - CPU_ACCOUNTING_SLACK_S))
     memory_limited = not timed_out and bool(final and final.get("memory_error"))
-    stdout, stdout_cut = captures["stdout"].text()
-    stderr, stderr_cut = captures["stderr"].text()
+    budgets = _share(captures, max_output_total_chars)
+    stdout, stdout_cut = captures["stdout"].text(budgets["stdout"])
+    stderr, stderr_cut = captures["stderr"].text(budgets["stderr"])
     log.info("sandbox run finished", extra={
         "uid": identity.uid, "exit_code": exit_code, "timed_out": timed_out,
         "cpu_limited": cpu_limited, "memory_limited": memory_limited,

@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
 JOB_EVENT_TYPES = ("job.completed", "job.failed", "job.cancelled")
 BATCH_EVENT_TYPES = ("batch.completed", "batch.cancelled")
 APPROVAL_EVENT_TYPE = "job.approval_required"
-"""A tool call waits for a person: the body is the job object plus `approval` (the call)."""
+"""A tool call waits for a person: the body is the job object plus
+`tool_call: {tool_use_id, name, arguments}` (API.md 1.1)."""
+TOOL_CALL_KEYS = ("tool_use_id", "name", "arguments")
 EVENT_TYPES = JOB_EVENT_TYPES + BATCH_EVENT_TYPES + (APPROVAL_EVENT_TYPE,)
 
 PENDING, SUCCEEDED, FAILED, GAVE_UP = "pending", "succeeded", "failed", "gave_up"
@@ -161,7 +163,9 @@ def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
             return None
         data, at = job_object(job), job.finished_at
         if delivery.event_type == APPROVAL_EVENT_TYPE:
-            data, at = {**data, "approval": delivery.data}, delivery.created_at
+            call = delivery.data or {}
+            data = {**data, "tool_call": {k: call.get(k) for k in TOOL_CALL_KEYS}}
+            at = delivery.created_at
     else:
         batch = session.get(Batch, delivery.batch_id)
         if batch is None:

@@ -11,6 +11,8 @@ const EVENT_TYPES = [
   "waiting_provider", "approval_required", "approval_resolved",
 ];
 
+const LIVE = ["queued", "running", "waiting"];
+
 function onEvents(source, handler) {
   for (const type of EVENT_TYPES) source.addEventListener(type, handler);
   source.onmessage = handler;
@@ -44,6 +46,11 @@ function followJob(root) {
     if (event.type === "job_start" || event.type === "turn_start") {
       status.textContent = "running";
     }
+    if (event.type === "approval_required" || event.type === "approval_resolved") {
+      // the Approve / Deny buttons are rendered by the server
+      source.close();
+      window.setTimeout(() => window.location.reload(), 300);
+    }
     if (event.type === "job_end") {
       source.close();
       status.textContent = event.data.status || "ended";
@@ -68,7 +75,7 @@ function followList(table) {
   const watch = () => {
     for (const row of tbody.querySelectorAll("tr[data-job]")) {
       const id = row.dataset.job;
-      const live = row.dataset.status === "queued" || row.dataset.status === "running";
+      const live = LIVE.includes(row.dataset.status);
       if (!live || streams.has(id) || streams.size >= 4) continue;
       const source = new EventSource("/ui/jobs/" + id + "/events");
       streams.set(id, source);
@@ -90,7 +97,7 @@ function followList(table) {
 
 document.addEventListener("DOMContentLoaded", () => {
   const job = document.getElementById("job");
-  if (job && (job.dataset.status === "queued" || job.dataset.status === "running")) {
+  if (job && LIVE.includes(job.dataset.status)) {
     followJob(job);
   }
   const jobs = document.getElementById("jobs");

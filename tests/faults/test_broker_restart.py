@@ -2,9 +2,10 @@
 
 celery/kombu 5.7.0 crashed a worker with tasks in flight while reconnecting
 (`AttributeError: 'NoneType' object has no attribute 'hostname'`, see tasks/consumer.py).
-The first test reproduces kombu's failing close on a real Redis, deterministically; the
-second restarts the suite's private Redis under load, repeatedly, and every process must
-still be alive and every job completed.
+The first tests reproduce kombu's failing close (and ack) on a real Redis,
+deterministically, each with a control showing that stock kombu still raises there (when a
+control fails, kombu fixed it: drop the work-around); the others restart the suite's private
+Redis under load, repeatedly, and every process must still be alive and every job completed.
 """
 from __future__ import annotations
 
@@ -34,13 +35,28 @@ def _connection_with_unacked_delivery(redis: PrivateRedis) -> Connection:
     return conn
 
 
+def _collected_after_broker_loss(redis: PrivateRedis) -> Connection:
+    """The consumer's reconnect path: a delivery unacknowledged, the broker gone, the
+    transport collected (what collect() leaves behind when the channel's close failed)."""
+    conn = _connection_with_unacked_delivery(redis)
+    redis.kill()
+    conn._do_close_transport()
+    return conn
+
+
+def test_control_stock_kombu_close_after_collect_raises(private_redis):
+    """The bug the work-around is for, on plain kombu: this close kills a worker. When this
+    test fails, kombu handles a detached transport: drop tasks.consumer's work-around."""
+    conn = _collected_after_broker_loss(private_redis)
+    with pytest.raises(AttributeError, match="hostname"):
+        conn.close()
+
+
 def test_close_after_collect_with_unacked_delivery_does_not_raise(private_redis):
-    """The consumer's reconnect path: broker gone, transport collected, then close()."""
-    conn = _connection_with_unacked_delivery(private_redis)
-    private_redis.kill()
-    conn._do_close_transport()  # what collect() leaves behind when the channel's close failed
+    """The same sequence as the control, with the consumer's tolerant close."""
+    conn = _collected_after_broker_loss(private_redis)
     tolerant_close(conn)
-    conn.close()  # kombu 5.7.0 alone: AttributeError('... no attribute hostname')
+    conn.close()
 
 
 def test_tolerant_close_leaves_a_healthy_close_alone(private_redis):
@@ -50,21 +66,40 @@ def test_tolerant_close_leaves_a_healthy_close_alone(private_redis):
     assert conn._transport is None
 
 
-def test_workers_use_the_tolerant_consumer():
-    from tasks.app import app
-    assert app.conf.worker_consumer == "tasks.consumer:Consumer"
+def test_a_redis_broker_connection_gets_the_tolerant_transport(private_redis):
+    """What kombu builds from the app's settings for a redis:// broker (not just what the
+    settings say): our transport, whose channel raises a connection error."""
+    from celery.utils.imports import symbol_by_name
+
+    from agentq.config import Settings
+    from tasks.app import make_celery
+    from tasks.consumer import Channel, Consumer, Transport
+    app = make_celery(Settings.from_env({"AGENTQ_BROKER_URL": private_redis.url}))
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport)
+        assert isinstance(conn.default_channel, Channel)
+    # and the consumer the worker loads (it resolves the setting the same way)
+    assert symbol_by_name(app.conf.worker_consumer) is Consumer
 
 
-def test_redis_restarts_under_load_kill_no_worker(run_fault):
+def test_redis_restarts_under_load_kill_no_worker(run_fault, fault_lab):
     """Three restarts of Redis while jobs flow (each loses every key): all workers live on,
     all jobs complete (the sweeper re-drives what the restarts lost)."""
+    import time
+    redis_pids: list[int] = []
+
     def restarts(lab):
-        import time
         for _ in range(3):
             lab.redis.restart(down_s=1.0)
+            redis_pids.append(lab.redis.proc.pid)
             time.sleep(2.0)
+    workers = {n: p.pid for n, p in fault_lab.stack.procs.items()}
     outcome = run_fault("redis_restart_x3", restarts)
-    assert outcome.fault_s is not None
+    assert outcome.statuses == {"completed": outcome.jobs}
+    # Redis really went away three times (a new server each time), and the same worker
+    # processes carried on: none died and was replaced
+    assert len(set(redis_pids)) == 3, redis_pids
+    assert {n: p.pid for n, p in fault_lab.stack.procs.items()} == workers
 
 
 def test_submits_while_redis_is_down_are_written_and_complete(run_fault, fault_lab):
@@ -106,29 +141,37 @@ def test_submits_while_redis_is_down_are_written_and_complete(run_fault, fault_l
     assert statuses and set(statuses.values()) == {"completed"}, statuses
 
 
-def test_an_ack_on_a_collected_channel_is_a_connection_error(private_redis):
-    """The second path: a pool thread's ack runs on the old channel after the reconnect.
-    kombu 5.7.0's own channel raises AttributeError('... no attribute hostname') there,
-    which kills the worker; ours raises a connection error, which celery logs and skips."""
-    import redis as redis_lib
-
-    from tasks.consumer import Channel, Transport
-    conn = Connection(private_redis.url, transport=Transport)
+def _ack_after_collect(redis: PrivateRedis, transport=None) -> BaseException | None:
+    """A pool thread's ack running on the old channel after the reconnect: what it
+    raises (None: nothing)."""
+    conn = Connection(redis.url, transport=transport)
     channel = conn.default_channel
-    assert isinstance(channel, Channel)
     queue = Queue("q", Exchange("q"), "q")
     conn.Producer().publish({"n": 1}, exchange=queue.exchange, routing_key="q",
                             declare=[queue])
     message = channel.basic_get("q", no_ack=False)
-    private_redis.kill()
+    assert message is not None
+    redis.kill()
     channel._disconnect_pools()  # as the lost connection left it
     conn._do_close_transport()
-    with pytest.raises(redis_lib.exceptions.ConnectionError):
-        message.ack()
     try:
-        conn.close()  # (a connection error here is what the consumer ignores)
-    except redis_lib.exceptions.ConnectionError:
-        pass
-    assert redis_lib.exceptions.ConnectionError in Transport.connection_errors or any(
-        issubclass(redis_lib.exceptions.ConnectionError, e)
-        for e in Transport.connection_errors)
+        message.ack()
+    except Exception as exc:  # noqa: BLE001 - the answer
+        return exc
+    return None
+
+
+def test_control_stock_kombu_ack_on_a_collected_channel_raises(private_redis):
+    """The second path's bug on plain kombu: AttributeError, which celery's ack does not
+    swallow (it kills the worker). When this fails, kombu fixed it: drop our Transport."""
+    raised = _ack_after_collect(private_redis)
+    assert isinstance(raised, AttributeError) and "hostname" in str(raised), repr(raised)
+
+
+def test_an_ack_on_a_collected_channel_is_a_connection_error(private_redis):
+    """Ours raises a connection error there, which celery logs and skips."""
+    import redis as redis_lib
+
+    from tasks.consumer import Transport
+    raised = _ack_after_collect(private_redis, Transport)
+    assert isinstance(raised, redis_lib.exceptions.ConnectionError), repr(raised)

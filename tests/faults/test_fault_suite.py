@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.faults import SCENARIOS
+from benchmarks.faults import SCENARIOS, provider_storm
+from tests.faults.conftest import STORM_S
 
 FAULTS = ["orchestrator_kill9", "tools_kill9", "tools_slow_kill9", "webhooks_kill9",
           "web_kill9", "beat_kill9", "redis_flushall", "postgres_restart"]
@@ -18,6 +19,23 @@ FAULTS = ["orchestrator_kill9", "tools_kill9", "tools_slow_kill9", "webhooks_kil
 def test_fault(run_fault, name):
     outcome = run_fault(name, SCENARIOS[name])
     assert outcome.statuses == {"completed": outcome.jobs}
+    # the mix ran: documents were made (one per call: run_fault asserts it) and the slow
+    # code ran on tools-slow
+    assert outcome.files_made > 0, outcome.as_dict()
+    assert outcome.tool_calls["files.create_document"].get("succeeded"), outcome.as_dict()
+    assert outcome.tool_calls["code.run_python"].get("succeeded"), outcome.as_dict()
+
+
+def test_a_provider_storm_parks_jobs_and_every_job_completes(run_fault, fault_lab):
+    # given the model provider failing 80% of the calls for a while (30 s at CI size): 429
+    # with and without Retry-After, 500, hangs past the call timeout
+    outcome = run_fault(f"provider_storm_{int(STORM_S)}s", provider_storm(STORM_S))
+    # then jobs waited for their provider rather than failing, and every one completed
+    # (run_fault asserts it, and that no side effect was repeated)
+    assert outcome.provider_waits > 0, outcome.as_dict()
+    assert outcome.statuses == {"completed": outcome.jobs}
+    served = fault_lab.server.stats()["storm"]
+    assert set(served) == {"429_retry_after", "429", "500", "hang"}, served
 
 
 def test_a_receiver_down_is_retried_until_every_event_arrives_once(run_fault):

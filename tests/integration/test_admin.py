@@ -1,28 +1,29 @@
-"""The admin surface through HTTP against the real stack: personas, users, identities, key
-rotation and usage, each in the admin key's tenant; bad input in the error shape; a
-non-admin key gets 403 on every route."""
+"""The admin surface through HTTP against the real stack, at API.md 1.1's paths: personas
+(/v1/personas), users (/v1/users, /v1/users/<id>/links), usage (/v1/usage) and key rotation,
+each in the admin key's tenant (another tenant's rows are 404); bad input in the error
+shape; a non-admin key gets 403 on every route."""
 from __future__ import annotations
 
 import pytest
 
 from tests.integration.conftest import Client, uid
-from tests.support.scripted_llm import text
+from tests.support.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 
 ADMIN_ROUTES = [
-    ("POST", "/v1/admin/personas", {"name": "x"}),
-    ("GET", "/v1/admin/personas", None),
-    ("GET", "/v1/admin/personas/00000000-0000-0000-0000-000000000000", None),
-    ("PATCH", "/v1/admin/personas/00000000-0000-0000-0000-000000000000", {"name": "y"}),
-    ("DELETE", "/v1/admin/personas/00000000-0000-0000-0000-000000000000", None),
-    ("GET", "/v1/admin/users", None),
-    ("GET", "/v1/admin/users/00000000-0000-0000-0000-000000000000", None),
-    ("PATCH", "/v1/admin/users/00000000-0000-0000-0000-000000000000",
+    ("POST", "/v1/personas", {"name": "x"}),
+    ("GET", "/v1/personas", None),
+    ("GET", "/v1/personas/00000000-0000-0000-0000-000000000000", None),
+    ("PATCH", "/v1/personas/00000000-0000-0000-0000-000000000000", {"name": "y"}),
+    ("DELETE", "/v1/personas/00000000-0000-0000-0000-000000000000", None),
+    ("GET", "/v1/users", None),
+    ("GET", "/v1/users/00000000-0000-0000-0000-000000000000", None),
+    ("PATCH", "/v1/users/00000000-0000-0000-0000-000000000000",
      {"permission_level": "user"}),
-    ("POST", "/v1/admin/users/00000000-0000-0000-0000-000000000000/identities",
+    ("POST", "/v1/users/00000000-0000-0000-0000-000000000000/links",
      {"platform": "p", "platform_user_id": "u"}),
-    ("GET", "/v1/admin/usage", None),
+    ("GET", "/v1/usage", None),
     ("POST", "/v1/admin/keys/00000000-0000-0000-0000-000000000000/rotate", None),
 ]
 
@@ -66,40 +67,91 @@ def test_a_non_admin_key_gets_403_on_every_admin_route(tenant, method, path, bod
 
 def test_personas_crud_and_exactly_one_default(tenant):
     admin = tenant["admin"]
-    first = admin.post("/v1/admin/personas", json={"name": "Helper", "system_prompt": "Be kind.",
+    first = admin.post("/v1/personas", json={"name": "Helper", "system_prompt": "Be kind.",
                                                     "allowed_modules": ["math", "time"]})
     assert first.status_code == 201, first.text
     first = first.json()
     assert first["is_default"] is True  # a tenant's first persona is its default
-    second = admin.post("/v1/admin/personas", json={"name": "Coder", "platform": "discord"})
+    second = admin.post("/v1/personas", json={"name": "Coder", "platform": "discord"})
     assert second.status_code == 201 and second.json()["is_default"] is False
     second = second.json()
 
-    listed = admin.get("/v1/admin/personas").json()["data"]
+    listed = admin.get("/v1/personas").json()["data"]
     assert [p["id"] for p in listed] == [first["id"], second["id"]]
-    shown = admin.get(f"/v1/admin/personas/{first['id']}").json()
+    shown = admin.get(f"/v1/personas/{first['id']}").json()
     assert shown["allowed_modules"] == ["math", "time"] and shown["system_prompt"] == "Be kind."
 
-    moved = admin.patch(f"/v1/admin/personas/{second['id']}",
+    moved = admin.patch(f"/v1/personas/{second['id']}",
                         json={"is_default": True, "default_model": "primary-model"})
     assert moved.status_code == 200, moved.text
-    defaults = [p["id"] for p in admin.get("/v1/admin/personas").json()["data"]
+    defaults = [p["id"] for p in admin.get("/v1/personas").json()["data"]
                 if p["is_default"]]
     assert defaults == [second["id"]]
-    error_of(admin.patch(f"/v1/admin/personas/{second['id']}", json={"is_default": False}),
+    error_of(admin.patch(f"/v1/personas/{second['id']}", json={"is_default": False}),
              409, "conflict")
 
-    deleted = admin.delete(f"/v1/admin/personas/{second['id']}")
+    deleted = admin.delete(f"/v1/personas/{second['id']}")
     assert deleted.status_code == 200 and deleted.json() == {"id": second["id"],
                                                               "deleted": True}
-    error_of(admin.get(f"/v1/admin/personas/{second['id']}"), 404, "not_found")
-    remaining = admin.get("/v1/admin/personas").json()["data"]
+    error_of(admin.get(f"/v1/personas/{second['id']}"), 404, "not_found")
+    remaining = admin.get("/v1/personas").json()["data"]
     assert [(p["id"], p["is_default"]) for p in remaining] == [(first["id"], True)]
 
     # another tenant's admin sees none of it
-    error_of(tenant["other"].get(f"/v1/admin/personas/{first['id']}"), 404)
+    error_of(tenant["other"].get(f"/v1/personas/{first['id']}"), 404)
     assert first["id"] not in [p["id"] for p in
-                               tenant["other"].get("/v1/admin/personas").json()["data"]]
+                               tenant["other"].get("/v1/personas").json()["data"]]
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v1/admin/personas"), ("GET", "/v1/admin/users"), ("GET", "/v1/admin/usage"),
+    ("POST", "/v1/admin/users/00000000-0000-0000-0000-000000000000/identities"),
+])
+def test_the_old_admin_paths_are_gone(tenant, method, path):
+    """API.md 1.1 has the tenant's admin at /v1/personas, /v1/users, /v1/usage."""
+    error_of(tenant["admin"].call(method, path, {}), 404)
+
+
+def test_another_tenants_persona_cannot_be_changed_or_deleted(tenant):
+    admin, other = tenant["admin"], tenant["other"]
+    mine = admin.post("/v1/personas", json={"name": "Mine", "is_default": False}).json()
+    error_of(other.patch(f"/v1/personas/{mine['id']}", json={"name": "Theirs"}), 404,
+             "not_found")
+    error_of(other.delete(f"/v1/personas/{mine['id']}"), 404, "not_found")
+    assert admin.get(f"/v1/personas/{mine['id']}").json()["name"] == "Mine"
+
+
+def test_persona_limits_and_requires_approval(tenant):
+    admin = tenant["admin"]
+    made = admin.post("/v1/personas", json={
+        "name": "Limited", "is_default": False, "requires_approval": ["flaky.echo"],
+        "limits": {"max_iterations": 3, "max_tokens": 5000}})
+    assert made.status_code == 201, made.text
+    made = made.json()
+    assert made["requires_approval"] == ["flaky.echo"] and "approval_tools" not in made
+    assert made["limits"] == {"max_iterations": 3, "max_tokens": 5000}
+    changed = admin.patch(f"/v1/personas/{made['id']}", json={
+        "limits": {"max_seconds": 30}, "requires_approval": None})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["limits"] == {"max_seconds": 30}
+    assert changed.json()["requires_approval"] is None
+    cleared = admin.patch(f"/v1/personas/{made['id']}", json={"limits": None}).json()
+    assert cleared["limits"] is None
+    error_of(admin.patch(f"/v1/personas/{made['id']}",
+                         json={"limits": {"max_iterations": -1}}), 422, "validation_error")
+    assert admin.get(f"/v1/personas/{made['id']}").json()["limits"] is None
+
+
+def test_a_personas_limits_apply_to_its_jobs(tenant, script):
+    admin = tenant["admin"]
+    persona = admin.post("/v1/personas", json={
+        "name": "Short leash", "is_default": False, "limits": {"max_iterations": 2}}).json()
+    marker = script([tool_calls(call("math.evaluate", {"expression": "1+1"}))
+                     for _ in range(2)])
+    job = admin.submit(f"{marker} loop", persona_id=persona["id"])
+    ended = admin.wait(job["id"])
+    assert (ended["status"], ended["finish_reason"], ended["iterations"]) == (
+        "completed", "max_iterations", 2), ended
 
 
 @pytest.mark.parametrize("body,field", [
@@ -108,29 +160,36 @@ def test_personas_crud_and_exactly_one_default(tenant):
     ({"name": "x", "allowed_modules": "math"}, "allowed_modules"),
     ({"name": "x", "max_tokens_per_request": 0}, "max_tokens_per_request"),
     ({"name": "x", "surprise": 1}, "surprise"),
-    ({"name": "x", "approval_tools": ["no.such_tool"]}, "approval_tools"),
+    ({"name": "x", "requires_approval": ["no.such_tool"]}, "requires_approval"),
     ({"name": "x", "stream": "sometimes"}, "stream"),
+    ({"name": "x", "limits": {"max_iterations": 0}}, "limits"),
+    ({"name": "x", "limits": {"max_tokens": -5}}, "limits"),
+    ({"name": "x", "limits": {"max_iterations": "many"}}, "limits"),
+    ({"name": "x", "limits": {"max_seconds": 0}}, "limits"),
+    ({"name": "x", "limits": {"max_turns": 3}}, "limits"),
+    ({"name": "x", "limits": 5}, "limits"),
+    ({"name": "x", "approval_tools": ["flaky.echo"]}, "approval_tools"),
 ])
 def test_bad_persona_bodies_are_422_naming_the_field(tenant, body, field):
-    error = error_of(tenant["admin"].post("/v1/admin/personas", json=body), 422,
+    error = error_of(tenant["admin"].post("/v1/personas", json=body), 422,
                      "validation_error")
     assert field in error["details"]["fields"]
 
 
 def test_persona_routes_bad_ids_and_bodies(tenant):
     admin = tenant["admin"]
-    error_of(admin.get("/v1/admin/personas/not-a-uuid"), 404)
-    error_of(admin.delete("/v1/admin/personas/00000000-0000-0000-0000-000000000000"), 404)
-    error_of(admin.post("/v1/admin/personas", data="name=x"), 415)
-    error_of(admin.post("/v1/admin/personas", data="{", headers={"Content-Type":
+    error_of(admin.get("/v1/personas/not-a-uuid"), 404)
+    error_of(admin.delete("/v1/personas/00000000-0000-0000-0000-000000000000"), 404)
+    error_of(admin.post("/v1/personas", data="name=x"), 415)
+    error_of(admin.post("/v1/personas", data="{", headers={"Content-Type":
                                                                  "application/json"}), 400)
-    made = admin.post("/v1/admin/personas", json={"name": "Tmp"}).json()
-    error_of(admin.patch(f"/v1/admin/personas/{made['id']}", json={"name": ""}), 422)
+    made = admin.post("/v1/personas", json={"name": "Tmp"}).json()
+    error_of(admin.patch(f"/v1/personas/{made['id']}", json={"name": ""}), 422)
 
 
 def test_a_request_may_name_a_persona_of_its_tenant(tenant, script, llm):
     admin = tenant["admin"]
-    persona = admin.post("/v1/admin/personas", json={
+    persona = admin.post("/v1/personas", json={
         "name": "Pirate", "system_prompt": "Talk like a pirate.", "is_default": False}).json()
     seen = {}
 
@@ -158,33 +217,33 @@ def test_users_show_usage_set_level_and_budget_and_link_identities(tenant, scrip
     job = admin.submit(f"{marker} hi", user=user_ref)
     assert admin.wait(job["id"])["status"] == "completed"
 
-    users = admin.get("/v1/admin/users").json()["data"]
+    users = admin.get("/v1/users").json()["data"]
     mine = [u for u in users if {"platform": "api", "platform_user_id": user_ref,
                                  "platform_username": user_ref} in u["identities"]]
     assert len(mine) == 1
     user = mine[0]
     assert user["permission_level"] == "guest"
 
-    shown = admin.get(f"/v1/admin/users/{user['id']}").json()
+    shown = admin.get(f"/v1/users/{user['id']}").json()
     assert shown["usage"]["input_tokens"] == 100 and shown["usage"]["output_tokens"] == 7
     assert shown["usage"]["calls"] == 1
     assert [t["job_id"] for t in shown["token_logs"]] == [job["id"]]
 
-    changed = admin.patch(f"/v1/admin/users/{user['id']}",
+    changed = admin.patch(f"/v1/users/{user['id']}",
                           json={"permission_level": "user", "token_budget_monthly": 12345})
     assert changed.status_code == 200, changed.text
     assert (changed.json()["permission_level"], changed.json()["token_budget_monthly"]) == (
         "user", 12345)
-    unlimited = admin.patch(f"/v1/admin/users/{user['id']}",
+    unlimited = admin.patch(f"/v1/users/{user['id']}",
                             json={"token_budget_monthly": None}).json()
     assert unlimited["token_budget_monthly"] is None
 
     # a second platform identity: its messages are this user's
-    linked = admin.post(f"/v1/admin/users/{user['id']}/identities",
+    linked = admin.post(f"/v1/users/{user['id']}/links",
                         json={"platform": "telegram", "platform_user_id": "tg-" + user_ref})
     assert linked.status_code == 201, linked.text
     assert {i["platform"] for i in linked.json()["identities"]} == {"api", "telegram"}
-    again = admin.post(f"/v1/admin/users/{user['id']}/identities",
+    again = admin.post(f"/v1/users/{user['id']}/links",
                        json={"platform": "telegram", "platform_user_id": "tg-" + user_ref})
     assert again.status_code == 200
     marker = script([text("two", input_tokens=1, output_tokens=1)])
@@ -192,20 +251,30 @@ def test_users_show_usage_set_level_and_budget_and_link_identities(tenant, scrip
             "platform_channel_id": uid("c"), "content": f"{marker} from telegram"}
     other_job = admin.post("/v1/messages", json=body).json()
     admin.wait(other_job["id"])
-    logs = admin.get(f"/v1/admin/users/{user['id']}").json()["token_logs"]
+    logs = admin.get(f"/v1/users/{user['id']}").json()["token_logs"]
     assert other_job["id"] in [t["job_id"] for t in logs]
 
     # an identity that is another user's: 409
     someone = uid("u")
     marker = script([text("three")])
     admin.wait(admin.submit(f"{marker} hi", user=someone)["id"])
-    error = error_of(admin.post(f"/v1/admin/users/{user['id']}/identities",
+    error = error_of(admin.post(f"/v1/users/{user['id']}/links",
                                 json={"platform": "api", "platform_user_id": someone}),
                      409, "conflict")
     assert error["details"]["platform_user_id"] == someone
 
-    # another tenant cannot see the user
-    error_of(tenant["other"].get(f"/v1/admin/users/{user['id']}"), 404)
+    # another tenant cannot see the user, nor change or link it
+    other = tenant["other"]
+    error_of(other.get(f"/v1/users/{user['id']}"), 404, "not_found")
+    error_of(other.patch(f"/v1/users/{user['id']}", json={"permission_level": "owner"}),
+             404, "not_found")
+    error_of(other.post(f"/v1/users/{user['id']}/links",
+                        json={"platform": "irc", "platform_user_id": uid("irc")}),
+             404, "not_found")
+    assert user["id"] not in [u["id"] for u in other.get("/v1/users").json()["data"]]
+    after = admin.get(f"/v1/users/{user['id']}").json()
+    assert after["permission_level"] == "user"
+    assert {i["platform"] for i in after["identities"]} == {"api", "telegram"}
 
 
 @pytest.mark.parametrize("body,field", [
@@ -217,31 +286,31 @@ def test_users_show_usage_set_level_and_budget_and_link_identities(tenant, scrip
 ])
 def test_bad_user_updates_are_422(tenant, script, body, field):
     admin = tenant["admin"]
-    users = admin.get("/v1/admin/users").json()["data"]
+    users = admin.get("/v1/users").json()["data"]
     if not users:
         marker = script([text("hi")])
         admin.wait(admin.submit(f"{marker} hi")["id"])
-        users = admin.get("/v1/admin/users").json()["data"]
+        users = admin.get("/v1/users").json()["data"]
     else:
         script([])
-    error = error_of(admin.patch(f"/v1/admin/users/{users[0]['id']}", json=body), 422)
+    error = error_of(admin.patch(f"/v1/users/{users[0]['id']}", json=body), 422)
     assert field in error["details"]["fields"]
 
 
 def test_user_routes_bad_input(tenant):
     admin = tenant["admin"]
-    error_of(admin.get("/v1/admin/users/not-a-uuid"), 404)
-    error_of(admin.get("/v1/admin/users", params={"limit": 0}), 422)
-    error_of(admin.get("/v1/admin/users", params={"page": 2}), 400)
-    error_of(admin.post("/v1/admin/users/00000000-0000-0000-0000-000000000000/identities",
+    error_of(admin.get("/v1/users/not-a-uuid"), 404)
+    error_of(admin.get("/v1/users", params={"limit": 0}), 422)
+    error_of(admin.get("/v1/users", params={"page": 2}), 400)
+    error_of(admin.post("/v1/users/00000000-0000-0000-0000-000000000000/links",
                         json={"platform": "p", "platform_user_id": "u"}), 404)
-    error_of(admin.post("/v1/admin/users/00000000-0000-0000-0000-000000000000/identities",
+    error_of(admin.post("/v1/users/00000000-0000-0000-0000-000000000000/links",
                         json={"platform": ""}), 422)
 
 
 def test_usage_report_per_user_persona_and_model(tenant, script):
     admin = tenant["admin"]
-    persona = admin.post("/v1/admin/personas", json={"name": "Counted",
+    persona = admin.post("/v1/personas", json={"name": "Counted",
                                                      "is_default": False}).json()
     marker = script([text("a", input_tokens=40, output_tokens=2),
                      text("b", input_tokens=60, output_tokens=3)])
@@ -251,26 +320,26 @@ def test_usage_report_per_user_persona_and_model(tenant, script):
     second = admin.submit(f"{marker} two", user=user_ref, persona_id=persona["id"])
     admin.wait(second["id"])
 
-    by_persona = admin.get("/v1/admin/usage", params={"group_by": "persona"}).json()
+    by_persona = admin.get("/v1/usage", params={"group_by": "persona"}).json()
     row = next(r for r in by_persona["data"] if r["key"] == persona["id"])
     assert (row["input_tokens"], row["output_tokens"], row["calls"]) == (100, 5, 2)
     assert row["total_tokens"] == 105 and row["cost_estimate"] >= 0
-    by_model = admin.get("/v1/admin/usage", params={"group_by": "model"}).json()
+    by_model = admin.get("/v1/usage", params={"group_by": "model"}).json()
     assert "primary-model" in [r["key"] for r in by_model["data"]]
-    by_user = admin.get("/v1/admin/usage").json()
+    by_user = admin.get("/v1/usage").json()
     assert by_user["group_by"] == "user"
     assert sum(r["calls"] for r in by_user["data"]) >= 2
 
-    empty = admin.get("/v1/admin/usage", params={"since": "2001-01-01T00:00:00Z",
+    empty = admin.get("/v1/usage", params={"since": "2001-01-01T00:00:00Z",
                                                  "until": "2001-01-02T00:00:00Z"}).json()
     assert empty["data"] == []
     # the other tenant's report holds none of these
-    others = tenant["other"].get("/v1/admin/usage", params={"group_by": "persona"}).json()
+    others = tenant["other"].get("/v1/usage", params={"group_by": "persona"}).json()
     assert persona["id"] not in [r["key"] for r in others["data"]]
 
-    error_of(admin.get("/v1/admin/usage", params={"group_by": "planet"}), 422)
-    error_of(admin.get("/v1/admin/usage", params={"since": "yesterday"}), 422)
-    error_of(admin.get("/v1/admin/usage", params={"since": "2030-01-02T00:00:00Z",
+    error_of(admin.get("/v1/usage", params={"group_by": "planet"}), 422)
+    error_of(admin.get("/v1/usage", params={"since": "yesterday"}), 422)
+    error_of(admin.get("/v1/usage", params={"since": "2030-01-02T00:00:00Z",
                                                   "until": "2030-01-01T00:00:00Z"}), 422)
 
 
@@ -280,7 +349,7 @@ def test_keys_rotate_revokes_the_old_key_and_the_new_one_works(stack, tenant):
     assert made.status_code == 201
     made = made.json()
     old = Http(stack, made["key"])
-    assert old.get("/v1/admin/usage").status_code == 403  # works, but not admin
+    assert old.get("/v1/usage").status_code == 403  # works, but not admin
 
     rotated = admin.post(f"/v1/admin/keys/{made['id']}/rotate")
     assert rotated.status_code == 201, rotated.text

@@ -1,8 +1,10 @@
 """Batches and replay through HTTP with real workers."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -23,6 +25,10 @@ class Echo:
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:8]
         self.delay_s = 0.0
+        self.free = None
+        """When set, only this many requests are answered at once; the rest wait for `gate`."""
+        self.gate = threading.Event()
+        self._answered = itertools.count()
 
     def __str__(self) -> str:
         return self.tag
@@ -31,7 +37,9 @@ class Echo:
         users = [m.get("content") or "" for m in request["messages"] if m["role"] == "user"]
         match = LINE.search(users[-1]) if users else None
         if match and match.group(1) == self.tag:
-            return text(f"answer {match.group(2)}", delay_s=self.delay_s)
+            held = self.free is not None and next(self._answered) >= self.free
+            return text(f"answer {match.group(2)}", delay_s=self.delay_s,
+                        hold=self.gate if held else None)
         return None
 
 
@@ -40,6 +48,7 @@ def echo(llm):
     responder = Echo()
     llm.responder = responder
     yield responder
+    responder.gate.set()  # nothing stays held past the test
     llm.responder = None
 
 
@@ -109,20 +118,27 @@ def test_lines_sharing_a_conversation_run_in_request_order(client, echo, llm):
 
 
 def test_cancel_half_way_keeps_finished_jobs(client, echo):
-    echo.delay_s = 0.3
+    # given a batch of 30 whose model answers 4 requests, then holds the rest until told
+    echo.free = 4
     created = client.post("/v1/batches", json={"requests": lines(echo, 30),
                                                 "max_concurrency": 2})
     batch_id = created.json()["id"]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while client.get(f"/v1/batches/{batch_id}").json()["counts"]["completed"] < 4:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    # when it is cancelled while at most 2 jobs wait on the model
     assert client.post(f"/v1/batches/{batch_id}/cancel").status_code == 202
+    echo.gate.set()  # the held replies come back after the cancel
     batch = wait_batch(client, batch_id)
+    # then the 4 finished jobs keep their results and no other job completes
     counts = batch["counts"]
     assert batch["status"] == "cancelled"
-    assert counts["completed"] >= 4 and counts["cancelled"] >= 20
-    assert counts["completed"] + counts["cancelled"] + counts["failed"] == counts["total"] == 30
+    assert counts["completed"] == 4 and counts["cancelled"] + counts["failed"] == 26
+    assert counts["total"] == 30
+    finished = [r for r in results(client, batch_id) if r["status"] == "completed"]
+    assert sorted(r["response"]["content"] for r in finished) == sorted(
+        f"answer {r['custom_id'][2:]}" for r in finished)
     assert client.post(f"/v1/batches/{batch_id}/cancel").status_code == 409
 
 

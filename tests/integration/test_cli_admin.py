@@ -40,13 +40,60 @@ def test_personas_create_list_show_update_delete(stack, tenant):
                                  "--name", "Helper 2", "--model", "primary-model"))[0]
     assert (updated["name"], updated["default_model"]) == ("Helper 2", "primary-model")
     # the API sees what the CLI made
-    via_api = tenant["client"].get(f"/v1/admin/personas/{first['id']}").json()
+    via_api = tenant["client"].get(f"/v1/personas/{first['id']}").json()
     assert via_api["name"] == "Helper 2"
 
     deleted = lines(stack.agentq("personas", "delete", second["id"], "--tenant", t))[0]
     assert deleted == {"id": second["id"], "deleted": True}
     assert [p["is_default"] for p in lines(stack.agentq("personas", "list", "--tenant", t))
             ] == [True]
+
+
+def test_persona_options_match_the_api_fields(stack, tenant):
+    """--requires-approval, --stream and the limits, as POST|PATCH /v1/personas take them."""
+    t = tenant["name"]
+    made = lines(stack.agentq("personas", "create", "Guarded", "--tenant", t, "--not-default",
+                              "--requires-approval", "flaky.echo, flaky.guarded", "--stream",
+                              "--max-iterations", "4", "--max-job-tokens", "9000"))[0]
+    assert made["requires_approval"] == ["flaky.echo", "flaky.guarded"]
+    assert made["stream"] is True
+    assert made["limits"] == {"max_iterations": 4, "max_tokens": 9000}
+    updated = lines(stack.agentq("personas", "update", made["id"], "--tenant", t,
+                                 "--max-seconds", "30", "--no-stream",
+                                 "--requires-approval", "none"))[0]
+    assert updated["limits"] == {"max_iterations": 4, "max_tokens": 9000, "max_seconds": 30}
+    assert updated["stream"] is False and updated["requires_approval"] is None
+    via_api = tenant["client"].get(f"/v1/personas/{made['id']}").json()
+    assert via_api["limits"] == updated["limits"] and via_api["requires_approval"] is None
+
+
+@pytest.mark.parametrize("args,said", [
+    (("users", "set", "api", "someone", "--budget", "abc"), "'abc' is not a whole number"),
+    (("users", "set", "api", "someone", "--budget", "-5"), "-5 is not in the range"),
+    (("users", "set", "api", "someone", "--budget", "1.5"), "is not a whole number"),
+    (("users", "set", "api", "someone", "--level", "god"), "'god' is not one of"),
+    (("personas", "create", "X", "--max-iterations", "0"), "--max-iterations"),
+    (("personas", "create", "X", "--max-job-tokens", "-1"), "--max-job-tokens"),
+    (("personas", "create", "X", "--max-seconds", "abc"), "--max-seconds"),
+])
+def test_bad_option_values_are_one_usage_error_exit_2(stack, args, said):
+    result = stack.agentq(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert said in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+
+
+def test_a_users_budget_set_by_the_cli_is_what_the_api_shows(stack, tenant):
+    t, client = tenant["name"], tenant["client"]
+    ref = uid("u")
+    for budget, shown in (("5000", 5000), ("unlimited", None), ("0", 0)):
+        set_ = lines(stack.agentq("users", "set", "api", ref, "--budget", budget,
+                                  "--tenant", t))[0]
+        assert set_["token_budget_monthly"] == shown
+        assert client.get(f"/v1/users/{set_['user_id']}").json()[
+            "token_budget_monthly"] == shown
 
 
 @pytest.mark.parametrize("args,said", [
@@ -58,6 +105,7 @@ def test_personas_create_list_show_update_delete(stack, tenant):
     (("keys", "rotate", "00000000-0000-0000-0000-000000000000"), "No key"),
     (("keys", "revoke", "00000000-0000-0000-0000-000000000000"), "No key"),
     (("usage", "--by", "planet"), "planet"),
+    (("personas", "create", "X", "--requires-approval", "no.such_tool"), "Unknown tool"),
 ])
 def test_bad_input_is_a_message_and_exit_status_not_a_traceback(stack, args, said):
     result = stack.agentq(*args)

@@ -36,14 +36,17 @@ def readme_run_command() -> list[str]:
     return argv[1:]
 
 
-def agentq_run(home: Path, marker: str, llm, *extra: str, **env: str) -> subprocess.Popen:
+def agentq_run(home: Path, marker: str, llm, *extra: str, options: tuple[str, ...] = (),
+               **env: str) -> subprocess.Popen:
+    """`agentq [options] run <the README's question> [extra]`."""
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("AGENTQ_", "OPENAI_", "PROMETHEUS_"))}
     clean.update({"AGENTQ_HOME": str(home), "OPENAI_BASE_URL": llm.base_url,
                   "OPENAI_API_KEY": "sk-test", "AGENTQ_LLM_RETRIES": "0",
                   "AGENTQ_SYSTEM_PROMPT": f"You are a test. {marker}", **env})
     agentq = str(Path(os.sys.executable).with_name("agentq"))
-    return subprocess.Popen([agentq, *readme_run_command(), *extra], cwd=ROOT, env=clean,
+    return subprocess.Popen([agentq, *options, *readme_run_command(), *extra], cwd=ROOT,
+                            env=clean,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -69,6 +72,22 @@ def test_answered_exits_0_with_only_the_answer_on_stdout(llm, script, tmp_path):
         assert foreign not in err, err
     logged = (tmp_path / "agentq.log").read_text()
     assert "alembic" in logged and "orchestrator.step" in logged
+
+
+def test_verbose_also_shows_the_json_logs_on_stderr(llm, script, tmp_path):
+    import json
+    marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"})),
+                     text("It is 42.")])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm, options=("-v",)))
+    assert code == 0, err
+    assert out == "It is 42.\n"
+    # the human lines are still there, and the JSON log records with them
+    assert "← math.evaluate ok" in err and "· completed (end_turn)" in err
+    records = [json.loads(line) for line in err.splitlines() if line.lstrip().startswith("{")]
+    assert records and all(isinstance(r, dict) for r in records)
+    assert any("orchestrator.step" in json.dumps(r) for r in records), err
+    # and the log file has them as without -v
+    assert "orchestrator.step" in (tmp_path / "agentq.log").read_text()
 
 
 def test_the_iteration_limit_exits_3(llm, script, tmp_path):

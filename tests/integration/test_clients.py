@@ -26,6 +26,20 @@ def wait_until(predicate, timeout_s=120, every_s=0.05):
     raise AssertionError("condition not met in time")
 
 
+@pytest.fixture()
+def gate():
+    """Model replies scripted with `held(…, gate)` wait until the test sets it: a job stays
+    in its model call for as long as the test needs, however slow the machine."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def held(reply, gate):
+    reply.hold = gate
+    return reply
+
+
 def status_of(client, job_id):
     return client.get(f"/v1/jobs/{job_id}").json()["status"]
 
@@ -41,18 +55,19 @@ def no_orphan_tool_calls(messages):
     return calls == results
 
 
-def test_queue_runs_the_second_message_after_the_first_in_order(client, script):
+def test_queue_runs_the_second_message_after_the_first_in_order(client, script, gate):
     user, channel = uid("u"), uid("c")
     def sees_first_answer(request):
         contents = [m.get("content") for m in request["messages"]]
         assert "first answer" in contents and contents[-1].endswith("second")
-    marker = script([text("first answer", delay_s=1.0),
+    marker = script([text("first answer", hold=gate),
                      text("second answer", check=sees_first_answer)])
     first = client.submit(f"{marker} first", user=user, channel=channel)
     wait_until(lambda: status_of(client, first["id"]) == "running")
     second = client.submit(f"{marker} second", user=user, channel=channel, on_busy="queue")
     assert second["id"] != first["id"] and second["status"] == "queued"
     assert status_of(client, second["id"]) == "queued"
+    gate.set()
     a, b = client.wait(first["id"]), client.wait(second["id"])
     assert a["response"]["content"] == "first answer"
     assert b["response"]["content"] == "second answer"
@@ -94,23 +109,25 @@ def test_interrupt_cancels_the_running_job_cleanly_and_starts_the_new_one(client
     assert no_orphan_tool_calls(history(client, old["conversation_id"]))
 
 
-def test_reject_answers_409_naming_the_running_job(client, script):
+def test_reject_answers_409_naming_the_running_job(client, script, gate):
     user, channel = uid("u"), uid("c")
-    marker = script([text("slow", delay_s=1.0)])
+    marker = script([text("slow", hold=gate)])
     job = client.submit(f"{marker} go", user=user, channel=channel)
     response = client.post("/v1/messages", json={
         "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
         "content": "again", "on_busy": "reject"})
     assert response.status_code == 409
     assert response.json()["error"]["details"]["job_id"] == job["id"]
+    gate.set()
     client.wait(job["id"])
 
 
-def test_cancel_mid_llm_call_bills_once_and_ends_cancelled(client, script, stack):
-    marker = script([tool_calls(call("math.evaluate", {"expression": "1+1"}), delay_s=1.0)])
+def test_cancel_mid_llm_call_bills_once_and_ends_cancelled(client, script, stack, gate):
+    marker = script([held(tool_calls(call("math.evaluate", {"expression": "1+1"})), gate)])
     job = client.submit(f"{marker} go")
     wait_until(lambda: status_of(client, job["id"]) == "running")
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    gate.set()  # the model answers after the cancel: the reply is billed, its calls not run
     ended = client.wait(job["id"])
     assert ended["status"] == "cancelled"
     with stack.sessions()() as s:
@@ -133,14 +150,15 @@ def test_cancel_mid_tool_batch_answers_every_call(client, script):
     assert no_orphan_tool_calls(history(client, ended["conversation_id"]))
 
 
-def test_cancelling_a_queued_follow_up_removes_it(client, script):
+def test_cancelling_a_queued_follow_up_removes_it(client, script, gate):
     user, channel = uid("u"), uid("c")
-    marker = script([text("one", delay_s=0.8), text("three")])
+    marker = script([text("one", hold=gate), text("three")])
     first = client.submit(f"{marker} one", user=user, channel=channel)
     second = client.submit(f"{marker} two", user=user, channel=channel)
     third = client.submit(f"{marker} three", user=user, channel=channel)
     assert client.post(f"/v1/jobs/{second['id']}/cancel").status_code == 202
     assert status_of(client, second["id"]) == "cancelled"
+    gate.set()
     assert client.wait(first["id"])["status"] == "completed"
     assert client.wait(third["id"])["response"]["content"] == "three"
 
@@ -201,19 +219,29 @@ def test_idempotency_under_concurrent_duplicates(client, script, stack):
     assert other.status_code == 422
 
 
+def _waited(client, response) -> dict:
+    """The job a `?wait=` answer names, once ended: 200 holds the ended job; 202 (the wait ran
+    out first, as on a loaded machine) a live one, polled until it ends."""
+    assert response.status_code in (200, 202), response.text
+    job = response.json()
+    if response.status_code == 200:
+        assert job["status"] in ("completed", "failed", "cancelled")
+        return job
+    return client.wait(job["id"])
+
+
 def test_wait_on_submit_and_continue_and_embed(client, script):
     marker = script([text("first"), text("continued")])
-    response = client.post("/v1/messages", params={"wait": 20}, json={
+    submitted = _waited(client, client.post("/v1/messages", params={"wait": 20}, json={
         "platform": "api", "platform_user_id": uid("u"), "platform_channel_id": uid("c"),
-        "content": f"{marker} hi"})
-    assert response.status_code == 200 and response.json()["status"] == "completed"
-    conversation_id = response.json()["conversation_id"]
-    cont = client.post("/v1/continue", params={"wait": 20},
-                       json={"conversation_id": conversation_id,
-                             "content": f"{marker} background job done"})
-    assert cont.status_code == 200, cont.text
-    assert cont.json()["response"]["content"] == "continued"
-    assert cont.json()["conversation_id"] == conversation_id
+        "content": f"{marker} hi"}))
+    assert submitted["status"] == "completed"
+    conversation_id = submitted["conversation_id"]
+    cont = _waited(client, client.post("/v1/continue", params={"wait": 20},
+                                       json={"conversation_id": conversation_id,
+                                             "content": f"{marker} background job done"}))
+    assert cont["response"]["content"] == "continued"
+    assert cont["conversation_id"] == conversation_id
     missing = client.post("/v1/continue", json={"conversation_id": str(uuid.uuid4()),
                                                 "content": "x"})
     assert missing.status_code == 404

@@ -1,6 +1,7 @@
 """The /ui dashboard in a real browser (Debian's Chromium driven by Playwright) against the
-live stack: sign in, the jobs list and its filters, a running job updating live, cancel,
-replay and its side-by-side compare, batches; each page saved as a screenshot under
+live stack: sign in, the jobs list and its filters (`waiting` too), a running job updating
+live, cancel, approving and denying a waiting tool call, replay and its side-by-side compare,
+batches, schedules (listed, cancelled); each page saved as a screenshot under
 test-artifacts/ui/ and checked by axe-core (no serious or critical violation)."""
 from __future__ import annotations
 
@@ -121,6 +122,81 @@ def test_cancel_from_the_job_page(page, client, script):
     assert client.wait(job["id"])["status"] == "cancelled"
     page.goto(f"/ui/jobs/{job['id']}")
     assert page.locator("#job-status").inner_text() == "cancelled"
+    check(page, "cancel")
+
+
+def waiting_for_approval(page, client, script, user: str, expression: str) -> dict:
+    """A job whose flaky.guarded call waits for approval, its page open on the Approve and
+    Deny buttons (the page reloads itself when the approval is asked for)."""
+    from tests.integration.conftest import wait_until
+    marker = script([tool_calls(call("flaky.guarded", {"text": expression})),
+                     text("guarded done")])
+    job = client.submit(f"{marker} guarded", user=user)
+    page.goto(f"/ui/jobs/{job['id']}")
+    page.get_by_role("button", name="Approve flaky.guarded").wait_for()
+    shown = wait_until(lambda: (lambda j: j if j["status"] == "waiting" else None)(
+        client.get(f"/v1/jobs/{job['id']}").json()), what="job waiting")
+    assert shown["waiting_for"] == "approval"
+    assert page.locator("#job-status").inner_text() == "waiting"
+    assert page.locator("#job-waiting-for").inner_text() == "approval"
+    return job
+
+
+def test_a_waiting_call_is_approved_from_the_job_page(page, client, script):
+    user = uid("ui")
+    job = waiting_for_approval(page, client, script, user, "ls")
+    assert expression_shown(page, "ls")
+    # the jobs list finds it under `waiting`, with its Cancel button on its page
+    page.goto(f"/ui/jobs?user={user}&status=waiting")
+    page.locator(f"tr[data-job='{job['id']}'][data-status='waiting']").wait_for()
+    page.goto(f"/ui/jobs/{job['id']}")
+    assert page.get_by_role("button", name="Cancel job").is_visible()
+    check(page, "approval")
+    # keyboard: Approve is reached and pressed without a mouse
+    page.get_by_role("button", name="Approve flaky.guarded").focus()
+    page.keyboard.press("Enter")
+    page.get_by_role("status").get_by_text("Approved").wait_for()
+    ended = client.wait(job["id"])
+    assert ended["status"] == "completed" and ended["response"]["content"] == "guarded done"
+    assert ended["response"]["metadata"]["tool_calls"][0]["success"] is True
+
+
+def test_a_waiting_call_is_denied_with_a_reason_from_the_job_page(page, client, script):
+    job = waiting_for_approval(page, client, script, uid("ui"), "rm -rf /")
+    page.get_by_label("Reason for denying flaky.guarded").fill("not on my watch")
+    page.get_by_role("button", name="Deny flaky.guarded").click()
+    page.get_by_role("status").get_by_text("Denied").wait_for()
+    ended = client.wait(job["id"])
+    assert ended["status"] == "completed"
+    assert ended["response"]["metadata"]["tool_calls"][0]["success"] is False
+    events = client.events(job["id"])
+    assert any("not on my watch" in str(e["data"]) for e in events)
+
+
+def expression_shown(page, expression: str) -> bool:
+    return expression in page.locator("#approvals").inner_text()
+
+
+def test_the_schedules_page_lists_and_cancels(page, client, script):
+    marker = script([text("hello")])
+    job = client.wait(client.submit(f"{marker} hi", user=uid("ui"))["id"])
+    created = client.post("/v1/schedules", json={
+        "conversation_id": job["conversation_id"], "content": "every new year",
+        "cron": "0 0 1 1 *", "timezone": "UTC"})
+    assert created.status_code == 201, created.text
+    schedule = created.json()
+    page.goto("/ui/schedules")
+    row = page.locator(f"tr[data-schedule='{schedule['id']}']")
+    row.wait_for()
+    assert row.get_attribute("data-status") == "active"
+    cells = row.locator("td").all_inner_texts()
+    assert "0 0 1 1 *" in cells[2] and cells[3].startswith(schedule["next_run_at"][:10])
+    assert cells[4] == "0" and "every new year" in cells[6]
+    check(page, "schedules")
+    row.get_by_role("button", name=f"Cancel schedule {schedule['id'][:8]}").click()
+    page.get_by_role("status").get_by_text("cancelled").wait_for()
+    assert page.locator(f"tr[data-schedule='{schedule['id']}']").count() == 0
+    assert client.get(f"/v1/schedules/{schedule['id']}").status_code == 404
 
 
 def test_replay_and_its_side_by_side_compare(page, client, script):

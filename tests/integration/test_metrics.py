@@ -1,7 +1,10 @@
 """GET /metrics after real jobs: what it counts matches what the database holds, summed over
-the web process and every worker process (prometheus multiprocess mode)."""
+the web process and every worker process (prometheus multiprocess mode): jobs, tokens and
+cost by model (token_logs), tool results, webhook attempts by outcome (webhook_deliveries);
+a model call in flight is counted while it runs and not after."""
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 
@@ -9,8 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from agentq.models import Job, TokenLog, ToolCall
+from agentq.models import Job, TokenLog, ToolCall, WebhookDelivery
 from tests.integration.conftest import uid
+from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
 from tests.support.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
@@ -42,8 +46,19 @@ def database_view(stack) -> dict:
                    func.sum(TokenLog.output_tokens)).group_by(TokenLog.model)).all()})
         tool_results = s.execute(select(func.count()).select_from(ToolCall).where(
             ToolCall.status != "pending")).scalar_one()
+        cost = {model: round(float(c), 8) for model, c in s.execute(
+            select(TokenLog.model, func.sum(TokenLog.cost_estimate))
+            .group_by(TokenLog.model)).all()}
+        # an attempt made is a row no longer pending: succeeded (delivered), failed (to be
+        # retried: its next attempt is a row of its own) or gave_up (failed)
+        webhooks = {WEBHOOK_OUTCOMES[status]: n for status, n in s.execute(
+            select(WebhookDelivery.status, func.count()).where(
+                WebhookDelivery.status != "pending").group_by(WebhookDelivery.status)).all()}
     return {"by_status": by_status, "ended": ended, "tokens": tokens,
-            "tool_results": tool_results}
+            "tool_results": tool_results, "cost": cost, "webhooks": webhooks}
+
+
+WEBHOOK_OUTCOMES = {"succeeded": "delivered", "failed": "retry", "gave_up": "failed"}
 
 
 def metrics_view(samples) -> dict:
@@ -56,7 +71,14 @@ def metrics_view(samples) -> dict:
                           if v},
             "ended": {k: int(v) for k, v in ended.items() if v},
             "tokens": {k: v for k, v in tokens.items() if v},
-            "tool_results": int(sum(samples["agentq_tool_executions_total"].values()))}
+            "tool_results": int(sum(samples["agentq_tool_executions_total"].values())),
+            "cost": {dict(k)["model"]: round(v, 8)
+                     for k, v in samples["agentq_cost_estimate_total"].items()},
+            "webhooks": {dict(k)["outcome"]: int(v)
+                         for k, v in samples["agentq_webhook_attempts_total"].items()}}
+
+
+COMPARED = ("ended", "tokens", "tool_results", "cost", "webhooks")
 
 
 def timed(samples, *tasks: str) -> float:
@@ -66,27 +88,50 @@ def timed(samples, *tasks: str) -> float:
 
 
 def delta(after: dict, before: dict) -> dict:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    return {k: round(v - before.get(k, 0), 8) for k, v in after.items()
+            if round(v - before.get(k, 0), 8)}
 
 
-def test_metrics_after_jobs_match_the_database(client, script, stack):
+def in_flight(samples, model: str) -> float:
+    return sum(v for k, v in samples["agentq_model_calls_in_flight"].items()
+               if dict(k)["model"] == model)
+
+
+def test_metrics_after_jobs_match_the_database(client, script, stack, receiver):  # noqa: F811
     # Other tests end jobs too, some from this pytest process (whose metrics are not the
     # stack's): so what is compared is what changed while this test ran.
     samples = scrape(client)
     seen0, truth0 = metrics_view(samples), database_view(stack)
+    flying0 = in_flight(samples, "primary-model")
     steps0 = timed(samples, "orchestrator.step", "orchestrator.after_tools")
     tools0 = timed(samples, "tools.execute")
     errors0 = sum(v for k, v in samples["agentq_provider_errors_total"].items()
                   if dict(k)["status"] == "500")
 
     # given jobs that run a tool, meet a provider error (then a retry answers) and fail a tool
+    # (a priced model's name: its cost is not 0), and whose webhook fails once then arrives;
+    # while the last answer is held back, its model call is in flight
+    held = threading.Event()
+    priced = "gpt-4o-mini"
     marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"})),
-                     error(500), text("42"),
+                     error(500), text("42", model=priced, input_tokens=20_000,
+                                      output_tokens=3_000),
                      tool_calls(call("math.evaluate", {"expression": "1/0"})),
-                     text("cannot")])
-    first = client.wait(client.submit(f"{marker} a", user=uid("u"))["id"])
-    second = client.wait(client.submit(f"{marker} b", user=uid("u"))["id"])
+                     text("cannot", hold=held)])
+    hook = f"/metrics-{uid('w')}"
+    first = client.wait(client.submit(f"{marker} a", user=uid("u"),
+                                      callback_url=receiver.url(hook, 500))["id"])
+    second = client.submit(f"{marker} b", user=uid("u"))
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        while in_flight(scrape(client), "primary-model") < flying0 + 1:  # held: answering
+            assert time.monotonic() < deadline, "the held model call was never in flight"
+            time.sleep(0.2)
+    finally:
+        held.set()
+    second = client.wait(second["id"])
     assert first["status"] == second["status"] == "completed"
+    receiver.wait_for(hook, 2)  # the 500, then the retry that arrived
 
     # then, once every process has written what it saw, the counts moved as the database
     # did, and the workers timed 4 more steps (a step after a turn's tools runs as the
@@ -96,10 +141,12 @@ def test_metrics_after_jobs_match_the_database(client, script, stack):
         samples = scrape(client)
         seen, truth = metrics_view(samples), database_view(stack)
         moved = {k: (delta(seen[k], seen0[k]) if isinstance(seen[k], dict)
-                     else seen[k] - seen0[k]) for k in ("ended", "tokens", "tool_results")}
+                     else seen[k] - seen0[k]) for k in COMPARED}
         happened = {k: (delta(truth[k], truth0[k]) if isinstance(truth[k], dict)
-                        else truth[k] - truth0[k]) for k in ("ended", "tokens", "tool_results")}
+                        else truth[k] - truth0[k]) for k in COMPARED}
         if (moved == happened and happened["ended"].get("completed", 0) >= 2
+                and happened["webhooks"].get("retry", 0) >= 1
+                and happened["webhooks"].get("delivered", 0) >= 1
                 and timed(samples, "orchestrator.step", "orchestrator.after_tools") >= steps0 + 4
                 and timed(samples, "tools.execute") >= tools0 + 2):
             break
@@ -114,7 +161,11 @@ def test_metrics_after_jobs_match_the_database(client, script, stack):
                  if dict(k)["status"] == "500")
     assert errors >= errors0 + 1
     assert sum(samples["agentq_provider_retries_total"].values()) >= 1
-    assert "agentq_model_calls_in_flight" in samples
+    # what cost moved is the priced model's (the scripted model's name is not priced)
+    assert moved["cost"].get(priced, 0) > 0
+    assert moved["webhooks"].get("retry", 0) >= 1 and moved["webhooks"].get("delivered", 0) >= 1
+    # the held call is answered: what is in flight is back to what it was before the test
+    assert in_flight(samples, "primary-model") == flying0
     assert sum(samples["agentq_model_call_seconds_count"].values()) >= 5
     outcomes = {dict(k)["outcome"]: v for k, v in samples["agentq_tool_executions_total"].items()
                 if dict(k)["tool"] == "math.evaluate"}

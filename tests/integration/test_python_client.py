@@ -11,6 +11,7 @@ import pytest
 from agentq.client import (AgentQ, AsyncAgentQ, Conflict, NotFound, Timeout,
                            WebhookVerificationError, verify_webhook)
 from tests.integration.conftest import TEST_ENV, uid
+from tests.integration.test_clients import gate, held  # noqa: F401  (gate: a fixture)
 from tests.integration.test_webhooks import receiver  # noqa: F401  (a fixture)
 from tests.support.scripted_llm import call, text, tool_calls
 
@@ -70,20 +71,22 @@ def test_stream_yields_each_event_once_in_order_until_job_end(aq, script):
     assert [e.seq for e in resumed] == [e.seq for e in streamed[3:]]
 
 
-def test_wait_gives_up_with_the_job_as_last_seen(aq, script):
-    marker = script([text("slow", delay_s=3.0)])
+def test_wait_gives_up_with_the_job_as_last_seen(aq, script, gate):
+    marker = script([text("slow", hold=gate)])
     job = aq.submit(f"{marker} go", user=uid("u"), channel=uid("c"))
     with pytest.raises(Timeout) as caught:
         aq.wait(job.id, timeout_s=0)
     assert caught.value.job.id == job.id and not caught.value.job.ended
+    gate.set()
     assert aq.wait(job.id, timeout_s=120).content == "slow"
 
 
-def test_cancel_a_running_job_then_a_second_cancel_is_a_conflict(aq, script):
-    marker = script([tool_calls(call("math.evaluate", {"expression": "1+1"}), delay_s=1.0)])
+def test_cancel_a_running_job_then_a_second_cancel_is_a_conflict(aq, script, gate):
+    marker = script([held(tool_calls(call("math.evaluate", {"expression": "1+1"})), gate)])
     job = aq.submit(f"{marker} go", user=uid("u"), channel=uid("c"))
-    until(lambda: aq.job(job.id).status == "running")  # in the model call (1 s)
+    until(lambda: aq.job(job.id).status == "running")  # in the model call, held
     aq.cancel(job.id)
+    gate.set()
     ended = aq.wait(job.id, timeout_s=120)
     assert ended.status == "cancelled"
     with pytest.raises(Conflict) as caught:
@@ -140,9 +143,9 @@ def test_the_webhook_verifier_accepts_a_real_delivery_and_refuses_a_forgery(
         verify_webhook("whsec_" + "QUJD" * 8, delivered["body"], delivered["headers"])
 
 
-def test_the_async_client_submits_streams_and_cancels(stack, admin_key, script):
+def test_the_async_client_submits_streams_and_cancels(stack, admin_key, script, gate):
     marker = script([tool_calls(call("math.evaluate", {"expression": "3*3"})), text("nine"),
-                     tool_calls(call("math.evaluate", {"expression": "1+1"}), delay_s=1.0)])
+                     held(tool_calls(call("math.evaluate", {"expression": "1+1"})), gate)])
 
     async def scenario():
         async with AsyncAgentQ(stack.base, api_key=admin_key) as aq:
@@ -150,9 +153,10 @@ def test_the_async_client_submits_streams_and_cancels(stack, admin_key, script):
             types = [e.type async for e in aq.stream(job.id)]
             done = await aq.wait(job.id, timeout_s=120)
             second = await aq.submit(f"{marker} again", user=uid("u"), channel=uid("c"))
-            while (await aq.job(second.id)).status != "running":  # in the model call (1 s)
+            while (await aq.job(second.id)).status != "running":  # in the model call, held
                 await asyncio.sleep(0.05)
             await aq.cancel(second.id)
+            gate.set()
             cancelled = await aq.wait(second.id, timeout_s=120)
             with pytest.raises(NotFound):
                 await aq.job("00000000-0000-0000-0000-000000000000")

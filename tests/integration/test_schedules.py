@@ -123,7 +123,7 @@ def sentinel(client, llm) -> None:
 def fired(client, schedule_id: str, at_least: int = 1) -> dict:
     def done():
         body = client.get(f"/v1/schedules/{schedule_id}").json()
-        return body if body["fire_count"] >= at_least else None
+        return body if body["runs"] >= at_least else None
     return wait_until(done, what=f"schedule {schedule_id} fired {at_least}x")
 
 
@@ -135,10 +135,16 @@ def test_a_schedule_fires_once_at_its_time_with_two_beats(stack, client, llm, se
     made = [schedule(client, conversation_id, f"script:{key} wake up {i}", run_at=run_at)
             for i in range(12)]
     assert made[0]["status"] == "active" and made[0]["next_run_at"]
+    # the contract's object (API.md 1.1), before its first firing
+    assert {k: made[0][k] for k in ("conversation_id", "content", "cron", "runs",
+                                    "last_job_id")} == {
+        "conversation_id": conversation_id, "content": f"script:{key} wake up 0",
+        "cron": None, "runs": 0, "last_job_id": None}
     for body in made:
         shown = fired(client, body["id"])
-        assert shown["status"] == "completed" and shown["next_run_at"] is None
-        assert len(shown["firings"]) == 1
+        assert shown["status"] == "done" and shown["next_run_at"] is None
+        assert shown["runs"] == 1 and len(shown["firings"]) == 1
+        assert shown["last_job_id"] == shown["firings"][0]["job_id"]
         assert datetime.fromisoformat(shown["firings"][0]["fire_at"]) == \
             datetime.fromisoformat(run_at)
         job = client.wait(shown["firings"][0]["job_id"])
@@ -177,11 +183,19 @@ def test_a_cron_schedule_fires_on_its_ticks_and_never_after_cancel(stack, client
     body = schedule(client, conversation_id, f"script:{key} tick", cron="* * * * * */1",
                     timezone="Europe/Berlin")
     assert body["kind"] == "cron" and body["timezone"] == "Europe/Berlin"
-    fired(client, body["id"], at_least=3)
+    shown = fired(client, body["id"], at_least=3)
+    assert shown["status"] == "active" and shown["last_job_id"] in [
+        f["job_id"] for f in shown["firings"]]
+    listed = client.get("/v1/schedules", params={"conversation_id": conversation_id,
+                                                 "status": "active"}).json()["data"]
+    assert [s["id"] for s in listed] == [body["id"]] and listed[0]["last_job_id"]
     deleted = client.http.delete(client.url(f"/v1/schedules/{body['id']}"), timeout=70)
-    assert deleted.status_code == 200, deleted.text
-    assert deleted.json()["status"] == "cancelled"
-    count = deleted.json()["fire_count"]
+    assert deleted.status_code == 204, deleted.text
+    assert deleted.content == b""
+    with stack.sessions()() as session:
+        row = session.get(Schedule, uuid.UUID(body["id"]))
+        assert row.status == "cancelled" and row.next_run_at is None
+        count = row.fire_count
     ticks = [f.fire_at for f in firings(stack, body["id"])]
     assert len(ticks) == count and len(set(ticks)) == count
     assert all(t.microsecond == 0 for t in ticks)  # each firing is a tick of the cron
@@ -202,7 +216,7 @@ def test_a_cancelled_schedule_never_fires(stack, client, llm):
     conversation_id = conversation_of(client, llm, key)
     doomed = schedule(client, conversation_id, f"script:{key} never", delay_s=2)
     gone = client.http.delete(client.url(f"/v1/schedules/{doomed['id']}"), timeout=70)
-    assert gone.status_code == 200 and gone.json()["status"] == "cancelled"
+    assert gone.status_code == 204 and gone.content == b""
     assert client.http.delete(client.url(f"/v1/schedules/{doomed['id']}"),
                               timeout=70).status_code == 404
     listed = client.get("/v1/schedules", params={"conversation_id": conversation_id}).json()
@@ -279,7 +293,7 @@ def scheduling_tenant(stack):
     name = uid("tool-t")
     tenant_id = stack.create_tenant(name)
     admin = Client(stack, stack.create_key("tool-adm", admin=True, tenant=tenant_id))
-    persona = admin.post("/v1/admin/personas", json={
+    persona = admin.post("/v1/personas", json={
         "name": "Planner", "allowed_modules": ["scheduler", "time"]})
     assert persona.status_code == 201, persona.text
     return {"name": name, "client": admin}
@@ -343,3 +357,65 @@ def test_a_guest_may_not_use_the_scheduler_tool(stack, llm, scheduling_tenant):
         assert session.execute(select(func.count()).select_from(Schedule).where(
             Schedule.conversation_id == uuid.UUID(job["conversation_id"]))).scalar_one() == 0
     llm.assert_done(key)
+
+
+def test_the_model_lists_and_cancels_its_scheduled_jobs(stack, client, llm,
+                                                        scheduling_tenant):
+    """`scheduler.list_jobs` and `scheduler.cancel_job` through a job: the model sees the
+    schedule it made in this conversation, cancels it by the id it read, and may not cancel
+    one of another conversation (the conversation is injected, never an argument)."""
+    admin, tenant = scheduling_tenant["client"], scheduling_tenant["name"]
+    ref = uid("u")
+    made = stack.agentq("users", "set", "api", ref, "--level", "user", "--tenant", tenant)
+    assert made.returncode == 0, made.stderr
+    # a schedule of another conversation of the same tenant, which the model must not reach
+    other_conversation = conversation_of(admin, llm, uid("elsewhere").replace("-", "_"))
+    elsewhere = schedule(admin, other_conversation, "not yours", delay_s=3600)
+    key = uid("lc").replace("-", "_")
+    seen: dict = {}
+
+    def results(request) -> list[dict]:
+        return [json.loads(m["content"]) for m in request["messages"]
+                if m.get("role") == "tool"]
+
+    def cancel_what_was_listed(request):
+        listed = results(request)[-1]
+        seen["listed"] = listed
+        (job,) = listed["jobs"]  # only this conversation's
+        reply.tool_calls[0]["function"]["arguments"] = json.dumps({"job_id": job["id"]})
+        reply.tool_calls[1]["function"]["arguments"] = json.dumps(
+            {"job_id": elsewhere["id"]})
+
+    reply = tool_calls(call("scheduler.cancel_job", {"job_id": "filled in"}),
+                       call("scheduler.cancel_job", {"job_id": "filled in"}),
+                       check=cancel_what_was_listed)
+    marker = llm.script(key, [
+        tool_calls(call("scheduler.add_job", {"content": f"script:{key} later",
+                                              "delay_s": 3600})),
+        tool_calls(call("scheduler.list_jobs", {}),
+                   check=lambda request: seen.setdefault("added", results(request)[-1])),
+        reply,
+        text("Cancelled.", check=lambda request: seen.setdefault("cancelled",
+                                                                 results(request)[-2:])),
+    ])
+    job = admin.submit(f"{marker} plan and unplan", user=ref)
+    ended = admin.wait(job["id"])
+    assert ended["status"] == "completed", ended
+    llm.assert_done(key)
+    added = seen["added"]["job"]
+    assert seen["added"]["scheduled"] is True and added["status"] == "active"
+    [listed] = seen["listed"]["jobs"]
+    assert listed["id"] == added["id"] and listed["runs"] == 0
+    mine, theirs = seen["cancelled"]
+    assert mine["cancelled"] is True and mine["job"]["id"] == added["id"]
+    assert mine["job"]["status"] == "cancelled"
+    assert theirs["error"]["code"] == "scheduler_error", theirs
+    assert admin.get(f"/v1/schedules/{added['id']}").status_code == 404
+    with stack.sessions()() as session:
+        row = session.get(Schedule, uuid.UUID(added["id"]))
+        assert (row.status, row.created_by, str(row.conversation_id)) == (
+            "cancelled", "tool", job["conversation_id"])
+        assert session.get(Schedule, uuid.UUID(elsewhere["id"])).status == "active"
+    assert admin.get(f"/v1/schedules/{elsewhere['id']}").json()["status"] == "active"
+    assert admin.http.delete(admin.url(f"/v1/schedules/{elsewhere['id']}"),
+                             timeout=70).status_code == 204

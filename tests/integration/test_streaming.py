@@ -76,7 +76,7 @@ def gated_then_streamed(client: Client, marker: str, **fields) -> tuple[dict, Li
     assert listener.open.wait(WAIT_S)
     approved = client.post(f"/v1/jobs/{job['id']}/tool_calls/{approval['tool_use_id']}"
                            "/approve")
-    assert approved.status_code == 200, approved.text
+    assert approved.status_code == 202, approved.text
     ended = client.wait(job["id"])
     assert listener.done.wait(WAIT_S)
     return ended, listener
@@ -129,7 +129,7 @@ def test_a_recorded_replay_of_a_streamed_job_answers_the_same(client, script):
 def test_a_cut_stream_is_retried_whole_with_a_streaming_persona(stack, script):
     tenant = stack.create_tenant(uid("stream-t"))
     client = Client(stack, stack.create_key("stream", admin=True, tenant=tenant))
-    persona = client.post("/v1/admin/personas", json={"name": "Streamer", "stream": True})
+    persona = client.post("/v1/personas", json={"name": "Streamer", "stream": True})
     assert persona.status_code == 201 and persona.json()["stream"] is True
     marker = script([tool_calls(call("flaky.guarded", {"text": "x"})),
                      text("this stream will be cut off midway", stream_cut=True),

@@ -285,6 +285,8 @@ def test_a_failed_module_is_unhealthy_and_its_tools_hidden_until_it_answers_agai
 
 # --- MCP servers ----------------------------------------------------------------------------
 
+MCP_TOOLS = ("add", "shout", "whoami", "fail", "environ", "sleep")
+
 class McpHttpProcess:
     """examples/mcp_server.py over streamable HTTP, in its own process."""
 
@@ -319,7 +321,7 @@ def mcp_job(client, script, stack, name: str) -> dict:
 
     def offers_schemas(request):
         tools = {t["function"]["name"]: t["function"] for t in request["tools"]}
-        assert set(tools) == {f"{name}-{t}" for t in ("add", "shout", "whoami", "fail")}
+        assert set(tools) == {f"{name}-{t}" for t in MCP_TOOLS}
         assert tools[f"{name}-add"]["parameters"]["required"] == ["a", "b"]
 
     def sees_results(request):
@@ -358,6 +360,21 @@ def whoami(client, script, stack, name: str) -> int:
     return seen["pid"]
 
 
+def environ(client, script, stack, name: str) -> list[str]:
+    """The names in the environment of the stdio MCP server a tools worker started (the
+    tools worker's own holds AGENTQ_DATABASE_URL, the broker's URL, ...)."""
+    seen = {}
+
+    def record(request):
+        seen["names"] = tool_results(request)[0]["names"]
+
+    marker = script([tool_calls(call(f"{name}.environ", {})), text("ok", check=record)])
+    job = client.wait(client.submit(f"{marker} env", platform_server_id=persona_for(
+        stack, name))["id"], timeout_s=60)
+    assert job["status"] == "completed", job
+    return seen["names"]
+
+
 def test_an_mcp_server_over_stdio_is_called_from_a_job(client, script, stack):
     name = uid("mcp").replace("-", "_")
     command = f"{sys.executable} -m examples.mcp_server"
@@ -378,6 +395,10 @@ def test_an_mcp_server_over_stdio_is_called_from_a_job(client, script, stack):
         assert listed_module["command"] == command.split()
         mcp_job(client, script, stack, name)
         assert whoami(client, script, stack, name) == whoami(client, script, stack, name)
+        names = environ(client, script, stack, name)
+        assert "PATH" in names
+        assert [n for n in names if n.startswith(("AGENTQ_", "OPENAI_", "DATABASE"))
+                or any(word in n for word in ("SECRET", "KEY", "TOKEN", "PASSWORD"))] == []
     finally:
         assert stack.agentq("modules", "remove", name).returncode == 0
 
@@ -391,7 +412,7 @@ def test_an_mcp_server_over_streamable_http_is_called_from_a_job(client, script,
                                                     "url": server.url})
         assert response.status_code == 201, response.text
         assert {t["name"] for t in response.json()["tools"]} == {
-            f"{name}.{t}" for t in ("add", "shout", "whoami", "fail")}
+            f"{name}.{t}" for t in MCP_TOOLS}
         mcp_job(client, script, stack, name)
     finally:
         client.http.delete(client.url(f"/v1/modules/{name}"), timeout=30)
@@ -415,3 +436,107 @@ def test_a_slow_module_runs_on_its_slow_queue(client, script, stack, modules):
     starts = [e for e in client.events(job["id"]) if e["type"] == "tool_execution_start"]
     assert [e["data"]["queue"] for e in starts] == [f"tools.slow.{name}"]
     assert module.stats()["executes"] == 1
+
+
+def add_mcp(stack, *options: str) -> str:
+    """examples/mcp_server.py over stdio, registered from the CLI with these options."""
+    name = uid("mcp").replace("-", "_")
+    added = stack.agentq("modules", "add", name, "--command",
+                         f"{sys.executable} -m examples.mcp_server", *options)
+    assert added.returncode == 0, added.stderr
+    return name
+
+
+def waiting_for_approval(client, job_id: str) -> dict:
+    def check():
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        return job if job["status"] == "waiting" else None
+    return until(check, f"job {job_id} waiting", timeout_s=60)
+
+
+def test_a_module_registered_with_defaults_refuses_bad_ones(client):
+    for fields, field in [({"permission": "root"}, "permission"),
+                          ({"requires_approval": "yes"}, "requires_approval"),
+                          ({"requires_approval": ["Not A Tool"]}, "requires_approval"),
+                          ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": "soon"}, "timeout_s")]:
+        response = client.post("/v1/modules", json={"name": uid("m").replace("-", "_"),
+                                                    "kind": "mcp",
+                                                    "url": "http://127.0.0.1:9/mcp", **fields})
+        assert response.status_code == 422, (fields, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "validation_error" and field in error["details"]["fields"]
+
+
+def test_an_mcp_tool_registered_for_users_is_refused_to_a_guest(client, script, stack):
+    name = add_mcp(stack, "--permission", "user")
+    try:
+        module = listed(client, name)
+        assert module["permission"] == "user"
+        assert {t["permission"] for t in module["tools"]} == {"user"}
+        user = uid("u")
+        seen = {}
+
+        def refused(request):
+            seen["results"] = tool_results(request)
+
+        marker = script([tool_calls(call(f"{name}.add", {"a": 1, "b": 2}),
+                                    check=lambda request: seen.setdefault(
+                                        "offered", offered(request))),
+                         text("refused", check=refused)])
+        server = persona_for(stack, name)
+        job = client.wait(client.submit(f"{marker} guest", user=user,
+                                        platform_server_id=server)["id"], timeout_s=60)
+        assert job["status"] == "completed", job
+        assert seen["offered"] == set()  # not offered to a guest
+        [result] = seen["results"]
+        assert result["error"]["code"] in ("tool_not_permitted", "tool_not_found"), result
+
+        # the same user, made a `user`, is offered it and its call runs
+        from agentq.models import User, UserPlatformLink
+        with stack.sessions()() as session, session.begin():
+            link = session.query(UserPlatformLink).filter_by(platform="api",
+                                                             platform_user_id=user).one()
+            session.get(User, link.user_id).permission_level = "user"
+        marker = script([tool_calls(call(f"{name}.add", {"a": 1, "b": 2}),
+                                    check=lambda request: seen.update(
+                                        offered=offered(request))),
+                         text("ran", check=refused)])
+        job = client.wait(client.submit(f"{marker} user", user=user,
+                                        platform_server_id=server)["id"], timeout_s=60)
+        assert job["status"] == "completed", job
+        assert f"{name}-add" in seen["offered"]
+        assert seen["results"] == [{"result": 3.0}]
+    finally:
+        assert stack.agentq("modules", "remove", name).returncode == 0
+
+
+def test_an_approval_gated_mcp_call_waits_and_a_slow_one_times_out(client, script, stack):
+    name = add_mcp(stack, "--approval", "add", "--timeout", "2")
+    try:
+        module = listed(client, name)
+        assert (module["requires_approval"], module["timeout_s"]) == (["add"], 2.0)
+        seen = {}
+        marker = script([tool_calls(call(f"{name}.add", {"a": 2, "b": 2}),
+                                    call(f"{name}.sleep", {"seconds": 60})),
+                         text("done", check=lambda request: seen.setdefault(
+                             "results", tool_results(request)))])
+        job = client.submit(f"{marker} gated", platform_server_id=persona_for(stack, name))
+        shown = waiting_for_approval(client, job["id"])
+        assert shown["waiting_for"] == "approval"
+        request = until(lambda: next((e["data"] for e in client.events(job["id"])
+                                      if e["type"] == "approval_required"), None),
+                        "approval_required")
+        assert request["name"] == f"{name}.add" and request["arguments"] == {"a": 2, "b": 2}
+        approved = client.post(f"/v1/jobs/{job['id']}/tool_calls/{request['tool_use_id']}"
+                               "/approve")
+        assert approved.status_code in (200, 202), approved.text
+        ended = client.wait(job["id"], timeout_s=90)
+        assert ended["status"] == "completed" and ended["response"]["content"] == "done"
+        added, slept = seen["results"]
+        assert added == {"result": 4.0}
+        assert slept["error"]["code"] == "tool_timeout", slept
+        assert [c["success"] for c in ended["response"]["metadata"]["tool_calls"]] == \
+            [True, False]
+        assert listed(client, name)["health"]["status"] == "ok"  # a slow call is not a dead one
+    finally:
+        assert stack.agentq("modules", "remove", name).returncode == 0

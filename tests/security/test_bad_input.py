@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.keys import lookup
-from agentq.models import Batch, Job, Tenant
+from agentq.models import Batch, Job, Schedule, Tenant
 from tests.integration.conftest import Client, uid
 
 pytestmark = pytest.mark.integration
@@ -28,14 +28,15 @@ def careless(stack):
     return Client(stack, key), key_id
 
 
-def written(stack, key_id) -> tuple[int, int, int]:
+def written(stack, key_id) -> tuple[int, int, int, int]:
     with stack.sessions()() as session:
         jobs = session.execute(select(func.count()).select_from(Job)
                                .where(Job.api_key_id == key_id)).scalar_one()
         batches = session.execute(select(func.count()).select_from(Batch)
                                   .where(Batch.api_key_id == key_id)).scalar_one()
         tenants = session.execute(select(func.count()).select_from(Tenant)).scalar_one()
-    return jobs, batches, tenants
+        schedules = session.execute(select(func.count()).select_from(Schedule)).scalar_one()
+    return jobs, batches, tenants, schedules
 
 
 def nested(depth: int):
@@ -75,17 +76,45 @@ def assert_refused(response, status=None, code=None) -> dict:
     return error
 
 
+LIMITS = {"max_iterations": 3, "max_tokens": 1000, "max_seconds": 30}
+SCHEDULE = {"conversation_id": str(uuid.uuid4()), "content": "x", "delay_s": 60}
 JSON_CASES = [
     ("/v1/messages", message(), "metadata"),
+    ("/v1/messages", message(limits=LIMITS), "limits"),
+    ("/v1/messages", message(limits=LIMITS), "limits.max_iterations"),
+    ("/v1/messages", message(limits=LIMITS), "limits.max_seconds"),
+    ("/v1/messages", message(callback_url="http://127.0.0.1:9/h"), "callback_url"),
+    ("/v1/messages", message(on_busy="queue"), "on_busy"),
+    ("/v1/messages", message(persona_id=None), "persona_id"),
+    ("/v1/messages", message(stream=False), "stream"),
     ("/v1/messages", message(), "content"),
     ("/v1/messages", message(), "attachments"),
     ("/v1/messages", message(), "platform_user_id"),
     ("/v1/continue", {"conversation_id": str(uuid.uuid4()), "content": "x"}, "metadata"),
     ("/v1/continue", {"conversation_id": str(uuid.uuid4()), "content": "x"}, "content"),
+    ("/v1/continue", {"conversation_id": str(uuid.uuid4()), "content": "x",
+                      "limits": LIMITS}, "limits.max_tokens"),
+    ("/v1/continue", {"conversation_id": str(uuid.uuid4()), "content": "x",
+                      "callback_url": "http://127.0.0.1:9/h"}, "callback_url"),
     ("/v1/batches", {"requests": [message()]}, "requests"),
     ("/v1/batches", {"requests": [message()]}, "requests.0"),
     ("/v1/batches", {"requests": [message(metadata={})]}, "requests.0.metadata"),
     ("/v1/batches", {"requests": [message()], "metadata": {}}, "metadata"),
+    ("/v1/batches", {"requests": [message(limits=LIMITS)]}, "requests.0.limits"),
+    ("/v1/batches", {"requests": [message(callback_url="http://127.0.0.1:9/h")]},
+     "requests.0.callback_url"),
+    ("/v1/batches", {"requests": [message()], "callback_url": "http://127.0.0.1:9/h"},
+     "callback_url"),
+    ("/v1/batches", {"requests": [message()], "max_concurrency": 2}, "max_concurrency"),
+    ("/v1/schedules", SCHEDULE, "conversation_id"),
+    ("/v1/schedules", SCHEDULE, "content"),
+    ("/v1/schedules", SCHEDULE, "delay_s"),
+    ("/v1/schedules", {**SCHEDULE, "metadata": {}}, "metadata"),
+    ("/v1/schedules", {**SCHEDULE, "callback_url": "http://127.0.0.1:9/h"}, "callback_url"),
+    ("/v1/schedules", {"conversation_id": SCHEDULE["conversation_id"], "content": "x",
+                       "cron": "* * * * *", "timezone": "UTC"}, "cron"),
+    ("/v1/schedules", {"conversation_id": SCHEDULE["conversation_id"], "content": "x",
+                       "cron": "* * * * *", "timezone": "UTC"}, "timezone"),
     ("/v1/batches/replay", {"job_ids": [str(uuid.uuid4())]}, "job_ids"),
     ("/v1/batches/replay", {"filter": {}}, "filter"),
     (f"/v1/jobs/{uuid.uuid4()}/replay", {"mode": "live"}, "model"),
@@ -182,6 +211,50 @@ def test_an_oversize_header_gets_the_error_shape_not_gunicorns_page(stack, carel
             assert error["details"]["header"] == "Idempotency-Key"
     response = client.get(f"/v1/jobs/{uuid.uuid4()}", headers={"X-Junk": "j" * 20_000})
     assert_refused(response, 431, "header_too_large")
+    assert written(stack, key_id) == before
+
+
+@pytest.mark.parametrize("case", ["100 KiB header", "120 headers", "200 headers",
+                                  "16 KiB URL", "16 KiB URL with a body"])
+def test_oversize_heads_get_the_error_shape_whoever_refuses_them(stack, careless, case):
+    """Issue 9: what gunicorn refused itself got its HTML page. The app refuses what it
+    can see (a long header, too many headers, naming them); gunicorn's own refusals (a
+    request line over 8190 bytes, a head past its larger limits) are in the same shape."""
+    client, key_id = careless
+    before = written(stack, key_id)
+    headers = {"Content-Type": "application/json"}
+    path = "/v1/messages"
+    if case == "100 KiB header":
+        headers["X-Padding"] = "p" * 100 * 1024
+    elif case.endswith("headers"):
+        headers.update({f"X-Extra-{i}": "1" for i in range(int(case.split()[0]))})
+    else:
+        path = "/v1/messages?" + "q=" + "u" * 16 * 1024
+    response = client.post(path, data=json.dumps(message()) if "body" in case else b"{}",
+                           headers=headers)
+    assert response.headers["Content-Type"].startswith("application/json"), response.text
+    if case == "100 KiB header":
+        error = assert_refused(response, 431, "header_too_large")
+        assert error["details"]["header"] == "X-Padding"
+        assert error["details"]["size"] == 100 * 1024
+    elif case == "120 headers":
+        error = assert_refused(response, 431, "too_many_headers")
+        assert error["details"]["limit"] == 100
+    elif case == "200 headers":
+        assert_refused(response, 431, "header_too_large")
+    else:
+        assert_refused(response, 414, "uri_too_long")
+    assert written(stack, key_id) == before
+
+
+def test_a_head_gunicorn_cannot_parse_gets_the_error_shape(stack, careless):
+    client, key_id = careless
+    before = written(stack, key_id)
+    status, headers, body = raw_request(stack, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+                                               "Bad Header Name: 1\r\n")
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request" and error["message"] and error["details"] == {}
     assert written(stack, key_id) == before
 
 

@@ -156,10 +156,12 @@ def test_postgres_cannot_be_written_over_any_socket():
 # --- files --------------------------------------------------------------------------------
 
 def test_etc_shadow_and_host_directories_are_not_there():
-    result = run("""
+    checkout = str(Path(__file__).resolve().parents[2])   # this project's files
+    result = run(f"""
         import os
         for path in ("/etc/shadow", "/etc/passwd", "/proc/1/root/etc/shadow", "/root",
-                     "/home", "/run", "/var/run", "/var/lib/postgresql", "/work"):
+                     "/home", "/run", "/var/run", "/var/lib/postgresql", "/work",
+                     "/usr/src", "/usr/local", "/usr/include", {checkout!r}):
             print(path, os.path.exists(path))
         print(sorted(os.listdir("/")))
     """)
@@ -403,8 +405,11 @@ def test_long_output_reaches_the_model_as_valid_json():
     assert result["truncated"] is True
     text = render_tool_result({"ok": True, "result": result}, Settings.tool_result_max_chars)
     seen = json.loads(text)
+    assert seen == result                       # cut once, by the sandbox, and not again
+    assert len(text) <= Settings.tool_result_max_chars
     assert seen["exit_code"] == 0 and seen["truncated"] is True
     assert seen["stdout"].startswith('line 0 "quoted"\nline 1')
+    assert seen["stdout"].count("[truncated ") == seen["stderr"].count("[truncated ") == 1
 
 
 def test_the_sandbox_is_available_here():

@@ -6,6 +6,7 @@ every route on B's rows and B's places. Each attempt must answer as if B's row w
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -79,8 +80,17 @@ def test_a_message_to_another_tenants_busy_place_never_reaches_its_job(
         stack, tenants, script, on_busy):
     a, b = tenants["a"], tenants["b"]
     user, channel = uid("u"), uid("c")
-    b_marker = script([text("B's answer", delay_s=2.0)])
+    release = threading.Event()   # B's job runs (its model call held) until A is answered
+    b_marker = script([text("B's answer", hold=release)])
     b_job = b.submit(f"{b_marker} B's secret question", user=user, channel=channel)
+    try:
+        _a_writes_to_b_busy_place(stack, a, b, b_job, user, channel, script, on_busy,
+                                  release)
+    finally:
+        release.set()
+
+
+def _a_writes_to_b_busy_place(stack, a, b, b_job, user, channel, script, on_busy, release):
     wait_until(lambda: b.get(f"/v1/jobs/{b_job['id']}").json()["status"] == "running")
 
     def never_sees_b(request):
@@ -96,6 +106,8 @@ def test_a_message_to_another_tenants_busy_place_never_reaches_its_job(
     assert a_job["id"] != b_job["id"] and b_job["id"] not in response.text
     assert a_job["conversation_id"] != b_job["conversation_id"]
     assert a.wait(a_job["id"])["response"]["content"] == "A's answer"
+    assert b.get(f"/v1/jobs/{b_job['id']}").json()["status"] == "running"  # still held
+    release.set()
     # and B's job ran untouched: not cancelled, not steered, its history B's alone
     ended = b.wait(b_job["id"])
     assert ended["status"] == "completed" and ended["response"]["content"] == "B's answer"
@@ -201,16 +213,120 @@ def test_writes_on_another_tenants_rows_are_404_and_change_nothing(stack, intrud
 
 def test_cancel_of_another_tenants_running_job_is_404_and_it_runs_on(stack, tenants, script):
     a, b = tenants["a"], tenants["b"]
-    marker = script([text("still B's", delay_s=1.5)])
+    release = threading.Event()   # B's job stays running while A tries
+    marker = script([text("still B's", hold=release)])
     job = b.submit(f"{marker} long")
-    for intruder in (a, tenants["a_admin"]):
-        assert_absent(intruder.post(f"/v1/jobs/{job['id']}/cancel"))
-        assert_absent(intruder.post(f"/v1/continue", json={
-            "conversation_id": job["conversation_id"], "content": "steer?",
-            "on_busy": "steer"}))
+    try:
+        wait_until(lambda: b.get(f"/v1/jobs/{job['id']}").json()["status"] == "running")
+        for intruder in (a, tenants["a_admin"]):
+            assert_absent(intruder.post(f"/v1/jobs/{job['id']}/cancel"))
+            assert_absent(intruder.post("/v1/continue", json={
+                "conversation_id": job["conversation_id"], "content": "steer?",
+                "on_busy": "steer"}))
+            assert_absent(intruder.post("/v1/continue", json={
+                "conversation_id": job["conversation_id"], "content": "interrupt?",
+                "on_busy": "interrupt"}))
+        assert b.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
+    finally:
+        release.set()
     ended = b.wait(job["id"])
     assert ended["status"] == "completed" and ended["response"]["content"] == "still B's"
     assert count(stack, JobInput, JobInput.job_id == uuid.UUID(job["id"])) == 0
+
+
+def test_a_batch_line_to_another_tenants_place_makes_a_conversation_of_its_own(
+        stack, tenants, script):
+    a, b = tenants["a"], tenants["b"]
+    user, channel = uid("u"), uid("c")
+    # given B's conversation at a place (platform, user, channel)
+    b_marker = script([text("B's answer")])
+    b_job = b.submit(f"{b_marker} B's secret question", user=user, channel=channel)
+    assert b.wait(b_job["id"])["status"] == "completed"
+    b_before = snapshot(stack, b_job["id"])
+
+    def never_sees_b(request):
+        assert "B's secret" not in str(request["messages"])
+    a_marker = script([text("A's line answered", check=never_sees_b)])
+    # when A's batch has a line aimed at that place
+    response = a.post("/v1/batches", json={"requests": [{
+        "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
+        "content": f"{a_marker} A's line"}]})
+    assert response.status_code == 202, response.text
+    batch = response.json()
+    assert b_job["id"] not in response.text and b_job["conversation_id"] not in response.text
+    wait_until(lambda: a.get(f"/v1/batches/{batch['id']}").json()["status"] == "completed",
+               timeout_s=60)
+    # then its job is A's, in a conversation of A's own
+    with stack.sessions()() as session:
+        line = session.execute(select(Job).where(Job.batch_id == uuid.UUID(batch["id"]))
+                               ).scalar_one()
+        assert str(line.tenant_id) == tenants["a_id"]
+        assert str(line.conversation_id) != b_job["conversation_id"]
+        assert line.user_id != session.get(Job, uuid.UUID(b_job["id"])).user_id
+    results = a.get(f"/v1/batches/{batch['id']}/results")
+    assert results.status_code == 200 and b_job["conversation_id"] not in results.text
+    # and B's conversation has nothing of A's (A's batch is the one new batch)
+    b_after = snapshot(stack, b_job["id"])
+    assert b_after.pop("batches") == b_before.pop("batches") + 1
+    assert b_after == b_before
+    history = b.get(f"/v1/conversations/{b_job['conversation_id']}/messages").json()["data"]
+    assert "A's" not in str(history)
+
+
+def ui_session(stack, intruder: Client):
+    """A browser session of the dashboard, signed in with the intruder's key (cookie)."""
+    import requests
+    http = requests.Session()
+    key = intruder.http.headers["Authorization"].removeprefix("Bearer ")
+    http.cookies.set("agentq_ui_key", key, path="/ui")
+    http.headers["Origin"] = stack.base
+    return http
+
+
+def test_dashboard_pages_of_another_tenants_rows_are_absent(stack, intruder, b_rows):
+    job = b_rows["job"]
+    http = ui_session(stack, intruder)
+    before = snapshot(stack, job)
+    assert http.get(stack.base + "/ui/jobs", timeout=30).status_code == 200  # signed in
+    for path in (f"/ui/jobs/{job}", f"/ui/jobs/{job}/events", f"/ui/jobs/{job}/compare"):
+        response = http.get(stack.base + path, timeout=30)
+        assert response.status_code == 404, (path, response.status_code)
+        assert b_rows["conversation"] not in response.text and "B only" not in response.text
+    for path, form in ((f"/ui/jobs/{job}/cancel", {}),
+                       (f"/ui/jobs/{job}/replay", {"mode": "recorded"})):
+        response = http.post(stack.base + path, data=form, timeout=30, allow_redirects=False)
+        assert response.status_code == 404, (path, response.status_code, response.text[:300])
+    for path in ("/ui/jobs", "/ui/batches"):
+        response = http.get(stack.base + path, timeout=30)
+        assert response.status_code == 200
+        for secret in (job, b_rows["batch"], b_rows["conversation"]):
+            assert secret not in response.text, (path, secret)
+    assert snapshot(stack, job) == before
+
+
+def test_code_run_python_cannot_open_another_tenants_file(stack, tenants, b_rows, script):
+    a = tenants["a"]
+    user = uid("u")
+    tenant = stack.agentq("users", "set", "api", user, "--level", "user",
+                          "--tenant", tenants["a_id"])
+    assert tenant.returncode == 0, tenant.stderr
+    seen: dict = {}
+
+    def reads_the_refusal(request):
+        seen["tool"] = [m for m in request["messages"] if m["role"] == "tool"][-1]["content"]
+    marker = script([
+        tool_calls(call("code.run_python", {"code": "import os; print(os.listdir('.'))",
+                                            "file_ids": [b_rows["file"]]})),
+        text("no file", check=reads_the_refusal)])
+    job = a.wait(a.submit(f"{marker} read B's file", user=user)["id"], timeout_s=120)
+    assert job["status"] == "completed", job
+    assert f"no file {b_rows['file']} belongs to this user" in seen["tool"]
+    assert "B only" not in seen["tool"] and "b-doc" not in seen["tool"]
+    with stack.sessions()() as session:
+        from agentq.models import ToolCall
+        row = session.execute(select(ToolCall).where(ToolCall.job_id == uuid.UUID(job["id"]))
+                              ).scalar_one()
+        assert row.result["ok"] is False and "B only" not in json.dumps(row.result)
 
 
 def test_a_persona_of_another_tenant_cannot_be_named_in_a_replay(stack, tenants, script):
@@ -227,6 +343,40 @@ def test_a_persona_of_another_tenant_cannot_be_named_in_a_replay(stack, tenants,
                       json={"mode": "live", "persona_id": str(persona.id)})
     assert_absent(response)
     assert count(stack, Job, Job.replay_of == uuid.UUID(job["id"])) == 0
+
+
+def test_the_tenant_admin_routes_never_reach_another_tenants_rows(stack, tenants, b_rows):
+    """/v1/personas, /v1/users, /v1/users/<id>/links, approve/deny (API.md 1.1): A's
+    non-admin key gets 403 (admin routes), A's admin key 404 as if absent; nothing of B's
+    changes."""
+    from agentq.models import Persona, User
+    with stack.sessions()() as session, session.begin():
+        persona = Persona(id=uuid.uuid4(), tenant_id=uuid.UUID(tenants["b_id"]),
+                          name="B's own", system_prompt="B's prompt")
+        session.add(persona)
+        user_id = session.get(Job, uuid.UUID(b_rows["job"])).user_id
+        level = session.get(User, user_id).permission_level
+    job, pid, user = b_rows["job"], str(persona.id), str(user_id)
+    calls = [("get", f"/v1/personas/{pid}", None),
+             ("patch", f"/v1/personas/{pid}", {"name": "A's now"}),
+             ("delete", f"/v1/personas/{pid}", None),
+             ("get", f"/v1/users/{user}", None),
+             ("patch", f"/v1/users/{user}", {"permission_level": "owner"}),
+             ("post", f"/v1/users/{user}/links", {"platform": "a", "platform_user_id": "a"})]
+    for method, path, body in calls:
+        response = tenants["a"].http.request(method.upper(), tenants["a"].url(path),
+                                             json=body, timeout=70)
+        assert response.status_code == 403, (path, response.text)
+        assert_absent(tenants["a_admin"].http.request(
+            method.upper(), tenants["a_admin"].url(path), json=body, timeout=70), job)
+    for intruder in (tenants["a"], tenants["a_admin"]):
+        for decision in ("approve", "deny"):
+            assert_absent(intruder.post(f"/v1/jobs/{job}/tool_calls/t_1/{decision}"))
+    with stack.sessions()() as session:
+        kept = session.get(Persona, persona.id)
+        assert kept is not None and kept.name == "B's own"
+        assert session.get(User, user_id).permission_level == level
+    assert tenants["b"].get(f"/v1/jobs/{job}").status_code == 200
 
 
 def test_idempotency_keys_are_per_tenant(stack, tenants, script):

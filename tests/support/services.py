@@ -105,7 +105,7 @@ class PrivatePostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def url(self, name: str) -> str:
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{name}"
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def start(self) -> "PrivatePostgres":
         if not self.data.exists():

@@ -217,3 +217,99 @@ def test_a_slow_fetch_does_not_hold_up_the_other_threads():
         release.set()
         loader.join(30)
     assert remote.known()["demo"].health["status"] == "ok"
+
+
+# --- per-module defaults and the MCP server's environment ---------------------------------
+
+@pytest.mark.parametrize("fields, field", [
+    ({"permission": "root"}, "permission"),
+    ({"requires_approval": "yes"}, "requires_approval"),
+    ({"requires_approval": ("Bad Name",)}, "requires_approval"),
+    ({"requires_approval": ("other.add",)}, "requires_approval"),
+    ({"requires_approval": ()}, "requires_approval"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"timeout_s": True}, "timeout_s"),
+    ({"timeout_s": 10 ** 6}, "timeout_s"),
+])
+def test_bad_module_defaults_name_the_field(fields, field):
+    with pytest.raises(ValidationFailed) as refused:
+        check_spec(ModuleSpec("demo", url="http://8.8.8.8", **fields), _settings())
+    assert list(refused.value.fields) == [field]
+
+
+def test_defaults_are_an_mcp_tools_own_and_fill_in_an_http_manifest():
+    manifest = {"module": "demo", "tools": [
+        {"name": "demo.add", "description": "Add.", "parameters": {"type": "object"}},
+        {"name": "demo.own", "description": "Own.", "parameters": {"type": "object"},
+         "permission": "admin", "requires_approval": False, "time_limit_s": 3}]}
+    spec = ModuleSpec("demo", url="http://x", permission="user", requires_approval=True,
+                      timeout_s=7)
+    add, own = build_module(spec, manifest, lambda *a: _never).tools
+    assert (add.permission, add.requires_approval, add.time_limit_s) == ("user", True, 7)
+    assert (own.permission, own.requires_approval, own.time_limit_s) == ("admin", False, 3)
+
+    mcp = ModuleSpec("demo", kind="mcp", url="http://x", permission="user",
+                     requires_approval=("own",), timeout_s=7)
+    add, own = build_module(mcp, manifest, lambda *a: _never).tools
+    assert (add.permission, add.requires_approval, add.time_limit_s) == ("user", False, 7)
+    assert (own.permission, own.requires_approval, own.time_limit_s) == ("user", True, 7)
+    assert mcp.public()["requires_approval"] == ["own"]
+    assert mcp.defaults() == {"permission": "user", "requires_approval": ["own"],
+                              "timeout_s": 7}
+
+
+def test_static_module_defaults_from_the_environment():
+    settings = _settings(AGENTQ_TOOL_MODULES="notes=mcp+http://n/mcp,w=http://w",
+                         AGENTQ_MODULE_PERMISSION_NOTES="admin",
+                         AGENTQ_MODULE_APPROVAL_NOTES="add, notes.shout",
+                         AGENTQ_MODULE_TIMEOUT_S_NOTES="2.5", AGENTQ_MODULE_APPROVAL_W="all")
+    notes, w = settings.tool_modules
+    assert (notes.permission, notes.requires_approval, notes.timeout_s) == (
+        "admin", ("add", "notes.shout"), 2.5)
+    assert (w.permission, w.requires_approval, w.timeout_s) == (None, True, None)
+    for var, value in [("PERMISSION", "root"), ("TIMEOUT_S", "soon"), ("TIMEOUT_S", "-1"),
+                       ("APPROVAL", "Bad Name")]:
+        with pytest.raises(ConfigError, match=f"AGENTQ_MODULE_{var}_NOTES"):
+            _settings(AGENTQ_TOOL_MODULES="notes=mcp+http://n/mcp",
+                      **{f"AGENTQ_MODULE_{var}_NOTES": value})
+
+
+def test_a_stdio_mcp_server_gets_an_allow_listed_environment(monkeypatch):
+    """The example server reports its own environment: none of agentq's variables nor
+    secrets reach it, while PATH and HOME do."""
+    from agentq.tools import mcp
+    for name, value in [("AGENTQ_DATABASE_URL", "postgresql://u:pw@db/agentq"),
+                        ("AGENTQ_WEBHOOK_SECRET", "whsec_" + "A" * 32),
+                        ("OPENAI_API_KEY", "sk-not-for-the-server"),
+                        ("DATABASE_URL", "postgresql://u:pw@db/x"),
+                        ("AGENTQ_MODULE_SECRET_NOTES", SECRET), ("LC_ALL", "C.UTF-8")]:
+        monkeypatch.setenv(name, value)
+    assert set(mcp.child_env()) <= set(mcp.CHILD_ENV) | {"LC_ALL"}
+    settings = _settings()
+    spec = ModuleSpec("envtest", kind="mcp", command=(sys.executable, "-m",
+                                                      "examples.mcp_server"))
+    monkeypatch.chdir(ROOT)
+    try:
+        names = mcp.call(spec, "environ", {}, 30, settings)["names"]
+    finally:
+        s = mcp.sessions()
+        s.run(s.drop(spec), 5)
+    assert "PATH" in names and "LC_ALL" in names
+    leaked = [n for n in names if n.startswith(("AGENTQ_", "OPENAI_", "DATABASE"))
+              or "SECRET" in n or "KEY" in n or "TOKEN" in n or "PASSWORD" in n]
+    assert leaked == []
+
+
+def test_an_mcp_call_past_its_time_limit_is_a_timeout(monkeypatch):
+    from agentq.errors import ToolTimeout
+    from agentq.tools import mcp
+    monkeypatch.chdir(ROOT)
+    spec = ModuleSpec("sleepy", kind="mcp", command=(sys.executable, "-m",
+                                                     "examples.mcp_server"))
+    try:
+        assert mcp.call(spec, "sleep", {"seconds": 0}, 30, _settings()) == {"result": "slept 0 s"}
+        with pytest.raises(ToolTimeout):
+            mcp.call(spec, "sleep", {"seconds": 60}, 1, _settings())
+    finally:
+        s = mcp.sessions()
+        s.run(s.drop(spec), 5)

@@ -158,7 +158,73 @@ def test_a_caught_memory_error_is_not_a_limit():
 def test_output_is_truncated_with_a_marker():
     result = run("print('x' * 10000)", max_output_chars=100)
     assert result["truncated"] is True
-    assert result["stdout"] == "x" * 100 + "\n... [truncated 9901 bytes]"
+    marker = "\n... [truncated 9929 bytes]"
+    assert result["stdout"] == "x" * 72 + marker
+    assert len(json.dumps(result["stdout"])) - 2 == 100  # the marker's newline takes 2
+
+
+def test_output_is_cut_by_its_length_as_json():
+    result = run("""
+        import sys
+        sys.stdout.write("\\x01" * 3000)
+        sys.stderr.write("é\\"" * 3000)
+    """, max_output_chars=1000)
+    assert result["truncated"] is True
+    for name, each in (("stdout", 6), ("stderr", 1.5)):
+        text = result[name]
+        assert len(json.dumps(text, ensure_ascii=False)) - 2 <= 1000
+        kept = text[:text.index("\n... [truncated ")]
+        assert 1000 - 40 <= len(json.dumps(kept, ensure_ascii=False)) - 2  # not cut short
+        assert len(kept) == int(len(json.dumps(kept, ensure_ascii=False)) - 2) / each
+
+
+def test_streams_share_a_total_one_taking_what_the_other_leaves():
+    result = run("""
+        import sys
+        print("short")
+        sys.stderr.write("e" * 5000)
+    """, max_output_chars=1000, max_output_total_chars=1000)
+    assert result["stdout"] == "short\n"
+    assert (len(json.dumps(result["stdout"])) + len(json.dumps(result["stderr"])) - 4
+            <= 1000)
+    assert len(result["stderr"]) > 900
+    both = run("import sys; print('o' * 5000); sys.stderr.write('e' * 5000)",
+               max_output_chars=1000, max_output_total_chars=1000)
+    assert 450 < len(both["stdout"]) <= 500 and 450 < len(both["stderr"]) <= 500
+
+
+@pytest.mark.parametrize("stdout,stderr,cut", [
+    ("print('ok')", "sys.stderr.write('\\x01' * 3000)", ["stderr"]),  # 18,000 as JSON
+    ("print('ü€😀' * 4000)", "sys.stderr.write('\\x01\\x02' * 1500)", ["stdout", "stderr"]),
+    ("print('\"\\\\' * 9000)", "sys.stderr.write('\\x1b[31m' * 3000)", ["stdout", "stderr"]),
+    ("sys.stdout.buffer.write(bytes(range(256)) * 100)", "pass", ["stdout"]),
+])
+def test_the_code_tools_result_is_cut_once_and_fits_the_tool_result_budget(stdout, stderr,
+                                                                           cut):
+    """Issue 9: output cut by the sandbox and then again by the tool-result fitting gave the
+    model two markers (the second one wrong). The code tool sizes the streams by their JSON
+    length so that the result fits AGENTQ_TOOL_RESULT_MAX_CHARS as it is."""
+    import re
+
+    from agentq.config import Settings
+    from agentq.loop.context import render_tool_result
+    from agentq.tools.manifest import ToolContext
+    from tool_workers.code import MODULE
+    tool = next(t for t in MODULE.tools if t.name == "code.run_python").function
+    settings = Settings.from_env({})
+    ctx = ToolContext(tool_use_id="t", job_id="j", user_id="u", conversation_id="c",
+                      permission_level="user", extra={"settings": settings})
+    result = tool({"code": f"import sys\n{stdout}\n{stderr}\n"}, ctx)
+    assert result["exit_code"] == 0 and result["truncated"] is True
+    seen = render_tool_result({"ok": True, "result": result}, settings.tool_result_max_chars)
+    assert len(seen) <= settings.tool_result_max_chars
+    assert json.loads(seen) == result                   # the sandbox's result, not cut again
+    assert "preview" not in json.loads(seen)
+    marker = re.compile(r"\[truncated \d+ (?:bytes|chars)\]")
+    assert len(marker.findall(seen)) == len(cut)       # one marker for each stream cut
+    for name in ("stdout", "stderr"):
+        assert len(marker.findall(result[name])) == (name in cut)
+    assert "chars]" not in seen                        # none from the tool-result fitting
 
 
 def test_huge_output_is_discarded_beyond_the_cap():
@@ -168,10 +234,10 @@ def test_huge_output_is_discarded_beyond_the_cap():
         for _ in range(800):                 # 50 MiB
             sys.stdout.write(chunk)
         print("end", file=sys.stderr)
-    """, max_output_chars=50)
+    """, max_output_chars=60)
     assert result["exit_code"] == 0
-    assert result["stdout"].startswith("y" * 50 + "\n... [truncated ")
-    assert len(result["stdout"]) < 100
+    assert result["stdout"] == "y" * 28 + f"\n... [truncated {50 * 2 ** 20 - 28} bytes]"
+    assert len(json.dumps(result["stdout"])) - 2 == 60
     assert result["stderr"] == "end\n"
 
 
@@ -243,6 +309,64 @@ def test_file_system_is_read_only_outside_the_scratch_dir(scratch_dir, tmp_path)
     assert lines[3] == str(scratch_dir)
     assert not (outside / "x").exists()
     assert (scratch_dir / "inside.txt").read_text() == "kept"
+
+
+def test_writing_past_the_scratch_or_tmp_size_fails_inside_the_code():
+    result = run(f"""
+        import errno, os
+        for where in (".", "/tmp"):
+            written = 0
+            try:
+                for i in range(100):     # files of 8 MiB, each under the file-size limit
+                    with open(os.path.join(where, f"part{{i}}"), "wb") as out:
+                        for _ in range(8):
+                            out.write(b"0" * 2 ** 20)
+                            written += 2 ** 20
+            except OSError as exc:
+                print(where, errno.errorcode[exc.errno], written // 2 ** 20)
+            else:
+                print(where, "all written")
+    """)
+    scratch_mb = sandbox.SCRATCH_SIZE_BYTES // 2 ** 20
+    tmp_mb = sandbox.TMP_SIZE_BYTES // 2 ** 20
+    assert result["exit_code"] == 0, result
+    assert result["stdout"].splitlines() == [f". ENOSPC {scratch_mb}", f"/tmp ENOSPC {tmp_mb}"]
+
+
+def test_the_code_tool_says_when_the_scratch_is_full():
+    from agentq.config import Settings
+    from agentq.tools.manifest import ToolContext
+    from tool_workers.code import MODULE
+    tool = next(t for t in MODULE.tools if t.name == "code.run_python").function
+    ctx = ToolContext(tool_use_id="t", job_id="j", user_id="u", conversation_id="c",
+                      permission_level="user", extra={"settings": Settings.from_env({})})
+    result = tool({"code": textwrap.dedent("""
+        for i in range(100):
+            open(f"part{i}", "wb").write(b"0" * 2 ** 23)
+    """)}, ctx)
+    assert result["exit_code"] == 1
+    assert "OSError: [Errno 28] No space left on device" in result["stderr"]
+
+
+def test_input_files_are_in_the_scratch_read_only(scratch_dir):
+    inputs = scratch_dir
+    (inputs / "data.csv").write_text("a,b\n1,2\n")
+    result = run("""
+        import errno, os
+        print(sorted(os.listdir(".")), open("data.csv").read().splitlines()[1])
+        try:
+            open("data.csv", "a").write("3,4")
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+        open("out.txt", "w").write("mine")
+        print(open("out.txt").read())
+    """, input_dir=str(inputs))
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "['data.csv'] 1,2"
+    assert lines[1] in ("EROFS", "EACCES")
+    assert lines[2] == "mine"
+    assert (inputs / "data.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(p.name for p in inputs.iterdir()) == ["data.csv"]
 
 
 def test_temporary_scratch_dir_is_removed():

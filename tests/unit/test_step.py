@@ -225,6 +225,39 @@ def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
     assert h.user_of(job_id).tokens_used_this_month == 30
 
 
+def test_answer_after_tools_offers_no_tools_after_a_turn_whose_calls_all_succeeded(make):
+    # given the setting `agentq run` uses with the local model, and a model that calls two
+    # tools that both succeed, then answers
+    h = make(calls(("math.evaluate", {"expression": "6*7"}),
+                   ("math.evaluate", {"expression": "1+1"})), text("42"),
+             AGENTQ_ANSWER_AFTER_TOOLS="1")
+    job_id = h.submit("What is 6*7?")
+    # when the job runs to its end
+    h.drive(job_id)
+    # then the first call offered the tools, the one after the results offered none
+    first, second = h.router.requests
+    assert "math.evaluate" in first["tools"]
+    assert second["tools"] == []
+    assert [m["role"] for m in second["messages"]][-2:] == ["tool", "tool"]
+    assert h.job(job_id).response["content"] == "42"
+
+
+def test_answer_after_tools_still_offers_them_after_a_failed_call(make):
+    # given the same setting, and a turn with one call that succeeds and one that fails
+    h = make(calls(("math.evaluate", {"expression": "6*7"}), ("no.such_tool", {})),
+             text("42"), AGENTQ_ANSWER_AFTER_TOOLS="1")
+    job_id = h.submit("What is 6*7?")
+    h.drive(job_id)
+    # then the model may try again: the tools are offered after that turn
+    assert "math.evaluate" in h.router.requests[1]["tools"]
+
+
+def test_without_answer_after_tools_the_tools_are_offered_after_results(make):
+    h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"))
+    h.drive(h.submit("What is 6*7?"))
+    assert "math.evaluate" in h.router.requests[1]["tools"]
+
+
 def test_running_the_same_step_twice_does_nothing_the_second_time(make):
     # given a job whose first step already ran
     h = make(calls(("math.evaluate", {"expression": "1+1"})))

@@ -217,7 +217,8 @@ def test_without_renewal_the_sweeper_takes_the_step_for_dead(make):
 
 
 def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
-    # given a keeper with a short deadline, holding a claimed step whose lease has run out
+    # given a keeper holding a claimed step whose lease has run out (its deadline is long,
+    # so a renewed lease cannot lapse again while the test runs, however loaded the machine)
     from agentq.loop.leases import LeaseKeeper
     h = make(text("done"))
     job_id = h.submit()
@@ -232,14 +233,17 @@ def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
         session.execute(update(Job).where(Job.id == uuid.UUID(other)).values(
             step_lease_until=utcnow() + timedelta(hours=1)))
     far = h.job(other).step_lease_until
-    keeper = LeaseKeeper(h.sessions, deadline_s=1.0)
+    keeper = LeaseKeeper(h.sessions, deadline_s=600.0)
     # when it holds both steps, its thread pushes the due lease ahead (no time limit: it
     # waits for the renewal to happen)
     with keeper.hold(other, other_owner, far), \
             keeper.hold(job_id, owner, h.job(job_id).step_lease_until):
         while h.job(job_id).step_lease_until <= utcnow():
             time.sleep(0.05)
-        # then the sweeper leaves the job alone
+        # then the lease runs a whole deadline from the renewal, and the sweeper leaves
+        # the job alone
+        assert h.job(job_id).step_lease_until > utcnow() + timedelta(seconds=300)
         assert sweep(h.settings, h.sessions) == []
-        # and the lease not yet due was not written
+        # and the lease not yet due (an hour left, more than a third of a deadline) was
+        # not written
         assert h.job(other).step_lease_until == far

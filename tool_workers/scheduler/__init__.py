@@ -39,7 +39,7 @@ def _sessions(ctx: ToolContext):
 def _brief(schedule: Schedule) -> dict[str, Any]:
     body = schedule_object(schedule)
     return {k: body[k] for k in ("id", "content", "kind", "run_at", "cron", "timezone",
-                                 "next_run_at", "status", "fire_count")}
+                                 "next_run_at", "status", "runs")}
 
 
 def add_job(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
