@@ -13,8 +13,10 @@ What makes the spans (the maintained instrumentations, not ours):
     span for each run (`run/orchestrator.step`, `run/tools.execute`, ...), with the trace
     context carried in the Celery message's headers, so a step sent by the API, a tool call
     sent by a step and the step after the tools all join the submit's trace;
-  * ours: `llm.request` around each request to a model provider (`span()` below), and the
-    job id and iteration set on each step's span (`annotate()`).
+  * ours: `llm.request` around each request to a model provider (`span()` below), `job.end`
+    once a job's end has committed (tasks/dispatch.py: status and finish reason, a child of
+    the step that ended it), and the job id and iteration set on each step's span
+    (`annotate()`).
 A step re-driven by the sweeper starts a trace of its own (linked by the job id attribute).
 Log lines carry `trace_id` and `span_id` of the span they were written in (agentq/logs.py).
 """

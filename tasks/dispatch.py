@@ -8,6 +8,7 @@ from typing import Iterable
 
 from celery import chord, group
 
+from agentq import tracing
 from agentq.config import get_settings
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
                                  NextStep, RevokeTools, SendWebhooks)
@@ -39,10 +40,14 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 body.link_error(orchestrator.tools_failed.signature(
                     (job_id, iteration), queue=ORCHESTRATOR_QUEUE, immutable=True))
                 chord(header)(body)
-            case JobEnded(job_id=job_id, status=status):
-                log.info("job ended", extra={"job_id": job_id, "status": status})
-                from tasks.webhooks import schedule_for_job
-                schedule_for_job(job_id)  # its webhook row was written with the end
+            case JobEnded(job_id=job_id, status=status, finish_reason=reason):
+                # The trace's last span of the job: made once its end has committed, a
+                # child of the step that ended it (its webhook's task joins the trace).
+                with tracing.span("job.end", job_id=job_id, status=status,
+                                  finish_reason=reason):
+                    log.info("job ended", extra={"job_id": job_id, "status": status})
+                    from tasks.webhooks import schedule_for_job
+                    schedule_for_job(job_id)  # its webhook row was written with the end
             case SendWebhooks(job_id=job_id):
                 from tasks.webhooks import schedule_for_job
                 schedule_for_job(job_id)

@@ -2,7 +2,7 @@
 so nothing in the loop knows Celery."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -37,6 +37,8 @@ class RevokeTools:
 class JobEnded:
     job_id: str
     status: str
+    finish_reason: str | None = field(default=None, compare=False)
+    """For the `job.end` span only; effects compare by job and status."""
 
 
 @dataclass(frozen=True)

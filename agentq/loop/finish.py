@@ -67,7 +67,7 @@ def finish_job(session: Session, job: Job, status: str, reason: str, content: st
                **({"follow_up_job_id": str(job.follow_up_job_id)}
                   if job.follow_up_job_id else {}))
     enqueue_job_event(session, job)  # its webhook's first delivery, in this transaction
-    effects: list[Effect] = [JobEnded(str(job.id), status), *handed_on]
+    effects: list[Effect] = [JobEnded(str(job.id), status, reason), *handed_on]
     if job.batch_id is not None:
         effects.append(AdmitBatch(str(job.batch_id)))
     return effects

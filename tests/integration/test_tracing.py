@@ -1,6 +1,6 @@
 """OpenTelemetry traces through a real stack exporting over OTLP/HTTP to a receiver in this
 test: one trace covers the submit, each step, each model request and each tool call, across
-the web and worker processes; log lines carry its id."""
+the web and worker processes, to the job's end (`job.end`); log lines carry its id."""
 from __future__ import annotations
 
 import json
@@ -104,7 +104,7 @@ def traced(servers_up, llm, tmp_path_factory):
         drop_database(name)
 
 
-def test_one_trace_covers_submit_steps_model_requests_and_tools(traced, script):
+def test_one_trace_covers_submit_steps_model_requests_tools_and_the_end(traced, script):
     stack, receiver, client = traced
     marker = script([tool_calls(call("math.evaluate", {"expression": "6*7"})),
                      text("42")])
@@ -115,15 +115,17 @@ def test_one_trace_covers_submit_steps_model_requests_and_tools(traced, script):
     deadline = time.monotonic() + SPANS_TIMEOUT_S
     while True:
         with receiver.lock:
-                steps = [s for s in receiver.spans
+            steps = [s for s in receiver.spans
                      if s["attributes"].get("agentq.job_id") == job["id"]]
         trace_ids = {s["trace_id"] for s in steps}
-        if len(steps) >= 2 and len(trace_ids) == 1:  # the step, and the one after the tools
+        # the step, the one after the tools, and the job's end
+        if len(steps) >= 3 and len(trace_ids) == 1:
             spans = receiver.of_trace(trace_ids.pop())
             names = defaultdict(int)
             for s in spans:
                 names[s["name"]] += 1
             if (names["llm.request"] >= 2 and any("tools.execute" in n for n in names)
+                    and names["job.end"] >= 1
                     and any(s["service"] == "agentq-api" for s in spans)):
                 break
         assert time.monotonic() < deadline, [
@@ -145,6 +147,21 @@ def test_one_trace_covers_submit_steps_model_requests_and_tools(traced, script):
     assert {"run/orchestrator.step", "run/tools.execute"} <= {s["name"] for s in runs}
     models = {s["attributes"].get("agentq.model") for s in spans if s["name"] == "llm.request"}
     assert models == {"primary-model"}
+
+    # the job's end: one span, made by the step that ended the job (after the tools'
+    # step), saying how it ended
+    ends = [s for s in spans if s["name"] == "job.end"]
+    assert len(ends) == 1
+    end = ends[0]
+    assert end["attributes"]["agentq.job_id"] == job["id"]
+    assert end["attributes"]["agentq.status"] == "completed"
+    assert end["attributes"]["agentq.finish_reason"] == job["finish_reason"] == "end_turn"
+    assert end["service"] == "agentq-worker"
+    parent = by_id[end["parent"]]
+    assert parent["name"].startswith("run/orchestrator.")
+    assert parent["attributes"].get("agentq.job_id") == job["id"]
+    assert parent["attributes"].get("agentq.iteration") == max(
+        s["attributes"].get("agentq.iteration", -1) for s in runs)
 
     # the worker's log lines of that job carry the trace's id
     trace_id = root[0]["trace_id"]
