@@ -279,12 +279,7 @@ class AgentQ:
 
     def replay_batch(self, *, job_ids: Iterable[str] | None = None,
                      filter: dict | None = None, mode: str = "recorded") -> Batch:
-        body: dict[str, Any] = {"mode": mode}
-        if job_ids is not None:
-            body["job_ids"] = list(job_ids)
-        if filter is not None:
-            body["filter"] = filter
-        return Batch.parse(self._json(Call("POST", "/v1/batches/replay", json=body)))
+        return Batch.parse(self._json(_core.replay_batch_call(job_ids, filter, mode)))
 
 
 class AsyncAgentQ:
@@ -453,6 +448,10 @@ class AsyncAgentQ:
 
     async def cancel_batch(self, batch_id: str) -> Batch:
         return Batch.parse(await self._json(Call("POST", f"/v1/batches/{batch_id}/cancel")))
+
+    async def replay_batch(self, *, job_ids: Iterable[str] | None = None,
+                           filter: dict | None = None, mode: str = "recorded") -> Batch:
+        return Batch.parse(await self._json(_core.replay_batch_call(job_ids, filter, mode)))
 
 
 def _long(call: Call) -> httpx.Timeout | None:

@@ -306,6 +306,18 @@ def replay_call(job_id: str, mode: str = "recorded", model: str | None = None) -
     return Call("POST", f"/v1/jobs/{job_id}/replay", json=body)
 
 
+def replay_batch_call(job_ids: Iterable[str] | None, filter: dict | None,
+                      mode: str = "recorded") -> Call:
+    """POST /v1/batches/replay: the given jobs, or those a filter matches, replayed as a
+    batch (`202`)."""
+    body: dict[str, Any] = {"mode": mode}
+    if job_ids is not None:
+        body["job_ids"] = list(job_ids)
+    if filter is not None:
+        body["filter"] = filter
+    return Call("POST", "/v1/batches/replay", json=body)
+
+
 def decision_call(job_id: str, tool_use_id: str, decision: str, body: dict[str, Any]
                   ) -> Call:
     """POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (API.md 1.1): `202`."""

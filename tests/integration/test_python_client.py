@@ -165,3 +165,90 @@ def test_the_async_client_submits_streams_and_cancels(stack, admin_key, script, 
     types, done, cancelled = asyncio.run(scenario())
     assert types[0] == "job_start" and types[-1] == "job_end"
     assert done.content == "nine" and cancelled.status == "cancelled"
+
+
+@pytest.fixture()
+def run_async(stack, admin_key):
+    """Runs `scenario(aq)` with an AsyncAgentQ on the live stack; returns its result."""
+    def run(scenario):
+        async def main():
+            async with AsyncAgentQ(stack.base, api_key=admin_key) as aq:
+                return await scenario(aq)
+        return asyncio.run(main())
+    return run
+
+
+def test_the_async_client_runs_a_batch_and_reads_its_results_in_request_order(
+        run_async, script):
+    marker = script([text("a"), text("b"), text("c")])
+    requests = [{"platform": "api", "platform_user_id": uid("u"),
+                 "platform_channel_id": uid("c"), "content": f"{marker} {n}",
+                 "custom_id": f"r{n}"} for n in range(3)]
+
+    async def scenario(aq):
+        batch = await aq.submit_batch(requests, max_concurrency=1)
+        done = await aq.wait_batch(batch.id, timeout_s=180, poll_s=0.2)
+        return batch, done, await aq.batch_results(batch.id), await aq.batch(batch.id)
+
+    batch, done, results, again = run_async(scenario)
+    assert batch.counts.total == 3 and not batch.ended
+    assert done.status == "completed" and done.counts.completed == 3 and done.ended
+    assert again == done
+    assert [r.custom_id for r in results] == ["r0", "r1", "r2"]
+    assert [r.batch_index for r in results] == [0, 1, 2]
+    assert sorted(r.job.content for r in results) == ["a", "b", "c"]
+    assert all(r.job.batch_id == batch.id and r.job.status == "completed" for r in results)
+
+
+def test_the_async_client_cancels_a_batch(run_async, script, gate, llm):
+    marker = script([held(text("first"), gate)])
+    requests = [{"platform": "api", "platform_user_id": uid("u"),
+                 "platform_channel_id": uid("c"), "content": f"{marker} {n}"}
+                for n in range(3)]
+
+    async def scenario(aq):
+        batch = await aq.submit_batch(requests, max_concurrency=1)
+        while not llm.requests(marker.split(":", 1)[1]):  # the first job, held in its call
+            await asyncio.sleep(0.05)
+        cancelled = await aq.cancel_batch(batch.id)
+        gate.set()
+        done = await aq.wait_batch(batch.id, timeout_s=180, poll_s=0.2)
+        with pytest.raises(Conflict):
+            await aq.cancel_batch(batch.id)
+        with pytest.raises(NotFound):
+            await aq.batch("00000000-0000-0000-0000-000000000000")
+        return cancelled, done, await aq.batch_results(batch.id)
+
+    cancelled, done, results = run_async(scenario)
+    assert cancelled.id == done.id
+    assert done.status == "cancelled" and done.ended
+    # the held reply came back after the cancel: no job of the batch completed
+    assert done.counts.total == 3 and done.counts.completed == 0
+    assert done.counts.cancelled + done.counts.failed == 3
+    assert {r.job.status for r in results} <= {"cancelled", "failed"}
+    assert sorted(r.batch_index for r in results) == [r.batch_index for r in results]
+
+
+def test_the_async_client_replays_a_job_and_a_batch_of_jobs(run_async, script):
+    marker = script([tool_calls(call("math.evaluate", {"expression": "2*3"})), text("six"),
+                     text("seven")])
+
+    async def scenario(aq):
+        first = await aq.wait((await aq.submit(f"{marker} go", user=uid("u"),
+                                               channel=uid("c"))).id, timeout_s=120)
+        second = await aq.wait((await aq.submit(f"{marker} again", user=uid("u"),
+                                                channel=uid("c"))).id, timeout_s=120)
+        replay = await aq.wait((await aq.replay(first.id, mode="recorded")).id,
+                               timeout_s=120)
+        batch = await aq.replay_batch(job_ids=[first.id, second.id], mode="recorded")
+        done = await aq.wait_batch(batch.id, timeout_s=180, poll_s=0.2)
+        return first, second, replay, done, await aq.batch_results(batch.id)
+
+    first, second, replay, done, results = run_async(scenario)
+    assert (first.content, second.content) == ("six", "seven")
+    assert replay.replay_of == first.id and replay.content == "six"
+    assert [c.name for c in replay.response.tool_calls] == ["math.evaluate"]
+    assert done.status == "completed" and done.counts.completed == 2
+    by_original = {r.job.replay_of: r.job for r in results}
+    assert set(by_original) == {first.id, second.id}
+    assert by_original[first.id].content == "six" and by_original[second.id].content == "seven"
