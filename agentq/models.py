@@ -327,8 +327,12 @@ class ToolCall(Base):
     result: Mapped[dict[str, Any] | None]
     """{"ok": bool, "result": ..., "error": {"code", "message"}} as the model will read it."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Deliveries that began running the tool."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]
+    """While the tool runs, its worker keeps this a step deadline ahead
+    (agentq.loop.leases): a copy delivered before it passes waits for the result."""
     finished_at: Mapped[datetime | None]
 
 

@@ -360,8 +360,12 @@ class FaultLab:
                     WHERE e.job_id = tc.job_id AND e.type = 'tool_execution_start'
                       AND e.data->>'tool_use_id' = tc.tool_use_id), false) idempotent
                   FROM tool_calls tc WHERE tc.job_id IN ({ids}) AND tc.attempts > 1) r""")[0]
+        interrupted = self.sql(f"""SELECT COUNT(*) FROM tool_calls WHERE job_id IN ({ids})
+            AND result->'error'->>'code' = 'tool_interrupted'""")[0][0]
         return {"idempotent_calls": int(row[0]), "non_idempotent_calls": int(row[1]),
-                "non_idempotent_extra_runs": int(row[2])}
+                "non_idempotent_extra_runs": int(row[2]),
+                # not idempotent, its worker died mid-run: answered, not run again
+                "non_idempotent_interrupted": int(interrupted)}
 
     def file_problems(self, job_ids: list[str]) -> dict[str, int]:
         """`files.create_document` writes one file per call: files whose id is not the one

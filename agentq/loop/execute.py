@@ -1,4 +1,11 @@
-"""Running one tool call, keyed by its tool_use_id: a redelivered task runs nothing twice.
+"""Running one tool call, keyed by its tool_use_id.
+
+A started call holds a lease of one step deadline, renewed while its tool runs
+(agentq.loop.leases). A copy delivered while the lease lives (the sweeper re-dispatched the
+turn, the broker redelivered) waits for the running delivery's result. A copy delivered
+after the lease ran out (the running worker died, no result) runs an idempotent tool again
+(at-least-once) and answers a not idempotent one `tool_interrupted` without running it: it
+may have acted already.
 
 Errors are values: whatever the tool does, the call ends with a stored result and the task
 returns normally, so the chord's callback always fires.
@@ -6,15 +13,21 @@ returns normally, so the chord's callback always fires.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.busy import lock_job
+from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.step import relax_durability
 from agentq.loop.store import EventBuffer
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
@@ -22,12 +35,19 @@ from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
 
 log = logging.getLogger(__name__)
+AWAIT_POLL_S = 0.5
 MAX_DELIVERIES = 3
 """A call whose task was delivered this often without storing a result (it crashed its
 worker each time) is answered with an error instead of being run again."""
 CRASHED_RESULT = {"ok": False, "result": None,
                   "error": {"code": "tool_crashed",
                             "message": f"The tool crashed its worker {MAX_DELIVERIES} times."}}
+INTERRUPTED_RESULT = {
+    "ok": False, "result": None,
+    "error": {"code": "tool_interrupted",
+              "message": "The worker running this tool stopped before it answered. The tool "
+                         "is not idempotent, so it was not run again: it may or may not have "
+                         "taken effect."}}
 CANCELLED_RESULT = {"ok": False, "result": None,
                     "error": {"code": "cancelled", "message": "The job was cancelled before "
                                                               "this tool ran."}}
@@ -40,23 +60,76 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
         prepared = _prepare(session, tool_use_id, settings, registry, sessions, events)
         events.flush(session)
     events.announce()
+    if isinstance(prepared, _RunningElsewhere):
+        return _await_other_delivery(tool_use_id, settings, registry, sessions)
     if isinstance(prepared, dict):
         return prepared
-    name, arguments, ctx, allowed = prepared
+    name, arguments, ctx, allowed, lease_until = prepared
 
-    result: ToolResult = registry.execute(name, arguments, ctx, allowed)
+    # the lease taken in `_prepare` is renewed while the tool runs
+    with tool_leases(settings, sessions).hold(ctx.job_id, tool_use_id, lease_until):
+        result: ToolResult = registry.execute(name, arguments, ctx, allowed)
     status = "succeeded" if result.ok else "failed"
     job_id = uuid.UUID(ctx.job_id)
-    with sessions() as session, session.begin():
-        lock_job(session, job_id)  # the job's row before the call's, as everywhere
-        iteration = _store(session, job_id, tool_use_id, name, status,
-                           {**result.to_record(), "attempts": result.attempts}, events)
-        events.flush(session)
-        join = (_join_if_last(session, job_id, iteration)
-                if iteration is not None and settings.tool_join == "database" else None)
+    record = {**result.to_record(), "attempts": result.attempts}
+    # the tool ran: its result is kept through a database outage (retried for a step
+    # deadline) rather than lost, which would leave a not idempotent call `interrupted`
+    for attempt in Retrying(retry=retry_if_exception_type(OperationalError),
+                            stop=stop_after_delay(settings.step_deadline_s),
+                            wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
+        with attempt:
+            events = EventBuffer()
+            with sessions() as session, session.begin():
+                lock_job(session, job_id)  # the job's row before the call's, as everywhere
+                iteration = _store(session, job_id, tool_use_id, name, status, record, events)
+                events.flush(session)
+                join = (_join_if_last(session, job_id, iteration)
+                        if iteration is not None and settings.tool_join == "database"
+                        else None)
+        if attempt.retry_state.attempt_number > 1:
+            log.info("tool result stored after the database came back",
+                     extra={"tool_use_id": tool_use_id,
+                            "tries": attempt.retry_state.attempt_number})
     events.announce()
     return {"tool_use_id": tool_use_id,
             "status": status if iteration is not None else "duplicate", "next_step": join}
+
+
+class _RunningElsewhere:
+    """Another delivery of this call is running it (its lease is live): this one waits for
+    that one's result instead of running the tool a second time."""
+
+
+_keepers: dict[tuple[int, float], ToolLeaseKeeper] = {}
+_keepers_lock = threading.Lock()
+
+
+def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:
+    """This process's keeper of running calls' leases (one per database and deadline)."""
+    key = (id(sessions), settings.step_deadline_s)
+    with _keepers_lock:
+        if key not in _keepers:
+            _keepers[key] = ToolLeaseKeeper(sessions, settings.step_deadline_s)
+        return _keepers[key]
+
+
+def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRegistry,
+                          sessions: sessionmaker) -> dict[str, Any]:
+    """A copy of a call that a live delivery is running: wait until that one stores the
+    result (this copy then answers `duplicate`; the storer joins the turn), or until its
+    lease runs out unrenewed (its worker died: this copy decides again, in `_prepare`)."""
+    while True:
+        with sessions() as session:
+            status, lease_until = session.execute(
+                select(ToolCall.status, ToolCall.lease_until)
+                .where(ToolCall.tool_use_id == tool_use_id)).one()
+        if status != "pending":
+            return {"tool_use_id": tool_use_id, "status": "duplicate", "next_step": None}
+        if lease_until is None or utcnow() >= lease_until:
+            log.warning("the delivery running a tool call went silent",
+                        extra={"event": "tool.lease_expired", "tool_use_id": tool_use_id})
+            return execute_tool_call(tool_use_id, settings, registry, sessions)
+        time.sleep(AWAIT_POLL_S)
 
 
 def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:
@@ -87,22 +160,35 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
     if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
         _store(session, job.id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
-    call.attempts += 1
-    call.started_at = utcnow()
+    now = utcnow()
+    if call.attempts and call.lease_until is not None and call.lease_until > now:
+        log.info("tool call is running in another delivery; waiting for its result",
+                 extra={"event": "tool.running_elsewhere", "tool_use_id": tool_use_id})
+        return _RunningElsewhere()
     tool = registry.tools.get(call.name)
-    if call.attempts > 1 and call.attempts <= MAX_DELIVERIES:
-        # at-least-once: the previous delivery died before storing a result
-        idempotent = bool(tool and tool.idempotent)
-        log.log(logging.INFO if idempotent else logging.WARNING,
-                "tool call delivered again; running it again%s",
-                "" if idempotent else " although it is not idempotent",
-                extra={"event": "tool.rerun" if idempotent else "tool.rerun_not_idempotent",
-                       "tool": call.name, "tool_use_id": tool_use_id,
-                       "delivery": call.attempts, "idempotent": idempotent})
+    idempotent = bool(tool and tool.idempotent)
+    if call.attempts and not idempotent:
+        # the delivery that started it died without storing a result: it may have acted
+        # already, so a tool with side effects is not run again (the model is told)
+        log.warning("not idempotent tool call interrupted; not running it again",
+                    extra={"event": "tool.interrupted", "tool": call.name,
+                           "tool_use_id": tool_use_id, "deliveries": call.attempts})
+        _store(session, job.id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT, events)
+        return {"tool_use_id": tool_use_id, "status": "failed"}
+    call.attempts += 1
+    call.started_at = now
+    call.lease_until = lease_until = now + timedelta(seconds=settings.step_deadline_s)
+    # the sweeper leaves the job alone while the call runs (a slow tool is not a stall)
+    if job.redrive_after is None or job.redrive_after < lease_until:
+        job.redrive_after = lease_until
     if call.attempts > MAX_DELIVERIES:
         session.flush()
         _store(session, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
         return {"tool_use_id": tool_use_id, "status": "failed"}
+    if call.attempts > 1:  # at-least-once: the previous delivery died before storing
+        log.info("idempotent tool call delivered again; running it again",
+                 extra={"event": "tool.rerun", "tool": call.name,
+                        "tool_use_id": tool_use_id, "delivery": call.attempts})
     user, conversation, persona = session.execute(
         select(User, Conversation, Persona).select_from(User)
         .join(Conversation, Conversation.id == job.conversation_id)
@@ -118,7 +204,7 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
                       session_factory=sessions,
                       public_url=settings.public_url, tenant_id=str(job.tenant_id),
                       extra={"settings": settings})
-    return call.name, call.arguments, ctx, allowed
+    return call.name, call.arguments, ctx, allowed, lease_until
 
 
 def _store(session, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,

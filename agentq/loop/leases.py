@@ -11,6 +11,11 @@ So while a step works, this process renews its lease: one thread per process ren
 one UPDATE, every held lease that has a third of a deadline or less left. A step that
 answers sooner costs nothing (the usual case: no write at all). A step whose worker dies is
 no longer renewed, and its lease runs out one deadline after the last renewal, as before.
+
+A tool call is leased the same way while its tool runs (`ToolLeaseKeeper`): a copy of the
+call delivered meanwhile (the sweeper re-dispatched it, the broker redelivered it) waits
+for the running one's result, and one delivered after the lease ran out knows that worker
+died (agentq.loop.execute).
 """
 from __future__ import annotations
 
@@ -21,11 +26,11 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Iterator
 
-from sqlalchemy import update
+from sqlalchemy import or_, update
 from sqlalchemy.orm import sessionmaker
 
 from agentq.db import utcnow
-from agentq.models import Job
+from agentq.models import Job, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -33,69 +38,69 @@ RETRY_S = 1.0
 """After a failed renewal (the database away), the next try."""
 
 
-class LeaseKeeper:
-    """Renews the leases of the steps held through `hold()`. Thread-safe; its thread starts
-    with the first hold and is a daemon (a process that ends takes its leases with it)."""
+class _Keeper:
+    """Renews the leases held through `hold()`: one daemon thread per keeper (started with
+    the first hold) writes, in one statement, every held lease with a third of a deadline
+    or less left. Thread-safe; a process that ends takes its leases with it."""
 
     def __init__(self, sessions: sessionmaker, deadline_s: float):
         self._sessions = sessions
         self.deadline_s = deadline_s
         self._margin = timedelta(seconds=deadline_s / 3)
         self._held: dict[str, tuple[uuid.UUID, datetime]] = {}
-        """step owner → (job id, when its lease is due for renewal)"""
+        """holder's key → (job id, when its lease is due for renewal)"""
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
-    def hold(self, job_id: str | uuid.UUID, owner: str,
+    def hold(self, job_id: str | uuid.UUID, key: str,
              lease_until: datetime | None = None) -> Iterator[None]:
-        """Keep the lease of `owner` on `job_id` (running out at `lease_until`; a deadline
+        """Keep the lease of `key` on `job_id` (running out at `lease_until`; a deadline
         from now if not given) alive for the block."""
         until = lease_until or utcnow() + timedelta(seconds=self.deadline_s)
         with self._changed:
-            self._held[owner] = (uuid.UUID(str(job_id)), until - self._margin)
+            self._held[key] = (uuid.UUID(str(job_id)), until - self._margin)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="agentq-leases",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"agentq-{type(self).__name__}")
                 self._thread.start()
             self._changed.notify()
         try:
             yield
         finally:
             with self._changed:
-                self._held.pop(owner, None)
+                self._held.pop(key, None)
 
-    def renew(self, owners: list[str] | None = None) -> int:
-        """Push the held leases of `owners` (all when None) one deadline ahead; how many
-        rows still held theirs (a step whose job was re-driven or ended meanwhile has no
-        lease left to renew)."""
+    def renew(self, keys: list[str] | None = None) -> int:
+        """Push the held leases of `keys` (all when None) one deadline ahead; how many
+        rows still held theirs."""
         with self._changed:
-            held = {o: self._held[o][0] for o in (self._held if owners is None else owners)
-                    if o in self._held}
+            held = {k: self._held[k][0] for k in (self._held if keys is None else keys)
+                    if k in self._held}
         if not held:
             return 0
         now = utcnow()
+        until = now + timedelta(seconds=self.deadline_s)
         with self._sessions() as session, session.begin():
-            result = session.execute(
-                update(Job).where(Job.id.in_(list(set(held.values()))),
-                                  Job.step_owner.in_(list(held)))
-                .values(step_lease_until=now + timedelta(seconds=self.deadline_s))
-                .execution_options(synchronize_session=False))
-        self._reschedule(held, now + timedelta(seconds=self.deadline_s) - self._margin)
-        return result.rowcount
+            renewed = self._write(session, held, until)
+        self._reschedule(held, until - self._margin)
+        return renewed
+
+    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
+        raise NotImplementedError
 
     def _reschedule(self, held: dict[str, uuid.UUID], due: datetime) -> None:
         with self._changed:
-            for owner, job_id in held.items():
-                if owner in self._held:
-                    self._held[owner] = (job_id, due)
+            for key, job_id in held.items():
+                if key in self._held:
+                    self._held[key] = (job_id, due)
 
     def _due(self) -> list[str]:
-        """Wait until some held lease is due; the owners of those that are."""
+        """Wait until some held lease is due; the keys of those that are."""
         with self._changed:
             while True:
                 now = utcnow()
-                due = [o for o, (_, at) in self._held.items() if at <= now]
+                due = [k for k, (_, at) in self._held.items() if at <= now]
                 if due:
                     return due
                 soonest = min((at for _, at in self._held.values()), default=None)
@@ -104,14 +109,47 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while True:
-            owners = self._due()
+            keys = self._due()
             try:
-                self.renew(owners)
+                self.renew(keys)
             except Exception:  # noqa: BLE001 - the database away: try again shortly
-                log.warning("step leases not renewed", exc_info=True,
-                            extra={"event": "step.lease_renewal_failed"})
+                log.warning("leases not renewed", exc_info=True,
+                            extra={"event": "lease_renewal_failed",
+                                   "kind": type(self).__name__})
                 with self._changed:
                     retry_at = utcnow() + timedelta(seconds=RETRY_S)
-                    for owner in owners:
-                        if owner in self._held:
-                            self._held[owner] = (self._held[owner][0], retry_at)
+                    for key in keys:
+                        if key in self._held:
+                            self._held[key] = (self._held[key][0], retry_at)
+
+
+class LeaseKeeper(_Keeper):
+    """Steps: `hold(job_id, owner)` keeps the job's `step_lease_until` alive while the step
+    named `owner` works (a step whose job was re-driven or ended meanwhile has no lease left
+    to renew)."""
+
+    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
+        return session.execute(
+            update(Job).where(Job.id.in_(list(set(held.values()))),
+                              Job.step_owner.in_(list(held)))
+            .values(step_lease_until=until)
+            .execution_options(synchronize_session=False)).rowcount
+
+
+class ToolLeaseKeeper(_Keeper):
+    """Tool calls: `hold(job_id, tool_use_id)` keeps the call's `lease_until` alive while
+    its tool runs, and its job's `redrive_after` no sooner (a slow tool is no stalled job:
+    the sweeper leaves it alone while the worker running the call lives)."""
+
+    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
+        renewed = session.execute(
+            update(ToolCall).where(ToolCall.tool_use_id.in_(list(held)),
+                                   ToolCall.status == "pending")
+            .values(lease_until=until)
+            .execution_options(synchronize_session=False)).rowcount
+        session.execute(
+            update(Job).where(Job.id.in_(list(set(held.values()))),
+                              or_(Job.redrive_after.is_(None), Job.redrive_after < until))
+            .values(redrive_after=until)
+            .execution_options(synchronize_session=False))
+        return renewed

@@ -3,8 +3,11 @@ carries its tool_use_id as the idempotency key, and files.create_document writes
 key even when the same call runs twice."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import threading
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import func, select, update
@@ -48,6 +51,9 @@ def test_the_context_carries_the_tool_use_id_as_idempotency_key():
     assert ctx.idempotency_key == "tool_abc"
 
 
+_LONG_AGO = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
 def _files(h, job_id: str) -> list[FileRecord]:
     with h.sessions() as session:
         return session.execute(select(FileRecord).where(
@@ -76,7 +82,7 @@ def test_create_document_run_twice_for_one_call_writes_one_file(make):
     execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
     with h.sessions() as session, session.begin():
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id).values(
-            status="pending", result=None, finished_at=None))
+            status="pending", result=None, finished_at=None, lease_until=_LONG_AGO))
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
     assert outcome["status"] == "succeeded"
     [record] = _files(h, job_id)
@@ -101,3 +107,101 @@ def test_another_call_writes_another_file(make):
     assert len({f.id for f in _files(h, job_id)}) == 2
     with h.sessions() as session:
         assert session.execute(select(func.count()).select_from(ToolCall)).scalar_one() == 2
+
+
+def _started(h, tool_use_id: str, lease_until: datetime) -> None:
+    """As if a delivery had begun running the call, its lease running out at `lease_until`,
+    and had not answered."""
+    with h.sessions() as session, session.begin():
+        session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
+                        .values(attempts=1, started_at=_LONG_AGO, lease_until=lease_until))
+
+
+def _call(h, tool_use_id: str) -> ToolCall:
+    with h.sessions() as session:
+        return session.execute(select(ToolCall).where(
+            ToolCall.tool_use_id == tool_use_id)).scalar_one()
+
+
+def test_a_copy_delivered_while_the_call_runs_waits_for_its_result_and_runs_nothing(make):
+    """A re-driven copy of a call whose first delivery is still running (its lease is live)
+    does not run the tool again: it waits, and answers `duplicate` once the first stores."""
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})), text("done"))
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    _started(h, tool_use_id, datetime.now(timezone.utc) + timedelta(hours=1))
+    answers: list[dict] = []
+    copy = threading.Thread(target=lambda: answers.append(
+        execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)))
+    copy.start()
+    copy.join(timeout=1.0)
+    assert copy.is_alive() and not answers  # it waits while the first delivery may run
+    first_result = {"ok": True, "result": {"stdout": "1\n"}, "error": None}
+    with h.sessions() as session, session.begin():  # the first delivery stores its result
+        session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
+                        .values(status="succeeded", result=first_result))
+    copy.join(timeout=60)
+    assert answers == [{"tool_use_id": tool_use_id, "status": "duplicate", "next_step": None}]
+    call = _call(h, tool_use_id)
+    assert call.attempts == 1 and call.result == first_result
+
+
+def test_a_not_idempotent_call_whose_worker_died_is_not_run_again(make):
+    """The delivery that started a side-effecting call died (its lease ran out without a
+    result): the next one stores `tool_interrupted` for the model instead of acting twice."""
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})), text("done"))
+    tool = h.registry.tools["files.create_document"]  # as a tool with side effects
+    h.registry.tools[tool.name] = dataclasses.replace(tool, idempotent=False)
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    _started(h, tool_use_id, _LONG_AGO)
+    outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
+    assert outcome["status"] == "failed"
+    call = _call(h, tool_use_id)
+    assert call.attempts == 1 and call.status == "failed"  # no second execution began
+    assert call.result["error"]["code"] == "tool_interrupted"
+    assert "not run again" in call.result["error"]["message"]
+    assert _files(h, job_id) == []  # the tool did not act
+
+
+def test_a_tool_longer_than_the_deadline_is_neither_re_driven_nor_run_twice(make):
+    """While a slow tool runs, its worker renews the call's lease and holds the sweeper off
+    the job; once the tool answers, nothing is held."""
+    from agentq.loop.execute import tool_leases
+    from agentq.loop.sweeper import sweep
+    from agentq.models import Job
+    h = make(calls(("files.create_document", {"title": "Slow", "content": "x"})),
+             text("done"))
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    keeper = tool_leases(h.settings, h.sessions)
+    tool = h.registry.tools["files.create_document"]
+    real = tool.function
+    seen: dict = {}
+
+    def slow(arguments, ctx):
+        # a whole deadline passes while the tool runs (the job's progress and the call's
+        # lease are behind us); the worker's keeper renews (driven here by hand)
+        long_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+        with h.sessions() as session, session.begin():
+            session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
+                last_progress_at=long_ago, redrive_after=long_ago))
+            session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
+                            .values(lease_until=long_ago))
+        seen["renewed"] = keeper.renew([tool_use_id])
+        seen["swept"] = sweep(h.settings, h.sessions)
+        return real(arguments, ctx)
+
+    h.registry.tools["files.create_document"] = dataclasses.replace(tool, function=slow)
+    try:
+        outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
+    finally:
+        h.registry.tools["files.create_document"] = tool
+    assert seen == {"renewed": 1, "swept": []}
+    assert outcome["status"] == "succeeded"
+    call = _call(h, tool_use_id)
+    assert call.attempts == 1 and call.lease_until > datetime.now(timezone.utc)
+    assert keeper.renew([tool_use_id]) == 0  # nothing held once the tool answered
