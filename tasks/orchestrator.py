@@ -7,7 +7,6 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agentq import logs, tracing
-from agentq.loop.step import fail_job
 from tasks.app import app
 from tasks.base import AgentqTask, services
 from tasks.dispatch import dispatch
@@ -29,7 +28,7 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
         raise
     except Exception as exc:
         log.exception("step failed")
-        effects = fail_job(services()["sessions"], job_id, exc)
+        effects = services()["stepper"].fail(job_id, exc)
     finally:
         logs.unbind(token)
     dispatch(effects)

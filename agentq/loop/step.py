@@ -694,8 +694,9 @@ class Stepper:
                 error = {"code": "provider_unavailable", "message": plan.message}
                 events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
                            error=error)
+                failed_ctx = {**_hook_ctx(job, iteration + 1), "error": error}
                 if self.hooks.loaded:
-                    self.hooks.on_error({**_hook_ctx(job, iteration + 1), "error": error})
+                    self.hooks.on_error(failed_ctx)
                 effects = self._end(session, job, "failed", "error",
                                     "The model provider could not be reached for too long; "
                                     "please try again later.",
@@ -704,9 +705,12 @@ class Stepper:
                                      "attempts": exc.attempts}, events)
                 events.flush(session)
             else:
+                failed_ctx = None
                 effects = self._park(session, job, plan, exc, last_error, now, events)
                 events.flush(session)
         events.announce()
+        if failed_ctx is not None and self.hooks.loaded:
+            self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
         return effects
 
     def _park(self, session: Session, job: Job, plan: WaitForProvider, exc: ProviderError,
@@ -738,16 +742,23 @@ class Stepper:
             log.warning("model call failed", extra={"job_id": job_id, "error": exc.message})
             events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
                        error={"code": exc.code, "message": exc.message})
+            failed_ctx = {**_hook_ctx(job, iteration + 1),
+                          "error": {"code": exc.code, "message": exc.message}}
             if self.hooks.loaded:
-                self.hooks.on_error({**_hook_ctx(job, iteration + 1),
-                                     "error": {"code": exc.code, "message": exc.message}})
+                self.hooks.on_error(failed_ctx)
             effects = self._end(session, job, "failed", "error",
                                 "The model could not be reached; please try again.",
                                 {"code": exc.code, "message": exc.message,
                                  "attempts": exc.attempts}, events)
             events.flush(session)
         events.announce()
+        if self.hooks.loaded:
+            self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
         return effects
+
+    def fail(self, job_id: str, exc: BaseException) -> list[Effect]:
+        """A bug in this job's step: the job fails (`fail_job`), the hooks hear it."""
+        return fail_job(self.sessions, job_id, exc, self.hooks)
 
 
 def _leased(session: Session, job_id: str, iteration: int, owner: str) -> Job | None:
@@ -782,21 +793,51 @@ def relax_durability(session: Session) -> None:
         session.execute(text("SET LOCAL synchronous_commit = off"))
 
 
-def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException) -> list[Effect]:
-    """A bug in a step ends its job `failed` with a readable error, never a worker."""
+def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException,
+             hooks: Hooks | None = None) -> list[Effect]:
+    """A bug in a step ends its job `failed` with a readable error, never a worker. A turn
+    that had begun (its `turn_start` is stored) ends with a `turn_end` carrying the error,
+    and the hooks hear it: `on_error`, then `after_turn` (after the commit)."""
     events = EventBuffer()
+    error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
     with sessions() as session, session.begin():
         job = session.execute(select(Job).where(Job.id == uuid.UUID(job_id),
                                                 Job.status.in_(LIVE))).scalar_one_or_none()
         if job is None:
             return []
+        turn = open_turn(session, job.id)
+        if turn is not None:
+            events.add(job.id, "turn_end", turn=turn, tool_results=[], error=error)
+        ctx = {**_hook_ctx(job, turn if turn is not None else job.iteration + 1),
+               "error": error}
         effects = finish_job(session, job, "failed", "error",
-                             "The job failed with an internal error.",
-                             {"code": "internal_error",
-                              "message": f"{type(exc).__name__}: {exc}"}, events)
+                             "The job failed with an internal error.", error, events)
         events.flush(session)
     events.announce()
+    if hooks is not None and hooks.loaded:
+        hooks.on_error(ctx)
+        if turn is not None:
+            hooks.after_turn(_failed_turn_ctx(ctx))
     return effects
+
+
+def open_turn(session: Session, job_id: uuid.UUID) -> int | None:
+    """The turn whose `turn_start` is stored without a `turn_end` after it, if any."""
+    def last(kind: str):
+        return session.execute(
+            select(JobEvent.seq, JobEvent.data).where(JobEvent.job_id == job_id,
+                                                      JobEvent.type == kind)
+            .order_by(JobEvent.seq.desc()).limit(1)).one_or_none()
+    started, ended = last("turn_start"), last("turn_end")
+    if started is None or (ended is not None and ended.seq > started.seq):
+        return None
+    return (started.data or {}).get("turn")
+
+
+def _failed_turn_ctx(ctx: dict[str, Any]) -> dict[str, Any]:
+    """`after_turn`'s context for a turn that ended in an error: no reply, no usage."""
+    return {**ctx, "model": None, "content": None, "tool_calls": [],
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
 
 
 def _turn_started(session: Session, job: Job, resuming: bool) -> bool:

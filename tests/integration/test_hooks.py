@@ -28,11 +28,17 @@ def hooked(servers_up, llm, tmp_path_factory):
         yield stack, Client(stack, stack.create_key("hooks", admin=True)), hook_log
 
 
-def _calls(hook_log: Path, job_id: str) -> list[dict]:
-    if not hook_log.exists():
-        return []
-    return [c for c in map(json.loads, hook_log.read_text().splitlines())
+def _calls(hook_log: Path, job_id: str, expect: int = 0) -> list[dict]:
+    """The hook calls logged for a job; `expect`: wait until that many are (after_turn
+    runs once the turn's end has committed, so it may come after the job reads as ended)."""
+    deadline = time.monotonic() + 30
+    while True:
+        calls = [] if not hook_log.exists() else [
+            c for c in map(json.loads, hook_log.read_text().splitlines())
             if c["job_id"] == job_id]
+        if len(calls) >= expect or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
 
 
 def test_a_hook_stops_a_job_before_its_model_call(hooked, script):
@@ -59,7 +65,7 @@ def test_a_hook_that_raises_never_fails_the_job(hooked, script):
     job = client.wait(client.submit(f"{marker} HOOK-RAISE what is 2+2?")["id"])
     assert (job["status"], job["finish_reason"]) == ("completed", "end_turn"), job
     assert job["response"]["content"] == "4, and HOOK-RAISE again"
-    calls = [c["hook"] for c in _calls(hook_log, job["id"])]
+    calls = [c["hook"] for c in _calls(hook_log, job["id"], expect=4)]
     assert calls == ["before_turn", "after_turn", "before_turn", "after_turn"]
     deadline = time.monotonic() + 30
     while b"hook failed" not in stack.logs["orchestrator"].read_bytes():
@@ -67,13 +73,20 @@ def test_a_hook_that_raises_never_fails_the_job(hooked, script):
         time.sleep(0.1)
 
 
-def test_on_error_hears_a_failed_model_call(hooked, script):
+def test_on_error_and_after_turn_hear_a_failed_model_call(hooked, script):
     stack, client, hook_log = hooked
     # a 400 is not transient (a 5xx would park the job to wait for its provider):
     # the call fails at once, on each of the two models
     marker = script([error(400, "bad request"), error(400, "bad request")])
     job = client.wait(client.submit(f"{marker} go")["id"])
     assert (job["status"], job["finish_reason"]) == ("failed", "error")
-    calls = _calls(hook_log, job["id"])
-    assert [c["hook"] for c in calls] == ["before_turn", "on_error"]
+    calls = _calls(hook_log, job["id"], expect=3)
+    # the turn ended in the error: on_error, then after_turn with the error
+    assert [c["hook"] for c in calls] == ["before_turn", "on_error", "after_turn"]
     assert calls[1]["error"]["code"]
+    assert calls[2]["error"] == calls[1]["error"] and calls[2]["turn"] == 1
+    events = client.events(job["id"])
+    kinds = [e["type"] for e in events]
+    assert kinds.count("turn_start") == kinds.count("turn_end") == 1
+    assert kinds.index("turn_end") < kinds.index("job_end")
+    assert next(e["data"] for e in events if e["type"] == "turn_end")["error"]["code"]
