@@ -80,15 +80,19 @@ def closed_circuit(request):
     """Each test that talks to the scripted provider starts, and leaves it, with the
     provider's circuit closed and its gate empty. Every stack of a session shares that one
     provider (one gate in Redis), so without this an earlier test's failures (a storm, a
-    script used up) could make this test's first call park."""
+    script used up) could make this test's first call park. Only that provider's keys are
+    cleared: another run sharing the Redis database keeps its own."""
     if "llm" not in request.fixturenames:
         yield
         return
     import redis
+
+    from agentq.llm.gate import KEY_PREFIX, provider_name
+    pattern = f"{KEY_PREFIX}{provider_name(request.getfixturevalue('llm').base_url)}:*"
     client = redis.Redis.from_url(REDIS_URL)
 
     def close() -> None:
-        for key in client.scan_iter("agentq:provider:*"):
+        for key in client.scan_iter(pattern):
             client.delete(key)
     close()
     yield

@@ -35,21 +35,26 @@ def client():
             raise
         pytest.skip("Redis is not answering")
     yield c
-    for key in c.scan_iter("agentq:provider:test-*"):
-        c.delete(key)
     c.close()
 
 
 @pytest.fixture
 def make(client):
+    """Gates on providers of this test's own: a run sharing the Redis database (another
+    test run, a stack) never sees or clears their keys, and the test clears only them."""
     clock = Clock()
+    providers: list[str] = []
 
     def factory(**limits) -> RedisGate:
-        provider = f"test-{uuid.uuid4().hex[:8]}"
+        provider = f"test-{uuid.uuid4().hex}"
+        providers.append(provider)
         return RedisGate(client, provider, GateLimits(**limits), sleep=clock.sleep,
                          clock=clock)
     factory.clock = clock
-    return factory
+    yield factory
+    for provider in providers:
+        for key in client.scan_iter(f"agentq:provider:{provider}:*"):
+            client.delete(key)
 
 
 def fail(gate: RedisGate, transient: bool = True) -> None:
