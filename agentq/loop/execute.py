@@ -13,6 +13,7 @@ returns normally, so the chord's callback always fires.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -102,6 +103,15 @@ class _RunningElsewhere:
 
 _keepers: dict[tuple[int, float], ToolLeaseKeeper] = {}
 _keepers_lock = threading.Lock()
+
+
+def _forget_keepers_in_child() -> None:
+    """A forked child has none of the parent's threads: it starts keepers of its own."""
+    global _keepers, _keepers_lock
+    _keepers, _keepers_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_keepers_in_child)
 
 
 def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:

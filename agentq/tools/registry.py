@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import pkgutil
 import threading
 import time
@@ -248,6 +249,17 @@ def _check_json(value: Any) -> None:
 
 _registry: ToolRegistry | None = None
 _registry_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a prefork pool process) builds a registry of its own: in the parent
+    another thread may have been re-reading the modules at the fork, holding locks that no
+    thread of the child would ever release (its first tool call would hang for good)."""
+    global _registry, _registry_lock
+    _registry, _registry_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def get_registry(settings: Settings) -> ToolRegistry:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -303,6 +304,15 @@ _http: tuple[int, httpx.Client] | None = None
 _http_lock = threading.Lock()
 
 
+def _forget_http_in_child() -> None:
+    """A forked child makes its own client, under a lock no parent thread holds."""
+    global _http, _http_lock
+    _http, _http_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_http_in_child)
+
+
 def _http_client() -> httpx.Client:
     """One pooled client per process (keep-alive to the modules); a forked process makes
     its own."""
@@ -498,12 +508,13 @@ class RemoteModules:
         fetch may take AGENTQ_MODULE_FETCH_TIMEOUT_S); the others keep the last view
         meanwhile, but for the very first one, which they wait for. Redis away: the last
         view."""
-        with self._loaded:
-            try:
-                version = self.store.version()
-            except Exception as exc:  # Redis away: the broker is too; keep what we know
-                log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
+        try:  # not under the lock: Redis may take its time to answer, or not answer
+            version = self.store.version()
+        except Exception as exc:  # Redis away: the broker is too; keep what we know
+            log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
+            with self._loaded:
                 return dict(self._known)
+        with self._loaded:
             due = force or version != self._version or \
                 time.monotonic() - self._synced_at >= self.settings.module_sync_s
             if not due:

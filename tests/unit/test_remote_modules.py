@@ -313,3 +313,41 @@ def test_an_mcp_call_past_its_time_limit_is_a_timeout(monkeypatch):
     finally:
         s = mcp.sessions()
         s.run(s.drop(spec), 5)
+
+
+def test_a_forked_pool_process_does_not_inherit_a_registry_held_mid_re_read():
+    """Seen in the fault suite (Redis killed with a code call in flight): the tools-slow
+    worker's parent re-reads the modules in a thread, holding the registry's locks while
+    Redis is away; the pool process forked then to replace a cancelled one hung at its
+    first tool call until the hard time limit. A child builds its own registry."""
+    import os
+    import signal
+    import threading
+
+    from agentq.tools import registry as registry_module
+    settings = Settings.from_env({"AGENTQ_MODULE_SYNC_S": "3600"})
+    parent = registry_module.get_registry(settings)
+    held, release = threading.Event(), threading.Event()
+
+    def re_reading() -> None:  # a parent thread mid-way, both locks held
+        with registry_module._registry_lock, parent.remote._loaded:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=re_reading, daemon=True)
+    thread.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: its first look at the tools must not wait for the parent
+        signal.alarm(120)  # a child that hangs dies (SIGALRM) rather than wedge the suite
+        try:
+            child = registry_module.get_registry(settings)
+            ok = child is not parent and "math.evaluate" in child.tools
+        finally:
+            os._exit(0 if ok else 1)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0
