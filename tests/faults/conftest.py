@@ -3,7 +3,7 @@ Postgres (free ports, scratch directories), so a test may restart or flush them.
 
 Size: AGENTQ_FAULT_JOBS jobs per scenario (default 100, CI's size) submitted at
 AGENTQ_FAULT_RATE per second (default 20); the provider storm lasts AGENTQ_FAULT_STORM_S
-(default 30 here, 300 in `python -m benchmarks faults`, which runs the same scenarios at
+(default 20 here, 300 in `python -m benchmarks faults`, which runs the same scenarios at
 full size: N = 1,000 at 10/s).
 
 Time: a scenario waits at most AGENTQ_FAULT_DRAIN_TIMEOUT_S (default 240) for its fault to
@@ -24,7 +24,7 @@ from tests.support.stack import StackError
 
 JOBS = int(os.environ.get("AGENTQ_FAULT_JOBS", "100"))
 RATE = float(os.environ.get("AGENTQ_FAULT_RATE", "20"))
-STORM_S = float(os.environ.get("AGENTQ_FAULT_STORM_S", "30"))
+STORM_S = float(os.environ.get("AGENTQ_FAULT_STORM_S", "20"))
 DRAIN_TIMEOUT_S = float(os.environ.get("AGENTQ_FAULT_DRAIN_TIMEOUT_S", "240"))
 TEST_TIMEOUT_S = int(2 * DRAIN_TIMEOUT_S + 120)
 """above the longest a scenario waits (its fault, then its drain) plus the lab's start"""

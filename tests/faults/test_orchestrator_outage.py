@@ -10,7 +10,7 @@ import time
 
 import requests
 
-DOWN_S = float(os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_DOWN_S", "50"))
+DOWN_S = float(os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_DOWN_S", "30"))
 
 
 def test_orchestrator_down_for_many_deadlines_then_back(run_fault, fault_lab):
