@@ -13,6 +13,7 @@ without its result (or a result without its call) is dropped: providers reject b
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -296,6 +297,14 @@ class Layers:
     inrun: Sequence[StoredMessage]
     """The job's messages after its question (and after the summary), oldest first."""
     memories: Sequence[str] = ()
+    memory_reserve: int = 0
+    """Tokens kept for the memories a recall will add (counted while `memories` is empty or
+    smaller): memories are planned for before they are fetched."""
+    backlog: Sequence[StoredMessage] = ()
+    """The oldest messages not summarised yet that the history read (the newest
+    AGENTQ_HISTORY_MAX_MESSAGES) leaves out, oldest first: they must be summarised, never
+    dropped. A chunk of them; `backlog_more` when more follow it."""
+    backlog_more: bool = False
 
 
 @dataclass(frozen=True)
@@ -324,11 +333,39 @@ def _cost(message: StoredMessage, max_tool_chars: int, stub_before: int | None) 
     return message.token_count or estimate_tokens(message.content)
 
 
+MEMORY_HEADER = "[Things you remember about this user]"
+MEMORY_SHARE = 0.15
+"""Most of the input budget recalled memories may take."""
+
+
+def memory_block(memories: Sequence[str]) -> str:
+    return MEMORY_HEADER + "\n" + "\n".join(f"- {m}" for m in memories)
+
+
+def memory_tokens(memories: Sequence[str]) -> int:
+    return estimate_tokens(memory_block(memories)) if memories else 0
+
+
+def memory_reserve(k: int, max_chars: int, budget: int) -> int:
+    """What to keep for a recall of `k` memories of at most `max_chars` each: their most,
+    at most MEMORY_SHARE of the budget (the recall keeps the best that fit)."""
+    return min(memory_tokens(["x" * max_chars] * k), int(budget * MEMORY_SHARE))
+
+
+def fit_memories(memories: Sequence[str], reserve: int) -> list[str]:
+    """The best-first memories that fit in `reserve` tokens."""
+    kept: list[str] = []
+    for m in memories:
+        if memory_tokens([*kept, m]) > reserve:
+            break
+        kept.append(m)
+    return kept
+
+
 def system_text(layers: Layers) -> str:
     parts = [layers.system]
     if layers.memories:
-        parts.append("[Things you remember about this user]\n"
-                     + "\n".join(f"- {m}" for m in layers.memories))
+        parts.append(memory_block(layers.memories))
     if layers.summary:
         parts.append(f"{SUMMARY_HEADER}\n{layers.summary}")
     return "\n\n".join(parts)
@@ -336,10 +373,20 @@ def system_text(layers: Layers) -> str:
 
 def tokens_of(layers: Layers, max_tool_chars: int, stub_before: int | None = None,
               history: Sequence[StoredMessage] | None = None) -> int:
+    """The context's size in tokens, the memory reserve counted; `history` instead of all
+    the layers' history (the backlog is never sent: it is summarised)."""
     history = layers.history if history is None else history
     fixed = estimate_tokens(system_text(layers))
+    fixed += max(0, layers.memory_reserve - memory_tokens(layers.memories))
     rest = [*history, *([layers.question] if layers.question else []), *layers.inrun]
     return fixed + sum(_cost(m, max_tool_chars, stub_before) for m in rest)
+
+
+def fits(layers: Layers, budget: int, max_tool_chars: int,
+         stub_before: int | None = None) -> bool:
+    """Whether what is never cut (system prompt, memories, summary, the question and the
+    in-run exchange) fits the budget: history is windowed into the room left."""
+    return tokens_of(layers, max_tool_chars, stub_before, history=()) <= budget
 
 
 def turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
@@ -359,15 +406,20 @@ def turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
 
 
 def plan_compaction(layers: Layers, budget: int, threshold: float, max_tool_chars: int,
-                    keep_turns: int) -> Compaction | None:
-    """None while the context is under `threshold` of `budget`; else: prune tool results
-    older than the newest `keep_turns` in-run turns (and all of history's); if that is not
-    enough, summarise history and the in-run turns older than those."""
+                    keep_turns: int, max_chars: int | None = None,
+                    force: bool = False) -> Compaction | None:
+    """None while the context is under `threshold` of `budget` and no backlog waits; else:
+    prune tool results older than the newest `keep_turns` in-run turns (and all of
+    history's); if that is not enough, summarise history and the in-run turns older than
+    those. A backlog (old messages the history read left out) is always summarised first,
+    with the older half of the history read, so that the next turns need no summary.
+    `max_chars`: most transcript one summary call reads; what it cannot take is left for
+    the next round (`force`: a further round, whatever the threshold says)."""
     limit = int(budget * threshold)
     before = tokens_of(layers, max_tool_chars)
-    if before <= limit:
+    if before <= limit and not layers.backlog and not force:
         return None
-    count = len(layers.history) + len(layers.inrun) + (1 if layers.question else 0)
+    count = message_count(layers)
     inrun_turns = turns(layers.inrun)
     kept = inrun_turns[-keep_turns:] if keep_turns else []
     old_inrun = [m for group in inrun_turns[:len(inrun_turns) - len(kept)] for m in group]
@@ -377,16 +429,102 @@ def plan_compaction(layers: Layers, budget: int, threshold: float, max_tool_char
         stub_before = layers.inrun[-1].seq + 1
     if stub_before is None:
         stub_before = (layers.history[-1].seq + 1) if layers.history else None
-    if tokens_of(layers, max_tool_chars, stub_before) <= limit:
+    if layers.backlog:
+        summarize = list(layers.backlog)
+        if not layers.backlog_more:
+            summarize += older_half(layers.history)
+        return Compaction(before, count, stub_before,
+                          cap_chars(summarize, max_chars, max_tool_chars))
+    if not force and tokens_of(layers, max_tool_chars, stub_before) <= limit:
         return Compaction(before, count, stub_before, ())
-    return Compaction(before, count, stub_before, tuple([*layers.history, *old_inrun]))
+    summarize = [*layers.history, *old_inrun]
+    if not summarize:
+        return Compaction(before, count, stub_before, ())
+    return Compaction(before, count, stub_before,
+                      cap_chars(summarize, max_chars, max_tool_chars))
+
+
+def next_round(layers: Layers, budget: int, threshold: float, max_tool_chars: int,
+               keep_turns: int, max_chars: int | None) -> Compaction | None:
+    """The compaction this context needs now (the first of a turn, or one more after a
+    summary): as `plan_compaction`; and when nothing is left to summarise while keeping
+    the newest `keep_turns` turns and the context still does not fit the budget, the kept
+    turns are summarised too. None: it fits under the threshold, with no backlog."""
+    plan = plan_compaction(layers, budget, threshold, max_tool_chars, keep_turns, max_chars)
+    if plan is None or plan.summarize:
+        return plan
+    if fits(layers, budget, max_tool_chars, plan.stub_before_seq):
+        return plan
+    return plan_compaction(layers, budget, threshold, max_tool_chars, 0, max_chars,
+                           force=True)
+
+
+def message_count(layers: Layers) -> int:
+    """The messages a compaction looks at: history (its backlog too), question, in-run."""
+    return (len(layers.backlog) + len(layers.history) + len(layers.inrun)
+            + (1 if layers.question else 0))
+
+
+def older_half(history: Sequence[StoredMessage]) -> list[StoredMessage]:
+    """History's older half, cut before a user message (what stays starts at one)."""
+    middle = len(history) // 2
+    for i in range(middle, len(history)):
+        if history[i].role == "user":
+            return list(history[:i])
+    return []
+
+
+def transcript_chars(message: StoredMessage, max_tool_chars: int) -> int:
+    """About how much of a summary call's transcript a message takes."""
+    if message.role == "tool_result":
+        return min(len(message.content), min(max_tool_chars, 2000)) + 40
+    return len(message.content) + 20
+
+
+def cap_chars(messages: Sequence[StoredMessage], max_chars: int | None,
+              max_tool_chars: int) -> tuple[StoredMessage, ...]:
+    """The oldest whole turns of `messages` whose transcript fits `max_chars` (at least one
+    turn: a longer one is cut in the transcript); the rest waits for another round."""
+    if max_chars is None:
+        return tuple(messages)
+    taken: list[StoredMessage] = []
+    used = 0
+    for group in turns(messages):
+        size = sum(transcript_chars(m, max_tool_chars) for m in group)
+        if taken and used + size > max_chars:
+            break
+        taken += group
+        used += size
+    return tuple(taken)
+
+
+SUMMARY_QUESTION_CHARS = 4000
+
+
+def summary_max_tokens(budget: int) -> int:
+    """The longest summary asked for."""
+    return min(2048, max(256, budget // 4))
+
+
+def summary_chars(budget: int, layers: Layers | None = None) -> int:
+    """Most transcript one summary call reads: what the budget leaves once the call's
+    instructions, the previous summary, the question and the new summary's room are
+    counted (so the summary call itself fits the model's window), at least 2,000."""
+    used = estimate_tokens(SUMMARY_SYSTEM_PROMPT) + summary_max_tokens(budget) + 64
+    if layers is not None:
+        used += estimate_tokens(layers.summary or "")
+        if layers.question is not None:
+            used += estimate_tokens(layers.question.content[:SUMMARY_QUESTION_CHARS])
+    return max(2000, (budget - used) * CHARS_PER_TOKEN)
 
 
 def after_summary(layers: Layers, summary: str, through_seq: int) -> Layers:
     """The layers once everything up to `through_seq` is in `summary`."""
-    return Layers(layers.system, summary, [m for m in layers.history if m.seq > through_seq],
-                  layers.question, [m for m in layers.inrun if m.seq > through_seq],
-                  layers.memories)
+    return dataclasses.replace(
+        layers, summary=summary,
+        history=[m for m in layers.history if m.seq > through_seq],
+        inrun=[m for m in layers.inrun if m.seq > through_seq],
+        backlog=[m for m in layers.backlog if m.seq > through_seq])
 
 
 def history_window(history: Sequence[StoredMessage], max_tokens: int,
@@ -451,7 +589,7 @@ def summary_request(previous: str | None, question: StoredMessage | None,
     parts = []
     if question is not None:
         parts.append("The user's current request (for context; do not answer it):\n"
-                     + truncate(question.content, 4000))
+                     + truncate(question.content, SUMMARY_QUESTION_CHARS))
     if previous:
         parts.append(f"The summary so far:\n{previous}")
     parts.append(f"Messages to add to the summary:\n{transcript}")

@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 
 LIVE = ("queued", "running")
 PROVIDER_EARLY_TOLERANCE_S = 2.0
+MAX_COMPACTION_ROUNDS = 4
+"""Most summary calls one step makes; a backlog longer than that is folded on by the next
+turns (meanwhile those old messages wait for their summary, never lost)."""
 """A delayed step may claim its job this much before the job's next attempt time (clocks
 of workers and of the process that parked it differ a little)."""
 _WAIT = object()
@@ -104,6 +107,11 @@ class _Turn:
     stream: bool = False
     """Stream the reply: message_delta events through the hub as the text arrives."""
     turn: int = 0
+    conversation_id: uuid.UUID | None = None
+    backlog_end: int = 0
+    """Messages up to this seq are left out of the history read: unsummarised, a backlog."""
+    rounds: int = 0
+    """Compaction rounds (summary calls) made in this step."""
 
 
 class Stepper:
@@ -139,9 +147,13 @@ class Stepper:
         with self.leases.hold(job_id, owner, lease_until):
             if outcome.recall_user is not None:
                 self._recall(job_id, outcome)
-            if outcome.compaction is not None and outcome.compaction.summarize:
+            while outcome.compaction is not None and outcome.compaction.summarize:
                 if not self._summarize(job_id, iteration, owner, outcome):
                     return []
+            if outcome.layers is not None and not context.fits(
+                    outcome.layers, outcome.budget, self.settings.tool_result_max_chars,
+                    outcome.stub_before):
+                return self._overflow(job_id, iteration, owner, outcome)
             on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
             try:
                 reply = outcome.recorded or self.router.chat(
@@ -330,19 +342,29 @@ class Stepper:
         history = [m for m in reversed(recent_messages(
             session, conversation.id, self.settings.history_max_messages, top - 1))
             if m.seq > through and m.seq < top]
+        # older messages than that read, not in the summary yet: summarised, never dropped
+        turn.conversation_id = conversation.id
+        turn.backlog_end = top - 1 - self.settings.history_max_messages
+        backlog, backlog_more = self._backlog(session, turn, through)
         inrun = []
         if question is not None:
             inrun = [context.StoredMessage(*row) for row in session.execute(
                 select(Message.seq, Message.role, Message.content, Message.token_count)
                 .where(Message.job_id == job.id, Message.seq > max(through, question.seq))
                 .order_by(Message.seq)).all()]
-        layers = context.Layers(system, summary.content if summary else None, history,
-                                question, inrun)
         budget = context.input_budget(context.context_window(turn.model, self.settings),
                                       turn.max_tokens)
+        recalls = question is not None and memory.has_memories(session, job.user_id)
+        # the recall runs later (its embedding is a network call): its room is kept now
+        layers = context.Layers(system, summary.content if summary else None, history,
+                                question, inrun,
+                                memory_reserve=context.memory_reserve(
+                                    memory.RECALL_K, memory.MAX_MEMORY_CHARS, budget)
+                                if recalls else 0,
+                                backlog=backlog, backlog_more=backlog_more)
         turn.layers, turn.budget = layers, budget
         turn.summary_version = summary.version if summary else 0
-        if question is not None and memory.has_memories(session, job.user_id):
+        if recalls:
             turn.recall_user = job.user_id
         if self.hooks.loaded:
             stopped = self.hooks.before_turn({**_hook_ctx(job, job.iteration + 1),
@@ -350,9 +372,7 @@ class Stepper:
             if stopped is not None:
                 hook_name, reason = stopped
                 return Stop("hook", reason, {"hook": hook_name})
-        plan = context.plan_compaction(layers, budget, self.settings.compaction_threshold,
-                                       self.settings.tool_result_max_chars,
-                                       self.settings.compaction_keep_turns)
+        plan = self._next_round(turn)
         if plan is not None and self.hooks.loaded and not self.hooks.before_compaction(
                 {**_hook_ctx(job, job.iteration + 1), "tokens": plan.tokens_before,
                  "messages": plan.messages_before}):
@@ -360,11 +380,7 @@ class Stepper:
             plan = None
         turn.compaction = plan
         if plan is not None:
-            turn.stub_before = plan.stub_before_seq
-            events.add(job.id, "compaction_start", turn=job.iteration + 1,
-                       tokens_before=plan.tokens_before, messages_before=plan.messages_before,
-                       window=budget, threshold=self.settings.compaction_threshold,
-                       summarize_messages=len(plan.summarize))
+            self._compaction_start(job.id, turn, plan, events)
             if not plan.summarize:
                 self._compaction_end(job.id, turn, events, "prune")
         if (plan is None or not plan.summarize) and not turn.resumed:
@@ -373,17 +389,48 @@ class Stepper:
         return None
 
     def _assemble(self, turn: "_Turn") -> list[dict[str, Any]]:
-        return context.assemble(turn.layers, budget=turn.budget,
+        # history fills the room up to the compaction threshold, not to the window's edge:
+        # the rest is headroom for what token estimates miss (message framing, tokenizers)
+        return context.assemble(turn.layers,
+                                budget=int(turn.budget * self.settings.compaction_threshold),
                                 history_max_tokens=self.settings.context_max_tokens,
                                 max_tool_chars=self.settings.tool_result_max_chars,
                                 stub_before=turn.stub_before)
+
+    def _backlog(self, session: Session, turn: "_Turn", through: int
+                 ) -> tuple[list[context.StoredMessage], bool]:
+        """The oldest chunk of the backlog (unsummarised messages older than the history
+        read), and whether more follows it."""
+        if turn.backlog_end <= through:
+            return [], False
+        chunk = [context.StoredMessage(*row) for row in session.execute(
+            select(Message.seq, Message.role, Message.content, Message.token_count)
+            .where(Message.conversation_id == turn.conversation_id, Message.seq > through,
+                   Message.seq <= turn.backlog_end)
+            .order_by(Message.seq).limit(self.settings.history_max_messages)).all()]
+        return chunk, bool(chunk) and chunk[-1].seq < turn.backlog_end
+
+    def _next_round(self, turn: "_Turn") -> context.Compaction | None:
+        return context.next_round(turn.layers, turn.budget, self.settings.compaction_threshold,
+                                  self.settings.tool_result_max_chars,
+                                  self.settings.compaction_keep_turns,
+                                  context.summary_chars(turn.budget, turn.layers))
+
+    def _compaction_start(self, job_id: uuid.UUID, turn: "_Turn", plan: context.Compaction,
+                          events: EventBuffer) -> None:
+        turn.compaction = plan
+        turn.stub_before = plan.stub_before_seq
+        events.add(job_id, "compaction_start", turn=turn.turn,
+                   tokens_before=plan.tokens_before, messages_before=plan.messages_before,
+                   window=turn.budget, threshold=self.settings.compaction_threshold,
+                   summarize_messages=len(plan.summarize), round=turn.rounds + 1)
 
     def _compaction_end(self, job_id: uuid.UUID, turn: "_Turn", events: EventBuffer,
                         strategy: str, **extra: Any) -> None:
         layers = turn.layers
         after = context.tokens_of(layers, self.settings.tool_result_max_chars,
                                   turn.stub_before)
-        messages = len(layers.history) + len(layers.inrun) + (1 if layers.question else 0)
+        messages = context.message_count(layers)
         events.add(job_id, "compaction_end", strategy=strategy,
                    tokens_before=turn.compaction.tokens_before, tokens_after=after,
                    messages_before=turn.compaction.messages_before, messages_after=messages,
@@ -414,9 +461,9 @@ class Stepper:
                            similarities=[round(score, 4) for _, score in found])
                 events.flush(session)
         events.announce()
-        if found:
-            turn.layers = dataclasses.replace(turn.layers,
-                                              memories=tuple(m.content for m, _ in found))
+        kept = context.fit_memories([m.content for m, _ in found], turn.layers.memory_reserve)
+        if kept:
+            turn.layers = dataclasses.replace(turn.layers, memories=tuple(kept))
             turn.messages = self._assemble(turn)
 
     def _summarize(self, job_id: str, iteration: int, owner: str, turn: "_Turn") -> bool:
@@ -428,16 +475,17 @@ class Stepper:
         request = context.summary_request(
             layers.summary, layers.question, plan.summarize,
             self.settings.tool_result_max_chars,
-            max_chars=max(2000, turn.budget * context.CHARS_PER_TOKEN * 3 // 4),
+            max_chars=context.summary_chars(turn.budget, layers),
             stub_before=turn.stub_before)
         events = EventBuffer()
         try:
             reply = self.router.chat(request, [], model=turn.model,
-                                     max_tokens=min(2048, max(256, turn.budget // 4)))
+                                     max_tokens=context.summary_max_tokens(turn.budget))
         except ProviderError as exc:
             log.warning("summary call failed", extra={"job_id": job_id,
                                                       "error": exc.message})
             reply, failure = None, {"code": exc.code, "message": exc.message}
+        next_round = False
         with self.sessions() as session, session.begin():
             job = _leased(session, job_id, iteration, owner)
             if job is None:
@@ -470,17 +518,62 @@ class Stepper:
                 job.output_tokens += reply.output_tokens
                 job.cost_estimate += cost
                 turn.layers = context.after_summary(layers, reply.content.strip(), through)
+                if turn.layers.backlog_more and not turn.layers.backlog:
+                    backlog, more = self._backlog(session, turn, through)
+                    turn.layers = dataclasses.replace(turn.layers, backlog=backlog,
+                                                      backlog_more=more)
+                turn.summary_version += 1
+                turn.rounds += 1
+                following = (self._next_round(turn)
+                             if turn.rounds < MAX_COMPACTION_ROUNDS else None)
+                if following is not None and not following.summarize:
+                    turn.stub_before = following.stub_before_seq  # pruning is enough now
+                    following = None
                 self._compaction_end(job.id, turn, events, "summarize",
-                                     summary_version=turn.summary_version + 1,
+                                     summary_version=turn.summary_version,
                                      through_seq=through,
                                      summary_input_tokens=reply.input_tokens,
                                      summary_output_tokens=reply.output_tokens)
-            if not turn.resumed:
-                events.add(job.id, "message_start", role="assistant", turn=iteration + 1)
-            events.flush(session)
+                if following is not None:  # one more summary call before the model's turn
+                    self._compaction_start(job.id, turn, following, events)
+                    events.flush(session)
+                    next_round = True
+            if not next_round:
+                turn.compaction = None
+                if not turn.resumed:
+                    events.add(job.id, "message_start", role="assistant", turn=iteration + 1)
+                events.flush(session)
         events.announce()
         turn.messages = self._assemble(turn)
         return True
+
+    def _overflow(self, job_id: str, iteration: int, owner: str,
+                  turn: "_Turn") -> list[Effect]:
+        """Compacted as far as it goes, the context still passes the model's window (a
+        huge question, system prompt or last turn): the job fails, saying so."""
+        tokens = context.tokens_of(turn.layers, self.settings.tool_result_max_chars,
+                                   turn.stub_before, history=())
+        error = {"code": "context_overflow",
+                 "message": f"The context needs {tokens} tokens after compaction; the model "
+                            f"{turn.model} takes {turn.budget}."}
+        events = EventBuffer()
+        with self.sessions() as session, session.begin():
+            job = _leased(session, job_id, iteration, owner)
+            if job is None:
+                return []
+            log.warning("context overflow", extra={"job_id": job_id, "tokens": tokens,
+                                                   "budget": turn.budget})
+            events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[], error=error)
+            failed_ctx = {**_hook_ctx(job, iteration + 1), "error": error}
+            if self.hooks.loaded:
+                self.hooks.on_error(failed_ctx)
+            effects = self._stop(session, job, Stop("error", error["message"], {
+                "code": "context_overflow", "tokens": tokens, "budget": turn.budget}), events)
+            events.flush(session)
+        events.announce()
+        if self.hooks.loaded:
+            self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
+        return effects
 
     def _collect(self, session: Session, job: Job, conversation: Conversation, cause: Cause,
                  events: EventBuffer) -> DispatchTools | None:

@@ -144,6 +144,23 @@ def test_a_500_turn_conversation_stays_under_a_small_window(long_stack, long_llm
             ConversationSummary.conversation_id == uuid.UUID(first["conversation_id"]))
             .order_by(ConversationSummary.version.desc())).scalars().first()
     assert summary is not None and summary.through_seq > start
+    # the 800 messages older than the history read (200) were summarised, from the oldest
+    summaries = [r["messages"][-1]["content"] for r in long_llm.requests() if _is_summary(r)]
+    assert any("turn 0: what is 0+1?" in text_ for text_ in summaries)
+    assert any("turn 150: what is 300+1?" in text_ for text_ in summaries)
+
+
+def test_a_question_larger_than_the_window_fails_the_job_saying_so(long_stack, long_llm):
+    stack, client = long_stack
+    marker = f"QUESTION-{uuid.uuid4().hex[:8]}"
+    job = client.wait(client.submit(f"{marker} read this: " + "x" * (WINDOW * 8))["id"])
+    assert (job["status"], job["finish_reason"]) == ("failed", "error"), job
+    error = job["response"]["error"]
+    assert error["code"] == "context_overflow" and error["tokens"] > error["budget"]
+    assert _requests_of(long_llm, marker) == []  # never sent what the model cannot take
+    kinds = [e["type"] for e in client.events(job["id"])]
+    assert kinds.count("turn_start") == kinds.count("turn_end") == 1
+    assert kinds.index("turn_end") < kinds.index("job_end")
 
 
 def test_a_recorded_replay_reproduces_the_originals_compactions(long_stack):
