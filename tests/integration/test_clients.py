@@ -12,6 +12,8 @@ from sqlalchemy import func, select
 from agentq.models import TokenLog, ToolCall
 from tests.integration.conftest import uid
 from tests.support.scripted_llm import call, text, tool_calls
+from tests.support.stack import REDIS_URL
+from tests.support.tool_gate import ToolGate
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +35,15 @@ def gate():
     event = threading.Event()
     yield event
     event.set()
+
+
+@pytest.fixture()
+def tool_gate():
+    """`flaky.gated` calls given `tool_gate.args()` wait until the test opens it: a job stays
+    in its tool call for as long as the test needs, however slow the machine."""
+    gate = ToolGate(REDIS_URL)
+    yield gate
+    gate.close()
 
 
 def held(reply, gate):
@@ -74,19 +85,20 @@ def test_queue_runs_the_second_message_after_the_first_in_order(client, script, 
     assert b["started_at"] >= a["finished_at"]
 
 
-def test_steer_reaches_the_model_before_its_next_decision(client, script):
+def test_steer_reaches_the_model_before_its_next_decision(client, script, tool_gate):
     user, channel = uid("u"), uid("c")
     def sees_steering(request):
         users = [m["content"] for m in request["messages"] if m["role"] == "user"]
         assert users[-1] == "actually, use metric units"
         assert request["messages"][-1]["role"] == "user"
-    marker = script([tool_calls(call("flaky.sleep", {"seconds": 0.8})),
+    marker = script([tool_calls(call("flaky.gated", tool_gate.args())),
                      text("Metric it is.", check=sees_steering)])
     job = client.submit(f"{marker} convert", user=user, channel=channel)
-    wait_until(lambda: "tool_execution_start" in [e["type"] for e in client.events(job["id"])])
+    tool_gate.wait_started()  # the tool runs until the steering is in
     steered = client.submit("actually, use metric units", user=user, channel=channel,
                             on_busy="steer")
     assert steered["id"] == job["id"]
+    tool_gate.open()
     done = client.wait(job["id"])
     assert done["status"] == "completed" and done["response"]["content"] == "Metric it is."
     types = [e["type"] for e in client.events(job["id"])]
@@ -94,15 +106,17 @@ def test_steer_reaches_the_model_before_its_next_decision(client, script):
 
 
 def test_interrupt_cancels_the_running_job_cleanly_and_starts_the_new_one(client, script,
-                                                                          stack):
+                                                                          tool_gate):
     user, channel = uid("u"), uid("c")
-    marker = script([tool_calls(call("flaky.sleep", {"seconds": 0.9}),
-                                call("flaky.sleep", {"seconds": 0.9})),
+    marker = script([tool_calls(call("flaky.gated", tool_gate.args()),
+                                call("flaky.gated", tool_gate.args())),
                      text("new answer")])
     old = client.submit(f"{marker} long task", user=user, channel=channel)
-    wait_until(lambda: "tool_execution_start" in [e["type"] for e in client.events(old["id"])])
+    tool_gate.wait_started()  # the old job is inside its tool calls when interrupted
     new = client.submit(f"{marker} never mind", user=user, channel=channel,
                         on_busy="interrupt")
+    assert new["id"] != old["id"]
+    tool_gate.open()
     ended, answered = client.wait(old["id"]), client.wait(new["id"])
     assert ended["status"] == "cancelled" and ended["finish_reason"] == "cancelled"
     assert answered["status"] == "completed" and answered["response"]["content"] == "new answer"
@@ -139,12 +153,13 @@ def test_cancel_mid_llm_call_bills_once_and_ends_cancelled(client, script, stack
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
 
 
-def test_cancel_mid_tool_batch_answers_every_call(client, script):
-    marker = script([tool_calls(call("flaky.sleep", {"seconds": 0.9}),
+def test_cancel_mid_tool_batch_answers_every_call(client, script, tool_gate):
+    marker = script([tool_calls(call("flaky.gated", tool_gate.args()),
                                 call("math.evaluate", {"expression": "2"}))])
     job = client.submit(f"{marker} go")
-    wait_until(lambda: "tool_execution_start" in [e["type"] for e in client.events(job["id"])])
+    tool_gate.wait_started()  # cancelled while a call of the batch runs
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    tool_gate.open()
     ended = client.wait(job["id"])
     assert ended["status"] == "cancelled"
     assert no_orphan_tool_calls(history(client, ended["conversation_id"]))

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from agentq.models import JobInput
 from tests.integration.conftest import uid
-from tests.integration.test_clients import gate, wait_until  # noqa: F401  (gate: a fixture)
+from tests.integration.test_clients import gate, tool_gate, wait_until  # noqa: F401  (fixtures)
 from tests.support.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
@@ -75,15 +75,15 @@ def test_a_failed_model_call_still_ends_its_turn(client, script):
     assert kinds.count("turn_start") == kinds.count("turn_end") == 1
 
 
-def test_steering_is_a_user_message_and_triggers_its_turn(client, script):
+def test_steering_is_a_user_message_and_triggers_its_turn(client, script, tool_gate):
     user, channel = uid("u"), uid("c")
-    marker = script([tool_calls(call("flaky.sleep", {"seconds": 0.8})), text("Metric.")])
+    marker = script([tool_calls(call("flaky.gated", tool_gate.args())), text("Metric.")])
     job = client.submit(f"{marker} convert", user=user, channel=channel)
-    wait_until(lambda: "tool_execution_start" in [e["type"] for e in client.events(job["id"])],
-               timeout_s=30)
+    tool_gate.wait_started()  # the job's tool runs until the steering is in
     steered = client.submit("use metric units", user=user, channel=channel, on_busy="steer")
     assert steered["id"] == job["id"]
     assert steered["steering"]["status"] in ("queued", "injected")
+    tool_gate.open()
     done = client.wait(job["id"])
     assert done["status"] == "completed"
     events = client.events(job["id"])

@@ -32,6 +32,19 @@ def sleep(args, ctx):
     return {"slept": args["seconds"]}
 
 
+def gated(args, ctx):
+    """Blocks until the test opens the gate named in `gate` (tests/support/tool_gate.py)."""
+    import redis
+
+    from tests.support.tool_gate import wait_at_gate
+    client = redis.Redis.from_url(os.environ["AGENTQ_BROKER_URL"])
+    try:
+        waited = wait_at_gate(client, args["gate"], ctx.tool_use_id)
+    finally:
+        client.close()
+    return {"gate": args["gate"], "opened": True, "waited_s": round(waited, 3)}
+
+
 def echo(args, ctx):
     return {"echo": args["text"], "user_id": ctx.user_id}
 
@@ -48,6 +61,11 @@ MODULE = define_module({
          "parameters": {"type": "object", "properties": {"seconds": {"type": "number"}},
                         "required": ["seconds"], "additionalProperties": False},
          "function": sleep},
+        {"name": "flaky.gated", "description": "Waits until the test opens its gate.",
+         "time_limit_s": 300,
+         "parameters": {"type": "object", "properties": {"gate": {"type": "string"}},
+                        "required": ["gate"], "additionalProperties": False},
+         "function": gated},
         {"name": "flaky.echo", "description": "Echoes text.",
          "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
                         "required": ["text"], "additionalProperties": False},
