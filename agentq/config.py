@@ -173,6 +173,13 @@ class Settings:
     approval_timeout_s: float = 86400.0
     """AGENTQ_APPROVAL_TIMEOUT_S: how long a tool call waits for a person's approval before
     it is denied, unless its manifest says otherwise."""
+    memory_idle_s: float = 3600.0
+    """AGENTQ_MEMORY_IDLE_S: a conversation with no job running and no message for this
+    long is summarised into a memory of its user (once per new messages)."""
+    memory_digest_interval_s: float = 60.0
+    """AGENTQ_MEMORY_DIGEST_INTERVAL_S: how often beat looks for such conversations."""
+    memory_digest_batch: int = 20
+    """AGENTQ_MEMORY_DIGEST_BATCH: most conversations summarised per look."""
     schedule_interval_s: float = 1.0
     """AGENTQ_SCHEDULE_INTERVAL_S: how often beat looks for due schedules (the most a
     firing can be late by, besides the queue)."""
@@ -380,6 +387,11 @@ class Settings:
             sweep_interval_s=num("AGENTQ_SWEEP_INTERVAL_S", cls.sweep_interval_s, float, 0.5),
             approval_timeout_s=num("AGENTQ_APPROVAL_TIMEOUT_S", cls.approval_timeout_s,
                                    float, 0.1),
+            memory_idle_s=num("AGENTQ_MEMORY_IDLE_S", cls.memory_idle_s, float, 0.1),
+            memory_digest_interval_s=num("AGENTQ_MEMORY_DIGEST_INTERVAL_S",
+                                         cls.memory_digest_interval_s, float, 0.1),
+            memory_digest_batch=num("AGENTQ_MEMORY_DIGEST_BATCH", cls.memory_digest_batch,
+                                    int, 1, 1000),
             schedule_interval_s=num("AGENTQ_SCHEDULE_INTERVAL_S", cls.schedule_interval_s,
                                     float, 0.1),
             max_redrives=num("AGENTQ_MAX_REDRIVES", cls.max_redrives, int, 0, 100),

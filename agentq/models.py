@@ -129,6 +129,7 @@ class Persona(Base):
 
 class Conversation(Base):
     __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_idle", "last_active_at"),)
     id: Mapped[uuid.UUID] = _id()
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
@@ -146,6 +147,10 @@ class Conversation(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[datetime] = mapped_column(default=utcnow)
     is_summarized: Mapped[bool] = mapped_column(Boolean, default=False)
+    memory_summarized_seq: Mapped[int] = mapped_column(BigInteger, default=0,
+                                                       server_default="0")
+    """The last message seq summarised into a memory once the conversation was idle
+    (agentq.memory_digest)."""
     active_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     """The job that owns this conversation now; one job runs per conversation at a time."""
 

@@ -52,6 +52,12 @@ def make_celery(settings: Settings) -> Celery:
                                             "schedule": settings.sweep_interval_s,
                                             "options": {"queue": MAINTENANCE_QUEUE,
                                                         "expires": settings.sweep_interval_s}},
+                         "summarize-idle": {"task": "maintenance.summarize_idle",
+                                            "schedule": settings.memory_digest_interval_s,
+                                            "options": {"queue": MAINTENANCE_QUEUE,
+                                                        "expires": max(
+                                                            5.0,
+                                                            settings.memory_digest_interval_s)}},
                          "fire-schedules": {"task": "maintenance.fire_schedules",
                                             "schedule": settings.schedule_interval_s,
                                             "options": {"queue": MAINTENANCE_QUEUE,

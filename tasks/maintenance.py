@@ -34,3 +34,12 @@ def fire_schedules() -> int:
         dispatch(effects)
 
     return fire_due(s["settings"], s["sessions"], on_committed=committed)
+
+
+@app.task(base=AgentqTask, name="maintenance.summarize_idle")
+def summarize_idle() -> int:
+    """Idle conversations into memories of their users (agentq.memory_digest): safe to run
+    twice at once or to be delivered again."""
+    from agentq.memory_digest import summarize_idle as digest_idle
+    s = services()
+    return digest_idle(s["settings"], s["sessions"], s["router"])

@@ -217,7 +217,8 @@ class Stack:
 
 @contextlib.contextmanager
 def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
-              workers=("orchestrator", "tools"), pythonpath: Path | None = None):
+              workers=("orchestrator", "tools"), pythonpath: Path | None = None,
+              beat: bool = False):
     """A stack of its own: its own Redis server on a free port (so its queues are nobody
     else's), its own database, the given settings; stopped and dropped after."""
     import shutil
@@ -230,7 +231,7 @@ def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
     database = create_database(database_name)
     stack = Stack(database, llm_base_url, scratch,
                   {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
-                  workers=workers, beat=False)
+                  workers=workers, beat=beat)
     if pythonpath is not None:
         stack.env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}"
     try:
