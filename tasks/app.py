@@ -39,7 +39,10 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S},
         result_backend_transport_options={"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S},
         worker_hijack_root_logger=False,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # a task in flight when the broker goes away runs to its end (its result is stored
+        # in Postgres; the redelivered copy finds it there: agentq.loop.execute) rather than
+        # being cancelled half-way, which would leave a not idempotent call interrupted
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         # survives a broker restart with tasks in flight (see tasks/consumer.py)
         worker_consumer="tasks.consumer:Consumer",
         broker_transport=("tasks.consumer:Transport"
