@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agentq import attachments, migrate
+from agentq import attachments
 from agentq.attachments import AttachmentError
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
@@ -17,6 +17,7 @@ from agentq.models import FileRecord, Tenant, User
 from agentq.tenants import DEFAULT_TENANT_ID
 from agentq.tools.manifest import ToolContext
 from tool_workers.files import read_document
+from tests.support import sqlite_template
 
 CSV = "name,score\n" + "".join(f"row{i},{i * 3}\n" for i in range(2000))
 
@@ -93,7 +94,7 @@ def test_size_cap_content_type_and_redirects(server):
 def db(tmp_path):
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
                                   "AGENTQ_ATTACHMENT_ALLOW_PRIVATE": "1"})
-    migrate.upgrade(settings)
+    sqlite_template.upgrade(settings)
     yield settings, session_factory(settings)
     dispose_engines()
 

@@ -7,13 +7,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
-from agentq import migrate
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_scope
 from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
                                   resolve_user)
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T, create_tenant
+from tests.support import sqlite_template
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -23,7 +23,7 @@ def settings(tmp_path):
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
                                   "AGENTQ_GUEST_MONTHLY_TOKENS": "1234",
                                   "AGENTQ_BUDGET_PERIOD_DAYS": "7"})
-    migrate.upgrade(settings)
+    sqlite_template.upgrade(settings)
     yield settings
     dispose_engines()
 

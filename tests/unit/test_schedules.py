@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
-from agentq import migrate
 from agentq.config import Settings
 from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
@@ -17,6 +16,7 @@ from agentq.models import Job, Schedule, ScheduleFiring
 from agentq.schedules import (cancel_schedule, create_schedule, fire_due, latest_due,
                               next_tick, timing)
 from agentq.tenants import DEFAULT_TENANT_ID
+from tests.support import sqlite_template
 
 T0 = datetime(2030, 3, 30, 23, 59, 58, tzinfo=timezone.utc)
 
@@ -66,7 +66,7 @@ def test_catch_up_fires_once_for_the_latest_tick():
 @pytest.fixture()
 def embedded(tmp_path):
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
-    migrate.upgrade(settings)
+    sqlite_template.upgrade(settings)
     with session_scope(settings) as session:
         incoming = Incoming("cli", "u1", "c1")
         user = resolve_user(session, DEFAULT_TENANT_ID, incoming, settings)

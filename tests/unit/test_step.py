@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from agentq import migrate
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.errors import ProviderError
@@ -22,6 +21,7 @@ from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep
 from agentq.models import FileRecord, Job, Message, TokenLog, ToolCall, User
 from agentq.tools.registry import ToolRegistry, discover
+from tests.support import sqlite_template
 
 MODEL = "gpt-4o-mini"
 
@@ -74,7 +74,7 @@ def modules():
 
 def _settings(tmp_path, **env) -> Settings:
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path), **env})
-    migrate.upgrade(settings)
+    sqlite_template.upgrade(settings)
     return settings
 
 

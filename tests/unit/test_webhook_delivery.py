@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import select, update
 from standardwebhooks import Webhook
 
-from agentq import migrate
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.errors import Conflict
@@ -25,6 +24,7 @@ from agentq.views import job_object
 from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
                                       parse_retry_after, pending_for_job,
                                       redeliver_job_event, retry_delay_s)
+from tests.support import sqlite_template
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 URL = "https://93.184.216.34/hooks/agentq"  # public literal: checked, never connected to
@@ -41,7 +41,7 @@ def settings(tmp_path) -> Settings:
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
                                   "AGENTQ_WEBHOOK_SECRET": SECRET,
                                   "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0,0,0"})
-    migrate.upgrade(settings)
+    sqlite_template.upgrade(settings)
     return settings
 
 
