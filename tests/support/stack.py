@@ -3,7 +3,6 @@ Redis broker: used by the integration tests and the benchmarks."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -201,18 +200,22 @@ class Stack:
 
     def create_key(self, name: str = "key", admin: bool = True,
                    tenant: str | None = None) -> str:
-        result = self.agentq("keys", "create", name, *(["--admin"] if admin else []),
-                             *(["--tenant", tenant] if tenant else []))
-        if result.returncode != 0:
-            raise StackError(result.stderr)
-        return result.stdout.strip()
+        """A new key, made as `agentq keys create` makes it (the same functions, in this
+        process: a CLI process a key cost 1-8 s; tests/integration/test_cli_admin.py runs
+        the command itself)."""
+        from agentq.db import session_scope
+        from agentq.keys import create_key
+        from agentq.tenants import find_tenant
+        with session_scope(self.settings()) as session:
+            _row, key = create_key(session, name, admin, find_tenant(session, tenant).id)
+        return key
 
     def create_tenant(self, name: str) -> str:
-        """A new tenant (through the CLI); returns its id."""
-        result = self.agentq("tenants", "create", name)
-        if result.returncode != 0:
-            raise StackError(result.stderr)
-        return json.loads(result.stdout)["id"]
+        """A new tenant, made as `agentq tenants create` makes it; returns its id."""
+        from agentq.db import session_scope
+        from agentq.tenants import create_tenant, tenant_object
+        with session_scope(self.settings()) as session:
+            return tenant_object(create_tenant(session, name))["id"]
 
 
 @contextlib.contextmanager
