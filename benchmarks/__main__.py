@@ -1,6 +1,7 @@
 """`python -m benchmarks run [--quick] [--smoke] [--only NAME] [--peer KIND] [--results-dir DIR]
 [--docs PATH | --no-docs]` — see docs/benchmarks.md; `python -m benchmarks embedded
-[--runs N]` — agentq's own time for a one-tool job through `agentq run`."""
+[--runs N]` — agentq's own time for a one-tool job through `agentq run`; `python -m benchmarks
+observability [--pairs N] [--clients C] [--seconds S]` — metrics and tracing on vs off."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,22 @@ def parse(argv: list[str] | None):
                                           "`agentq run` (embedded mode; no servers needed)")
     emb.add_argument("--runs", type=int, default=5)
     emb.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    obs = sub.add_parser("observability", help="metrics and tracing on vs off on the "
+                                               "throughput scenario, in one run "
+                                               "(benchmarks/observability.py)")
+    obs.add_argument("--pairs", type=int, default=6,
+                     help="off/on pairs of bursts, the order alternating (default 6)")
+    obs.add_argument("--clients", type=int, default=8,
+                     help="closed-loop clients (default 8: past the knee, CPU-bound)")
+    obs.add_argument("--seconds", type=float, default=15.0, help="each burst's length")
+    obs.add_argument("--warmup", type=int, default=5, help="warm-up jobs on each stack")
+    obs.add_argument("--scrape-s", type=float, default=5.0,
+                     help="GET /metrics every S seconds while \"on\" is measured")
+    obs.add_argument("--pause-s", type=float, default=6.0,
+                     help="idle seconds after each burst (the spans' 5 s export schedule)")
+    obs.add_argument("--on", choices=("both", "metrics", "tracing"), default="both",
+                     help="what \"on\" turns on (default both)")
+    obs.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     faults = sub.add_parser("faults", help="the fault suite: the stack on its own Postgres "
                                            "and Redis, one fault per scenario (docs/faults.md)")
     faults.add_argument("--jobs", type=int, default=1000, help="jobs per scenario")
@@ -112,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "embedded":
         from benchmarks import embedded
         return embedded.main(args.runs, Path(args.results_dir))
+    if args.command == "observability":
+        from benchmarks import observability
+        return observability.main(args)
     if args.command == "faults":
         from benchmarks import faults
         return faults.main(args)

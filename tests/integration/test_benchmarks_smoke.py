@@ -136,6 +136,29 @@ def test_the_embedded_benchmark_runs_a_one_tool_job_through_agentq_run(tmp_path)
     assert 0 < run["agentq_ms"] <= run["job_ms"] and result["median_agentq_ms"] > 0
 
 
+def test_the_observability_benchmark_measures_both_stacks(servers_up, tmp_path):
+    # metrics and tracing off vs on, one tiny pair of bursts: every job completes, the "on"
+    # stack exported spans to the sink and counted its jobs at /metrics
+    proc = _run_stopping_cleanly(
+        [sys.executable, "-m", "benchmarks", "observability", "--pairs", "1", "--clients", "2",
+         "--seconds", "2", "--warmup", "1", "--results-dir", str(tmp_path)],
+        env={**os.environ, "PYTHONWARNINGS": "ignore",
+             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    result = json.loads((tmp_path / "latest-observability.json").read_text())
+    assert [r["mode"] for r in result["runs"]] == ["off", "on"]
+    for run in result["runs"]:
+        assert run["failed"] == 0 and run["completed"] > 0, run
+        assert {"jobs_per_s", "latency", "stack_cpu_ms_per_job"} <= set(run)
+    on = result["runs"][1]
+    assert on["spans_exported"] > 0
+    assert result["meta"]["on_jobs_counted_by_metrics"] >= on["completed"] + 1
+    for mode in ("off", "on"):
+        assert {"jobs_per_s", "median_latency_ms", "stack_cpu_ms_per_job",
+                "pooled_jobs_per_s"} <= set(result[mode])
+    assert {"jobs_per_s", "stack_cpu_ms_per_job"} <= set(result["ratio_on_off_median_of_pairs"])
+
+
 # --- each peer on its own, a handful of jobs ------------------------------------------------
 
 PEER_RUN_TIMEOUT_S = 180
