@@ -1,7 +1,13 @@
 """Semantic memory (seeds 000/003): memories per user with their embeddings (the
-OpenAI-compatible `/embeddings` endpoint, AGENTQ_EMBEDDING_MODEL), recalled top-k by exact
-cosine similarity over the user's memories, in process (the same on Postgres and SQLite).
-pgvector with an HNSW index is not used: this machine's Postgres 15 has no pgvector.
+OpenAI-compatible `/embeddings` endpoint, AGENTQ_EMBEDDING_MODEL), recalled top-k by cosine
+similarity over the user's memories of the same embedding model.
+
+Where the search runs is chosen at migration time (migration 0012) and named by
+`/health/ready` (`memory_search`):
+  pgvector   Postgres with the `vector` extension: `agentq_vectors.memory_vectors`, cosine
+             distance, an HNSW index for AGENTQ_EMBEDDING_DIMENSIONS
+  exact_sql  Postgres without it: cosine over float arrays computed in SQL (exact)
+  in_process SQLite: cosine over the user's newest MAX_SCAN memories in Python (exact)
 """
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import threading
 import uuid
 from typing import Any, Sequence
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import Float, Uuid, bindparam, column, exists, select, text, update
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
@@ -60,15 +66,80 @@ def remember(session: Session, *, tenant_id: uuid.UUID, user_id: uuid.UUID, cont
     return memory
 
 
+VECTOR_SCHEMA = "agentq_vectors"
+IN_PROCESS = "in_process"
+_backends: dict[str, tuple[str, int | None]] = {}
+
+
+def search_backend(session: Session) -> tuple[str, int | None]:
+    """(`pgvector` | `exact_sql` | `in_process`, the HNSW index's dimensions or None), as
+    the migrations chose for this database; read once per database URL."""
+    bind = session.get_bind()
+    if bind.dialect.name != "postgresql":
+        return IN_PROCESS, None
+    key = bind.engine.url.render_as_string(hide_password=True)
+    with _lock:
+        found = _backends.get(key)
+    if found is not None:
+        return found
+    row = session.execute(text(
+        "SELECT to_regclass(:t) IS NOT NULL"), {"t": f"{VECTOR_SCHEMA}.backend"}).scalar()
+    if row:
+        name, dims = session.execute(text(
+            f"SELECT name, dimensions FROM {VECTOR_SCHEMA}.backend LIMIT 1")).one()
+        found = ("pgvector", dims) if name == "pgvector" else ("exact_sql", None)
+    else:  # not migrated this far: the search in process still works
+        found = (IN_PROCESS, None)
+    with _lock:
+        _backends[key] = found
+    return found
+
+
 def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
            k: int = RECALL_K, touch: bool = True) -> list[tuple[Memory, float]]:
     """The user's `k` memories most similar to `query` (embedded with `model`)."""
-    rows = session.execute(
-        select(Memory).where(Memory.user_id == user_id, Memory.embedding_model == model)
-        .order_by(Memory.created_at.desc()).limit(MAX_SCAN)).scalars().all()
-    scored = sorted(((m, cosine(m.embedding, query)) for m in rows),
-                    key=lambda pair: pair[1], reverse=True)[:k]
+    backend, hnsw_dims = search_backend(session)
+    if backend == IN_PROCESS or not query:
+        rows = session.execute(
+            select(Memory).where(Memory.user_id == user_id, Memory.embedding_model == model)
+            .order_by(Memory.created_at.desc()).limit(MAX_SCAN)).scalars().all()
+        scored = sorted(((m, cosine(m.embedding, query)) for m in rows),
+                        key=lambda pair: pair[1], reverse=True)[:k]
+    else:
+        scored = _search_sql(session, backend, user_id, query, model, k)
     if touch and scored:
         session.execute(update(Memory).where(Memory.id.in_([m.id for m, _ in scored]))
                         .values(last_recalled_at=utcnow()))
     return scored
+
+
+def _search_sql(session: Session, backend: str, user_id: uuid.UUID, query: list[float],
+                model: str, k: int) -> list[tuple[Memory, float]]:
+    """Nearest neighbours in Postgres: by pgvector's cosine distance (through the HNSW index
+    when the dimensions are the index's), else cosine computed exactly in SQL."""
+    dims = len(query)
+    params = {"u": user_id, "m": model, "d": dims, "k": k}
+    if backend == "pgvector":
+        vector = f"vector({int(dims)})"
+        params["q"] = "[" + ",".join(repr(float(x)) for x in query) + "]"
+        sql = (f"SELECT memory_id, 1 - (embedding::{vector} <=> CAST(:q AS {vector})) AS score "
+               f"FROM {VECTOR_SCHEMA}.memory_vectors "
+               "WHERE user_id = :u AND model = :m AND dims = :d "
+               f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT :k")
+    else:
+        params["q"] = [float(x) for x in query]
+        params["qn"] = math.sqrt(sum(x * x for x in query))
+        sql = ("SELECT memory_id, (SELECT sum(a * b) FROM unnest(embedding, "
+               "CAST(:q AS double precision[])) AS t(a, b)) / nullif(norm * :qn, 0) AS score "
+               f"FROM {VECTOR_SCHEMA}.memory_vectors "
+               "WHERE user_id = :u AND model = :m AND dims = :d "
+               "ORDER BY score DESC NULLS LAST, memory_id LIMIT :k")
+    statement = (text(sql).bindparams(bindparam("u", type_=Uuid))
+                 .columns(column("memory_id", Uuid), column("score", Float)))
+    ranked = [(memory_id, float(score) if score is not None else -1.0)
+              for memory_id, score in session.execute(statement, params).all()]
+    if not ranked:
+        return []
+    rows = {m.id: m for m in session.execute(
+        select(Memory).where(Memory.id.in_([i for i, _ in ranked]))).scalars()}
+    return [(rows[i], score) for i, score in ranked if i in rows]

@@ -42,17 +42,21 @@ def ready():
         down["sandbox"] = sandbox_problem
     modules = _modules()
     backlog = None
+    search = {}
     if "database" not in down:
         try:
             from agentq.db import session_factory
             from agentq.loop.sweeper import backlog as count_backlog
+            from agentq.memory import search_backend
             with session_factory(g.settings)() as session:
                 backlog = count_backlog(session)
+                backend, dims = search_backend(session)
+                search = {"memory_search": {"backend": backend, "hnsw_dimensions": dims}}
         except Exception:  # noqa: BLE001 - an informative field, never a reason to fail
             log.warning("backlog unreadable", exc_info=True)
     if down:
         response = jsonify({"status": "unavailable", "down": sorted(down),
-                            "backlog": {"unclaimed_jobs": backlog},
+                            "backlog": {"unclaimed_jobs": backlog}, **search,
                             **({"modules": modules} if modules else {}),
                             "error": {"code": "not_ready",
                                       "message": "Not ready: " + ", ".join(sorted(down))
@@ -61,7 +65,7 @@ def ready():
         response.status_code = 503
         return response
     # backlog: jobs re-driven that no worker took: something should be consuming and is not
-    return jsonify({"status": "ok", "backlog": {"unclaimed_jobs": backlog},
+    return jsonify({"status": "ok", "backlog": {"unclaimed_jobs": backlog}, **search,
                     **({"modules": modules} if modules else {})})
 
 

@@ -342,8 +342,19 @@ class BacklogSchema(Schema):
                        "wait and are re-driven with backoff; null when unreadable)."})
 
 
+class MemorySearchSchema(Schema):
+    backend = fields.String(required=True, metadata={
+        "description": "Where memories are searched, chosen at migration time: `pgvector` "
+                       "(HNSW index), `exact_sql` (cosine in Postgres), `in_process` "
+                       "(SQLite)."})
+    hnsw_dimensions = fields.Integer(allow_none=True, metadata={
+        "description": "The embedding dimensions the HNSW index serves (pgvector only)."})
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True)
+    memory_search = fields.Nested(MemorySearchSchema, metadata={
+        "description": "GET /health/ready only."})
     modules = fields.Dict(keys=fields.String(), values=fields.Nested(ModuleReadinessSchema),
                           metadata={"description": "GET /health/ready: each external tool "
                                                    "module's health (an unhealthy module's "
@@ -355,6 +366,7 @@ class HealthSchema(Schema):
 class NotReadySchema(Schema):
     status = fields.String(required=True)
     down = fields.List(fields.String(), required=True)
+    memory_search = fields.Nested(MemorySearchSchema)
     backlog = fields.Nested(BacklogSchema)
     error = fields.Nested(ErrorBodySchema, required=True)
     modules = fields.Dict(keys=fields.String(), values=fields.Nested(ModuleReadinessSchema))

@@ -55,3 +55,38 @@ def test_recall_ranks_by_cosine_and_keeps_to_the_user_and_model(settings):
         marked = {m.content for m in session.query(Memory).filter(
             Memory.last_recalled_at.isnot(None))}
     assert marked == {"north", "near-north", "north-east", "east", "up"}
+
+
+def test_sqlite_searches_in_process(settings):
+    with session_factory(settings)() as session:
+        assert memory.search_backend(session) == (memory.IN_PROCESS, None)
+
+
+def test_memory_remember_writes_once_per_tool_call(settings, monkeypatch):
+    """A remember call delivered twice (its worker lost, the call sent again) stores one
+    memory: its id is made from the call's tool_use_id."""
+    import tool_workers.memory as tools
+    from agentq.loop.identity import Incoming
+    from agentq.loop.submit import Submission, create_job
+    from agentq.tools.manifest import ToolContext
+
+    class Router:
+        def embed(self, text, model=None):
+            return [1.0, 0.0]
+    monkeypatch.setattr(memory, "router_for", lambda _settings: Router())
+    with session_scope(settings) as session:
+        job = create_job(session, settings, Submission(Incoming("t", "u", "c", None), "hi"))
+        session.flush()
+        ids = (str(job.id), str(job.user_id), str(job.conversation_id))
+    ctx = ToolContext(tool_use_id="tool_abc", job_id=ids[0], user_id=ids[1],
+                      conversation_id=ids[2], permission_level="guest",
+                      session_factory=session_factory(settings),
+                      extra={"settings": settings})
+    first = tools.remember({"content": "likes teal"}, ctx)
+    again = tools.remember({"content": "likes teal"}, ctx)
+    assert first == again
+    with session_factory(settings)() as session:
+        assert session.query(Memory).count() == 1
+    other = tools.remember({"content": "likes teal"},
+                           ToolContext(**{**ctx.__dict__, "tool_use_id": "tool_def"}))
+    assert other["memory_id"] != first["memory_id"]

