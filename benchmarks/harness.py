@@ -38,12 +38,12 @@ TERMINAL = ("completed", "failed", "cancelled")
 SERVER_START_TIMEOUT_S = 15
 
 # The stack's configuration for every scenario: a budget that never stops a job, room for
-# 20 tool turns, the rest agentq's own defaults (the orchestrator's pool included, unless
+# 200 tool turns, the rest agentq's own defaults (the orchestrator's pool included, unless
 # AGENTQ_ORCHESTRATOR_CONCURRENCY is set in the benchmark's environment).
 BENCH_ENV = {
     "AGENTQ_MODEL": "gpt-4o-mini",
     "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
-    "AGENTQ_MAX_ITERATIONS": "25",
+    "AGENTQ_MAX_ITERATIONS": "200",  # the most settings allow: the growth scenario's 200 turns
     "AGENTQ_LLM_TIMEOUT_S": "60",
 }
 PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_TOOLS_CONCURRENCY",

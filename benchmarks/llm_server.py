@@ -46,6 +46,8 @@ STORM_CYCLE = 20
 """A storm's share is applied per block of this many calls (0.8: 16 fail, 4 answer)."""
 DEFAULT_TOOL = "math-evaluate"
 FINAL_TEXT = "The answer is 42."
+SUMMARY_PREFIXES = ("You compact a conversation", "You read a conversation")
+"""agentq's compaction and memory-digest calls: answered with a summary."""
 
 
 def _text_of(content: Any) -> str:
@@ -59,6 +61,8 @@ def _text_of(content: Any) -> str:
 def react_reply(request: dict):
     """The next reply of a ReAct exchange (see the module docstring)."""
     messages = [m for m in request.get("messages") or () if isinstance(m, dict)]
+    if messages and _text_of(messages[0].get("content")).startswith(SUMMARY_PREFIXES):
+        return text("Summary: the user asked for 6*7 several times; each time it was 42.")
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     turns = 1
     if last_user >= 0:

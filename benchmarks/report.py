@@ -49,7 +49,8 @@ and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_
 | `overhead` | submit → completed, one job at a time, one tool turn, instant model: the stack vs the in-process floor (`benchmarks/floor.py`: `create_job`, `Stepper.run`, `execute_tool_call` as plain calls in one process, the same Postgres writes, the same model server through the same SDK, no broker), interleaved job by job; plus where the time goes, hop by hop, from the rows each job wrote |
 | `throughput` | closed-loop clients (1, 2, 4 … 64), each submitting a one-tool-turn job and waiting for its end; jobs/s, latency, CPU per job per process; the knee = the fewest clients reaching 90% of the best jobs/s |
 | `inflight` | model latency 10 s; N jobs (1,000 full, 300 quick) of two model calls and one tool turn submitted at once by 64 client threads: the most model calls waiting at once (the server's count), jobs/s against the ideal min(N / 20 s, saturated throughput), the orchestrator's peak RSS |
-| `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`), and for 1, 5, 20 tool turns |
+| `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`; more than 100 seeded with a summary of all but the newest 100, a long conversation's steady state), and for 1, 50, 200 tool turns (200 ends at `AGENTQ_MAX_ITERATIONS`, 200 model calls), compaction on |
+| `recall` | `memory.recall` (top 5, 1,536 dimensions) of a user holding 10,000 memories (100 smoke), 50 queries, in the bench process against the lab's database, through the search backend its migrations chose (named) |
 | `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
 | `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
 | `modules` | one tool call through `ToolRegistry.execute` (as a tool task runs it on its module's queue): an in-process tool (`math.evaluate`), an HTTP module (`examples/http_module.py`, signed), an MCP server over stdio and over streamable HTTP (`examples/mcp_server.py`), each in its own process on loopback, calls interleaved, 200 each (50 quick); medians and p95, ratios to the in-process tool. The Celery hop, the same for all, is not included |
@@ -168,7 +169,16 @@ def figures(results: dict[str, Any]) -> str:
                        f"{row['messages_sent_per_model_call']} |")
         out += ["", f"History ratio ({g['history_ratio_of']}): **{g['history_ratio']}** "
                     f"(target ≤ 1.2: {_yes(g['met'])}); tool-turn ratio "
-                    f"({g['turns_ratio_of']}): {g['turns_ratio']}.", ""]
+                    f"({g['turns_ratio_of']}): {g['turns_ratio']} (target ≤ 1.5: "
+                    f"{_yes(g.get('turns_met'))}).", ""]
+
+    r = sc.get("recall")
+    if r and "error" not in r:
+        out += ["### 4b. Memory recall", "", "| memories stored | backend | median / p95 ms |",
+                "| --- | --- | --- |"]
+        for n, row in r["by_stored_memories"].items():
+            out.append(f"| {int(n):,} | {row['backend']} | {_lat(row['latency'])} |")
+        out.append("")
 
     p = sc.get("peer")
     if p:
