@@ -28,7 +28,9 @@ pytestmark = pytest.mark.integration
 # for a deeper run
 SCHEMATHESIS_MAX_EXAMPLES = int(os.environ.get("AGENTQ_ST_MAX_EXAMPLES", "30"))
 SCHEMATHESIS_SEED = os.environ.get("AGENTQ_ST_SEED", "1")
-SCHEMATHESIS_TIMEOUT_S = 240
+SCHEMATHESIS_TIMEOUT_S = 1800
+"""Hang protection only (the run takes about a minute on a quiet 2-core machine, several on a
+saturated one): the test's own pytest timeout is set above it."""
 # Checks that judge the API's answers. Left out: `negative_data_rejection` and
 # `positive_data_acceptance` (the API validates rules a schema cannot say: Last-Event-ID
 # overrides `after`; a `recorded` replay takes no `model`), `unsupported_method` and
@@ -164,6 +166,7 @@ def _server_errors(stack, since_line: int) -> str:
     return "\n".join(line[-4000:] for line in log if '"ERROR"' in line)[-12000:]
 
 
+@pytest.mark.timeout(SCHEMATHESIS_TIMEOUT_S + 300)
 def test_schemathesis_finds_no_server_error_and_no_response_off_the_spec(
         stack, llm, tmp_path, capsys):
     # a tenant of its own: the admin routes it calls (personas, users, schedules) change
@@ -207,8 +210,9 @@ def test_schemathesis_finds_no_server_error_and_no_response_off_the_spec(
         with stack.sessions()() as session, session.begin():  # no schedule of it fires on
             session.execute(update(Schedule).where(Schedule.api_key_id == api_key_id)
                             .values(status="cancelled", next_run_at=None))
-        deadline = time.monotonic() + 60
-        while _live_jobs(stack, api_key_id) and time.monotonic() < deadline:
+        # its jobs end (every one is answered at once by the scripted model); a job that
+        # never ends leaves this loop to the test's timeout
+        while _live_jobs(stack, api_key_id):
             time.sleep(0.2)
         live = _live_jobs(stack, api_key_id)
     finally:
@@ -226,4 +230,4 @@ def test_schemathesis_finds_no_server_error_and_no_response_off_the_spec(
     assert cases.get("generated", 0) > 100
     assert http.get(f"{stack.base}/v1/jobs/{seed['id']}", timeout=10).status_code == 200, \
         "the run revoked its own key"
-    assert live == 0, f"{live} schemathesis jobs still live a minute after the run"
+    assert live == 0
