@@ -123,10 +123,8 @@ def test_cancel_half_way_keeps_finished_jobs(client, echo):
     created = client.post("/v1/batches", json={"requests": lines(echo, 30),
                                                 "max_concurrency": 2})
     batch_id = created.json()["id"]
-    deadline = time.monotonic() + 120
     while client.get(f"/v1/batches/{batch_id}").json()["counts"]["completed"] < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+        time.sleep(0.1)  # never: the test's timeout
     # when it is cancelled while at most 2 jobs wait on the model
     assert client.post(f"/v1/batches/{batch_id}/cancel").status_code == 202
     echo.gate.set()  # the held replies come back after the cancel

@@ -236,10 +236,8 @@ def test_batches_show_their_progress(page, client, script):
 
 def wait_batch(client, batch_id: str) -> None:
     import time
-    deadline = time.monotonic() + 60
     while client.get(f"/v1/batches/{batch_id}").json()["status"] != "completed":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+        time.sleep(0.1)  # a batch that never completes is the test's timeout
 
 
 def ui_session(stack, key: str):

@@ -31,12 +31,11 @@ def hooked(servers_up, llm, tmp_path_factory):
 def _calls(hook_log: Path, job_id: str, expect: int = 0) -> list[dict]:
     """The hook calls logged for a job; `expect`: wait until that many are (after_turn
     runs once the turn's end has committed, so it may come after the job reads as ended)."""
-    deadline = time.monotonic() + 30
-    while True:
+    while True:  # calls that never come are the test's timeout
         calls = [] if not hook_log.exists() else [
             c for c in map(json.loads, hook_log.read_text().splitlines())
             if c["job_id"] == job_id]
-        if len(calls) >= expect or time.monotonic() > deadline:
+        if len(calls) >= expect:
             return calls
         time.sleep(0.05)
 
@@ -67,10 +66,8 @@ def test_a_hook_that_raises_never_fails_the_job(hooked, script):
     assert job["response"]["content"] == "4, and HOOK-RAISE again"
     calls = [c["hook"] for c in _calls(hook_log, job["id"], expect=4)]
     assert calls == ["before_turn", "after_turn", "before_turn", "after_turn"]
-    deadline = time.monotonic() + 30
     while b"hook failed" not in stack.logs["orchestrator"].read_bytes():
-        assert time.monotonic() < deadline, "the failing hook was not logged"
-        time.sleep(0.1)
+        time.sleep(0.1)  # never logged: the test's timeout
 
 
 def test_on_error_and_after_turn_hear_a_failed_model_call(hooked, script):

@@ -54,15 +54,13 @@ def test_an_idle_conversation_is_remembered_and_recalled_later(digest_stack, dig
     first = client.wait(client.submit(said, user=user)["id"])
     assert first["status"] == "completed", first
     conversation_id = uuid.UUID(first["conversation_id"])
-    deadline = time.monotonic() + 90
-    while True:
+    while True:  # a conversation never summarised is the test's timeout
         with stack.sessions()() as s:
             stored = s.execute(select(Memory).where(
                 Memory.conversation_id == conversation_id)).scalars().all()
             conversation = s.get(Conversation, conversation_id)
         if stored:
             break
-        assert time.monotonic() < deadline, "the idle conversation was not summarised"
         time.sleep(0.25)
     (memory,) = stored
     assert memory.content == FACT and memory.source == SOURCE
