@@ -35,6 +35,7 @@ EXPECTED = {
               "results_in_request_order", "chat_latency", "batch_finished_when_chat_ended"},
     "modules": {"in_process", "http_module", "mcp_stdio", "mcp_http", "ratio_http_median",
                 "ratio_mcp_stdio_median", "ratio_mcp_http_median"},
+    "recall": {"by_stored_memories", "dimensions", "rule"},
 }
 PEER_KEYS = {"agentq", "peers", "ratios_to_best_peer", "ahead_on_jobs_per_s",
              "ahead_on_median_latency"}
