@@ -108,15 +108,7 @@ def probe_main(args) -> int:
     return 1 if any("error" in r for r in results.values()) else 0
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def loadavg() -> str | None:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return None
+from benchmarks.observability import loadavg, log  # noqa: E402  (one of each)
 
 
 def main(argv: list[str] | None = None) -> int:
