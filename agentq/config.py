@@ -280,7 +280,9 @@ class Settings:
             except ValueError:
                 raise ConfigError(name, f"expected a {kind.__name__}, got {raw!r}") from None
             if (lo is not None and value < lo) or (hi is not None and value > hi):
-                raise ConfigError(name, f"{value} is outside {lo}..{hi}")
+                bounds = (f"from {lo} to {hi}" if lo is not None and hi is not None
+                          else f"at least {lo}" if lo is not None else f"at most {hi}")
+                raise ConfigError(name, f"must be {bounds}, got {raw}")
             return value
 
         def names(name: str, default: tuple[str, ...]) -> tuple[str, ...]:

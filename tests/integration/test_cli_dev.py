@@ -108,8 +108,18 @@ def test_a_setting_out_of_range_is_one_line(tmp_path):
                                           OPENAI_BASE_URL="http://127.0.0.1:9/v1"),
                             capture_output=True, text=True)
     assert result.returncode == 1
-    assert result.stderr.strip() == ("Error: configuration: AGENTQ_MAX_ITERATIONS: 500 is "
-                                     "outside 1..200")
+    assert result.stderr.strip() == ("Error: configuration: AGENTQ_MAX_ITERATIONS: must be "
+                                     "from 1 to 200, got 500")
+
+
+def test_a_setting_below_its_floor_says_the_floor(tmp_path):
+    result = subprocess.run([agentq_bin(), "run", "hi"], cwd=ROOT, timeout=120,
+                            env=clean_env(tmp_path, AGENTQ_STEP_DEADLINE_S="-5",
+                                          OPENAI_BASE_URL="http://127.0.0.1:9/v1"),
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("Error: configuration: AGENTQ_STEP_DEADLINE_S: must be "
+                                     "at least 1, got -5")
 
 
 def test_version():
