@@ -26,6 +26,18 @@ from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_d
                                  drop_database, flush_redis)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (setup.cfg runs two processes, `--dist loadgroup`), a test file's
+    tests run in one process, in order, sharing its module fixtures; the fault suite's files
+    run in one process, the lab they share started once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = "faults" if path.startswith("tests/faults/") else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def servers_up():
     missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379))

@@ -15,13 +15,31 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN_URL = os.environ.get("AGENTQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS", "redis://127.0.0.1:6379/9")
 READY_TIMEOUT_S = 60
 WORKERS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
 
 class StackError(RuntimeError):
     pass
+
+
+def worker_redis_url() -> str:
+    """The Redis database this test process's stacks use: AGENTQ_TEST_REDIS (default
+    database 9); under pytest-xdist each further worker takes the database two below the
+    previous one's (gw0 9, gw1 7, ...), since a stack flushes its database when it starts."""
+    url = os.environ.get("AGENTQ_TEST_REDIS", "redis://127.0.0.1:6379/9")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker.removeprefix("gw") or 0)
+    if n == 0:
+        return url
+    base, _, db = url.rpartition("/")
+    number = int(db or 0) - 2 * n
+    if number < 0:
+        raise StackError(f"no Redis database left for pytest-xdist worker {worker} below {url}")
+    return f"{base}/{number}"
+
+
+REDIS_URL = worker_redis_url()
 
 
 def die_with_parent() -> None:

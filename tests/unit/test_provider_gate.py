@@ -10,8 +10,7 @@ import pytest
 import redis
 
 from agentq.llm.gate import GateLimits, NullGate, ProviderBusy, RedisGate, provider_name
-
-REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS", "redis://127.0.0.1:6379/9")
+from tests.support.stack import REDIS_URL
 
 
 class Clock:
