@@ -703,7 +703,8 @@ def model_serve(host: str, port: int) -> None:
     click.echo(f"model {server.alias} ready on http://{shown}:{port}/v1; agentq's processes "
                f"need:")
     env = {"OPENAI_BASE_URL": f"http://{shown}:{port}/v1", "OPENAI_API_KEY": "local",
-           "AGENTQ_MODEL": server.alias, **LOCAL_MODEL_SERVER_ENV}
+           "AGENTQ_MODEL": server.alias, **LOCAL_MODEL_SERVER_ENV,
+           **local_model.embedding_env(server.embedding_model)}
     for name, value in env.items():
         click.echo(f"{name}={value}")
     try:
@@ -780,8 +781,10 @@ def _start_local_model():
     for name, value in LOCAL_MODEL_DEFAULTS.items():
         os.environ.setdefault(name, value)
     set_settings(None)  # read again, with the variables above
+    memory = (f", embeddings {server.embedding_model}" if server.embedding_model else
+              ", no embedding model (memory off)")
     click.echo(f"agentq: local model {server.alias} ready on {server.base_url} in "
-               f"{time.monotonic() - started:.1f} s", err=True)
+               f"{time.monotonic() - started:.1f} s{memory}", err=True)
     return server
 
 

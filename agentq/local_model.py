@@ -1,10 +1,11 @@
 """A real small model on this machine, behind the same OpenAI-compatible door.
 
-`LocalModelServer` runs llama.cpp's OpenAI-compatible server (`python -m llama_cpp.server`,
-from the `local` extra) as a managed child process: on a free loopback port, with the model
-file that an installed package ships, health-checked (`GET /v1/models`) before use, and
-stopped when its owner stops, exits, or is killed by a signal. The router then talks to it
-like any other server, through `OPENAI_BASE_URL`.
+`LocalModelServer` runs llama.cpp's OpenAI-compatible server (`llama_cpp.server`, from the
+`local` extra, through `agentq.local_server`, which answers `/v1/embeddings` with the
+packaged embedding model of `agentq.local_embeddings`) as a managed child process: on a
+free loopback port, with the model file that an installed package ships, health-checked
+(`GET /v1/models`) before use, and stopped when its owner stops, exits, or is killed by a
+signal. The router then talks to it like any other server, through `OPENAI_BASE_URL`.
 
     with LocalModelServer() as server:
         os.environ.update(server.client_env())
@@ -70,6 +71,16 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
                  "smollm2-135m-instruct"),
 )
 """Packages that ship a model file, in order of preference."""
+
+
+def embedding_env(model: str | None) -> dict[str, str]:
+    """AGENTQ_EMBEDDING_MODEL and AGENTQ_EMBEDDING_DIMENSIONS for the local embedding model
+    (nothing when it is not installed)."""
+    if model is None:
+        return {}
+    from agentq.local_embeddings import EMBEDDING_DIMENSIONS
+    return {"AGENTQ_EMBEDDING_MODEL": model,
+            "AGENTQ_EMBEDDING_DIMENSIONS": str(EMBEDDING_DIMENSIONS)}
 
 
 class LocalModelError(RuntimeError):
@@ -194,8 +205,15 @@ class LocalModelServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def embedding_model(self) -> str | None:
+        """The embedding model /v1/embeddings answers with, or None (not installed)."""
+        from agentq import local_embeddings
+        return local_embeddings.EMBEDDING_MODEL if local_embeddings.missing() is None \
+            else None
+
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
+        args = [sys.executable, "-m", "agentq.local_server", "--model", str(self.model_path),
                 "--model_alias", self.alias, "--host", self.host, "--port", str(self.port),
                 "--chat_format", self.chat_format, "--n_ctx", str(self.n_ctx)]
         if self.n_threads:
@@ -216,9 +234,11 @@ class LocalModelServer:
         return {k: v for k, v in env.items() if k.upper() not in shadowing}
 
     def client_env(self) -> dict[str, str]:
-        """The variables that point the router (the openai SDK) at this server."""
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "local",
-                "AGENTQ_MODEL": self.alias}
+        """The variables that point the router (the openai SDK) at this server, and memory
+        at its embedding model when there is one."""
+        env = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "local",
+               "AGENTQ_MODEL": self.alias}
+        return {**env, **embedding_env(self.embedding_model)}
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from agentq.config import Settings
 from agentq.db import session_factory
-from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
+from agentq.models import Job, JobEvent, Memory, Message, TokenLog, ToolCall
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +44,16 @@ QUESTION = "What is 6*7? Use the calculator."
 READY_RE = re.compile(r"ready on (http://127\.0\.0\.1:(\d+)/v1)")
 
 
-def agentq_run(home: Path, content: str, **env: str) -> subprocess.CompletedProcess:
-    """`agentq run CONTENT` in a fresh process, as a first-time user runs it: no model
-    server configured, no key, the embedded defaults in `home`."""
+def agentq_run(home: Path, content: str, *options: str,
+               **env: str) -> subprocess.CompletedProcess:
+    """`agentq run CONTENT [OPTIONS]` in a fresh process, as a first-time user runs it: no
+    model server configured, no key, the embedded defaults in `home`."""
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("AGENTQ_", "OPENAI_"))}
     clean.update({"AGENTQ_HOME": str(home), "AGENTQ_LOG_LEVEL": "WARNING", **env})
     return subprocess.run(
-        [sys.executable, "-m", "agentq.cli", "run", content, "--timeout", str(RUN_TIMEOUT_S)],
+        [sys.executable, "-m", "agentq.cli", "run", content, "--timeout", str(RUN_TIMEOUT_S),
+         *options],
         cwd=home.parent, env=clean, capture_output=True, text=True,
         timeout=RUN_TIMEOUT_S + 120)
 
@@ -170,3 +172,43 @@ def test_the_budget_stops_a_second_job(home):
     assert_readable(job.response["content"])
     assert "budget" in job.response["content"]
     assert run.returncode == 4  # the exit status for a used-up budget
+
+
+def memories_and_recalls(home: Path):
+    """Every memory in `home`'s database, and the newest job's memory_recalled events."""
+    sessions = session_factory(Settings.from_env({"AGENTQ_HOME": str(home)}))
+    with sessions() as session:
+        memories = session.execute(select(Memory)).scalars().all()
+        job = session.execute(select(Job).order_by(Job.created_at.desc()).limit(1)).scalar_one()
+        recalls = session.execute(select(JobEvent.data).where(
+            JobEvent.job_id == job.id, JobEvent.type == "memory_recalled")).scalars().all()
+        session.expunge_all()
+    return memories, recalls
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 240)
+def test_a_memory_from_one_conversation_is_recalled_in_another(home):
+    from agentq.local_embeddings import EMBEDDING_DIMENSIONS, EMBEDDING_MODEL
+    # given the memory tools, no provider and no network: the local server embeds with the
+    # model a package ships
+    env = {"AGENTQ_DEFAULT_MODULES": "memory", "AGENTQ_MAX_ITERATIONS": "3"}
+    first = agentq_run(home, "Remember this about me: my dog is called Biscuit.",
+                       "--channel", "first", **env)
+    assert f"embeddings {EMBEDDING_MODEL}" in first.stderr, first.stderr
+    # then the model remembered something, embedded by the local embedding model
+    job, calls, _logs, results, _events = stored(home)
+    assert "memory.remember" in [c.name for c in calls], first.stderr
+    assert_every_call_has_its_result(calls, results)
+    memories, _ = memories_and_recalls(home)
+    assert memories and all(m.embedding_model == EMBEDDING_MODEL
+                            and len(m.embedding) == EMBEDDING_DIMENSIONS for m in memories)
+    # when the same user asks in another conversation
+    second = agentq_run(home, "What is my dog called?", "--channel", "second", **env)
+    # then the question's embedding found the memory and put it in the model's context
+    job, calls, _logs, results, _events = stored(home)
+    assert job.status == "completed", second.stderr
+    assert_readable(job.response["content"])
+    _, recalls = memories_and_recalls(home)
+    assert recalls, second.stderr
+    assert recalls[0]["count"] >= 1 and recalls[0]["similarities"][0] > 0.2, recalls
+    assert_server_gone(second.stderr)

@@ -91,8 +91,13 @@ def test_the_child_does_not_read_our_port_or_keys(tmp_path):
     assert command[command.index("--port") + 1] == "1234"
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--chat_format") + 1] == "chatml-function-calling"
-    assert server.client_env() == {"OPENAI_BASE_URL": "http://127.0.0.1:1234/v1",
-                                   "OPENAI_API_KEY": "local", "AGENTQ_MODEL": "m"}
+    assert command[1:3] == ["-m", "agentq.local_server"]  # llama.cpp's, with our embeddings
+    expected = {"OPENAI_BASE_URL": "http://127.0.0.1:1234/v1", "OPENAI_API_KEY": "local",
+                "AGENTQ_MODEL": "m"}
+    if server.embedding_model is not None:
+        expected.update(AGENTQ_EMBEDDING_MODEL="wordllama-l2-supercat-256",
+                        AGENTQ_EMBEDDING_DIMENSIONS="256")
+    assert server.client_env() == expected
 
 
 def test_free_port_is_a_loopback_port():
