@@ -6,7 +6,8 @@ Where the search runs is chosen at migration time (migration 0012) and named by
 `/health/ready` (`memory_search`):
   pgvector   Postgres with the `vector` extension: `agentq_vectors.memory_vectors`, cosine
              distance, an HNSW index for AGENTQ_EMBEDDING_DIMENSIONS
-  exact_sql  Postgres without it: cosine over float arrays computed in SQL (exact)
+  exact_sql  Postgres without it: the dot product of unit vectors (`real[]`, migration
+             0013) computed in SQL, in parallel workers where Postgres may (exact)
   in_process SQLite: cosine over the user's newest MAX_SCAN memories in Python (exact)
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agentq.models import Memory
 RECALL_K = 5
 MAX_MEMORY_CHARS = 2000
 MAX_SCAN = 20_000
-"""Most memories of one user searched (the newest)."""
+"""Most memories of one user searched in process (the newest)."""
 
 _routers: dict[int, Any] = {}
 _lock = threading.Lock()
@@ -116,7 +117,8 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
 def _search_sql(session: Session, backend: str, user_id: uuid.UUID, query: list[float],
                 model: str, k: int) -> list[tuple[Memory, float]]:
     """Nearest neighbours in Postgres: by pgvector's cosine distance (through the HNSW index
-    when the dimensions are the index's), else cosine computed exactly in SQL."""
+    when the dimensions are the index's), else the exact dot product of unit vectors in SQL
+    (the stored ones are, migration 0013; the query is made one here)."""
     dims = len(query)
     params = {"u": user_id, "m": model, "d": dims, "k": k}
     if backend == "pgvector":
@@ -127,10 +129,12 @@ def _search_sql(session: Session, backend: str, user_id: uuid.UUID, query: list[
                "WHERE user_id = :u AND model = :m AND dims = :d "
                f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT :k")
     else:
-        params["q"] = [float(x) for x in query]
-        params["qn"] = math.sqrt(sum(x * x for x in query))
-        sql = ("SELECT memory_id, (SELECT sum(a * b) FROM unnest(embedding, "
-               "CAST(:q AS double precision[])) AS t(a, b)) / nullif(norm * :qn, 0) AS score "
+        norm = math.sqrt(sum(x * x for x in query))
+        if not norm:
+            return []
+        params["q"] = [float(x) / norm for x in query]
+        sql = (f"SELECT memory_id, {VECTOR_SCHEMA}.dot(embedding, "
+               "CAST(:q AS double precision[])) AS score "
                f"FROM {VECTOR_SCHEMA}.memory_vectors "
                "WHERE user_id = :u AND model = :m AND dims = :d "
                "ORDER BY score DESC NULLS LAST, memory_id LIMIT :k")

@@ -19,6 +19,7 @@ from agentq.config import Settings
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
 from agentq.models import Job
+from tests.support.pgvector_server import pgvector_postgres
 from tests.support.stack import create_database, drop_database
 
 pytestmark = pytest.mark.integration
@@ -42,14 +43,8 @@ def pgvector_url(tmp_path, monkeypatch):
     runtime.mkdir(mode=0o700)
     if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver keeps its sockets' links there
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    import pgserver
-    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="delete")
-    try:
-        server.psql("CREATE DATABASE agentq_vectors_test;")
-        uri = server.get_uri()  # postgresql://postgres:@/postgres?host=<socket dir>
-        yield uri.replace("/postgres?", "/agentq_vectors_test?", 1)
-    finally:
-        server.cleanup()
+    with pgvector_postgres(tmp_path) as server:
+        yield server.create_database("agentq_vectors_test")
 
 
 def _migrated(url: str, monkeypatch) -> tuple[Settings, sessionmaker]:
@@ -140,6 +135,38 @@ def test_exact_search_in_sql_without_pgvector(pg15, monkeypatch):
     with sessions() as session:
         assert session.execute(text(
             "SELECT count(*) FROM agentq_vectors.memory_vectors")).scalar_one() == 479
+    sessions.kw["bind"].dispose()
+
+
+def test_unit_vectors_migration_keeps_the_memories_both_ways(pg15, monkeypatch):
+    """Memories stored before 0013 (raw float8 arrays) are searched as unit `real[]` after
+    it, exactly as before; and back at 0012 they are raw again."""
+    monkeypatch.setenv("AGENTQ_EMBEDDING_DIMENSIONS", str(DIMS))
+    settings = Settings.from_env({"AGENTQ_DATABASE_URL": pg15})
+    migrate.upgrade(settings, "0012_memory_vectors")
+    sessions = sessionmaker(create_engine(settings.database_url), expire_on_commit=False)
+    tenant, user_a, user_b = _users(settings, sessions)
+    mine = _fill(sessions, tenant, user_a, user_b)
+
+    migrate.upgrade(settings)
+    _check_recall(sessions, user_a, mine, exact=True)
+    with sessions() as session:
+        kind, unit_norm = session.execute(text(
+            "SELECT pg_typeof(embedding)::text, "
+            "sqrt((SELECT sum(x * x) FROM unnest(embedding) AS x)) "
+            "FROM agentq_vectors.memory_vectors LIMIT 1")).one()
+    assert kind == "real[]" and unit_norm == pytest.approx(1.0, abs=1e-5)
+
+    migrate.downgrade(settings, "0012_memory_vectors")
+    some_id, some_vector = next(iter(mine.items()))
+    with sessions() as session:
+        kind, stored = session.execute(text(
+            "SELECT pg_typeof(embedding)::text, embedding FROM agentq_vectors.memory_vectors "
+            "WHERE memory_id = :i"), {"i": some_id}).one()
+        count = session.execute(text(
+            "SELECT count(*) FROM agentq_vectors.memory_vectors")).scalar_one()
+    assert kind == "double precision[]" and stored == pytest.approx(some_vector)
+    assert count == 300 + 3 * 60
     sessions.kw["bind"].dispose()
 
 
