@@ -37,14 +37,21 @@ from tests.support.stack import (ROOT, Stack, StackError, answers, create_databa
 TERMINAL = ("completed", "failed", "cancelled")
 SERVER_START_TIMEOUT_S = 15
 
+GROWTH_MODEL = "bench-small-window"
+"""The model the growth scenario's jobs name (through a persona): the scripted server answers
+it as any other, and its context window is small enough that its jobs compact."""
+GROWTH_WINDOW_TOKENS = 4096
+
 # The stack's configuration for every scenario: a budget that never stops a job, room for
-# 200 tool turns, the rest agentq's own defaults (the orchestrator's pool included, unless
-# AGENTQ_ORCHESTRATOR_CONCURRENCY is set in the benchmark's environment).
+# 200 tool turns, a small window for the growth scenario's model, the rest agentq's own
+# defaults (the orchestrator's pool included, unless AGENTQ_ORCHESTRATOR_CONCURRENCY is set
+# in the benchmark's environment).
 BENCH_ENV = {
     "AGENTQ_MODEL": "gpt-4o-mini",
     "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
     "AGENTQ_MAX_ITERATIONS": "200",  # the most settings allow: the growth scenario's 200 turns
     "AGENTQ_LLM_TIMEOUT_S": "60",
+    "AGENTQ_MODEL_CONTEXT_WINDOWS": f"{GROWTH_MODEL}={GROWTH_WINDOW_TOKENS}",
 }
 PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_TOOLS_CONCURRENCY",
                   "AGENTQ_DB_POOL_SIZE", "AGENTQ_LOG_LEVEL", "AGENTQ_TOOL_JOIN",
@@ -381,11 +388,13 @@ class Client:
             http.headers["Authorization"] = f"Bearer {self.key}"
         return http
 
-    def submit(self, content: str, user: str | None = None,
-               channel: str | None = None) -> tuple[str, float]:
+    def submit(self, content: str, user: str | None = None, channel: str | None = None,
+               persona_id: str | None = None) -> tuple[str, float]:
         """(job id, wall-clock time just before the request)."""
         body = {"platform": "api", "platform_user_id": user or uid("u"),
                 "platform_channel_id": channel or uid("c"), "content": content}
+        if persona_id:
+            body["persona_id"] = persona_id
         t0 = time.time()
         response = self._http().post(f"{self.base}/v1/messages", json=body, timeout=120)
         if response.status_code != 202:

@@ -6,7 +6,8 @@ ReAct responder, latency changeable at run time, and nothing recorded per reques
 prints its base URL on stdout. Routes besides the OpenAI ones:
 
     GET  /stats   counters since the last reset: calls, max_in_flight, requests_per_s,
-                  process_cpu_s, messages per request (mean, max)
+                  process_cpu_s, messages and estimated tokens per request (mean, max; the
+                  agent's calls, not the summary calls), summary_calls
     POST /reset   zero the counters
     POST /config  {"latency_s": S} the latency added to every chat reply;
                   {"storm": {"seconds": S, "share": F, "hang_s": H, "retry_after_s": R}}
@@ -18,8 +19,12 @@ prints its base URL on stdout. Routes besides the OpenAI ones:
                   answers (`storm`: by kind).
 
 The responder: the request's last user message may carry `turns=N` (default 1); the model
-asks for one tool call per turn until N assistant tool-call turns follow that user message,
-then answers in text. The tool it calls is the offered tool whose name contains
+asks for one tool call per turn until N tool-call turns are done, then answers in text. Done
+turns are the assistant tool-call messages after that user message plus, once agentq has
+compacted the context, the count its summary carries: a summary call is answered with
+"tool turns done: K", K the previous summary's count plus the tool calls its transcript
+adds after its last user line (a transcript with a user line starts the count afresh: the
+tool calls before it were an earlier job's). The tool it calls is the offered tool whose name contains
 `evaluate` (agentq's `math-evaluate`, the peer's `math_evaluate`), with `{"expression":
 "6*7"}`; a user message carrying `tool=create_document` or `tool=run_python[:S]` calls that
 tool instead (a document titled after the conversation; Python that sleeps S seconds,
@@ -48,6 +53,8 @@ DEFAULT_TOOL = "math-evaluate"
 FINAL_TEXT = "The answer is 42."
 SUMMARY_PREFIXES = ("You compact a conversation", "You read a conversation")
 """agentq's compaction and memory-digest calls: answered with a summary."""
+DONE_RE = re.compile(r"tool turns done: (\d+)")
+TRANSCRIPT_MARK = "Messages to add to the summary:"
 
 
 def _text_of(content: Any) -> str:
@@ -58,11 +65,24 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def is_summary_request(request: dict) -> bool:
+    """agentq's compaction or memory-digest call (its system prompt says so)."""
+    messages = request.get("messages") or ()
+    return bool(messages) and isinstance(messages[0], dict) and \
+        _text_of(messages[0].get("content")).startswith(SUMMARY_PREFIXES)
+
+
+def request_tokens(request: dict) -> int:
+    """The request's messages in tokens, estimated as agentq does (4 characters a token)."""
+    return -(-len(json.dumps(request.get("messages") or ())) // 4)
+
+
 def react_reply(request: dict):
     """The next reply of a ReAct exchange (see the module docstring)."""
     messages = [m for m in request.get("messages") or () if isinstance(m, dict)]
-    if messages and _text_of(messages[0].get("content")).startswith(SUMMARY_PREFIXES):
-        return text("Summary: the user asked for 6*7 several times; each time it was 42.")
+    if is_summary_request(request):
+        return text("Summary: the user asked for 6*7 with the calculator; each time it was "
+                    f"42; tool turns done: {summarised_turns(messages)}.")
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     turns = 1
     if last_user >= 0:
@@ -71,6 +91,9 @@ def react_reply(request: dict):
             turns = int(match.group(1))
     done = sum(1 for m in messages[last_user + 1:]
                if m.get("role") == "assistant" and m.get("tool_calls"))
+    if messages and messages[0].get("role") == "system":
+        match = DONE_RE.search(_text_of(messages[0].get("content")))
+        done += int(match.group(1)) if match else 0
     if done >= turns:
         return text(FINAL_TEXT)
     wanted = TOOL_RE.search(_text_of(messages[last_user].get("content"))) \
@@ -93,13 +116,27 @@ def react_reply(request: dict):
     return tool_calls(call(name, arguments, raw=True))
 
 
+def summarised_turns(messages: list[dict]) -> int:
+    """The tool turns a summary call's summary covers (see the module docstring)."""
+    body = _text_of(messages[-1].get("content")) if messages else ""
+    previous, _, transcript = body.partition(TRANSCRIPT_MARK)
+    match = DONE_RE.search(previous)
+    done = int(match.group(1)) if match else 0
+    lines = transcript.splitlines()
+    users = [i for i, line in enumerate(lines) if line.startswith("[user]")]
+    if users:
+        done, lines = 0, lines[users[-1] + 1:]
+    return done + sum(1 for line in lines if line.startswith("[tool call "))
+
+
 class BenchLLM(ScriptedLLM):
     """A ScriptedLLM that keeps no per-request records (it serves tens of thousands)."""
 
     def __init__(self, latency_s: float = 0.0, **kw: Any):
         super().__init__(latency_s, react_reply, **kw)
-        self.messages_total = 0
-        self.messages_max = 0
+        self.messages_total = self.messages_max = 0
+        self.tokens_total = self.tokens_max = 0
+        self.summary_calls = 0
         self.storm: dict[str, Any] | None = None
         """{"until": monotonic time, "share", "hang_s", "retry_after_s"} while it lasts"""
         self.storm_calls = 0
@@ -108,14 +145,21 @@ class BenchLLM(ScriptedLLM):
     def reset_stats(self) -> None:
         super().reset_stats()
         self.messages_total = self.messages_max = 0
+        self.tokens_total = self.tokens_max = 0
+        self.summary_calls = 0
         self.storm_served = {}
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["latency_s"] = self.latency_s
-        out["messages_per_request_mean"] = (round(self.messages_total / self.calls, 1)
-                                            if self.calls else 0.0)
+        agent_calls = self.calls - self.summary_calls
+        out["messages_per_request_mean"] = (round(self.messages_total / agent_calls, 1)
+                                            if agent_calls > 0 else 0.0)
         out["messages_per_request_max"] = self.messages_max
+        out["tokens_per_request_mean"] = (round(self.tokens_total / agent_calls)
+                                          if agent_calls > 0 else 0)
+        out["tokens_per_request_max"] = self.tokens_max
+        out["summary_calls"] = self.summary_calls
         out["storm"] = dict(self.storm_served)
         out["storm_active"] = self._storm_active()
         out["cpu_ms_per_call"] = (round(1000 * out["process_cpu_s"] / self.calls, 3)
@@ -170,9 +214,15 @@ class BenchLLM(ScriptedLLM):
 
     async def _chat(self, request: dict):
         with self._in_flight():
-            count = len(request.get("messages") or ())
-            self.messages_total += count
-            self.messages_max = max(self.messages_max, count)
+            tokens = request_tokens(request)
+            if is_summary_request(request):
+                self.summary_calls += 1
+            else:
+                count = len(request.get("messages") or ())
+                self.messages_total += count
+                self.messages_max = max(self.messages_max, count)
+                self.tokens_total += tokens
+                self.tokens_max = max(self.tokens_max, tokens)
             storm, kind = self.storm, self._storm_kind()
             if kind == "429_retry_after":
                 return 429, _error_body("rate limited (storm)", 429), {
@@ -182,6 +232,7 @@ class BenchLLM(ScriptedLLM):
             if kind == "hang":
                 await asyncio.sleep(storm["hang_s"])
             reply = react_reply(request)
+            reply.input_tokens = tokens  # usage as a provider would bill it
             if self.latency_s > 0:
                 await asyncio.sleep(self.latency_s)
             return 200, self._completion(reply, request.get("model") or "scripted"), {}

