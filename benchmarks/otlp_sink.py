@@ -1,6 +1,7 @@
 """An OTLP/HTTP trace receiver for the benchmarks: accepts `POST /v1/traces`, counts the
-requests, bytes and spans it was sent, keeps nothing else. In its own process, so its CPU
-is not counted as agentq's (a real deployment exports to a collector elsewhere).
+requests, bytes and spans it was sent (by service and by span name), keeps nothing else.
+In its own process, so its CPU is not counted as agentq's (a real deployment exports to a
+collector elsewhere).
 
     python -m benchmarks.otlp_sink
 
@@ -25,6 +26,7 @@ class Counts:
         self.lock = threading.Lock()
         self.requests = self.bytes = self.spans = 0
         self.services: dict[str, int] = {}
+        self.names: dict[str, int] = {}
 
 
 COUNTS = Counts()
@@ -45,12 +47,16 @@ class Handler(BaseHTTPRequestHandler):
                 n = sum(len(scope.spans) for scope in resource.scope_spans)
                 COUNTS.spans += n
                 COUNTS.services[service] = COUNTS.services.get(service, 0) + n
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        COUNTS.names[span.name] = COUNTS.names.get(span.name, 0) + 1
         self._answer(200, "application/x-protobuf", ANSWER)
 
     def do_GET(self):  # noqa: N802
         with COUNTS.lock:
             stats = {"requests": COUNTS.requests, "bytes": COUNTS.bytes,
-                     "spans": COUNTS.spans, "services": dict(COUNTS.services)}
+                     "spans": COUNTS.spans, "services": dict(COUNTS.services),
+                     "names": dict(COUNTS.names)}
         self._answer(200, "application/json", json.dumps(stats).encode())
 
     def _answer(self, status: int, kind: str, body: bytes) -> None:

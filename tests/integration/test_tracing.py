@@ -148,6 +148,14 @@ def test_one_trace_covers_submit_steps_model_requests_tools_and_the_end(traced, 
     models = {s["attributes"].get("agentq.model") for s in spans if s["name"] == "llm.request"}
     assert models == {"primary-model"}
 
+    # each task's run span is a child of the span that sent it (its context rode in the
+    # message's headers); no span is made for the send itself
+    assert not [s["name"] for s in spans if s["name"].startswith("apply_async/")]
+    first = next(s for s in runs if s["name"] == "run/orchestrator.step")
+    assert by_id[first["parent"]] is root[0]  # the step sent by the submit's request
+    tool = next(s for s in runs if s["name"] == "run/tools.execute")
+    assert by_id[tool["parent"]]["name"] == "run/orchestrator.step"  # sent by the step
+
     # the job's end: one span, made by the step that ended the job (after the tools'
     # step), saying how it ended
     ends = [s for s in spans if s["name"] == "job.end"]
