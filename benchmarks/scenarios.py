@@ -21,6 +21,7 @@ import http.client
 import json
 import subprocess
 import sys
+import statistics
 import threading
 import time
 import uuid
@@ -351,12 +352,27 @@ class WaitingSampler(threading.Thread):
 # --- 4. growth ---------------------------------------------------------------------------
 
 SEED_UNSUMMARISED = 100
-"""Messages of a seeded conversation after its summary."""
+"""Most messages of a seeded long conversation after its summary: 100 of the seed's
+messages (~2,530 tokens) pass the growth window's compaction threshold (2,457 tokens), so
+the job that finds them summarises first."""
 
 
-def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
+def seed_tail(job: int, jobs: int) -> int:
+    """The unsummarised messages of the `job`-th (0-based) of `jobs` seeded long
+    conversations: spread evenly up to SEED_UNSUMMARISED. A long conversation's steady
+    state: a compaction summarises all its history, and the jobs after it add a few messages
+    each until the threshold is passed again, so a job finds a tail anywhere from a few
+    messages to the threshold's; the last of the jobs finds the threshold passed and pays a
+    summary call (one job in `jobs`: in the real steady state of this window, with four
+    messages a job, one in about 25)."""
+    return max(2, round(SEED_UNSUMMARISED * (job + 1) / jobs) // 2 * 2)
+
+
+def seed_conversation(lab: Lab, user: str, channel: str, count: int,
+                      unsummarised: int = SEED_UNSUMMARISED) -> None:
     """A conversation with `count` stored messages (alternating user / assistant), written
-    directly, seq numbers taken from conversations.message_seq as agentq does."""
+    directly, seq numbers taken from conversations.message_seq as agentq does; with more
+    than `unsummarised`, a summary of all but the newest `unsummarised`."""
     from sqlalchemy import insert, update
 
     from agentq.db import session_scope, utcnow
@@ -391,7 +407,7 @@ def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
                          "created_at": now})
         for k in range(0, len(rows), 2000):
             session.execute(insert(Message), rows[k:k + 2000])
-        if count > SEED_UNSUMMARISED:
+        if count > unsummarised:
             # the steady state of a long conversation: its older messages are in its
             # summary (agentq summarises history older than the history read, never drops
             # it; a conversation seeded without one would be summarised by its next job)
@@ -399,7 +415,7 @@ def seed_conversation(lab: Lab, user: str, channel: str, count: int) -> None:
                 conversation_id=conversation.id, version=1,
                 content="The user asked many questions about apples left after eating "
                         "some; each was answered with the count of apples left.",
-                through_seq=last - SEED_UNSUMMARISED, messages_summarized=count - SEED_UNSUMMARISED,
+                through_seq=last - unsummarised, messages_summarized=count - unsummarised,
                 job_id=None, model="seed", input_tokens=0, output_tokens=0, created_at=now))
     analyze_messages(lab)
 
@@ -489,9 +505,12 @@ def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
               history: int = 0, ok=None, persona_id: str | None = None) -> dict[str, Any]:
     per_turn, totals, failed, ids = [], [], 0, []
     ctx.lab.server.reset()
-    for _ in range(jobs):
+    tails = []
+    for job in range(jobs):
         user, channel = uid("g-u"), uid("g-c")
-        seed_conversation(ctx.lab, user, channel, history)
+        tail = seed_tail(job, jobs)
+        tails.append(min(tail, history))
+        seed_conversation(ctx.lab, user, channel, history, tail)
         row = ctx.one_job(content, user, channel, persona_id)
         ids.append(str(row["id"]))
         if not (ok or _ok)(row):
@@ -503,7 +522,10 @@ def _per_turn(ctx: Context, content: str, model_calls: int, jobs: int,
     model = ctx.lab.server.stats()
     every, last = turn_gaps(ctx.lab, ids)
     return {"jobs": jobs, "failed": failed, "model_calls_per_job": model_calls,
+            "seeded_unsummarised": tails if history else [],
             "per_turn": summary(per_turn), "job_total": summary(totals),
+            "per_turn_mean_ms": round(1000 * statistics.fmean(per_turn), 2)
+            if per_turn else None,
             "turn_gap": summary(every), "turn_gap_last": summary(last),
             "messages_sent_per_model_call": model.get("messages_per_request_mean"),
             "tokens_sent_per_model_call": model.get("tokens_per_request_mean"),
@@ -555,9 +577,11 @@ def scenario_growth(ctx: Context) -> dict[str, Any]:
             "target": "per-turn at the largest history within 1.2x of the smallest; "
                       "at the most tool turns within 1.5x of the fewest",
             "met": (h_ratio or 99) <= 1.2, "turns_met": (t_ratio or 99) <= 1.5,
-            "seeded_summary": f"conversations of more than {SEED_UNSUMMARISED} messages are "
-                              "seeded with a summary of all but their newest "
-                              f"{SEED_UNSUMMARISED} (a long conversation's steady state)"}
+            "seeded_summary": "a conversation with more stored messages than its job's "
+                              "tail is seeded with a summary of all but that tail, the "
+                              f"jobs' tails spread evenly up to {SEED_UNSUMMARISED} "
+                              "messages, the last past the compaction threshold (a long "
+                              "conversation's steady state: seed_tail)"}
 
 
 # --- 4b. memory recall ------------------------------------------------------------------
