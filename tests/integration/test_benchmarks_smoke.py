@@ -129,14 +129,21 @@ def test_the_recall_benchmark_runs_on_pgvector(tmp_path):
     out = tmp_path / "recall.json"
     done = subprocess.run([sys.executable, "-m", "benchmarks.recall", "--backend", "pgvector",
                            "--case", "300x16", "--queries", "3", "--ef-search", "40",
+                           "--data", "lowrank", "--data", "uniform",
                            "--scratch", str(tmp_path / "pg"), "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
-    case = json.loads(out.read_text())["recall"]["by_case"]["300x16"]
-    assert case["backend"] == "pgvector" and case["hnsw_dimensions"] == 16
-    assert "uses_hnsw_index" in case and case["hnsw_build_s"] >= 0  # a planner's choice
-    at = case["by_ef_search"]["40"]
-    assert at["latency"]["n"] == 3 and 0 <= at["hnsw_recall"] <= 1
+    cases = json.loads(out.read_text())["recall"]["by_case"]
+    assert sorted(cases) == ["300x16", "300x16 uniform"]
+    for key, data in (("300x16", "lowrank"), ("300x16 uniform", "uniform")):
+        case = cases[key]
+        assert case["backend"] == "pgvector" and case["hnsw_dimensions"] == 16
+        assert case["data"] == data
+        assert "uses_hnsw_index" in case and case["hnsw_build_s"] >= 0  # a planner's choice
+        at = case["by_ef_search"]["40"]
+        assert at["latency"]["n"] == 3 and 0 <= at["hnsw_recall"] <= 1
+    # embedding-like vectors have neighbours: a search through 40 of 300 finds most of them
+    assert cases["300x16"]["by_ef_search"]["40"]["hnsw_recall"] >= 0.6
 
 
 def test_the_embedded_benchmark_runs_a_one_tool_job_through_agentq_run(tmp_path):
