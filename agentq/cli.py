@@ -951,22 +951,53 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
     `cancelled` at its next step boundary); a second Ctrl-C stops waiting for that."""
     from agentq.db import session_factory
     sessions = session_factory(settings)
-    seen, deadline, cancelling = 0, time.monotonic() + timeout_s, False
-    while time.monotonic() < deadline:
-        try:
+    seen, deadline, acted = 0, time.monotonic() + timeout_s, 0
+    with _CtrlC.counting() as ctrl_c:
+        while time.monotonic() < deadline:
+            if ctrl_c.count > acted:
+                if acted:
+                    _error_line(f"stopped waiting; job {job_id} was asked to cancel")
+                    return EXIT_INTERRUPTED
+                acted = 1
+                _cancel_local(settings, job_id)
+                _status_line("· cancel requested (Ctrl-C again to stop waiting)")
+                continue
             seen, job = _print_new_events(sessions, job_id, seen)
             if job.status in TERMINAL_STATUSES:
                 return _print_ending(job_id, job.status, job.finish_reason, job.response or {})
             time.sleep(EMBEDDED_POLL_S)
-        except KeyboardInterrupt:
-            if cancelling:
-                _error_line(f"stopped waiting; job {job_id} was asked to cancel")
-                return EXIT_INTERRUPTED
-            cancelling = True
-            _cancel_local(settings, job_id)
-            _status_line("· cancel requested (Ctrl-C again to stop waiting)")
     _error_line(f"job {job_id} still running after {timeout_s:g} s")
     return EXIT_TIMEOUT
+
+
+class _CtrlC:
+    """Ctrl-C while `agentq run` waits: the SIGINT handler only counts, and the wait loop
+    acts between its polls. (A KeyboardInterrupt is raised wherever the main thread is,
+    inside a database or connection-pool call too, where it can leave a lock taken that the
+    cancel after it then waits on. A run in a loaded CI once never said "cancel requested"
+    after its Ctrl-C; this is the likeliest cause, and it cannot happen with a handler that
+    only counts.)"""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _handler(self, _signum, _frame) -> None:
+        self.count += 1
+
+    @classmethod
+    @contextmanager
+    def counting(cls) -> Iterator["_CtrlC"]:
+        import signal
+        counter = cls()
+        try:
+            previous = signal.signal(signal.SIGINT, counter._handler)
+        except ValueError:  # not the main thread: Ctrl-C is not ours to take
+            yield counter
+            return
+        try:
+            yield counter
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})

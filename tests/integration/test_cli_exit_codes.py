@@ -144,6 +144,32 @@ def test_ctrl_c_cancels_the_job_and_exits_6(llm, script, tmp_path):
     assert "cancelled (cancelled)" in err.splitlines()[-1]
 
 
+def test_a_second_ctrl_c_stops_waiting_and_exits_130(llm, tmp_path):
+    # (not the `script` fixture: whether the model is asked again after the cancel is the
+    # worker's business, not this test's)
+    answer = threading.Event()
+    marker = llm.script(f"ctrl_c_twice_{tmp_path.name}", [text("too late", hold=answer)])
+    process = agentq_run(tmp_path, marker, llm)
+    try:
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if "· turn 1" in line:
+                process.send_signal(signal.SIGINT)
+            if "cancel requested" in line:
+                process.send_signal(signal.SIGINT)  # the model call is still held
+                break
+        out, rest = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        answer.set()
+        if process.poll() is None:
+            process.kill()
+    err = "".join(lines) + rest
+    assert process.returncode == 130, err
+    assert out == ""
+    assert "stopped waiting" in err.splitlines()[-1]
+
+
 def test_still_running_after_the_timeout_exits_7(llm, tmp_path):
     # (not the `script` fixture: the run may end before its model call is even sent)
     answer = threading.Event()
