@@ -117,20 +117,23 @@ def test_a_failed_job_exits_5(llm, script, tmp_path):
     assert "failed (error)" in err.splitlines()[-1]
 
 
-def test_ctrl_c_cancels_the_job_and_exits_6(llm, script, tmp_path):
-    answer = threading.Event()  # the model answers only after the cancel is recorded
-    marker = script([text("too late", hold=answer)])
+def ctrl_c_run(tmp_path, marker: str, llm, answer: threading.Event,
+               press_after: tuple[str, ...], release_after: str | None = None
+               ) -> tuple[int, str, str]:
+    """`agentq run`, Ctrl-C pressed once after each of `press_after`'s lines in turn, the
+    model's reply (held by `answer`) let go after the `release_after` line, then the run let
+    end. (status, stdout, stderr)"""
     process = agentq_run(tmp_path, marker, llm)
+    lines, presses = [], list(press_after)
     try:
-        lines = []
-        for line in process.stderr:  # wait for the model call to be under way
-            lines.append(line)
-            if "· turn 1" in line:
-                break
-        process.send_signal(signal.SIGINT)
         for line in process.stderr:
             lines.append(line)
-            if "cancel requested" in line:
+            if presses and presses[0] in line:
+                presses.pop(0)
+                process.send_signal(signal.SIGINT)
+            if release_after is not None and release_after in line:
+                release_after = None
+            if not presses and release_after is None:
                 break
         answer.set()
         out, rest = process.communicate(timeout=RUN_TIMEOUT_S)
@@ -138,8 +141,16 @@ def test_ctrl_c_cancels_the_job_and_exits_6(llm, script, tmp_path):
         answer.set()
         if process.poll() is None:
             process.kill()
-    err = "".join(lines) + rest
-    assert process.returncode == 6, err
+    return process.returncode, out, "".join(lines) + rest
+
+
+def test_ctrl_c_cancels_the_job_and_exits_6(llm, script, tmp_path):
+    answer = threading.Event()  # the model answers only after the cancel is recorded
+    marker = script([text("too late", hold=answer)])
+    # Ctrl-C once the model call is under way; the reply is let go once the cancel is asked
+    code, out, err = ctrl_c_run(tmp_path, marker, llm, answer, ("· turn 1",),
+                                release_after="cancel requested")
+    assert code == 6, err
     assert out == ""
     assert "cancelled (cancelled)" in err.splitlines()[-1]
 
@@ -149,23 +160,10 @@ def test_a_second_ctrl_c_stops_waiting_and_exits_130(llm, tmp_path):
     # worker's business, not this test's)
     answer = threading.Event()
     marker = llm.script(f"ctrl_c_twice_{tmp_path.name}", [text("too late", hold=answer)])
-    process = agentq_run(tmp_path, marker, llm)
-    try:
-        lines = []
-        for line in process.stderr:
-            lines.append(line)
-            if "· turn 1" in line:
-                process.send_signal(signal.SIGINT)
-            if "cancel requested" in line:
-                process.send_signal(signal.SIGINT)  # the model call is still held
-                break
-        out, rest = process.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        answer.set()
-        if process.poll() is None:
-            process.kill()
-    err = "".join(lines) + rest
-    assert process.returncode == 130, err
+    # the second Ctrl-C while the model call is still held
+    code, out, err = ctrl_c_run(tmp_path, marker, llm, answer,
+                                ("· turn 1", "cancel requested"))
+    assert code == 130, err
     assert out == ""
     assert "stopped waiting" in err.splitlines()[-1]
 
