@@ -176,6 +176,11 @@ class Settings:
     memory_idle_s: float = 3600.0
     """AGENTQ_MEMORY_IDLE_S: a conversation with no job running and no message for this
     long is summarised into a memory of its user (once per new messages)."""
+    memory_ef_search: int = 100
+    """AGENTQ_MEMORY_EF_SEARCH: on pgvector, the HNSW search's candidate list (`hnsw.ef_search`,
+    pgvector's default 40, at most 1,000): larger finds more of the exact nearest memories
+    and costs more (docs/benchmarks.md, "Memory recall": 75% of the exact top 5 at 40, 91% at
+    100, 99% at 200 with 1,000,000 memories)."""
     memory_digest_interval_s: float = 60.0
     """AGENTQ_MEMORY_DIGEST_INTERVAL_S: how often beat looks for such conversations."""
     memory_digest_batch: int = 20
@@ -392,6 +397,7 @@ class Settings:
             memory_idle_s=num("AGENTQ_MEMORY_IDLE_S", cls.memory_idle_s, float, 0.1),
             memory_digest_interval_s=num("AGENTQ_MEMORY_DIGEST_INTERVAL_S",
                                          cls.memory_digest_interval_s, float, 0.1),
+            memory_ef_search=num("AGENTQ_MEMORY_EF_SEARCH", cls.memory_ef_search, int, 1, 1000),
             memory_digest_batch=num("AGENTQ_MEMORY_DIGEST_BATCH", cls.memory_digest_batch,
                                     int, 1, 1000),
             schedule_interval_s=num("AGENTQ_SCHEDULE_INTERVAL_S", cls.schedule_interval_s,

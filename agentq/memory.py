@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from sqlalchemy import Float, Uuid, bindparam, column, exists, select, text, update
 from sqlalchemy.orm import Session
 
+from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.models import Memory
 
@@ -72,6 +73,41 @@ IN_PROCESS = "in_process"
 _backends: dict[str, tuple[str, int | None]] = {}
 
 
+DEFAULT_EF_SEARCH = Settings.memory_ef_search
+"""`hnsw.ef_search` for a recall (AGENTQ_MEMORY_EF_SEARCH's default; pgvector's own is 40)."""
+_iterative: dict[str, bool] = {}
+
+
+def _hnsw_settings(session: Session, ef_search: int) -> None:
+    """This transaction's HNSW search: `ef_search` candidates, and where pgvector has it
+    (0.8.0 and later) an iterative scan in exact distance order. The index holds every
+    user's memories and the user is a filter after it: without the iterative scan, a user
+    whose memories are few among many others' gets fewer than k, often none, because the
+    candidates the index found belonged to the others."""
+    bind = session.get_bind()
+    key = bind.engine.url.render_as_string(hide_password=True)
+    with _lock:
+        iterative = _iterative.get(key)
+    if iterative is None:
+        version = session.execute(text(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).scalar() or "0"
+        iterative = _version(version) >= (0, 8, 0)
+        with _lock:
+            _iterative[key] = iterative
+    session.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"),
+                    {"ef": str(int(ef_search))})
+    if iterative:
+        session.execute(text("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)"))
+
+
+def _version(text_version: str) -> tuple[int, ...]:
+    parts = []
+    for part in text_version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def search_backend(session: Session) -> tuple[str, int | None]:
     """(`pgvector` | `exact_sql` | `in_process`, the HNSW index's dimensions or None), as
     the migrations chose for this database; read once per database URL."""
@@ -97,8 +133,10 @@ def search_backend(session: Session) -> tuple[str, int | None]:
 
 
 def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
-           k: int = RECALL_K, touch: bool = True) -> list[tuple[Memory, float]]:
-    """The user's `k` memories most similar to `query` (embedded with `model`)."""
+           k: int = RECALL_K, touch: bool = True,
+           ef_search: int = DEFAULT_EF_SEARCH) -> list[tuple[Memory, float]]:
+    """The user's `k` memories most similar to `query` (embedded with `model`); on pgvector
+    the HNSW search looks at `ef_search` candidates (AGENTQ_MEMORY_EF_SEARCH)."""
     backend, hnsw_dims = search_backend(session)
     if backend == IN_PROCESS or not query:
         rows = session.execute(
@@ -107,7 +145,7 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
         scored = sorted(((m, cosine(m.embedding, query)) for m in rows),
                         key=lambda pair: pair[1], reverse=True)[:k]
     else:
-        scored = _search_sql(session, backend, user_id, query, model, k)
+        scored = _search_sql(session, backend, user_id, query, model, k, ef_search)
     if touch and scored:
         session.execute(update(Memory).where(Memory.id.in_([m.id for m, _ in scored]))
                         .values(last_recalled_at=utcnow()))
@@ -115,13 +153,14 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
 
 
 def _search_sql(session: Session, backend: str, user_id: uuid.UUID, query: list[float],
-                model: str, k: int) -> list[tuple[Memory, float]]:
+                model: str, k: int, ef_search: int) -> list[tuple[Memory, float]]:
     """Nearest neighbours in Postgres: by pgvector's cosine distance (through the HNSW index
     when the dimensions are the index's), else the exact dot product of unit vectors in SQL
     (the stored ones are, migration 0013; the query is made one here)."""
     dims = len(query)
     params = {"u": user_id, "m": model, "d": dims, "k": k}
     if backend == "pgvector":
+        _hnsw_settings(session, ef_search)
         vector = f"vector({int(dims)})"
         params["q"] = "[" + ",".join(repr(float(x)) for x in query) + "]"
         sql = (f"SELECT memory_id, 1 - (embedding::{vector} <=> CAST(:q AS {vector})) AS score "

@@ -187,17 +187,20 @@ def load_memories(engine, tenant_id: uuid.UUID, user_id: uuid.UUID, model: str, 
 
 # --- the measurement ---------------------------------------------------------------------
 
-def time_recalls(sessions, user_id: uuid.UUID, model: str,
-                 queries: list[list[float]]) -> tuple[dict[str, Any], list[list[uuid.UUID]]]:
-    """Each query through memory.recall (touch=False: the search alone); the latency
-    summary and each query's ids, best first."""
+def time_recalls(sessions, user_id: uuid.UUID, model: str, queries: list[list[float]],
+                 ef_search: int | None = None
+                 ) -> tuple[dict[str, Any], list[list[uuid.UUID]]]:
+    """Each query through memory.recall (touch=False: the search alone; on pgvector with
+    `ef_search`, else AGENTQ_MEMORY_EF_SEARCH's default); the latency summary and each
+    query's ids, best first."""
     from agentq import memory
     from benchmarks.harness import summary
     timings, found_ids = [], []
     for query in queries:
         with sessions() as session:
             started = time.perf_counter()
-            found = memory.recall(session, user_id, query, model, touch=False)
+            found = memory.recall(session, user_id, query, model, touch=False,
+                                  ef_search=ef_search or memory.DEFAULT_EF_SEARCH)
             timings.append(time.perf_counter() - started)
         if len(found) != K:
             raise AssertionError(f"recall found {len(found)} memories, not {K}")
@@ -305,11 +308,10 @@ def measure_pgvector_case(server, count: int, dims: int, queries: int,
     exact = [exact_pgvector(engine, user_id, model, q) for q in probe[:QUALITY_QUERIES]]
     by_ef: dict[str, Any] = {}
     for ef in ef_search:
-        ef_engine = create_engine(settings.database_url,
-                                  connect_args={"options": f"-c hnsw.ef_search={ef}"})
+        ef_engine = create_engine(settings.database_url)
         sessions = sessionmaker(ef_engine, expire_on_commit=False)
-        time_recalls(sessions, user_id, model, probe[:2])  # warm the connection and cache
-        latency, found = time_recalls(sessions, user_id, model, probe)
+        time_recalls(sessions, user_id, model, probe[:2], ef)  # warm the connection, cache
+        latency, found = time_recalls(sessions, user_id, model, probe, ef)
         shares = [len(set(f) & set(e)) / K for f, e in zip(found, exact)]
         by_ef[str(ef)] = {"latency": latency,
                           "hnsw_recall": round(statistics.fmean(shares), 3),

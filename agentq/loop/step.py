@@ -455,7 +455,8 @@ class Stepper:
         events = EventBuffer()
         with self.sessions() as session, session.begin():
             found = memory.recall(session, turn.recall_user, vector,
-                                  self.settings.embedding_model)
+                                  self.settings.embedding_model,
+                                  ef_search=self.settings.memory_ef_search)
             if found:
                 events.add(uuid.UUID(job_id), "memory_recalled", count=len(found),
                            similarities=[round(score, 4) for _, score in found])

@@ -200,6 +200,55 @@ def test_pgvector_with_an_hnsw_index_where_the_extension_is(pgvector_url, monkey
     sessions.kw["bind"].dispose()
 
 
+def test_pgvector_finds_a_users_few_memories_among_many_of_others(pgvector_url, monkeypatch):
+    """The HNSW index holds every user's memories and the user is a filter after it: a user
+    with a few memories, far from a query that another user's many memories sit right on,
+    still gets k of their own (pgvector's iterative scan), where the plain index scan's
+    candidates are all the other user's and the filter leaves none."""
+    settings, sessions = _migrated(pgvector_url, monkeypatch)
+    tenant, sparse, crowd = _users(settings, sessions)
+    rng = random.Random(5)
+    query = _vector(rng)
+    mine = {}
+    with sessions() as session, session.begin():
+        for i in range(2000):
+            memory.remember(session, tenant_id=tenant, user_id=crowd, content=f"c{i}",
+                            embedding=[x + rng.gauss(0, 0.01) for x in query], model=MODEL,
+                            source="tool")
+        for i in range(8):
+            vector = [-x + rng.gauss(0, 0.3) for x in query]  # pointing away from the query
+            m = memory.remember(session, tenant_id=tenant, user_id=sparse, content=f"s{i}",
+                                embedding=vector, model=MODEL, source="tool")
+            mine[m.id] = vector
+    with sessions() as session:
+        session.execute(text(f"ANALYZE {memory.VECTOR_SCHEMA}.memory_vectors"))
+        session.commit()
+    best = sorted(mine, key=lambda i: _cosine(mine[i], query), reverse=True)[:memory.RECALL_K]
+
+    def through_the_index(session):  # the planner may not pick a seq scan and sort
+        session.execute(text("SET LOCAL enable_seqscan = off"))
+        session.execute(text("SET LOCAL enable_sort = off"))
+
+    with sessions() as session, session.begin():
+        through_the_index(session)
+        found = memory.recall(session, sparse, query, MODEL, touch=False)
+    assert [m.id for m, _ in found] == best
+
+    # the same search without the iterative scan: what recall did before
+    with sessions() as session, session.begin():
+        through_the_index(session)
+        session.execute(text("SET LOCAL hnsw.ef_search = 100"))
+        session.execute(text("SET LOCAL hnsw.iterative_scan = off"))
+        q = "[" + ",".join(repr(x) for x in query) + "]"
+        plain = session.execute(text(
+            f"SELECT memory_id FROM agentq_vectors.memory_vectors "
+            f"WHERE user_id = :u AND model = :m AND dims = {DIMS} "
+            f"ORDER BY embedding::vector({DIMS}) <=> CAST(:q AS vector({DIMS})) LIMIT 5"),
+            {"u": str(sparse), "m": MODEL, "q": q}).scalars().all()
+    assert len(plain) < memory.RECALL_K
+    sessions.kw["bind"].dispose()
+
+
 def test_health_ready_names_the_memory_search(client):
     body = client.get("/health/ready").json()
     assert body["memory_search"] == {"backend": "exact_sql", "hnsw_dimensions": None}

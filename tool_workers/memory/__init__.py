@@ -62,7 +62,8 @@ def recall(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     k = int(args.get("k", memory.RECALL_K))
     vector, model = _embed(ctx, args["query"])
     with ctx.session_factory() as session, session.begin():
-        found = memory.recall(session, uuid.UUID(ctx.user_id), vector, model, k)
+        found = memory.recall(session, uuid.UUID(ctx.user_id), vector, model, k,
+                              ef_search=_settings(ctx).memory_ef_search)
         return {"memories": [{"content": m.content, "similarity": round(score, 4),
                               "created_at": m.created_at.isoformat()} for m, score in found]}
 
