@@ -179,8 +179,8 @@ class Settings:
     memory_ef_search: int = 100
     """AGENTQ_MEMORY_EF_SEARCH: on pgvector, the HNSW search's candidate list (`hnsw.ef_search`,
     pgvector's default 40, at most 1,000): larger finds more of the exact nearest memories
-    and costs more (docs/benchmarks.md, "Memory recall": 75% of the exact top 5 at 40, 91% at
-    100, 99% at 200 with 1,000,000 memories)."""
+    and costs more (docs/benchmarks.md, "4b. Memory recall": 72% of the exact top 5 at 40,
+    92% at 100, 96% at 200 with 1,000,000 memories)."""
     memory_digest_interval_s: float = 60.0
     """AGENTQ_MEMORY_DIGEST_INTERVAL_S: how often beat looks for such conversations."""
     memory_digest_batch: int = 20
