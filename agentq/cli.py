@@ -1043,10 +1043,14 @@ def _describe(kind: str, data: dict) -> str | None:
     match kind:
         case "turn_start":
             return f"· turn {data.get('turn')}"
-        case "message_end":
+        case "message_start":
+            return None
+        case "message_end" if data.get("role", "assistant") == "assistant":
             calls = data.get("tool_calls") or []
             return f"  model {data.get('model')}: " + (f"calls {', '.join(calls)}" if calls
                                                        else "answers")
+        case "message_end":  # the user's question (they know it), steering, a limit's note
+            return "· steering message taken" if data.get("kind") == "steering" else None
         case "tool_execution_start":
             return f"  → {data.get('name')} {json.dumps(data.get('arguments'))}"
         case "tool_execution_end":

@@ -98,3 +98,14 @@ def test_a_waiting_provider_event_says_when_the_job_tries_again():
     line = cli._describe("waiting_provider", {"error": "HTTP 429",
                                               "next_attempt_at": "2026-11-23T10:00:05+00:00"})
     assert "HTTP 429" in line and "2026-11-23T10:00:05+00:00" in line
+
+
+def test_the_users_own_message_is_not_echoed_as_a_model_line():
+    # (seen in `agentq run`: "· message_start" and "model None: answers" for the question)
+    assert cli._describe("message_start", {"role": "user"}) is None
+    assert cli._describe("message_start", {"role": "assistant", "turn": 1}) is None
+    assert cli._describe("message_end", {"role": "user", "kind": "question"}) is None
+    assert cli._describe("message_end", {"role": "user", "kind": "steering"}) == \
+        "· steering message taken"
+    assert cli._describe("message_end", {"role": "assistant", "model": "m",
+                                         "tool_calls": []}) == "  model m: answers"
