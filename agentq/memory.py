@@ -13,9 +13,10 @@ Where the search runs is chosen at migration time (migration 0012) and named by
 from __future__ import annotations
 
 import math
+import re
 import threading
 import uuid
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from sqlalchemy import Float, Uuid, bindparam, column, exists, select, text, update
 from sqlalchemy.orm import Session
@@ -70,50 +71,31 @@ def remember(session: Session, *, tenant_id: uuid.UUID, user_id: uuid.UUID, cont
 
 VECTOR_SCHEMA = "agentq_vectors"
 IN_PROCESS = "in_process"
-_backends: dict[str, tuple[str, int | None]] = {}
-
-
 DEFAULT_EF_SEARCH = Settings.memory_ef_search
 """`hnsw.ef_search` for a recall (AGENTQ_MEMORY_EF_SEARCH's default; pgvector's own is 40)."""
-_iterative: dict[str, bool] = {}
 
 
-def _hnsw_settings(session: Session, ef_search: int) -> None:
-    """This transaction's HNSW search: `ef_search` candidates, and where pgvector has it
-    (0.8.0 and later) an iterative scan in exact distance order. The index holds every
-    user's memories and the user is a filter after it: without the iterative scan, a user
-    whose memories are few among many others' gets fewer than k, often none, because the
-    candidates the index found belonged to the others."""
-    bind = session.get_bind()
-    key = bind.engine.url.render_as_string(hide_password=True)
-    with _lock:
-        iterative = _iterative.get(key)
-    if iterative is None:
-        version = session.execute(text(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).scalar() or "0"
-        iterative = _version(version) >= (0, 8, 0)
-        with _lock:
-            _iterative[key] = iterative
-    session.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"),
-                    {"ef": str(int(ef_search))})
-    if iterative:
-        session.execute(text("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)"))
+class _Backend(NamedTuple):
+    name: str
+    hnsw_dimensions: int | None = None
+    iterative_scan: bool = False
+    """pgvector 0.8.0 or later: `hnsw.iterative_scan` exists."""
 
 
-def _version(text_version: str) -> tuple[int, ...]:
-    parts = []
-    for part in text_version.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+_backends: dict[str, _Backend] = {}
 
 
 def search_backend(session: Session) -> tuple[str, int | None]:
     """(`pgvector` | `exact_sql` | `in_process`, the HNSW index's dimensions or None), as
     the migrations chose for this database; read once per database URL."""
+    backend = _backend(session)
+    return backend.name, backend.hnsw_dimensions
+
+
+def _backend(session: Session) -> _Backend:
     bind = session.get_bind()
     if bind.dialect.name != "postgresql":
-        return IN_PROCESS, None
+        return _Backend(IN_PROCESS)
     key = bind.engine.url.render_as_string(hide_password=True)
     with _lock:
         found = _backends.get(key)
@@ -121,15 +103,49 @@ def search_backend(session: Session) -> tuple[str, int | None]:
         return found
     row = session.execute(text(
         "SELECT to_regclass(:t) IS NOT NULL"), {"t": f"{VECTOR_SCHEMA}.backend"}).scalar()
-    if row:
-        name, dims = session.execute(text(
-            f"SELECT name, dimensions FROM {VECTOR_SCHEMA}.backend LIMIT 1")).one()
-        found = ("pgvector", dims) if name == "pgvector" else ("exact_sql", None)
-    else:  # not migrated this far: the search in process still works
-        found = (IN_PROCESS, None)
+    if not row:  # not migrated this far: the search in process still works
+        found = _Backend(IN_PROCESS)
+    else:
+        name, dims, version = session.execute(text(
+            f"SELECT name, dimensions, (SELECT extversion FROM pg_extension "
+            f"WHERE extname = 'vector') FROM {VECTOR_SCHEMA}.backend LIMIT 1")).one()
+        found = (_Backend("pgvector", dims, _version(version or "0") >= (0, 8, 0))
+                 if name == "pgvector" else _Backend("exact_sql"))
     with _lock:
         _backends[key] = found
     return found
+
+
+def _version(text_version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text_version)[:3])
+
+
+def pgvector_query(dims: int) -> str:
+    """The pgvector search of one user's memories of a model and dimension count (through
+    the HNSW index when the dimensions are the index's). Parameters: u (user id), m (model),
+    d (dimensions), k, q (the query, `vector_literal`)."""
+    vector = f"vector({int(dims)})"
+    return (f"SELECT memory_id, 1 - (embedding::{vector} <=> CAST(:q AS {vector})) AS score "
+            f"FROM {VECTOR_SCHEMA}.memory_vectors "
+            "WHERE user_id = :u AND model = :m AND dims = :d "
+            f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT :k")
+
+
+def vector_literal(values: Sequence[float]) -> str:
+    """pgvector's text form of a vector: `[0.1,0.2,...]`."""
+    return "[" + ",".join(repr(float(x)) for x in values) + "]"
+
+
+def _hnsw_settings(session: Session, ef_search: int, iterative_scan: bool) -> None:
+    """This transaction's HNSW search: `ef_search` candidates, and where pgvector has it an
+    iterative scan in exact distance order. The index holds every user's memories and the
+    user is a filter after it: without the iterative scan, a user whose memories are few
+    among many others' gets fewer than k, often none, because the candidates the index
+    found belonged to the others."""
+    session.execute(text(
+        "SELECT set_config('hnsw.ef_search', :ef, true)"
+        + (", set_config('hnsw.iterative_scan', 'strict_order', true)"
+           if iterative_scan else "")), {"ef": str(int(ef_search))})
 
 
 def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
@@ -137,8 +153,8 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
            ef_search: int = DEFAULT_EF_SEARCH) -> list[tuple[Memory, float]]:
     """The user's `k` memories most similar to `query` (embedded with `model`); on pgvector
     the HNSW search looks at `ef_search` candidates (AGENTQ_MEMORY_EF_SEARCH)."""
-    backend, hnsw_dims = search_backend(session)
-    if backend == IN_PROCESS or not query:
+    backend = _backend(session)
+    if backend.name == IN_PROCESS or not query:
         rows = session.execute(
             select(Memory).where(Memory.user_id == user_id, Memory.embedding_model == model)
             .order_by(Memory.created_at.desc()).limit(MAX_SCAN)).scalars().all()
@@ -152,21 +168,17 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
     return scored
 
 
-def _search_sql(session: Session, backend: str, user_id: uuid.UUID, query: list[float],
+def _search_sql(session: Session, backend: _Backend, user_id: uuid.UUID, query: list[float],
                 model: str, k: int, ef_search: int) -> list[tuple[Memory, float]]:
     """Nearest neighbours in Postgres: by pgvector's cosine distance (through the HNSW index
     when the dimensions are the index's), else the exact dot product of unit vectors in SQL
     (the stored ones are, migration 0013; the query is made one here)."""
     dims = len(query)
     params = {"u": user_id, "m": model, "d": dims, "k": k}
-    if backend == "pgvector":
-        _hnsw_settings(session, ef_search)
-        vector = f"vector({int(dims)})"
-        params["q"] = "[" + ",".join(repr(float(x)) for x in query) + "]"
-        sql = (f"SELECT memory_id, 1 - (embedding::{vector} <=> CAST(:q AS {vector})) AS score "
-               f"FROM {VECTOR_SCHEMA}.memory_vectors "
-               "WHERE user_id = :u AND model = :m AND dims = :d "
-               f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT :k")
+    if backend.name == "pgvector":
+        _hnsw_settings(session, ef_search, backend.iterative_scan)
+        params["q"] = vector_literal(query)
+        sql = pgvector_query(dims)
     else:
         norm = math.sqrt(sum(x * x for x in query))
         if not norm:

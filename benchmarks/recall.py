@@ -41,8 +41,9 @@ from typing import Any, Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
-K = 5
-VECTOR_SCHEMA = "agentq_vectors"
+from agentq.memory import RECALL_K as K, VECTOR_SCHEMA, pgvector_query, vector_literal
+from benchmarks.observability import loadavg, log
+
 EF_SEARCH = [40, 100, 200]
 """hnsw.ef_search values measured (40 is pgvector's default)."""
 LATENT_DIMS = 32
@@ -57,11 +58,6 @@ PG_SETTINGS = {"shared_buffers": "4GB", "maintenance_work_mem": "8GB",
                "effective_cache_size": "12GB", "fsync": "off", "synchronous_commit": "off",
                "full_page_writes": "off", "max_wal_size": "20GB", "checkpoint_timeout": "30min"}
 """The pgvector server's settings: a 24 GiB machine; durability off (a benchmark's data)."""
-
-
-def log(message: str) -> None:
-    from benchmarks.observability import log as bench_log
-    bench_log(message)
 
 
 def parse_case(value: str) -> tuple[int, int]:
@@ -219,18 +215,15 @@ def exact_pgvector(engine, user_id: uuid.UUID, model: str,
             "WHERE user_id = :u AND model = :m AND dims = :d "
             "ORDER BY embedding <=> CAST(:q AS vector), memory_id LIMIT :k"),
             {"u": user_id, "m": model, "d": dims, "k": K,
-             "q": "[" + ",".join(repr(x) for x in query) + "]"}).scalars())
+             "q": vector_literal(query)}).scalars())
 
 
 def uses_hnsw(engine, user_id: uuid.UUID, model: str, dims: int) -> bool:
     """Whether the planner answers memory.recall's pgvector query with the HNSW index."""
-    vector = f"vector({dims})"
     with engine.connect() as conn:
-        plan = "\n".join(conn.execute(text(
-            f"EXPLAIN SELECT memory_id FROM {VECTOR_SCHEMA}.memory_vectors "
-            f"WHERE user_id = :u AND model = :m AND dims = {dims} "
-            f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT {K}"),
-            {"u": user_id, "m": model, "q": "[" + ",".join(["0.5"] * dims) + "]"}).scalars())
+        plan = "\n".join(conn.execute(text("EXPLAIN " + pgvector_query(dims)), {
+            "u": user_id, "m": model, "d": dims, "k": K,
+            "q": vector_literal([0.5] * dims)}).scalars())
     return "ix_memory_vectors_hnsw" in plan
 
 
@@ -393,7 +386,6 @@ def scenario_recall(ctx) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness import dumps
-    from benchmarks.observability import loadavg
     parser = argparse.ArgumentParser(prog="python -m benchmarks.recall",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("pgvector", "url"), default="pgvector",

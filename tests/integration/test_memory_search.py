@@ -18,7 +18,6 @@ from agentq import memory, migrate
 from agentq.config import Settings
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
-from agentq.models import Job
 from tests.support.pgvector_server import pgvector_postgres
 from tests.support.stack import create_database, drop_database
 
@@ -38,19 +37,17 @@ def pg15(servers_up):
 
 
 @pytest.fixture
-def pgvector_url(tmp_path, monkeypatch):
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver keeps its sockets' links there
-        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+def pgvector_url(tmp_path):
     with pgvector_postgres(tmp_path) as server:
         yield server.create_database("agentq_vectors_test")
 
 
-def _migrated(url: str, monkeypatch) -> tuple[Settings, sessionmaker]:
+def _migrated(url: str, monkeypatch, revision: str | None = None
+              ) -> tuple[Settings, sessionmaker]:
+    """The database migrated (to `revision`, else the newest), the HNSW index for DIMS."""
     monkeypatch.setenv("AGENTQ_EMBEDDING_DIMENSIONS", str(DIMS))
     settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
-    migrate.upgrade(settings)
+    migrate.upgrade(settings, revision or "head")
     engine = create_engine(settings.database_url)
     return settings, sessionmaker(engine, expire_on_commit=False)
 
@@ -141,10 +138,7 @@ def test_exact_search_in_sql_without_pgvector(pg15, monkeypatch):
 def test_unit_vectors_migration_keeps_the_memories_both_ways(pg15, monkeypatch):
     """Memories stored before 0013 (raw float8 arrays) are searched as unit `real[]` after
     it, exactly as before; and back at 0012 they are raw again."""
-    monkeypatch.setenv("AGENTQ_EMBEDDING_DIMENSIONS", str(DIMS))
-    settings = Settings.from_env({"AGENTQ_DATABASE_URL": pg15})
-    migrate.upgrade(settings, "0012_memory_vectors")
-    sessions = sessionmaker(create_engine(settings.database_url), expire_on_commit=False)
+    settings, sessions = _migrated(pg15, monkeypatch, "0012_memory_vectors")
     tenant, user_a, user_b = _users(settings, sessions)
     mine = _fill(sessions, tenant, user_a, user_b)
 
@@ -170,6 +164,13 @@ def test_unit_vectors_migration_keeps_the_memories_both_ways(pg15, monkeypatch):
     sessions.kw["bind"].dispose()
 
 
+def through_the_index(session) -> None:
+    """This transaction's planner may not pick a sequential scan and a sort (the tables here
+    are small enough that it would)."""
+    session.execute(text("SET LOCAL enable_sort = off"))
+    session.execute(text("SET LOCAL enable_seqscan = off"))
+
+
 def test_pgvector_with_an_hnsw_index_where_the_extension_is(pgvector_url, monkeypatch):
     settings, sessions = _migrated(pgvector_url, monkeypatch)
     with sessions() as session:
@@ -183,14 +184,10 @@ def test_pgvector_with_an_hnsw_index_where_the_extension_is(pgvector_url, monkey
     _check_recall(sessions, user_a, mine, exact=False)
     # the search's query can be answered by the HNSW index
     with sessions() as session, session.begin():
-        session.execute(text("SET LOCAL enable_sort = off"))
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        q = "[" + ",".join(["0.5"] * DIMS) + "]"
-        plan = "\n".join(session.execute(text(
-            f"EXPLAIN SELECT memory_id FROM agentq_vectors.memory_vectors "
-            f"WHERE user_id = :u AND model = :m AND dims = {DIMS} "
-            f"ORDER BY embedding::vector({DIMS}) <=> CAST(:q AS vector({DIMS})) LIMIT 5"),
-            {"u": str(user_a), "m": MODEL, "q": q}).scalars())
+        through_the_index(session)
+        plan = "\n".join(session.execute(text("EXPLAIN " + memory.pgvector_query(DIMS)), {
+            "u": str(user_a), "m": MODEL, "d": DIMS, "k": memory.RECALL_K,
+            "q": memory.vector_literal([0.5] * DIMS)}).scalars())
     assert "ix_memory_vectors_hnsw" in plan, plan
     # and back down, the search schema goes with the migration
     migrate.downgrade(settings, "0011_memory_digests")
@@ -225,10 +222,6 @@ def test_pgvector_finds_a_users_few_memories_among_many_of_others(pgvector_url, 
         session.commit()
     best = sorted(mine, key=lambda i: _cosine(mine[i], query), reverse=True)[:memory.RECALL_K]
 
-    def through_the_index(session):  # the planner may not pick a seq scan and sort
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        session.execute(text("SET LOCAL enable_sort = off"))
-
     with sessions() as session, session.begin():
         through_the_index(session)
         found = memory.recall(session, sparse, query, MODEL, touch=False)
@@ -239,12 +232,9 @@ def test_pgvector_finds_a_users_few_memories_among_many_of_others(pgvector_url, 
         through_the_index(session)
         session.execute(text("SET LOCAL hnsw.ef_search = 100"))
         session.execute(text("SET LOCAL hnsw.iterative_scan = off"))
-        q = "[" + ",".join(repr(x) for x in query) + "]"
-        plain = session.execute(text(
-            f"SELECT memory_id FROM agentq_vectors.memory_vectors "
-            f"WHERE user_id = :u AND model = :m AND dims = {DIMS} "
-            f"ORDER BY embedding::vector({DIMS}) <=> CAST(:q AS vector({DIMS})) LIMIT 5"),
-            {"u": str(sparse), "m": MODEL, "q": q}).scalars().all()
+        plain = session.execute(text(memory.pgvector_query(DIMS)), {
+            "u": str(sparse), "m": MODEL, "d": DIMS, "k": memory.RECALL_K,
+            "q": memory.vector_literal(query)}).scalars().all()
     assert len(plain) < memory.RECALL_K
     sessions.kw["bind"].dispose()
 
