@@ -38,11 +38,14 @@ log = logging.getLogger(__name__)
 
 try:
     from opentelemetry import trace
+    from opentelemetry.propagate import inject
 except ImportError:  # the otel extra is not installed: tracing is off
-    trace = None
+    trace = inject = None
 
 _configured = False
 _enabled = False
+_tracer = None
+"""Our tracer, made when the provider is (`get_tracer` builds a new one on each call)."""
 
 
 def wanted() -> bool:
@@ -55,7 +58,7 @@ def wanted() -> bool:
 def configure(service: str, *, flask_app=None, celery: bool = False) -> bool:
     """Set up this process's tracer provider and instrumentations; True when tracing is on.
     Call once per process (again with flask_app/celery to instrument them)."""
-    global _configured, _enabled
+    global _configured, _enabled, _tracer
     if not wanted():
         return False
     if trace is None:
@@ -72,6 +75,7 @@ def configure(service: str, *, flask_app=None, celery: bool = False) -> bool:
         provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
+        _tracer = trace.get_tracer("agentq")
         _enabled = True
     if flask_app is not None:
         from opentelemetry.instrumentation.flask import FlaskInstrumentor
@@ -103,7 +107,6 @@ def _publish_context_only(instrumentor) -> None:
 
 def _inject_context(headers=None, **_kwargs) -> None:
     if headers is not None:
-        from opentelemetry.propagate import inject
         inject(headers)
 
 
@@ -122,21 +125,10 @@ def span(name: str, **attributes: Any) -> Iterator[None]:
     if not _enabled:
         yield
         return
-    with _tracer().start_as_current_span(
+    with _tracer.start_as_current_span(
             name, attributes={f"agentq.{k}": v for k, v in attributes.items()
                               if v is not None}):
         yield
-
-
-_agentq_tracer = None
-
-
-def _tracer():
-    """Our tracer, made once (`get_tracer` builds a new one on each call)."""
-    global _agentq_tracer
-    if _agentq_tracer is None:
-        _agentq_tracer = trace.get_tracer("agentq")
-    return _agentq_tracer
 
 
 def annotate(**attributes: Any) -> None:
