@@ -951,17 +951,17 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
     `cancelled` at its next step boundary); a second Ctrl-C stops waiting for that."""
     from agentq.db import session_factory
     sessions = session_factory(settings)
-    seen, deadline, acted = 0, time.monotonic() + timeout_s, 0
+    seen, deadline, cancelled = 0, time.monotonic() + timeout_s, False
     with _CtrlC.counting() as ctrl_c:
         while time.monotonic() < deadline:
-            if ctrl_c.count > acted:
-                if acted:
-                    _error_line(f"stopped waiting; job {job_id} was asked to cancel")
-                    return EXIT_INTERRUPTED
-                acted = 1
+            if ctrl_c.count and not cancelled:
+                cancelled = True
                 _cancel_local(settings, job_id)
                 _status_line("· cancel requested (Ctrl-C again to stop waiting)")
                 continue
+            if ctrl_c.count >= 2:
+                _error_line(f"stopped waiting; job {job_id} was asked to cancel")
+                return EXIT_INTERRUPTED
             seen, job = _print_new_events(sessions, job_id, seen)
             if job.status in TERMINAL_STATUSES:
                 return _print_ending(job_id, job.status, job.finish_reason, job.response or {})
@@ -992,12 +992,12 @@ class _CtrlC:
         try:
             previous = signal.signal(signal.SIGINT, counter._handler)
         except ValueError:  # not the main thread: Ctrl-C is not ours to take
-            yield counter
-            return
+            previous = None
         try:
             yield counter
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
