@@ -303,6 +303,20 @@ def plain_pg_url(sqlalchemy_url: str) -> str:
     return libpq_url(sqlalchemy_url)
 
 
+def query(database_url: str, sql: str, params: tuple = ()) -> list[tuple]:
+    """One statement on its own autocommit connection (psycopg2, outside agentq's pool);
+    its rows, or [] for a statement that returns none."""
+    import psycopg2
+    conn = psycopg2.connect(plain_pg_url(database_url))
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
 class Lab:
     """Everything one benchmark run needs, started once and stopped at the end."""
 

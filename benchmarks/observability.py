@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -304,24 +305,10 @@ def main(args) -> int:
 def bursts_together(sides: dict[str, "Side"], clients: int, seconds: float,
                     scrape_s: float) -> dict[str, dict[str, Any]]:
     """One burst on each stack, both at the same time."""
-    results: dict[str, dict[str, Any]] = {}
-    errors: list[BaseException] = []
-
-    def run(mode: str) -> None:
-        try:
-            results[mode] = sides[mode].burst(clients, seconds, scrape_s)
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(mode,), name=f"burst-{mode}")
-               for mode in ("off", "on")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="burst") as pool:
+        futures = {mode: pool.submit(sides[mode].burst, clients, seconds, scrape_s)
+                   for mode in ("off", "on")}
+        return {mode: future.result() for mode, future in futures.items()}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -44,11 +44,10 @@ class Handler(BaseHTTPRequestHandler):
             for resource in request.resource_spans:
                 service = next((a.value.string_value for a in resource.resource.attributes
                                 if a.key == "service.name"), "?")
-                n = sum(len(scope.spans) for scope in resource.scope_spans)
-                COUNTS.spans += n
-                COUNTS.services[service] = COUNTS.services.get(service, 0) + n
                 for scope in resource.scope_spans:
                     for span in scope.spans:
+                        COUNTS.spans += 1
+                        COUNTS.services[service] = COUNTS.services.get(service, 0) + 1
                         COUNTS.names[span.name] = COUNTS.names.get(span.name, 0) + 1
         self._answer(200, "application/x-protobuf", ANSWER)
 

@@ -190,9 +190,10 @@ def figures(results: dict[str, Any]) -> str:
         for n, row in r.get("by_stored_memories", {}).items():
             out.append(f"| {int(n):,} | {row['backend']} | {_lat(row['latency'])} |")
         for case, row in r.get("by_case", {}).items():
-            count, dims = case.split("x")
+            count = int(case.split("x")[0])
             for ef, at in row["by_ef_search"].items():
-                out.append(f"| {int(count):,} x {dims} dims | {row['backend']} (HNSW built in "
+                out.append(f"| {count:,} x {row['dimensions']} dims, {row['data']} | "
+                           f"{row['backend']} (HNSW built in "
                            f"{row['hnsw_build_s']} s), ef_search {ef}, {at['hnsw_recall']:.0%} "
                            f"of the exact top 5 | {_lat(at['latency'])} |")
         out.append("")

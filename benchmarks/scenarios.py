@@ -18,10 +18,11 @@ returns a JSON-able dict. Times are wall clock; a job's end is its row's `finish
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
+import statistics
 import subprocess
 import sys
-import statistics
 import threading
 import time
 import uuid
@@ -31,8 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from benchmarks.harness import (GROWTH_MODEL, GROWTH_WINDOW_TOKENS, ROOT, Client, CpuMeter,
-                                JobWatcher, Lab, RssSampler, job_breakdown, ratio, summary,
-                                uid)
+                                JobWatcher, Lab, RssSampler, job_breakdown, query, ratio,
+                                summary, uid)
+from benchmarks.recall import scenario_recall
 
 ONE_TOOL_TURN = "What is 6*7? Use the calculator. turns=1"
 JOB_TIMEOUT_S = 120
@@ -425,16 +427,7 @@ def analyze_messages(lab: Lab) -> None:
     insert. Without it, a freshly seeded long conversation is planned as a bitmap scan of
     its whole history plus a sort (see docs/benchmarks.md), and the figures would depend on
     whether autovacuum happened to run."""
-    import psycopg2
-
-    from benchmarks.harness import plain_pg_url
-    conn = psycopg2.connect(plain_pg_url(lab.database_url))
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("ANALYZE messages")
-    finally:
-        conn.close()
+    query(lab.database_url, "ANALYZE messages")
 
 
 def growth_persona(lab: Lab) -> str:
@@ -453,20 +446,11 @@ def growth_persona(lab: Lab) -> str:
 
 def compactions(lab: Lab, job_ids: list[str]) -> dict[str, Any]:
     """The jobs' compaction_end events, by strategy, and what they took the context from/to."""
-    import psycopg2
-
-    from benchmarks.harness import plain_pg_url
-    conn = psycopg2.connect(plain_pg_url(lab.database_url))
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT data->>'strategy', count(*), avg((data->>'tokens_before')::int),"
-                " avg((data->>'tokens_after')::int) FROM job_events"
-                " WHERE type = 'compaction_end' AND job_id = ANY(%s::uuid[])"
-                " GROUP BY 1", (job_ids,))
-            rows = cur.fetchall()
-    finally:
-        conn.close()
+    rows = query(lab.database_url,
+                 "SELECT data->>'strategy', count(*), avg((data->>'tokens_before')::int),"
+                 " avg((data->>'tokens_after')::int) FROM job_events"
+                 " WHERE type = 'compaction_end' AND job_id = ANY(%s::uuid[])"
+                 " GROUP BY 1", (job_ids,))
     jobs = max(1, len(job_ids))
     return {"per_job": round(sum(r[1] for r in rows) / jobs, 2),
             "by_strategy": {r[0]: {"count": r[1], "tokens_before_mean": round(r[2]),
@@ -477,21 +461,13 @@ def turn_gaps(lab: Lab, job_ids: list[str]) -> tuple[list[float], list[float]]:
     """Seconds from one model reply persisted to the next, within each job: one tool turn
     (dispatch, the tool, the join, the next step's context and model call), a compaction's
     summary call included when it came first. (every gap, the last LAST_TURNS of each job)"""
-    import psycopg2
-
-    from benchmarks.harness import plain_pg_url
-    conn = psycopg2.connect(plain_pg_url(lab.database_url))
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT job_id, extract(epoch from created_at) FROM token_logs"
-                        " WHERE job_id = ANY(%s::uuid[]) AND iteration > 0"
-                        " ORDER BY job_id, iteration", (job_ids,))
-            rows = cur.fetchall()
-    finally:
-        conn.close()
+    rows = query(lab.database_url,
+                 "SELECT job_id, extract(epoch from created_at) FROM token_logs"
+                 " WHERE job_id = ANY(%s::uuid[]) AND iteration > 0"
+                 " ORDER BY job_id, iteration", (job_ids,))
     every, last = [], []
-    for job_id in {r[0] for r in rows}:
-        times = [float(t) for j, t in rows if j == job_id]
+    for _job_id, job_rows in itertools.groupby(rows, key=lambda row: row[0]):
+        times = [float(t) for _, t in job_rows]
         gaps = [b - a for a, b in zip(times, times[1:])]
         every += gaps
         last += gaps[-LAST_TURNS:]
@@ -584,12 +560,7 @@ def scenario_growth(ctx: Context) -> dict[str, Any]:
                               "conversation's steady state: seed_tail)"}
 
 
-# --- 4b. memory recall ------------------------------------------------------------------
-
-def scenario_recall(ctx: Context) -> dict[str, Any]:
-    from benchmarks.recall import scenario_recall as run
-    return run(ctx)
-
+# --- 4b. memory recall: benchmarks/recall.py ----------------------------------------------
 
 # --- 5. peers ----------------------------------------------------------------------------
 

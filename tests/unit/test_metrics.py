@@ -16,26 +16,27 @@ from agentq.loop import store
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def value(name: str, **labels: str) -> float:
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+def _sample(families, name: str, labels: dict[str, str]) -> float:
+    for family in families:
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v
                                            for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def value(name: str, **labels: str) -> float:
+    """The scrape's value: every process's sample files."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return _sample(text_string_to_metric_families(generate_latest(registry).decode()), name,
+                   labels)
 
 
 def own(metric, name: str, **labels: str) -> float:
     """This process's own count: the metrics directory is shared with the suite's other
     processes (a second pytest worker, its Celery workers), which end jobs of their own."""
-    for family in metric.collect():
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return _sample(metric.collect(), name, labels)
 
 
 def test_events_are_counted_by_their_labels():
