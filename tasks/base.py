@@ -1,5 +1,6 @@
 """One task base class sets our defaults once: late acks, reject on worker lost, the task
-id bound into the log context, and the per-process services (sessions, router, registry)."""
+id bound into the log context, one read of the tool modules' version per run, and the
+per-process services (sessions, router, registry)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ from celery import Task
 from agentq import logs
 from agentq.config import get_settings
 from agentq.db import session_factory
+from agentq.tools.remote import one_version_read
 from agentq.tools.registry import get_registry
 
 _services_lock = threading.Lock()
@@ -49,6 +51,7 @@ class AgentqTask(Task):
     def __call__(self, *args, **kwargs):
         token = logs.bind(task=self.name, task_id=self.request.id)
         try:
-            return super().__call__(*args, **kwargs)
+            with one_version_read():
+                return super().__call__(*args, **kwargs)
         finally:
             logs.unbind(token)

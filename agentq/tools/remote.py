@@ -18,13 +18,15 @@ Secrets are never logged nor returned; errors name the module, never the secret.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -222,6 +224,26 @@ def parse_static(raw: str | None, env: dict[str, str]) -> tuple[ModuleSpec, ...]
 
 # --- the shared cache ---------------------------------------------------------------------
 
+_versions_read: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar(
+    "module_versions_read", default=None)
+
+
+@contextmanager
+def one_version_read() -> Iterator[None]:
+    """Within this block (one Celery task's run: tasks.base), the module version is read
+    from Redis once, at the first look, not at every look: a step looks at the registry
+    about ten times (tools offered, each call's queue and time limit, approvals) and a tool
+    call about five, each a Redis round trip that was ~4% of the orchestrator's and the
+    tools worker's CPU. A change made by another process is seen by the next task (or
+    AGENTQ_MODULE_SYNC_S after the last re-read, as before); one made by this task
+    (`Store.bump`) at its next look."""
+    token = _versions_read.set({})
+    try:
+        yield
+    finally:
+        _versions_read.reset(token)
+
+
 class Store:
     """Manifests (with a TTL), health and fetch locks: in Redis when there is one, else in
     this process (the embedded broker: one process)."""
@@ -281,14 +303,25 @@ class Store:
 
     def version(self) -> int:
         """Bumped whenever a module is added, removed, refreshed or changes health: every
-        process sees the change at its next look, not AGENTQ_MODULE_SYNC_S later."""
+        process sees the change at its next look (inside `one_version_read`, its next
+        task), not AGENTQ_MODULE_SYNC_S later."""
+        read = _versions_read.get()
+        if read is not None and id(self) in read:
+            return read[id(self)]
         if self._redis is not None:
-            return int(self._redis.get(KEY_PREFIX + "version") or 0)
-        with self._lock:
-            return int(self._local.get("version", (None, "0"))[1])
+            version = int(self._redis.get(KEY_PREFIX + "version") or 0)
+        else:
+            with self._lock:
+                version = int(self._local.get("version", (None, "0"))[1])
+        if read is not None:
+            read[id(self)] = version
+        return version
 
     def bump(self) -> None:
         self.incr("version")
+        read = _versions_read.get()
+        if read is not None:  # this task's own change: seen at its next look
+            read.pop(id(self), None)
 
 
 def redis_url_of(settings: Settings) -> str | None:

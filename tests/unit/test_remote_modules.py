@@ -15,7 +15,7 @@ from agentq.tools.manifest import ToolContext
 from agentq.tools.mcp import tool_name
 from agentq.tools.registry import ToolRegistry
 from agentq.tools.remote import (ModuleSpec, RemoteModules, Store, build_module, check_spec,
-                                 parse_static)
+                                 one_version_read, parse_static)
 from tests.support.stack import ROOT, die_with_parent, free_port
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -134,6 +134,29 @@ def test_the_cache_is_shared_and_an_unhealthy_module_offers_nothing():
     assert registry.tools == {} and other.tools == {}
     assert first.remote.known()["demo"].health["status"] == "unhealthy"
     assert registry.all_queues(slow=False) == ["tools.demo"]  # calls already sent still run
+
+
+def test_a_task_reads_the_module_version_once_and_sees_its_own_changes():
+    """Inside one task's run (`one_version_read`) a module another process registers is
+    offered from the next task on; a change the task makes itself, at its next look."""
+    store = Store(None)
+    demo, other = ModuleSpec("demo", url="http://x"), ModuleSpec("other", url="http://y")
+    rows = [demo]
+    remote = RemoteModules(_settings(AGENTQ_MODULE_SYNC_S="3600"), store=store,
+                           load_rows=lambda: list(rows))
+    remote.fetch = lambda spec: _manifest(spec.name)
+    assert set(remote.known()) == {"demo"}
+    with one_version_read():
+        assert set(remote.known()) == {"demo"}
+        rows.append(other)
+        store.incr("version")  # what another process's registration does
+        assert set(remote.known()) == {"demo"}
+    assert set(remote.known()) == {"demo", "other"}
+    with one_version_read():
+        assert set(remote.known()) == {"demo", "other"}
+        rows.remove(other)
+        remote.forget("other")
+        assert set(remote.known()) == {"demo"}
 
 
 def test_a_module_that_does_not_answer_is_unhealthy_then_probed_again():
