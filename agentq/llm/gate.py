@@ -187,8 +187,8 @@ def provider_name(base_url: str | None) -> str:
 
 
 class _RedisPermit:
-    def __init__(self, gate: "RedisGate", token: str | None):
-        self._gate, self._token = gate, token
+    def __init__(self, gate: "RedisGate", token: str | None, probe: bool = False):
+        self._gate, self._token, self._probe = gate, token, probe
         self._done = False
 
     def succeeded(self) -> None:
@@ -201,6 +201,12 @@ class _RedisPermit:
         if self._done or self._token is None:
             return
         self._done = True
+        if outcome != "transient" and not self._probe and \
+                self._gate.limits.max_concurrency <= 0:
+            # the release script would change nothing: no slot was taken (no concurrency
+            # limit), this call was not the half-open probe, and only a transient failure
+            # counts towards the breaker. One Redis round trip less per model call.
+            return
         self._gate._release(self._token, outcome)
 
 
@@ -221,14 +227,16 @@ class RedisGate:
 
     @contextlib.contextmanager
     def call(self, model: str) -> Iterator[Permit]:
-        permit = _RedisPermit(self, self._take())
+        permit = _RedisPermit(self, *self._take())
         try:
             yield permit
         finally:
             if not permit._done:  # left by an unexpected error: free the slot
                 permit.failed(False)
 
-    def _take(self) -> str | None:
+    def _take(self) -> tuple[str | None, bool]:
+        """(the permit's token, whether it is the half-open probe); no token when Redis is
+        away."""
         waited = 0.0
         while True:
             token = uuid.uuid4().hex
@@ -238,12 +246,12 @@ class RedisGate:
                 log.warning("provider gate unavailable (%s: %s); calling anyway",
                             type(exc).__name__, exc,
                             extra={"event": "llm.gate_unavailable", "provider": self.provider})
-                return None
+                return None, False
             if allowed:
                 if reason == "probe":
                     log.info("provider circuit half-open: probing", extra={
                         "event": "llm.circuit_probe", "provider": self.provider})
-                return token
+                return token, reason == "probe"
             wait_s = max(0.0, float(wait_ms) / 1000.0)
             if reason == "half_open_probing":  # the probe answers long before its lease
                 wait_s = min(wait_s, self.limits.breaker_open_s)

@@ -130,6 +130,20 @@ def test_non_transient_errors_and_successes_never_open_it(make):
     assert gate.state().get("state", "closed") == "closed"
 
 
+def test_an_end_that_changes_nothing_is_not_sent_to_redis(make):
+    """No slot taken (no concurrency limit), not the probe, not a transient failure: the
+    release script would change nothing, so a call costs one round trip, not two."""
+    gate = make(breaker_failures=2)
+    released = []
+    script = gate._release_script
+    gate._release_script = lambda **kw: released.append(kw["args"][2]) or script(**kw)
+    succeed(gate)
+    fail(gate, transient=False)
+    assert released == []
+    fail(gate)
+    assert released == ["transient"]
+
+
 def test_concurrency_is_shared_and_a_full_provider_makes_the_job_park(make, client):
     gate = make(max_concurrency=2, breaker_failures=0)
     other_process = RedisGate(client, gate.provider, gate.limits, sleep=make.clock.sleep,
