@@ -35,10 +35,10 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ToolError, ValidationFailed
 from agentq.loop.busy import lock_job
-from agentq.loop.effects import DispatchTools, Effect, NextStep, SendWebhooks
-from agentq.loop.store import EventBuffer
+from agentq.loop.effects import DispatchTools, NextStep, SendWebhooks
 from agentq.models import Job, ToolCall
 from agentq.tools.registry import ToolRegistry
+from agentq.uow import UnitOfWork
 from agentq.webhooks.delivery import APPROVAL_EVENT_TYPE, enqueue_event
 
 log = logging.getLogger(__name__)
@@ -62,20 +62,19 @@ def deadline(registry: ToolRegistry, settings: Settings, name: str,
     return now + timedelta(seconds=tool.approval_timeout_s or settings.approval_timeout_s)
 
 
-def hold(session: Session, job: Job, call: ToolCall, expires_at: datetime,
-         events: EventBuffer) -> list[Effect]:
+def hold(uow: UnitOfWork, job: Job, call: ToolCall, expires_at: datetime) -> None:
     """Park `call` for approval and put the job in `waiting` (the step's transaction)."""
     call.status, call.approval_expires_at = AWAITING, expires_at
     job.status, job.waiting_for = "waiting", "approval"
     approval = {"tool_use_id": call.tool_use_id, "name": call.name,
                 "arguments": call.arguments, "expires_at": expires_at.isoformat(),
                 "turn": call.iteration}
-    events.add(job.id, "approval_required", **approval)
+    uow.event(job.id, "approval_required", **approval)
     if job.callback_url:
-        enqueue_event(session, tenant_id=job.tenant_id, event_type=APPROVAL_EVENT_TYPE,
-                      url=job.callback_url, job_id=job.id, data=approval)
-        return [SendWebhooks(str(job.id))]
-    return []
+        delivery = enqueue_event(uow.session, tenant_id=job.tenant_id,
+                                 event_type=APPROVAL_EVENT_TYPE, url=job.callback_url,
+                                 job_id=job.id, data=approval)
+        uow.effect(SendWebhooks((str(delivery.id),)))
 
 
 def _awaiting_call(session: Session, job: Job, tool_use_id: str) -> ToolCall:
@@ -90,9 +89,9 @@ def _awaiting_call(session: Session, job: Job, tool_use_id: str) -> ToolCall:
     return call
 
 
-def approve(session: Session, job_id: uuid.UUID, tool_use_id: str,
-            arguments: dict[str, Any] | None, registry: ToolRegistry,
-            events: EventBuffer) -> list[Effect]:
+def approve(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
+            arguments: dict[str, Any] | None, registry: ToolRegistry) -> None:
+    session = uow.session
     job = lock_job(session, job_id)
     call = _awaiting_call(session, job, tool_use_id)
     if arguments is not None:
@@ -106,84 +105,78 @@ def approve(session: Session, job_id: uuid.UUID, tool_use_id: str,
                                    "The arguments do not fit the tool's schema.") from None
         call.arguments = arguments
     call.status = "pending"
-    events.add(job.id, "approval_resolved", decision="approved", tool_use_id=tool_use_id,
-               name=call.name, arguments=call.arguments, edited=arguments is not None)
-    events.add(job.id, "tool_execution_start", tool_use_id=tool_use_id, name=call.name,
-               arguments=call.arguments, queue=call.queue)
+    uow.event(job.id, "approval_resolved", decision="approved", tool_use_id=tool_use_id,
+              name=call.name, arguments=call.arguments, edited=arguments is not None)
+    uow.event(job.id, "tool_execution_start", tool_use_id=tool_use_id, name=call.name,
+              arguments=call.arguments, queue=call.queue)
     limit = (registry.time_limit_for(call.name) if call.name in registry.tools else 60.0)
-    return _resume(session, job, call.iteration,
-                   [DispatchTools(str(job.id), call.iteration,
-                                  ((tool_use_id, call.queue, limit),))])
+    uow.effect(DispatchTools(str(job.id), call.iteration, ((tool_use_id, call.queue, limit),)))
+    _resume(uow, job, call.iteration)
 
 
-def deny(session: Session, job_id: uuid.UUID, tool_use_id: str, reason: str | None,
-         events: EventBuffer, code: str = "denied") -> list[Effect]:
-    job = lock_job(session, job_id)
-    call = _awaiting_call(session, job, tool_use_id)
-    return _deny(session, job, call, reason, events, code)
+def deny(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, reason: str | None,
+         code: str = "denied") -> None:
+    job = lock_job(uow.session, job_id)
+    call = _awaiting_call(uow.session, job, tool_use_id)
+    _deny(uow, job, call, reason, code)
 
 
-def _deny(session: Session, job: Job, call: ToolCall, reason: str | None,
-          events: EventBuffer, code: str) -> list[Effect]:
+def _deny(uow: UnitOfWork, job: Job, call: ToolCall, reason: str | None, code: str) -> None:
     message = ("A person denied this tool call" + (f": {reason}" if reason else ".")
                if code == "denied" else
                "Nobody approved this tool call in time; it was not run.")
     call.status, call.finished_at = "failed", utcnow()
     call.result = {"ok": False, "result": None, "error": {"code": code, "message": message}}
-    events.add(job.id, "approval_resolved", decision=DECISIONS[code],
-               tool_use_id=call.tool_use_id, name=call.name, reason=reason, code=code)
-    events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id, name=call.name,
-               ok=False, error=code)
-    return _resume(session, job, call.iteration, [])
+    uow.event(job.id, "approval_resolved", decision=DECISIONS[code],
+              tool_use_id=call.tool_use_id, name=call.name, reason=reason, code=code)
+    uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id, name=call.name,
+              ok=False, error=code)
+    _resume(uow, job, call.iteration)
 
 
-def _resume(session: Session, job: Job, iteration: int,
-            effects: list[Effect]) -> list[Effect]:
+def _resume(uow: UnitOfWork, job: Job, iteration: int) -> None:
     """No call of the turn awaits any more: the job runs again; with nothing running,
     its next step goes out now."""
-    statuses = session.execute(select(ToolCall.status).where(
+    statuses = uow.session.execute(select(ToolCall.status).where(
         ToolCall.job_id == job.id, ToolCall.iteration == iteration)).scalars().all()
     if AWAITING in statuses:
-        return effects
+        return
     if job.status == "waiting":
         job.status, job.waiting_for = "running", None
         job.last_progress_at = utcnow()
     if "pending" not in statuses:
-        return effects + [NextStep(str(job.id), iteration, "callback")]
-    return effects
+        uow.effect(NextStep(str(job.id), iteration, "callback"))
 
 
-def cancel_awaiting(session: Session, job: Job, events: EventBuffer) -> None:
+def cancel_awaiting(uow: UnitOfWork, job: Job) -> None:
     """A waiting job is being cancelled: its awaiting calls will never run."""
     from agentq.loop.busy import CANCELLED_TOOL_RESULT
-    calls = session.execute(select(ToolCall).where(
+    calls = uow.session.execute(select(ToolCall).where(
         ToolCall.job_id == job.id, ToolCall.status == AWAITING)).scalars().all()
     now = utcnow()
     for call in calls:
         call.status, call.result, call.finished_at = "cancelled", CANCELLED_TOOL_RESULT, now
-        events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
-                   name=call.name, ok=False, error="cancelled")
+        uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
+                  name=call.name, ok=False, error="cancelled")
     if job.status == "waiting":
         job.status, job.waiting_for = "running", None
         job.last_progress_at = now
 
 
-def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> list[Effect]:
-    """Deny every awaiting call past its deadline (the sweeper)."""
-    effects: list[Effect] = []
+def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> int:
+    """Deny every awaiting call past its deadline (the sweeper), each in its own unit of
+    work; returns how many were denied."""
     now = utcnow()
     with sessions() as session:
         due = session.execute(select(ToolCall.job_id, ToolCall.tool_use_id).where(
             ToolCall.status == AWAITING, ToolCall.approval_expires_at < now)
             .order_by(ToolCall.approval_expires_at).limit(limit)).all()
+    denied = 0
     for job_id, tool_use_id in due:
-        events = EventBuffer()
         try:
-            with sessions() as session, session.begin():
-                effects += deny(session, job_id, tool_use_id, None, events,
-                                code="approval_timeout")
-                events.flush(session)
+            with UnitOfWork(sessions) as uow:
+                deny(uow, job_id, tool_use_id, None, code="approval_timeout")
         except Conflict:
             continue  # approved or denied meanwhile
-        events.announce()
-    return effects
+        denied += 1
+    return denied

@@ -12,13 +12,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
-from agentq.loop.effects import BatchEnded, Effect
-from agentq.loop.store import EventBuffer
+from agentq.lifecycle import StopReason, end_job, end_unstarted
+from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.models import TERMINAL_STATUSES, Batch, Job
+from agentq.uow import UnitOfWork
 
 COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
 
@@ -50,92 +51,72 @@ def batch_object(batch: Batch, tallies: dict[str, int]) -> dict[str, Any]:
             "metadata": batch.meta or {}}
 
 
-def admit(session: Session, batch: Batch, events: EventBuffer) -> list[Effect]:
+def admit(uow: UnitOfWork, batch: Batch) -> None:
     """Admit waiting jobs in request order up to the batch's concurrency."""
     from agentq.loop.submit import admit as admit_job
+    session = uow.session
     if batch.cancel_requested_at is not None or batch.status in ("completed", "cancelled"):
-        return []
+        return
     live = session.execute(select(func.count()).select_from(Job).where(
         Job.batch_id == batch.id, Job.status.in_(("queued", "running")),
         Job.waiting_for.is_distinct_from("batch"))).scalar_one()
     room = batch.max_concurrency - live
     if room <= 0:
-        return []
+        return
     waiting = session.execute(
         select(Job).where(Job.batch_id == batch.id, Job.waiting_for == "batch",
                           Job.status == "queued")
         .order_by(Job.batch_index).limit(room)).scalars().all()
-    effects: list[Effect] = []
     for job in waiting:
-        effects += admit_job(session, job, events)
+        admit_job(uow, job)
     if waiting and batch.status == "queued":
         batch.status = "running"
-    return effects
 
 
-def advance(sessions, batch_id: uuid.UUID) -> list[Effect]:
+def advance(sessions, batch_id: uuid.UUID) -> None:
     """After a batch job ended (or from the sweeper): admit the next waiting jobs and end
     the batch after its last one. Takes the batch's lock first, holding no job's."""
-    events = EventBuffer()
-    with sessions() as session, session.begin():
-        batch = lock_batch(session, batch_id)
+    with UnitOfWork(sessions) as uow:
+        batch = lock_batch(uow.session, batch_id)
         if batch is None:
-            return []
-        effects = admit(session, batch, events)
-        session.flush()
-        effects += end_if_done(session, batch)
-        events.flush(session)
-    events.announce()
-    return effects
+            return
+        admit(uow, batch)
+        uow.session.flush()
+        end_if_done(uow, batch)
 
 
-def end_batch(session: Session, batch: Batch) -> list[Effect]:
+def end_batch(uow: UnitOfWork, batch: Batch) -> None:
     """The batch's last job ended: its status, and its webhook's first delivery row."""
     batch.status = "cancelled" if batch.cancel_requested_at is not None else "completed"
     batch.finished_at = utcnow()
     if batch.callback_url:
         from agentq.webhooks.delivery import enqueue_event
-        enqueue_event(session, tenant_id=batch.tenant_id, event_type=f"batch.{batch.status}",
-                      url=batch.callback_url, batch_id=batch.id, due=batch.finished_at)
-    return [BatchEnded(str(batch.id), batch.status)]
+        delivery = enqueue_event(uow.session, tenant_id=batch.tenant_id,
+                                 event_type=f"batch.{batch.status}", url=batch.callback_url,
+                                 batch_id=batch.id, due=batch.finished_at)
+        uow.effect(SendWebhooks((str(delivery.id),)))
+    uow.effect(BatchEnded(str(batch.id), batch.status))
 
 
-def pending_deliveries(session: Session, batch_id: uuid.UUID) -> list[str]:
-    from agentq.models import WebhookDelivery
-    return [str(i) for i in session.execute(
-        select(WebhookDelivery.id).where(WebhookDelivery.batch_id == batch_id,
-                                         WebhookDelivery.status == "pending")).scalars()]
-
-
-def cancel_waiting(session: Session, batch: Batch) -> tuple[list[Effect], EventBuffer]:
+def cancel_waiting(uow: UnitOfWork, batch: Batch) -> None:
     """First half of a batch cancel, under the batch's lock: mark it and cancel the jobs
     that were never admitted. The live ones are cancelled after, each in its own
     transaction (job row first), so a cancel never holds the batch while it waits for a
     job that a finishing step holds."""
-    from agentq.loop.finish import finish_job
-    events = EventBuffer()
-    now = utcnow()
+    session, now = uow.session, utcnow()
     batch.cancel_requested_at = batch.cancel_requested_at or now
-    effects: list[Effect] = []
     with_webhook = session.execute(select(Job).where(
         Job.batch_id == batch.id, Job.waiting_for == "batch", Job.status == "queued",
         Job.callback_url.is_not(None))).scalars().all()
     for job in with_webhook:  # these get their job.cancelled event
         job.waiting_for = None
-        effects += finish_job(session, job, "cancelled", "cancelled", "",
-                              {"code": "cancelled", "message": "The batch was cancelled."},
-                              events)
-    session.execute(update(Job).where(Job.batch_id == batch.id, Job.waiting_for == "batch",
-                                      Job.status == "queued")
-                    .values(status="cancelled", finish_reason="cancelled", finished_at=now,
-                            waiting_for=None,
-                            response={"content": "", "files": [], "error": {
-                                "code": "cancelled", "message": "The batch was cancelled."},
-                                "metadata": {"tool_calls": []}})
-                    .execution_options(synchronize_session=False))
+        end_job(uow, job, StopReason.CANCELLED, "",
+                {"code": "cancelled", "message": "The batch was cancelled."})
+    end_unstarted(session, (Job.batch_id == batch.id, Job.waiting_for == "batch",
+                            Job.status == "queued"),
+                  {"code": "cancelled", "message": "The batch was cancelled."}, now)
     session.flush()
-    effects += end_if_done(session, batch)
-    return effects, events
+    end_if_done(uow, batch)
 
 
 def live_jobs(session: Session, batch_id: uuid.UUID) -> list[uuid.UUID]:
@@ -143,9 +124,69 @@ def live_jobs(session: Session, batch_id: uuid.UUID) -> list[uuid.UUID]:
         Job.batch_id == batch_id, Job.status.in_(("queued", "running")))).scalars())
 
 
-def end_if_done(session: Session, batch: Batch) -> list[Effect]:
-    unfinished = session.execute(select(func.count()).select_from(Job).where(
+def end_if_done(uow: UnitOfWork, batch: Batch) -> None:
+    unfinished = uow.session.execute(select(func.count()).select_from(Job).where(
         Job.batch_id == batch.id, Job.status.not_in(tuple(TERMINAL_STATUSES)))).scalar_one()
     if unfinished == 0 and batch.status not in ("completed", "cancelled"):
-        return end_batch(session, batch)
-    return []
+        end_batch(uow, batch)
+
+
+# --- creating and cancelling (the API's batch views call these) ------------------------
+
+def create(uow: UnitOfWork, *, kind: str, tenant_id: uuid.UUID,
+           api_key_id: uuid.UUID | None, total: int, max_concurrency: int,
+           callback_url: str | None, meta: dict[str, Any]) -> Batch:
+    """The batch's row; the caller adds its jobs (`add_messages`, `add_replays`), then
+    `admit`s the first ones in the same unit of work."""
+    batch = Batch(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id, kind=kind,
+                  status="queued", total=total, max_concurrency=max_concurrency,
+                  callback_url=callback_url, meta=meta)
+    uow.session.add(batch)
+    uow.session.flush()
+    return batch
+
+
+def add_messages(uow: UnitOfWork, settings, batch: Batch,
+                 lines: list[tuple[Any, str | None]]) -> None:
+    """One waiting job per (Submission, custom_id), in request order. Who and where are
+    resolved once per distinct user and conversation."""
+    from agentq.loop.submit import submit
+    cache: dict = {}
+    for index, (sub, custom_id) in enumerate(lines):
+        job = submit(uow, settings, sub, batch_id=batch.id, cache=cache).job
+        job.batch_index, job.custom_id = index, custom_id
+    uow.session.flush()
+
+
+def add_replays(uow: UnitOfWork, settings, batch: Batch, originals: list[Job], mode: str,
+                *, model: str | None, persona_id: uuid.UUID | None,
+                api_key_id: uuid.UUID | None) -> None:
+    """One waiting replay per ended job, in the order given (custom_id: the original)."""
+    from agentq.replay import create_replay
+    for index, original in enumerate(originals):
+        job = create_replay(uow, settings, original, mode, model=model,
+                            persona_id=persona_id, api_key_id=api_key_id, batch_id=batch.id)
+        job.batch_index, job.custom_id = index, str(original.id)
+    uow.session.flush()
+
+
+def cancel(sessions, batch_id: uuid.UUID) -> None:
+    """Cancel a batch: under its lock, mark it and cancel the lines never admitted; then
+    each live job, one unit of work each (its row first), as a job cancel does. Raises
+    Conflict when the batch has ended."""
+    from agentq.errors import Conflict
+    from agentq.loop.busy import lock_job
+    from agentq.loop.submit import cancel as cancel_job
+    with UnitOfWork(sessions) as uow:
+        batch = lock_batch(uow.session, batch_id)
+        if batch.status in ("completed", "cancelled"):
+            raise Conflict(f"Batch {batch_id} has already ended ({batch.status}).",
+                           batch_id=str(batch_id), status=batch.status)
+        cancel_waiting(uow, batch)
+    with sessions() as session:
+        live = live_jobs(session, batch_id)
+    for job_id in live:
+        with UnitOfWork(sessions) as uow:
+            job = lock_job(uow.session, job_id)
+            if job is not None and job.status in ("queued", "running"):
+                cancel_job(uow, job)

@@ -933,16 +933,14 @@ def run(content: str, user_id: str, channel: str, timeout_s: float,
 
 
 def _run_one(settings, content: str, user_id: str, channel: str, timeout_s: float) -> int:
-    from agentq.db import session_scope
+    from agentq.db import session_factory
     from agentq.loop.identity import Incoming
-    from agentq.loop.step import NextStep
     from agentq.loop.submit import Submission, create_job
-    from tasks.dispatch import dispatch
-    with session_scope(settings) as session:
-        job = create_job(session, settings, Submission(Incoming("cli", user_id, channel),
-                                                       content))
-        job_id = job.id
-    dispatch([NextStep(str(job_id), 0, "start")])
+    from agentq.uow import UnitOfWork
+    import tasks.dispatch  # noqa: F401  (the job's first step goes out through it)
+    with UnitOfWork(session_factory(settings)) as uow:
+        job_id = create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
+                                                      content)).id
     return _follow(settings, job_id, timeout_s)
 
 
@@ -1025,18 +1023,16 @@ def _print_new_events(sessions, job_id: uuid.UUID, seen: int):
 
 def _cancel_local(settings, job_id: uuid.UUID) -> None:
     """What POST /v1/jobs/<id>/cancel does, on this process's own database and broker."""
-    from agentq.db import session_scope
+    from agentq.db import session_factory
     from agentq.loop.submit import cancel
     from agentq.models import Job
-    from tasks.dispatch import dispatch
-    with session_scope(settings) as session:
-        job = session.get(Job, job_id)
+    from agentq.uow import UnitOfWork
+    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
+    with UnitOfWork(session_factory(settings)) as uow:
+        job = uow.session.get(Job, job_id)
         if job is None or job.status in TERMINAL_STATUSES:
             return
-        effects, events = cancel(session, job)
-        events.flush(session)
-    events.announce()
-    dispatch(effects)
+        cancel(uow, job)
 
 
 def _describe(kind: str, data: dict) -> str | None:

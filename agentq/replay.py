@@ -20,16 +20,22 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import NotFound, ValidationFailed
 from agentq.llm.types import LLMReply
-from agentq.loop.effects import Effect, NextStep
+from agentq.lifecycle import ReplayMode, WaitingFor, new_job
+from agentq.loop.effects import NextStep
 from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
+from agentq.uow import UnitOfWork
 
 MODES = ("recorded", "live")
 
 
-def create_replay(session: Session, settings: Settings, original: Job, mode: str, *,
+def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str, *,
                   model: str | None = None, persona_id: uuid.UUID | None = None,
                   api_key_id: uuid.UUID | None = None,
-                  batch_id: uuid.UUID | None = None) -> tuple[Job, list[Effect]]:
+                  batch_id: uuid.UUID | None = None) -> Job:
+    """A new job asking the original's question again in a copy of its conversation (up
+    to the question); a batch's replays wait for admission, a single one starts after
+    the commit."""
+    session = uow.session
     if mode not in MODES:
         raise ValidationFailed({"mode": [f"Must be one of {', '.join(MODES)}."]})
     if mode == "recorded" and (model or persona_id):
@@ -40,13 +46,20 @@ def create_replay(session: Session, settings: Settings, original: Job, mode: str
         raise NotFound("persona", str(persona_id))
     now = utcnow()
     source = session.get(Conversation, original.conversation_id)
-    job_id = uuid.uuid4()
+    job = new_job(tenant_id=original.tenant_id, conversation_id=uuid.uuid4(),
+                  user_id=original.user_id, persona_id=persona_id or original.persona_id,
+                  api_key_id=api_key_id, content=original.content,
+                  attachments=original.attachments, meta=dict(original.meta or {}),
+                  model=model or original.model, limits=original.limits, now=now,
+                  waiting_for=WaitingFor.BATCH if batch_id else None,
+                  replay_of=original.id, replay_mode=ReplayMode(mode).value,
+                  batch_id=batch_id)
     conversation = Conversation(
-        id=uuid.uuid4(), tenant_id=original.tenant_id, user_id=original.user_id,
+        id=job.conversation_id, tenant_id=original.tenant_id, user_id=original.user_id,
         persona_id=persona_id or original.persona_id, platform=source.platform,
         platform_channel_id=source.platform_channel_id,
         platform_thread_id=source.platform_thread_id,
-        scope_key=json.dumps(["replay", str(job_id)]), message_seq=0, started_at=now,
+        scope_key=json.dumps(["replay", str(job.id)]), message_seq=0, started_at=now,
         last_active_at=now, is_summarized=False)
     session.add(conversation)
     history = _history_before(session, original, settings.history_max_messages)
@@ -55,22 +68,12 @@ def create_replay(session: Session, settings: Settings, original: Job, mode: str
                             seq=seq, role=role, content=content, token_count=tokens,
                             model_used=model_used, created_at=created_at))
     conversation.message_seq = len(history)
-    job = Job(id=job_id, tenant_id=original.tenant_id, status="queued",
-              conversation_id=conversation.id,
-              user_id=original.user_id, persona_id=persona_id or original.persona_id,
-              api_key_id=api_key_id, content=original.content,
-              attachments=original.attachments or [], meta=dict(original.meta or {}),
-              callback_url=None, on_busy="queue", model=model or original.model,
-              iteration=0, phase="llm", event_seq=0, redrives=0, input_tokens=0,
-              output_tokens=0, cost_estimate=0.0, replay_of=original.id, replay_mode=mode,
-              batch_id=batch_id, waiting_for="batch" if batch_id else None,
-              limits=original.limits, created_at=now, last_progress_at=now)
     session.add(job)
     session.flush()
-    if batch_id is not None:
-        return job, []
-    conversation.active_job_id = job.id
-    return job, [NextStep(str(job.id), 0, "start")]
+    if batch_id is None:
+        conversation.active_job_id = job.id
+        uow.effect(NextStep(str(job.id), 0, "start"))
+    return job
 
 
 def _history_before(session: Session, original: Job,

@@ -39,9 +39,8 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.loop.effects import Effect
-from agentq.loop.store import EventBuffer
 from agentq.models import Conversation, Schedule, ScheduleFiring
+from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 
@@ -231,14 +230,18 @@ def schedule_object(schedule: Schedule, recent: list[ScheduleFiring] | None = No
 
 # --- firing ---------------------------------------------------------------------------------
 
+class _NothingToFire(Exception):
+    """Raised inside a firing's unit of work to roll it back: another beat has the
+    schedule, it was cancelled, or this tick has a firing already."""
+
+
 def fire_due(settings: Settings, sessions: Callable[[], Session],
              now: Callable[[], datetime] = utcnow, batch: int = FIRE_BATCH,
-             on_committed: Callable[[list[EventBuffer], list[Effect]], None] | None = None,
              max_rounds: int = 1000) -> int:
-    """Fire every schedule due now, each in a transaction of its own (so that a firing
+    """Fire every schedule due now, each in a unit of work of its own (so that a firing
     holds its schedule, conversation and job rows only briefly, taken in the order a
-    submit takes them); after each commit, `on_committed(events, effects)` announces and
-    dispatches. Returns the firings made."""
+    submit takes them; its job's first step goes out after its commit). Returns the
+    firings made."""
     total = 0
     for _ in range(max_rounds):
         with sessions() as session:
@@ -247,58 +250,49 @@ def fire_due(settings: Settings, sessions: Callable[[], Session],
                                           Schedule.next_run_at <= now())
                 .order_by(Schedule.next_run_at).limit(batch)).scalars())
         for schedule_id in due:
-            with sessions() as session:
-                try:
-                    fired = _fire_one(session, settings, schedule_id, now())
-                    if fired is None:
-                        session.rollback()
-                        continue
-                    session.commit()
-                except (NotFound, Conflict, OperationalError):
-                    # a deadlock, a conversation that changed hands too often: nothing was
-                    # written; the schedule stays due and the next tick tries again
-                    session.rollback()
-                    log.warning("schedule firing rolled back", exc_info=True,
-                                extra={"schedule_id": str(schedule_id)})
-                    continue
+            try:
+                # losing this commit in a database crash loses the firing, its job and the
+                # advance together: the tick is still due after recovery and fires then,
+                # once. So the transaction need not wait for its disk flush.
+                with UnitOfWork(sessions, durable=False) as uow:
+                    _fire_one(uow, settings, schedule_id, now())
+            except _NothingToFire:
+                continue
+            except (NotFound, Conflict, OperationalError):
+                # a deadlock, a conversation that changed hands too often: nothing was
+                # written; the schedule stays due and the next tick tries again
+                log.warning("schedule firing rolled back", exc_info=True,
+                            extra={"schedule_id": str(schedule_id)})
+                continue
             total += 1
-            if on_committed is not None:
-                effects, events = fired
-                on_committed([events], effects)
         if len(due) < batch:
             return total
     return total
 
 
-def _fire_one(session: Session, settings: Settings, schedule_id: uuid.UUID, now: datetime
-              ) -> tuple[list[Effect], EventBuffer] | None:
+def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
+              now: datetime) -> None:
     """Claim the schedule, make its continue job and the firing row, advance it: one
-    transaction. None when there is nothing to fire (another beat has it, it was
-    cancelled, or this tick has a firing already)."""
-    from agentq.loop.step import relax_durability
+    unit of work (`_NothingToFire` rolls it back)."""
     from agentq.loop.submit import Submission, submit
+    session = uow.session
     schedule = session.execute(
         select(Schedule).where(Schedule.id == schedule_id, Schedule.status == "active",
                                Schedule.next_run_at <= now)
         .with_for_update(skip_locked=True)).scalar_one_or_none()
     if schedule is None:
-        return None
-    # Losing this commit in a database crash loses the firing, its job and the advance
-    # together: the tick is still due after recovery and fires then, once. So the
-    # transaction need not wait for its disk flush.
-    relax_durability(session)
+        raise _NothingToFire
     if schedule.kind == "cron":
         fire_at, missed, upcoming = latest_due(schedule.cron, schedule.timezone,
                                                schedule.next_run_at, now)
     else:
         fire_at, missed, upcoming = schedule.next_run_at, 0, None
-    submitted = submit(session, settings, Submission(
+    submitted = submit(uow, settings, Submission(
         incoming=None, conversation_id=schedule.conversation_id, content=schedule.content,
         metadata={**(schedule.meta or {}), "schedule_id": str(schedule.id),
                   "scheduled_for": fire_at.isoformat()},
         callback_url=schedule.callback_url, on_busy="queue",
         api_key_id=schedule.api_key_id, tenant_id=schedule.tenant_id))
-    submitted.events.flush(session)
     insert = (pg_insert if session.bind.dialect.name == "postgresql" else sqlite_insert)
     made = session.execute(
         insert(ScheduleFiring).values(id=uuid.uuid4(), schedule_id=schedule.id,
@@ -308,13 +302,12 @@ def _fire_one(session: Session, settings: Settings, schedule_id: uuid.UUID, now:
         .returning(ScheduleFiring.id)).first()
     if made is None:
         log.info("schedule tick fired already", extra={"schedule_id": str(schedule.id)})
-        return None
+        raise _NothingToFire
     schedule.next_run_at = upcoming
     if upcoming is None:
         schedule.status = "completed"
     schedule.fire_count += 1
     schedule.last_fired_at = now
-    return submitted.effects, submitted.events
 
 
 def due_count(session: Session, now: datetime | None = None) -> int:

@@ -29,6 +29,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     recording.install()
     from agentq import tracing
     tracing.configure("api", flask_app=app, celery=True)
+    import tasks.dispatch  # noqa: F401  (after the tracing: this process's effect dispatcher)
     errors.register(app)
     for module in (jobs, conversations, files, health, embed, deliveries, batches, admin,
                    metrics, modules, schedules, ui):

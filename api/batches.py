@@ -4,7 +4,6 @@ POST /v1/jobs/<id>/replay, POST /v1/batches/replay, GET /v1/jobs/<id>/compare.""
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, Iterator
 
 from flask import Blueprint, Response, g, jsonify, request
@@ -16,10 +15,11 @@ from agentq.db import session_factory, session_scope
 from agentq.errors import (Conflict, NotFound, UnknownQueryParameter, UnsupportedMediaType,
                            ValidationFailed)
 from agentq.loop.identity import Incoming
-from agentq.loop.submit import Submission, submit
+from agentq.loop.submit import Submission
 from agentq.models import Batch, Conversation, Job
+from agentq.uow import UnitOfWork
 from api.auth import can_see, require_key
-from api.jobs import enqueue_after_commit, json_body, load_job, parse_uuid
+from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json
 from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
                          ReplaySchema)
@@ -83,43 +83,33 @@ def _validate(lines: list[Any]) -> list[dict[str, Any]]:
 def create_batch():
     lines, options = _lines()
     loaded = _validate(lines)
-    cache: dict = {}
-    with session_scope(g.settings) as session:
-        batch = Batch(id=uuid.uuid4(), tenant_id=g.tenant_id, api_key_id=g.api_key_id,
-                      kind="messages",
-                      status="queued", total=len(loaded),
-                      max_concurrency=options.get("max_concurrency")
-                      or g.settings.batch_max_concurrency,
-                      callback_url=options.get("callback_url"),
-                      meta=options.get("metadata") or {})
-        session.add(batch)
-        session.flush()
-        for index, data in enumerate(loaded):
-            job = submit(session, g.settings, Submission(
-                incoming=Incoming(data["platform"], data["platform_user_id"],
-                                  data["platform_channel_id"], data["platform_thread_id"],
-                                  data["platform_server_id"]),
-                content=data["content"], attachments=data["attachments"],
-                metadata=data["metadata"], callback_url=data["callback_url"],
-                limits=data["limits"], persona_id=data["persona_id"], stream=data["stream"],
-                api_key_id=g.api_key_id, tenant_id=g.tenant_id), batch_id=batch.id,
-                cache=cache).job
-            job.batch_index, job.custom_id = index, data.get("custom_id")
-        session.flush()
-        return _admitted(session, batch)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        batch = batches.create(
+            uow, kind="messages", tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+            total=len(loaded),
+            max_concurrency=options.get("max_concurrency") or g.settings.batch_max_concurrency,
+            callback_url=options.get("callback_url"), meta=options.get("metadata") or {})
+        batches.add_messages(uow, g.settings, batch, [(Submission(
+            incoming=Incoming(data["platform"], data["platform_user_id"],
+                              data["platform_channel_id"], data["platform_thread_id"],
+                              data["platform_server_id"]),
+            content=data["content"], attachments=data["attachments"],
+            metadata=data["metadata"], callback_url=data["callback_url"],
+            limits=data["limits"], persona_id=data["persona_id"], stream=data["stream"],
+            api_key_id=g.api_key_id, tenant_id=g.tenant_id), data.get("custom_id"))
+            for data in loaded])
+        body = _admitted(uow, batch)
+    return _answer(body)
 
 
-def _admitted(session, batch: Batch):
-    """Admit the first jobs, answer 202 with the batch; dispatch after the commit."""
-    from agentq.loop.store import EventBuffer
-    events = EventBuffer()
-    effects = batches.admit(session, batch, events)
-    events.flush(session)
-    body = batches.batch_object(batch, batches.counts(session, batch.id))
-    session.commit()
-    events.announce()
-    enqueue_after_commit(effects)
-    return accepted(body, f"/v1/batches/{batch.id}")
+def _admitted(uow: UnitOfWork, batch: Batch) -> dict:
+    """Admit the first jobs (they start after the commit); the batch as answered."""
+    batches.admit(uow, batch)
+    return batches.batch_object(batch, batches.counts(uow.session, batch.id))
+
+
+def _answer(body: dict):
+    return accepted(body, f"/v1/batches/{body['id']}")
 
 
 def load_batch(session, batch_id: str) -> Batch:
@@ -166,29 +156,9 @@ def batch_results(batch_id: str):
 @bp.post("/v1/batches/<batch_id>/cancel")
 @require_key()
 def cancel_batch(batch_id: str):
-    from agentq.loop.busy import lock_job
-    from agentq.loop.submit import cancel as cancel_job
     with session_scope(g.settings) as session:
-        batch = batches.lock_batch(session, load_batch(session, batch_id).id)
-        if batch.status in ("completed", "cancelled"):
-            raise Conflict(f"Batch {batch_id} has already ended ({batch.status}).",
-                           batch_id=batch_id, status=batch.status)
-        effects, events = batches.cancel_waiting(session, batch)
-        events.flush(session)
-        ident = batch.id
-    events.announce()
-    enqueue_after_commit(effects)
-    with session_factory(g.settings)() as session:
-        live = batches.live_jobs(session, ident)
-    for job_id in live:
-        with session_scope(g.settings) as session:
-            job = lock_job(session, job_id)
-            if job is None or job.status not in ("queued", "running"):
-                continue
-            effects, events = cancel_job(session, job)
-            events.flush(session)
-        events.announce()
-        enqueue_after_commit(effects)
+        ident = load_batch(session, batch_id).id
+    batches.cancel(session_factory(g.settings), ident)
     with session_scope(g.settings) as session:
         batch = session.get(Batch, ident)
         body = batches.batch_object(batch, batches.counts(session, ident))
@@ -199,16 +169,15 @@ def cancel_batch(batch_id: str):
 @require_key()
 def replay_job(job_id: str):
     data = ReplaySchema().load(json_body())
-    with session_scope(g.settings) as session:
-        original = load_job(session, job_id)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        original = load_job(uow.session, job_id)
         if original.status not in ("completed", "failed", "cancelled"):
             raise Conflict(f"Job {job_id} has not ended; replay it once it has.",
                            status=original.status)
-        job, effects = replay.create_replay(
-            session, g.settings, original, data["mode"], model=data.get("model"),
+        job = replay.create_replay(
+            uow, g.settings, original, data["mode"], model=data.get("model"),
             persona_id=data.get("persona_id"), api_key_id=g.api_key_id)
         body = job_object(job)
-    enqueue_after_commit(effects)
     return accepted(body, f"/v1/jobs/{body['id']}")
 
 
@@ -216,28 +185,22 @@ def replay_job(job_id: str):
 @require_key()
 def replay_batch():
     data = ReplayBatchSchema().load(json_body())
-    with session_scope(g.settings) as session:
-        originals = _replay_targets(session, data)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        originals = _replay_targets(uow.session, data)
         if not originals:
             raise ValidationFailed({"filter": ["No ended job matches."]},
                                    "No job to replay: nothing matched.")
-        batch = Batch(id=uuid.uuid4(), tenant_id=g.tenant_id, api_key_id=g.api_key_id,
-                      kind="replay",
-                      status="queued", total=len(originals),
-                      max_concurrency=data.get("max_concurrency")
-                      or g.settings.batch_max_concurrency,
-                      callback_url=data.get("callback_url"),
-                      meta={"matched": len(originals), "mode": data["mode"]})
-        session.add(batch)
-        session.flush()
-        for index, original in enumerate(originals):
-            job, _ = replay.create_replay(session, g.settings, original, data["mode"],
-                                          model=data.get("model"),
-                                          persona_id=data.get("persona_id"),
-                                          api_key_id=g.api_key_id, batch_id=batch.id)
-            job.batch_index, job.custom_id = index, str(original.id)
-        session.flush()
-        return _admitted(session, batch)
+        batch = batches.create(
+            uow, kind="replay", tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+            total=len(originals),
+            max_concurrency=data.get("max_concurrency") or g.settings.batch_max_concurrency,
+            callback_url=data.get("callback_url"),
+            meta={"matched": len(originals), "mode": data["mode"]})
+        batches.add_replays(uow, g.settings, batch, originals, data["mode"],
+                            model=data.get("model"), persona_id=data.get("persona_id"),
+                            api_key_id=g.api_key_id)
+        body = _admitted(uow, batch)
+    return _answer(body)
 
 
 def _replay_targets(session, data: dict[str, Any]) -> list[Job]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, g, jsonify
 from sqlalchemy import select
 
-from agentq.db import session_scope
+from agentq.db import session_factory, session_scope
+from agentq.loop.effects import SendWebhooks
 from agentq.models import Job
+from agentq.uow import UnitOfWork
 from agentq.views import delivery_object
 from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
@@ -28,13 +30,12 @@ def list_deliveries(job_id: str):
 @bp.post("/v1/jobs/<job_id>/deliveries/redeliver")
 @require_key()
 def redeliver(job_id: str):
-    with session_scope(g.settings) as session:
-        job = load_job(session, job_id)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        job = load_job(uow.session, job_id)
         # Locked: two redeliveries of one job cannot both see "none pending".
-        job = session.execute(select(Job).where(Job.id == job.id).with_for_update()
-                              .execution_options(populate_existing=True)).scalar_one()
-        delivery = redeliver_job_event(session, job)
+        job = uow.session.execute(select(Job).where(Job.id == job.id).with_for_update()
+                                  .execution_options(populate_existing=True)).scalar_one()
+        delivery = redeliver_job_event(uow.session, job)
         body = delivery_object(delivery)
-    from tasks.webhooks import schedule
-    schedule(body["id"])  # committed first; if the broker refuses, the sweeper sends it
+        uow.effect(SendWebhooks((body["id"],)))
     return accepted(body)

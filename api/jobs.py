@@ -20,10 +20,10 @@ from agentq.loop.store import event_dict
 from agentq.loop.submit import Submission, cancel, submit
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobEvent
 from agentq.notify import hub_for
+from agentq.uow import UnitOfWork
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
-from agentq.loop.store import EventBuffer
 from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
                          MessageRequestSchema)
 from api.views import accepted, job_object
@@ -88,15 +88,6 @@ def load_conversation(session, conversation_id: uuid.UUID) -> Conversation:
     return conversation
 
 
-def enqueue_after_commit(effects) -> None:
-    """The rows are committed; if the broker refuses, the sweeper re-drives the job."""
-    from tasks.dispatch import dispatch
-    try:
-        dispatch(effects)
-    except Exception:
-        log.exception("enqueue failed; the sweeper will re-drive the job")
-
-
 def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False,
                body: dict | None = None, steering_input: uuid.UUID | None = None):
     """The job object, after waiting if asked; `body` (the object as just written) saves a
@@ -147,7 +138,8 @@ def _submit(route: str, body: dict, sub: Submission):
     digest = idempotency.request_hash(route, body)
     for attempt in range(2):
         try:
-            with session_scope(g.settings) as session:
+            with UnitOfWork(session_factory(g.settings)) as uow:
+                session = uow.session
                 if key is not None:
                     earlier = idempotency.find(session, g.tenant_id, g.api_key_id, key,
                                                digest)
@@ -155,10 +147,9 @@ def _submit(route: str, body: dict, sub: Submission):
                         return answer_job(earlier, wait, created=True, replayed=True)
                 claimed = (idempotency.claim(session, g.tenant_id, g.api_key_id, key, digest)
                            if key is not None else None)
-                submitted = submit(session, g.settings, sub)
+                submitted = submit(uow, g.settings, sub)
                 if claimed is not None:
                     claimed.job_id = submitted.job.id
-                submitted.events.flush(session)
                 session.flush()
                 job_id, body_now = submitted.job.id, job_object(submitted.job)
                 steering_input = submitted.steering_input_id
@@ -167,8 +158,6 @@ def _submit(route: str, body: dict, sub: Submission):
             if attempt or key is None:
                 raise
             log.info("idempotency key raced; answering with the first job")
-    submitted.events.announce()
-    enqueue_after_commit(submitted.effects)
     if steering_input is not None:
         return answer_job(job_id, wait, created=True, steering_input=steering_input)
     return answer_job(job_id, wait, created=True, body=body_now)
@@ -216,16 +205,13 @@ def get_job(job_id: str):
 @bp.post("/v1/jobs/<job_id>/cancel")
 @require_key()
 def cancel_job(job_id: str):
-    with session_scope(g.settings) as session:
-        job = load_job(session, job_id)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        job = load_job(uow.session, job_id)
         if job.status in TERMINAL_STATUSES:
             raise Conflict(f"Job {job_id} has already ended ({job.status}).",
                            job_id=job_id, status=job.status)
-        effects, events = cancel(session, job)
-        events.flush(session)
+        cancel(uow, job)
         body = job_object(job)
-    events.announce()
-    enqueue_after_commit(effects)
     return accepted(body)
 
 
@@ -237,15 +223,11 @@ def _optional_body() -> dict:
 
 
 def _decide(job_id: str, decide) -> object:
-    with session_scope(g.settings) as session:
-        job = load_job(session, job_id)
-        events = EventBuffer()
-        effects = decide(session, job.id, events)
-        events.flush(session)
-        session.flush()
-        body = job_object(session.get(Job, job.id))
-    events.announce()
-    enqueue_after_commit(effects)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        job = load_job(uow.session, job_id)
+        decide(uow, job.id)
+        uow.session.flush()
+        body = job_object(uow.session.get(Job, job.id))
     return accepted(body)
 
 
@@ -257,8 +239,8 @@ def approve_tool_call(job_id: str, tool_use_id: str):
     from agentq.tools.registry import get_registry
     data = ApproveRequestSchema().load(_optional_body())
     registry = get_registry(g.settings)
-    return _decide(job_id, lambda session, ident, events: approve(
-        session, ident, tool_use_id, data["arguments"], registry, events))
+    return _decide(job_id, lambda uow, ident: approve(
+        uow, ident, tool_use_id, data["arguments"], registry))
 
 
 @bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/deny")
@@ -267,8 +249,7 @@ def deny_tool_call(job_id: str, tool_use_id: str):
     """Refuse a call that waits for approval; the model reads a `denied` tool error."""
     from agentq.approvals import deny
     data = DenyRequestSchema().load(_optional_body())
-    return _decide(job_id, lambda session, ident, events: deny(
-        session, ident, tool_use_id, data["reason"], events))
+    return _decide(job_id, lambda uow, ident: deny(uow, ident, tool_use_id, data["reason"]))
 
 
 @bp.get("/v1/jobs/<job_id>/events")

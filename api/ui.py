@@ -21,12 +21,13 @@ from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
 from agentq import replay
-from agentq.db import session_scope
+from agentq.db import session_factory, session_scope
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
 from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, ToolCall,
                            UserPlatformLink, WebhookDelivery)
+from agentq.uow import UnitOfWork
 from agentq.views import SHOWN_WAITS, delivery_object, job_object
 from api.auth import can_see
 
@@ -247,19 +248,16 @@ def decide(job_id: str, tool_use_id: str, decision: str):
 
 @bp.post("/jobs/<job_id>/replay")
 def replay_job(job_id: str):
-    from api.jobs import enqueue_after_commit
     mode = request.form.get("mode", "recorded")
     if mode not in ("recorded", "live"):
         return redirect(url_for("ui.job", job_id=job_id, message=f"No replay mode {mode!r}."))
-    with session_scope(g.settings) as session:
-        original = _load_job(session, job_id)
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        original = _load_job(uow.session, job_id)
         if original.status not in ("completed", "failed", "cancelled"):
             return redirect(url_for("ui.job", job_id=job_id,
                                     message="Replay a job once it has ended."))
-        new, effects = replay.create_replay(session, g.settings, original, mode,
-                                            api_key_id=g.api_key_id)
+        new = replay.create_replay(uow, g.settings, original, mode, api_key_id=g.api_key_id)
         new_id = str(new.id)
-    enqueue_after_commit(effects)
     return redirect(url_for("ui.job", job_id=new_id, message=f"Replay ({mode}) of {job_id}."))
 
 

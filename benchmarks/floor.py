@@ -1,8 +1,8 @@
 """The in-process floor: the same turns and the same Postgres writes as agentq's stack, made
 by plain function calls in one process — no HTTP API, no broker, no worker hand-offs.
 
-`create_job` (what POST /v1/messages does), then `Stepper.run` for each step and
-`execute_tool_call` for each tool call, in order, with the real router (the openai SDK)
+`submit` (what POST /v1/messages does), then `Stepper.run` for each step and
+`execute_tool_call` for each tool call, in order (the in-process runner, `agentq.runner`), with the real router (the openai SDK)
 against the same model server. What the stack takes beyond this is its machinery.
 """
 from __future__ import annotations
@@ -30,51 +30,24 @@ class Floor:
         self.stepper = Stepper(settings, self.router, self.registry, self.sessions)
 
     def run_job(self, content: str, user: str, channel: str) -> dict:
-        """One job from submit to its end; returns its id, status and times."""
-        from agentq.db import session_scope
-        from agentq.loop.execute import execute_tool_call
+        """One job from submit to its end; returns its id, status and times. Its effects
+        run in this process, in order (`agentq.runner`), as a worker would run them."""
         from agentq.loop.identity import Incoming
-        from agentq.loop import submit as submit_mod
-        DispatchTools, JobEnded, NextStep = _effect_types()
+        from agentq.loop.submit import Submission, submit
+        from agentq.runner import InProcessRunner
+        from agentq.uow import UnitOfWork
+        runner = InProcessRunner(self.stepper, self.settings)
         t0 = time.time()
-        sub = submit_mod.Submission(incoming=Incoming("api", user, channel), content=content)
-        with session_scope(self.settings) as session:
-            if hasattr(submit_mod, "submit"):  # what POST /v1/messages does
-                submitted = submit_mod.submit(session, self.settings, sub)
-                submitted.events.flush(session)
-                job_id, effects = str(submitted.job.id), list(submitted.effects)
-                announce = submitted.events.announce
-            else:
-                job_id = str(submit_mod.create_job(session, self.settings, sub).id)
-                effects, announce = [NextStep(job_id, 0, "start")], None
-        if announce is not None:
-            announce()
-        status = None
-        while effects:
-            following = []
-            for effect in effects:
-                if isinstance(effect, NextStep):
-                    following += self.stepper.run(effect.job_id, effect.iteration, effect.cause)
-                elif isinstance(effect, DispatchTools):
-                    for tool_use_id, _queue, _limit in effect.calls:
-                        execute_tool_call(tool_use_id, self.settings, self.registry,
-                                          self.sessions)
-                    following += self.stepper.run(effect.job_id, effect.iteration, "callback")
-                elif isinstance(effect, JobEnded):
-                    status = effect.status
-            effects = following
-        return {"id": job_id, "status": status, "submitted": t0, "finished": time.time()}
+        with runner.installed():
+            with UnitOfWork(self.sessions) as uow:  # what POST /v1/messages does
+                job_id = str(submit(uow, self.settings, Submission(
+                    incoming=Incoming("api", user, channel), content=content)).job.id)
+            runner.run_until_idle()
+        return {"id": job_id, "status": runner.ended.get(job_id), "submitted": t0,
+                "finished": time.time()}
 
     def close(self) -> None:
         self.router.close()
-
-
-def _effect_types():
-    try:
-        from agentq.loop.effects import DispatchTools, JobEnded, NextStep
-    except ImportError:  # before the effects had their own module
-        from agentq.loop.effects import DispatchTools, JobEnded, NextStep
-    return DispatchTools, JobEnded, NextStep
 
 
 def new_ids() -> tuple[str, str]:

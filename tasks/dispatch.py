@@ -1,14 +1,16 @@
-"""Effects → Celery messages. Called only after the transaction that wrote the rows has
-committed. A step's tool calls go out as a chord: one task per call on its module's queue,
-the next step as the callback, and an error callback so a hard failure still advances."""
+"""Effects → Celery messages: this process's dispatcher (`agentq.uow`), called only after
+the transaction that wrote the rows has committed. A step's tool calls go out as a chord:
+one task per call on its module's queue, the next step as the callback, and an error
+callback so a hard failure still advances. Nothing here opens a database session: an
+effect that needs a transaction (admitting a batch's next jobs) is a task of its own."""
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Sequence, assert_never
 
 from celery import chord, group
 
-from agentq import tracing
+from agentq import tracing, uow
 from agentq.config import get_settings
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
                                  NextStep, RevokeTools, SendWebhooks)
@@ -18,8 +20,8 @@ log = logging.getLogger(__name__)
 HARD_LIMIT_MARGIN_S = 30
 
 
-def dispatch(effects: Iterable[Effect]) -> None:
-    from tasks import orchestrator, tools
+def dispatch(effects: Sequence[Effect]) -> None:
+    from tasks import orchestrator, tools, webhooks
     for effect in effects:
         match effect:
             case NextStep(job_id=job_id, iteration=iteration, cause=cause,
@@ -42,38 +44,22 @@ def dispatch(effects: Iterable[Effect]) -> None:
                 chord(header)(body)
             case JobEnded(job_id=job_id, status=status, finish_reason=reason):
                 # The trace's last span of the job: made once its end has committed, a
-                # child of the step that ended it (its webhook's task joins the trace).
+                # child of the step that ended it.
                 with tracing.span("job.end", job_id=job_id, status=status,
                                   finish_reason=reason):
                     log.info("job ended", extra={"job_id": job_id, "status": status})
-                    from tasks.webhooks import schedule_for_job
-                    schedule_for_job(job_id)  # its webhook row was written with the end
-            case SendWebhooks(job_id=job_id):
-                from tasks.webhooks import schedule_for_job
-                schedule_for_job(job_id)
+            case SendWebhooks(delivery_ids=ids):
+                for delivery_id in ids:  # on a broker error the sweeper sends it
+                    webhooks.schedule(delivery_id)
             case AdmitBatch(batch_id=batch_id):
-                import uuid
-
-                from agentq.batches import advance
-                from agentq.db import session_factory
-                dispatch(advance(session_factory(get_settings()), uuid.UUID(batch_id)))
+                orchestrator.advance_batch.apply_async((batch_id,), queue=ORCHESTRATOR_QUEUE)
             case BatchEnded(batch_id=batch_id, status=status):
                 log.info("batch ended", extra={"batch_id": batch_id, "status": status})
-                _schedule_batch_webhook(batch_id)
             case RevokeTools(tool_use_ids=ids):
                 if not get_settings().embedded_broker:
                     app.control.revoke(list(ids))
             case _:
-                raise TypeError(f"unknown effect {effect!r}")
+                assert_never(effect)
 
 
-def _schedule_batch_webhook(batch_id: str) -> None:
-    import uuid
-
-    from agentq.batches import pending_deliveries
-    from agentq.db import session_factory
-    from tasks.webhooks import schedule
-    with session_factory(get_settings())() as session:
-        ids = pending_deliveries(session, uuid.UUID(batch_id))
-    for delivery_id in ids:
-        schedule(delivery_id)
+uow.set_dispatcher(dispatch)

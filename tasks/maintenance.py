@@ -6,19 +6,18 @@ from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.sweeper import sweep_waiting
 from tasks.app import app
 from tasks.base import AgentqTask, services
-from tasks.dispatch import dispatch
 
 
 @app.task(base=AgentqTask, name="maintenance.sweep")
 def sweep() -> int:
-    s = services()
-    effects = sweep_jobs(s["settings"], s["sessions"])
-    effects += sweep_waiting(s["settings"], s["sessions"])
-    effects += sweep_provider_waits(s["settings"], s["sessions"])
+    """Stalled jobs re-driven, waiting ones started, overdue provider attempts re-sent,
+    approvals past their deadline denied: each in its unit of work. Returns how many."""
     from agentq.approvals import expire
-    effects += expire(s["settings"], s["sessions"])  # approvals past their deadline: denied
-    dispatch(effects)
-    return len(effects)
+    s = services()
+    return (sweep_jobs(s["settings"], s["sessions"])
+            + sweep_waiting(s["settings"], s["sessions"])
+            + sweep_provider_waits(s["settings"], s["sessions"])
+            + expire(s["settings"], s["sessions"]))
 
 
 @app.task(base=AgentqTask, name="maintenance.fire_schedules")
@@ -27,13 +26,7 @@ def fire_schedules() -> int:
     process runs this first."""
     from agentq.schedules import fire_due
     s = services()
-
-    def committed(buffers, effects) -> None:
-        for events in buffers:
-            events.announce()
-        dispatch(effects)
-
-    return fire_due(s["settings"], s["sessions"], on_committed=committed)
+    return fire_due(s["settings"], s["sessions"])
 
 
 @app.task(base=AgentqTask, name="maintenance.summarize_idle")

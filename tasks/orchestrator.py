@@ -9,7 +9,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from agentq import logs, tracing
 from tasks.app import app
 from tasks.base import AgentqTask, services
-from tasks.dispatch import dispatch
+# every worker loads this module (tasks.app's `include`): its units of work send effects
+# as Celery messages through tasks.dispatch, which registers itself on import
+import tasks.dispatch  # noqa: E402,F401
 
 
 log = logging.getLogger(__name__)
@@ -19,7 +21,8 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
     token = logs.bind(job_id=job_id, iteration=iteration)
     tracing.annotate(job_id=job_id, iteration=iteration, cause=cause)
     try:
-        effects = services()["stepper"].run(job_id, iteration, cause)
+        # its units of work hand their effects to the dispatcher after each commit
+        services()["stepper"].run(job_id, iteration, cause)
     except (OperationalError, InterfaceError, DisconnectionError, PoolTimeout):
         # The database is away, or every pooled connection stayed busy (a burst of re-driven
         # steps after an outage): transient, never a reason to fail the job. Nothing was
@@ -28,10 +31,9 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
         raise
     except Exception as exc:
         log.exception("step failed")
-        effects = services()["stepper"].fail(job_id, exc)
+        services()["stepper"].fail(job_id, exc)
     finally:
         logs.unbind(token)
-    dispatch(effects)
 
 
 @app.task(base=AgentqTask, name="orchestrator.step")
@@ -49,3 +51,13 @@ def after_tools(_results, job_id: str, iteration: int) -> None:
 def tools_failed(job_id: str, iteration: int) -> None:
     """The chord's error callback: a tool task died; the step answers it with an error."""
     _run(job_id, iteration, "errback")
+
+
+@app.task(base=AgentqTask, name="orchestrator.advance_batch")
+def advance_batch(batch_id: str) -> None:
+    """A batch job ended: admit the batch's next jobs, end the batch after its last one
+    (its own unit of work: the batch's lock, no job's)."""
+    import uuid
+
+    from agentq.batches import advance
+    advance(services()["sessions"], uuid.UUID(batch_id))

@@ -4,9 +4,7 @@ from __future__ import annotations
 from agentq import logs, tracing
 from agentq.loop.execute import execute_tool_call
 from tasks.app import app
-from agentq.loop.effects import NextStep
 from tasks.base import AgentqTask, services
-from tasks.dispatch import dispatch
 
 
 @app.task(base=AgentqTask, name="tools.execute")
@@ -15,10 +13,8 @@ def execute(tool_use_id: str) -> dict:
     tracing.annotate(tool_use_id=tool_use_id)
     try:
         s = services()
-        outcome = execute_tool_call(tool_use_id, s["settings"], s["registry"], s["sessions"])
-        if outcome.get("next_step"):
-            job_id, iteration = outcome["next_step"]
-            dispatch([NextStep(job_id, iteration, "callback")])
-        return outcome
+        # with tool_join=database, the call that stores its turn's last result sends the
+        # next step (an effect of that unit of work)
+        return execute_tool_call(tool_use_id, s["settings"], s["registry"], s["sessions"])
     finally:
         logs.unbind(token)

@@ -9,7 +9,7 @@ import logging
 from agentq.config import get_settings
 from agentq.db import session_factory
 from agentq.loop.sweeper import sweep_deliveries
-from agentq.webhooks.delivery import attempt_delivery, pending_for_job
+from agentq.webhooks.delivery import attempt_delivery
 from tasks.app import WEBHOOKS_QUEUE, app
 from tasks.base import AgentqTask
 
@@ -31,19 +31,6 @@ def schedule(delivery_id: str, countdown_s: float = 0.0) -> None:
     except Exception:
         log.exception("webhook enqueue failed; the sweeper will send it",
                       extra={"delivery_id": delivery_id})
-
-
-def schedule_for_job(job_id: str) -> None:
-    """After a job's end committed: send its pending delivery, if it has a callback_url."""
-    try:
-        with session_factory(get_settings())() as session:
-            ids = pending_for_job(session, job_id)
-    except Exception:
-        log.exception("webhook lookup failed; the sweeper will send it",
-                      extra={"job_id": job_id})
-        return
-    for delivery_id in ids:
-        schedule(delivery_id)
 
 
 @app.task(base=AgentqTask, name="webhooks.deliver", ignore_result=True)

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.errors import Conflict
-from agentq.loop.store import EventBuffer
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobInput, ToolCall
+
+if TYPE_CHECKING:
+    from agentq.uow import UnitOfWork
 
 CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
                          "error": {"code": "cancelled",
@@ -59,16 +62,15 @@ def active_job(session: Session, conversation: Conversation) -> Job | None:
     return job
 
 
-def request_cancel(session: Session, job: Job, events: EventBuffer,
-                   now: datetime | None = None) -> list[str]:
+def request_cancel(uow: UnitOfWork, job: Job, now: datetime | None = None) -> list[str]:
     """Ask a live job to stop at its next step boundary; answer its pending tool calls.
 
     Returns the tool_use_ids whose queued tasks should be revoked.
     """
-    now = now or utcnow()
+    session, now = uow.session, now or utcnow()
     if job.cancel_requested_at is None:
         job.cancel_requested_at = now
-        events.add(job.id, "cancel_requested")
+        uow.event(job.id, "cancel_requested")
     pending = session.execute(
         select(ToolCall.tool_use_id, ToolCall.name).where(
             ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
@@ -79,18 +81,18 @@ def request_cancel(session: Session, job: Job, events: EventBuffer,
             ToolCall.status == "pending").values(status="cancelled",
                                                  result=CANCELLED_TOOL_RESULT, finished_at=now))
         for tool_use_id, name in pending:
-            events.add(job.id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
-                       ok=False, error="cancelled")
+            uow.event(job.id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
+                      ok=False, error="cancelled")
     return [tool_use_id for tool_use_id, _ in pending]
 
 
-def steer(session: Session, job: Job, content: str, metadata: dict, events: EventBuffer,
+def steer(uow: UnitOfWork, job: Job, content: str, metadata: dict,
           now: datetime | None = None) -> JobInput:
     entry = JobInput(id=uuid.uuid4(), job_id=job.id, content=content, meta=metadata or {},
                      created_at=now or utcnow())
-    session.add(entry)
+    uow.session.add(entry)
     job.pending_inputs = (job.pending_inputs or 0) + 1
-    events.add(job.id, "steering_queued", input_id=str(entry.id))
+    uow.event(job.id, "steering_queued", input_id=str(entry.id))
     return entry
 
 

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 from agentq.llm.types import LLMReply
 
-StopReason = Literal["max_iterations", "max_tokens", "max_time", "budget_exceeded",
-                     "cancelled", "error", "hook"]
-EXECUTION_LIMITS = ("max_iterations", "max_tokens", "max_time")
-"""Stops that end a job `completed` with "[Agent stopped: <reason>]" in its conversation."""
+from agentq.lifecycle import StopReason
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""What a step asks the transport to do once its transaction has committed: plain values,
-so nothing in the loop knows Celery."""
+"""What a unit of work asks for once its transaction has committed: plain values, so
+nothing in the loop knows Celery. `agentq.uow` hands them to this process's dispatcher
+(`tasks.dispatch` sends Celery messages; `agentq.runner` runs them in-process); each
+dispatcher handles every type below, and none opens a database session to do so."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,21 +45,23 @@ class JobEnded:
 
 @dataclass(frozen=True)
 class BatchEnded:
+    """For the log and the dispatcher's record; its webhook goes as `SendWebhooks`."""
     batch_id: str
     status: str
 
 
 @dataclass(frozen=True)
 class AdmitBatch:
-    """A batch job ended: admit the next and see whether the batch is done — in a
-    transaction of its own, so no job's lock is held while the batch's is taken."""
+    """A batch job ended: admit the next and see whether the batch is done — a task with
+    a unit of work of its own, so no job's lock is held while the batch's is taken."""
     batch_id: str
 
 
 @dataclass(frozen=True)
 class SendWebhooks:
-    """A job's pending webhook deliveries (an approval request) go out now."""
-    job_id: str
+    """Webhook delivery rows written by the transaction (a job's or batch's end, an
+    approval request) go out now: one attempt each."""
+    delivery_ids: tuple[str, ...]
 
 
 Effect = (NextStep | DispatchTools | RevokeTools | JobEnded | BatchEnded | AdmitBatch

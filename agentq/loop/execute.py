@@ -29,11 +29,11 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.busy import lock_job
 from agentq.loop.leases import ToolLeaseKeeper
-from agentq.loop.step import relax_durability
-from agentq.loop.store import EventBuffer
+from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
+from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 AWAIT_POLL_S = 0.5
@@ -56,11 +56,9 @@ CANCELLED_RESULT = {"ok": False, "result": None,
 
 def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
                       sessions: sessionmaker) -> dict[str, Any]:
-    events = EventBuffer()
-    with sessions() as session, session.begin():
-        prepared = _prepare(session, tool_use_id, settings, registry, sessions, events)
-        events.flush(session)
-    events.announce()
+    # a lost start is re-done by the redelivered task
+    with UnitOfWork(sessions, durable=False) as uow:
+        prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
     if isinstance(prepared, _RunningElsewhere):
         return _await_other_delivery(tool_use_id, settings, registry, sessions)
     if isinstance(prepared, dict):
@@ -78,20 +76,18 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     for attempt in Retrying(retry=retry_if_exception_type(OperationalError),
                             stop=stop_after_delay(settings.step_deadline_s),
                             wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
-        with attempt:
-            events = EventBuffer()
-            with sessions() as session, session.begin():
-                lock_job(session, job_id)  # the job's row before the call's, as everywhere
-                iteration = _store(session, job_id, tool_use_id, name, status, record, events)
-                events.flush(session)
-                join = (_join_if_last(session, job_id, iteration)
-                        if iteration is not None and settings.tool_join == "database"
-                        else None)
+        with attempt, UnitOfWork(sessions) as uow:
+            lock_job(uow.session, job_id)  # the job's row before the call's, as everywhere
+            iteration = _store(uow, job_id, tool_use_id, name, status, record)
+            join = (_join_if_last(uow.session, job_id, iteration)
+                    if iteration is not None and settings.tool_join == "database"
+                    else None)
+            if join is not None:  # this call was the turn's last: the next step goes out
+                uow.effect(NextStep(join[0], join[1], "callback"))
         if attempt.retry_state.attempt_number > 1:
             log.info("tool result stored after the database came back",
                      extra={"tool_use_id": tool_use_id,
                             "tries": attempt.retry_state.attempt_number})
-    events.announce()
     return {"tool_use_id": tool_use_id,
             "status": status if iteration is not None else "duplicate", "next_step": join}
 
@@ -152,10 +148,10 @@ def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int]
     return None if pending else (str(job_id), iteration)
 
 
-def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegistry,
-             sessions: sessionmaker, events: EventBuffer):
+def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
+             sessions: sessionmaker):
     """Load the call and decide whether it runs; a dict is the task's answer without it."""
-    relax_durability(session)  # a lost start is re-done by the redelivered task
+    session = uow.session
     query = (select(ToolCall, Job).join(Job, Job.id == ToolCall.job_id)
              .where(ToolCall.tool_use_id == tool_use_id))
     if session.bind.dialect.name == "postgresql":
@@ -168,7 +164,7 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
     if call.status != "pending":
         return {"tool_use_id": tool_use_id, "status": call.status}
     if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
-        _store(session, job.id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT, events)
+        _store(uow, job.id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
     now = utcnow()
     if call.attempts and call.lease_until is not None and call.lease_until > now:
@@ -183,7 +179,7 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
         log.warning("not idempotent tool call interrupted; not running it again",
                     extra={"event": "tool.interrupted", "tool": call.name,
                            "tool_use_id": tool_use_id, "deliveries": call.attempts})
-        _store(session, job.id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT, events)
+        _store(uow, job.id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}
     call.attempts += 1
     call.started_at = now
@@ -193,7 +189,7 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
         job.redrive_after = lease_until
     if call.attempts > MAX_DELIVERIES:
         session.flush()
-        _store(session, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT, events)
+        _store(uow, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}
     if call.attempts > 1:  # at-least-once: the previous delivery died before storing
         log.info("idempotent tool call delivered again; running it again",
@@ -217,12 +213,12 @@ def _prepare(session, tool_use_id: str, settings: Settings, registry: ToolRegist
     return call.name, call.arguments, ctx, allowed, lease_until
 
 
-def _store(session, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,
-           record: dict[str, Any], events: EventBuffer) -> int | None:
+def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,
+           record: dict[str, Any]) -> int | None:
     """Write the result once: only a pending call takes it. The caller holds the job's row
     (locked first, as every other writer does). Returns the call's turn, or None when
     another delivery stored it already."""
-    iteration = session.execute(
+    iteration = uow.session.execute(
         update(ToolCall).where(ToolCall.tool_use_id == tool_use_id,
                                ToolCall.status == "pending")
         .values(status=status, result=record, finished_at=utcnow())
@@ -230,6 +226,6 @@ def _store(session, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,
     if iteration is None:
         return None
     error = (record.get("error") or {}).get("code")
-    events.add(job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
-               ok=record["ok"], error=error, attempts=record.get("attempts", 0))
+    uow.event(job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
+              ok=record["ok"], error=error, attempts=record.get("attempts", 0))
     return iteration

@@ -14,19 +14,21 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.loop.effects import Effect, NextStep
+from agentq.loop.effects import NextStep
 from agentq.models import Job
+from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
 
 
-def sweep_provider_waits(settings: Settings, sessions: sessionmaker) -> list[Effect]:
+def sweep_provider_waits(settings: Settings, sessions: sessionmaker) -> int:
     now = utcnow()
     overdue = now - timedelta(seconds=max(settings.step_deadline_s,
                                           2 * settings.sweep_interval_s))
-    effects: list[Effect] = []
-    with sessions() as session, session.begin():
+    resent = 0
+    with UnitOfWork(sessions) as uow:
+        session = uow.session
         query = (select(Job).where(Job.status.in_(("queued", "running")),
                                    Job.waiting_for == "provider",
                                    Job.provider_next_attempt_at < overdue,
@@ -39,5 +41,6 @@ def sweep_provider_waits(settings: Settings, sessions: sessionmaker) -> list[Eff
             log.warning("re-sending the overdue attempt of a job waiting for its provider",
                         extra={"job_id": str(job.id), "iteration": job.iteration})
             job.provider_next_attempt_at = now  # re-sent at most once per deadline
-            effects.append(NextStep(str(job.id), job.iteration, "provider"))
-    return effects
+            uow.effect(NextStep(str(job.id), job.iteration, "provider"))
+            resent += 1
+    return resent

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, text, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
@@ -57,21 +57,23 @@ from agentq.llm.types import LLMReply, ToolSpec
 from agentq import approvals, memory, replay
 from agentq.hooks import Hooks
 from agentq.loop import budget, context
-from agentq.loop.decision import (EXECUTION_LIMITS, Finish, Limits, RunTools, Stop,
-                                  WaitForProvider, check_limits, decide, effective_limits,
+from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
+                              WaitingFor, end_job)
+from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvider,
+                                  check_limits, decide, effective_limits,
                                   remaining_output_budget, wait_for_provider)
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
-from agentq.loop.finish import finish_job
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
-from agentq.loop.store import EventBuffer, append_messages, recent_messages
+from agentq.loop.store import append_messages, recent_messages
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
                            Persona, TokenLog, ToolCall, User)
 from agentq.tools.registry import ToolRegistry
+from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 
-LIVE = ("queued", "running")
+LIVE = tuple(s.value for s in LIVE_STATUSES)
 PROVIDER_EARLY_TOLERANCE_S = 2.0
 MAX_COMPACTION_ROUNDS = 4
 """Most summary calls one step makes; a backlog longer than that is folded on by the next
@@ -129,19 +131,17 @@ class Stepper:
     # -- the step ---------------------------------------------------------------------
     def run(self, job_id: str, iteration: int, cause: Cause = "continue") -> list[Effect]:
         owner = uuid.uuid4().hex
-        events = EventBuffer()
-        with self.sessions() as session, session.begin():
-            job = self._claim(session, uuid.UUID(job_id), iteration, owner)
+        # a claim lost in a database crash is re-done by the next delivery or the sweeper
+        with UnitOfWork(self.sessions, durable=False) as uow:
+            job = self._claim(uow.session, uuid.UUID(job_id), iteration, owner)
             if job is None:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
                 return []
             lease_until = job.step_lease_until
-            outcome = self._prepare(session, job, cause, events)
-            events.flush(session)
-        events.announce()
-        if not isinstance(outcome, _Turn):
-            return outcome
+            outcome = self._prepare(uow, job, cause)
+        if outcome is None:
+            return uow.sent
 
         # the model may outlast one step deadline: the lease is renewed meanwhile
         with self.leases.hold(job_id, owner, lease_until):
@@ -165,18 +165,15 @@ class Stepper:
                     return self._wait_provider(job_id, iteration, owner, exc)
                 return self._fail_provider(job_id, iteration, owner, exc)
 
-        with self.sessions() as session, session.begin():
-            effects = self._persist(session, uuid.UUID(job_id), iteration, owner, reply,
-                                    outcome, events)
-            events.flush(session)
-        events.announce()
+        with UnitOfWork(self.sessions) as uow:
+            self._persist(uow, uuid.UUID(job_id), iteration, owner, reply, outcome)
         if self.hooks.loaded:
             self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
                                    "model": reply.model, "content": reply.content,
                                    "tool_calls": [c.name for c in reply.tool_calls],
                                    "usage": {"input_tokens": reply.input_tokens,
                                              "output_tokens": reply.output_tokens}})
-        return effects
+        return uow.sent
 
     def _deltas(self, job_id: str, turn: int):
         """Publish each piece of streamed text to the job's live listeners (SSE), not to
@@ -200,7 +197,6 @@ class Stepper:
     def _claim(self, session: Session, job_id: uuid.UUID, iteration: int,
                owner: str) -> Job | None:
         now = utcnow()
-        relax_durability(session)
         early = now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S)
         return session.execute(
             update(Job).where(
@@ -220,9 +216,10 @@ class Stepper:
         ).scalar_one_or_none()
 
     # -- 2..5 -------------------------------------------------------------------------
-    def _prepare(self, session: Session, job: Job, cause: Cause,
-                 events: EventBuffer) -> _Turn | list[Effect]:
-        now = utcnow()
+    def _prepare(self, uow: UnitOfWork, job: Job, cause: Cause) -> _Turn | None:
+        """The step's first transaction: None when the step ends here (its effects are on
+        the unit of work), else the turn for the model call."""
+        session, now = uow.session, utcnow()
         user, conversation, persona = session.execute(
             select(User, Conversation, Persona).select_from(User)
             .join(Conversation, Conversation.id == job.conversation_id)
@@ -230,11 +227,11 @@ class Stepper:
             .where(User.id == job.user_id)).one()
         if job.status == "queued":
             job.status, job.started_at = "running", now
-            events.add(job.id, "job_start", conversation_id=str(job.conversation_id))
+            uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
             question = _user_content(job)
             append_messages(session, conversation.id, job.id, [("user", question, None)], now)
-            events.add(job.id, "message_start", role="user", kind="question", content=question)
-            events.add(job.id, "message_end", role="user", kind="question", content=question)
+            uow.event(job.id, "message_start", role="user", kind="question", content=question)
+            uow.event(job.id, "message_end", role="user", kind="question", content=question)
 
         resuming = job.waiting_for == "provider"
         if resuming:  # the provider's turn again: the job runs (its turn began already)
@@ -242,13 +239,14 @@ class Stepper:
             job.provider_next_attempt_at = None
 
         if job.phase == "tools":
-            redispatch = self._collect(session, job, conversation, cause, events)
+            redispatch = self._collect(uow, job, conversation, cause)
             if redispatch is _WAIT:  # another dispatch of this turn (an approved call) runs
                 job.step_owner = job.step_lease_until = None
-                return []
+                return None
             if redispatch:
                 job.step_owner = job.step_lease_until = None
-                return [redispatch]
+                uow.effect(redispatch)
+                return None
 
         inputs = pending_inputs(session, job.id) if job.pending_inputs else []
         job.pending_inputs = 0
@@ -256,18 +254,18 @@ class Stepper:
         # a turn resumed (after waiting for its provider, or re-driven) was announced already
         started = _turn_started(session, job, resuming)
         if not started:
-            events.add(job.id, "turn_start", turn=turn_no,
+            uow.event(job.id, "turn_start", turn=turn_no,
                        triggered_by=_trigger(job, bool(inputs)))
         if inputs:
             append_messages(session, conversation.id, job.id,
                             [("user", entry.content, None) for entry in inputs], now)
             for entry in inputs:
                 entry.consumed_at = now
-                events.add(job.id, "message_start", role="user", kind="steering",
+                uow.event(job.id, "message_start", role="user", kind="steering",
                            content=entry.content)
-                events.add(job.id, "message_end", role="user", kind="steering",
+                uow.event(job.id, "message_end", role="user", kind="steering",
                            content=entry.content)
-                events.add(job.id, "steering_injected", input_id=str(entry.id),
+                uow.event(job.id, "steering_injected", input_id=str(entry.id),
                            turn=turn_no)
 
         if budget.roll_period(user, now, self.settings.budget_period_days):
@@ -294,17 +292,18 @@ class Stepper:
                 stop = Stop("error", f"The original job made no model call {turn_no}; "
                                      "a recorded replay cannot go further.")
         if stop is not None:
-            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
-            return self._stop(session, job, stop, events)
+            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
+            self._stop(uow, job, stop)
+            return None
 
         allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None)
         offered = self.registry.offered(user.permission_level, allowed)
         model = job.model or (persona.default_model if persona else None) or self.settings.model
         if recorded is not None:  # answered from the recording: no context to build
             for kind, data in replay.recorded_compactions(session, job, turn_no):
-                events.add(job.id, kind, **data)
+                uow.event(job.id, kind, **data)
             if not started:
-                events.add(job.id, "message_start", role="assistant", turn=turn_no)
+                uow.event(job.id, "message_start", role="assistant", turn=turn_no)
             return _Turn([], self.registry.specs(offered), model, None, recorded)
         system = (persona.system_prompt if persona and persona.system_prompt
                   else self.settings.default_system_prompt)
@@ -313,21 +312,23 @@ class Stepper:
         turn = _Turn([], self.registry.specs(offered), model, max_tokens,
                      stream=bool(job.stream or (persona is not None and persona.stream)),
                      turn=job.iteration + 1, resumed=started)
-        stop = self._build_context(session, job, conversation, system, turn, events)
+        stop = self._build_context(uow, job, conversation, system, turn)
         if stop is not None:
-            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
-            return self._stop(session, job, stop, events)
+            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
+            self._stop(uow, job, stop)
+            return None
         if self.settings.answer_after_tools and context.last_tools_succeeded(
                 list(reversed(turn.layers.inrun))):
             turn.tools = []  # the results are in: the model answers from them
         return turn
 
     # -- 5. context -------------------------------------------------------------------
-    def _build_context(self, session: Session, job: Job, conversation: Conversation,
-                       system: str, turn: "_Turn", events: EventBuffer) -> Stop | None:
+    def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
+                       system: str, turn: "_Turn") -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
         `before_turn` hook may stop the job here."""
+        session = uow.session
         summary = session.execute(
             select(ConversationSummary).where(
                 ConversationSummary.conversation_id == conversation.id)
@@ -380,11 +381,11 @@ class Stepper:
             plan = None
         turn.compaction = plan
         if plan is not None:
-            self._compaction_start(job.id, turn, plan, events)
+            self._compaction_start(uow, job.id, turn, plan)
             if not plan.summarize:
-                self._compaction_end(job.id, turn, events, "prune")
+                self._compaction_end(uow, job.id, turn, "prune")
         if (plan is None or not plan.summarize) and not turn.resumed:
-            events.add(job.id, "message_start", role="assistant", turn=job.iteration + 1)
+            uow.event(job.id, "message_start", role="assistant", turn=job.iteration + 1)
         turn.messages = self._assemble(turn)
         return None
 
@@ -416,22 +417,22 @@ class Stepper:
                                   self.settings.compaction_keep_turns,
                                   context.summary_chars(turn.budget, turn.layers))
 
-    def _compaction_start(self, job_id: uuid.UUID, turn: "_Turn", plan: context.Compaction,
-                          events: EventBuffer) -> None:
+    def _compaction_start(self, uow: UnitOfWork, job_id: uuid.UUID, turn: "_Turn",
+                          plan: context.Compaction) -> None:
         turn.compaction = plan
         turn.stub_before = plan.stub_before_seq
-        events.add(job_id, "compaction_start", turn=turn.turn,
+        uow.event(job_id, "compaction_start", turn=turn.turn,
                    tokens_before=plan.tokens_before, messages_before=plan.messages_before,
                    window=turn.budget, threshold=self.settings.compaction_threshold,
                    summarize_messages=len(plan.summarize), round=turn.rounds + 1)
 
-    def _compaction_end(self, job_id: uuid.UUID, turn: "_Turn", events: EventBuffer,
+    def _compaction_end(self, uow: UnitOfWork, job_id: uuid.UUID, turn: "_Turn",
                         strategy: str, **extra: Any) -> None:
         layers = turn.layers
         after = context.tokens_of(layers, self.settings.tool_result_max_chars,
                                   turn.stub_before)
         messages = context.message_count(layers)
-        events.add(job_id, "compaction_end", strategy=strategy,
+        uow.event(job_id, "compaction_end", strategy=strategy,
                    tokens_before=turn.compaction.tokens_before, tokens_after=after,
                    messages_before=turn.compaction.messages_before, messages_after=messages,
                    **extra)
@@ -452,16 +453,13 @@ class Stepper:
             if len(self._question_vectors) > 1024:
                 self._question_vectors.clear()
             self._question_vectors[key] = vector
-        events = EventBuffer()
-        with self.sessions() as session, session.begin():
-            found = memory.recall(session, turn.recall_user, vector,
+        with UnitOfWork(self.sessions) as uow:
+            found = memory.recall(uow.session, turn.recall_user, vector,
                                   self.settings.embedding_model,
                                   ef_search=self.settings.memory_ef_search)
             if found:
-                events.add(uuid.UUID(job_id), "memory_recalled", count=len(found),
-                           similarities=[round(score, 4) for _, score in found])
-                events.flush(session)
-        events.announce()
+                uow.event(uuid.UUID(job_id), "memory_recalled", count=len(found),
+                          similarities=[round(score, 4) for _, score in found])
         kept = context.fit_memories([m.content for m, _ in found], turn.layers.memory_reserve)
         if kept:
             turn.layers = dataclasses.replace(turn.layers, memories=tuple(kept))
@@ -478,7 +476,6 @@ class Stepper:
             self.settings.tool_result_max_chars,
             max_chars=context.summary_chars(turn.budget, layers),
             stub_before=turn.stub_before)
-        events = EventBuffer()
         try:
             reply = self.router.chat(request, [], model=turn.model,
                                      max_tokens=context.summary_max_tokens(turn.budget))
@@ -487,14 +484,15 @@ class Stepper:
                                                       "error": exc.message})
             reply, failure = None, {"code": exc.code, "message": exc.message}
         next_round = False
-        with self.sessions() as session, session.begin():
+        with UnitOfWork(self.sessions) as uow:
+            session = uow.session
             job = _leased(session, job_id, iteration, owner)
             if job is None:
                 return False
             if reply is None or not reply.content.strip():
                 failure = (failure if reply is None else
                            {"code": "empty_summary", "message": "The model gave no summary."})
-                self._compaction_end(job.id, turn, events, "prune", error=failure)
+                self._compaction_end(uow, job.id, turn, "prune", error=failure)
             else:
                 now = utcnow()
                 through = plan.summarize[-1].seq
@@ -530,21 +528,18 @@ class Stepper:
                 if following is not None and not following.summarize:
                     turn.stub_before = following.stub_before_seq  # pruning is enough now
                     following = None
-                self._compaction_end(job.id, turn, events, "summarize",
+                self._compaction_end(uow, job.id, turn, "summarize",
                                      summary_version=turn.summary_version,
                                      through_seq=through,
                                      summary_input_tokens=reply.input_tokens,
                                      summary_output_tokens=reply.output_tokens)
                 if following is not None:  # one more summary call before the model's turn
-                    self._compaction_start(job.id, turn, following, events)
-                    events.flush(session)
+                    self._compaction_start(uow, job.id, turn, following)
                     next_round = True
             if not next_round:
                 turn.compaction = None
                 if not turn.resumed:
-                    events.add(job.id, "message_start", role="assistant", turn=iteration + 1)
-                events.flush(session)
-        events.announce()
+                    uow.event(job.id, "message_start", role="assistant", turn=iteration + 1)
         turn.messages = self._assemble(turn)
         return True
 
@@ -557,28 +552,24 @@ class Stepper:
         error = {"code": "context_overflow",
                  "message": f"The context needs {tokens} tokens after compaction; the model "
                             f"{turn.model} takes {turn.budget}."}
-        events = EventBuffer()
-        with self.sessions() as session, session.begin():
-            job = _leased(session, job_id, iteration, owner)
+        with UnitOfWork(self.sessions) as uow:
+            job = _leased(uow.session, job_id, iteration, owner)
             if job is None:
                 return []
             log.warning("context overflow", extra={"job_id": job_id, "tokens": tokens,
                                                    "budget": turn.budget})
-            events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[], error=error)
-            failed_ctx = {**_hook_ctx(job, iteration + 1), "error": error}
-            if self.hooks.loaded:
-                self.hooks.on_error(failed_ctx)
-            effects = self._stop(session, job, Stop("error", error["message"], {
-                "code": "context_overflow", "tokens": tokens, "budget": turn.budget}), events)
-            events.flush(session)
-        events.announce()
+            failed_ctx = self._failed_turn(uow, job, iteration, error)
+            self._stop(uow, job, Stop("error", error["message"], {
+                "code": "context_overflow", "tokens": tokens, "budget": turn.budget}))
         if self.hooks.loaded:
             self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
-        return effects
+        return uow.sent
 
-    def _collect(self, session: Session, job: Job, conversation: Conversation, cause: Cause,
-                 events: EventBuffer) -> DispatchTools | None:
-        """Tool results of the last turn → tool_result messages, in call order."""
+    def _collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
+                 cause: Cause) -> DispatchTools | None:
+        """Tool results of the last turn → tool_result messages, in call order; the lost
+        calls of a re-driven turn to dispatch again; or `_WAIT`."""
+        session = uow.session
         calls = session.execute(
             select(ToolCall).where(ToolCall.job_id == job.id,
                                    ToolCall.iteration == job.iteration)
@@ -599,7 +590,7 @@ class Stepper:
                 "ok": False, "result": None, "error": TOOL_LOST_ERROR}
             call.status = "cancelled" if cancelled else "failed"
             call.result, call.finished_at = record, now
-            events.add(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
+            uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
                        name=call.name, ok=False, error=record["error"]["code"])
         append_messages(session, conversation.id, job.id, [
             ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
@@ -608,8 +599,8 @@ class Stepper:
         job.phase = "llm"
         if job.replay_mode == "recorded":
             for diverged in replay.divergences(session, job, calls):
-                events.add(job.id, "replay_diverged", **diverged)
-        events.add(job.id, "turn_end", turn=job.iteration,
+                uow.event(job.id, "replay_diverged", **diverged)
+        uow.event(job.id, "turn_end", turn=job.iteration,
                    tool_results=[{"tool_use_id": c.tool_use_id, "name": c.name,
                                   "ok": bool((c.result or {}).get("ok"))} for c in calls])
         return None
@@ -625,9 +616,9 @@ class Stepper:
                 else self.settings.tool_time_limit_s)
 
     # -- 7. persist -------------------------------------------------------------------
-    def _persist(self, session: Session, job_id: uuid.UUID, iteration: int, owner: str,
-                 reply: LLMReply, turn: _Turn, events: EventBuffer) -> list[Effect]:
-        now = utcnow()
+    def _persist(self, uow: UnitOfWork, job_id: uuid.UUID, iteration: int, owner: str,
+                 reply: LLMReply, turn: _Turn) -> None:
+        session, now = uow.session, utcnow()
         turn_no = iteration + 1
         charged = turn.recorded is None
         cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens) \
@@ -648,7 +639,7 @@ class Stepper:
         if job is None:
             log.warning("step lost its lease; reply discarded",
                         extra={"job_id": str(job_id), "iteration": iteration})
-            return []
+            return
         tokens = reply.input_tokens + reply.output_tokens
         session.add(TokenLog(user_id=job.user_id, conversation_id=job.conversation_id,
                              job_id=job.id, iteration=turn_no, model=reply.model,
@@ -659,7 +650,7 @@ class Stepper:
         if charged:
             session.execute(update(User).where(User.id == job.user_id).values(
                 tokens_used_this_month=User.tokens_used_this_month + tokens))
-        events.add(job.id, "message_end", turn=turn_no, role="assistant", model=reply.model,
+        uow.event(job.id, "message_end", turn=turn_no, role="assistant", model=reply.model,
                    content=reply.content, tool_calls=[c.name for c in reply.tool_calls],
                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
                    fallback_attempts=list(reply.attempts))
@@ -670,31 +661,31 @@ class Stepper:
             if reply.content:
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", reply.content, reply.model)], now)
-            events.add(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="cancelled")
-            return self._stop(session, job, Stop("cancelled", "The job was cancelled."),
-                              events)
+            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="cancelled")
+            self._stop(uow, job, Stop("cancelled", "The job was cancelled."))
+            return
         decision = decide(reply, [t.name for t in turn.tools])
         match decision:
             case Finish(content=content):
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", content, reply.model)], now)
-                events.add(job.id, "turn_end", turn=turn_no, tool_results=[])
+                uow.event(job.id, "turn_end", turn=turn_no, tool_results=[])
                 error = None
                 if not content.strip():  # small models do this; the client still reads text
                     content = EMPTY_ANSWER
                     error = {"code": "empty_answer",
                              "message": f"Model {reply.model} answered with no text."}
-                return self._end(session, job, "completed", "end_turn", content, error, events)
+                end_job(uow, job, StopReason.END_TURN, content, error)
             case RunTools(calls=calls, content=content):
-                return self._plan_tools(session, job, turn_no, reply, calls, content, events,
-                                        now)
+                self._plan_tools(uow, job, turn_no, reply, calls, content, now)
             case Stop() as stop:
-                return self._stop(session, job, stop, events)
+                self._stop(uow, job, stop)
             case _:
                 raise TypeError(f"unknown decision {decision!r}")
 
-    def _plan_tools(self, session: Session, job: Job, turn_no: int, reply: LLMReply,
-                    calls, content: str, events: EventBuffer, now: datetime) -> list[Effect]:
+    def _plan_tools(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
+                    calls, content: str, now: datetime) -> None:
+        session = uow.session
         rows: list[tuple[str, str, str | None]] = []
         if content:
             rows.append(("assistant", content, reply.model))
@@ -714,7 +705,7 @@ class Stepper:
                 record.status, record.finished_at = "failed", now
                 record.result = {"ok": False, "result": None, "error": call.error}
                 # rejected before it ran (no tool_execution_start): its arguments go here
-                events.add(job.id, "tool_execution_end", tool_use_id=tool_use_id,
+                uow.event(job.id, "tool_execution_end", tool_use_id=tool_use_id,
                            name=call.name, ok=False, error=call.error["code"],
                            arguments=(call.arguments if call.arguments is not None
                                       else call.raw_arguments))
@@ -722,7 +713,7 @@ class Stepper:
                 held.append(record)
             else:
                 dispatch.append((tool_use_id, queue, self._limit(call.name)))
-                events.add(job.id, "tool_execution_start", tool_use_id=tool_use_id,
+                uow.event(job.id, "tool_execution_start", tool_use_id=tool_use_id,
                            name=call.name, arguments=call.arguments, queue=queue,
                            idempotent=getattr(self.registry.tools.get(call.name),
                                               "idempotent", False))
@@ -731,47 +722,38 @@ class Stepper:
                                                   "arguments": call.arguments,
                                                   "tool_use_id": tool_use_id}), reply.model))
         append_messages(session, job.conversation_id, job.id, rows, now)
-        job.phase = "tools"
-        effects: list[Effect] = []
-        for record in held:  # they wait for a person; the job holds no worker meanwhile
-            effects += approvals.hold(session, job, record, approvals.deadline(
-                self.registry, self.settings, record.name, now), events)
+        job.phase = Phase.TOOLS.value
         if dispatch:
-            return [DispatchTools(str(job.id), turn_no, tuple(dispatch))] + effects
-        if held:
-            return effects
-        return [NextStep(str(job.id), turn_no, "continue")]
+            uow.effect(DispatchTools(str(job.id), turn_no, tuple(dispatch)))
+        for record in held:  # they wait for a person; the job holds no worker meanwhile
+            approvals.hold(uow, job, record, approvals.deadline(
+                self.registry, self.settings, record.name, now))
+        if not dispatch and not held:
+            uow.effect(NextStep(str(job.id), turn_no, "continue"))
 
     # -- endings ----------------------------------------------------------------------
-    def _stop(self, session: Session, job: Job, stop: Stop,
-              events: EventBuffer) -> list[Effect]:
-        status = {"cancelled": "cancelled",
-                  **{r: "completed" for r in (*EXECUTION_LIMITS, "hook")}}.get(
-            stop.reason, "failed")
+    def _stop(self, uow: UnitOfWork, job: Job, stop: Stop) -> None:
+        """End the job for `stop`; an execution limit or a hook leaves a note in the
+        conversation and answers with the last assistant text."""
         content = stop.message
-        if stop.reason in EXECUTION_LIMITS or stop.reason == "hook":
-            content = _last_assistant_text(session, job) or stop.message
+        if stop.reason in EXECUTION_LIMITS or stop.reason == StopReason.HOOK:
+            content = _last_assistant_text(uow.session, job) or stop.message
             note = f"[Agent stopped: {stop.reason}]"
-            append_messages(session, job.conversation_id, job.id, [("user", note, None)])
-            events.add(job.id, "message_start", role="user", kind="limit", content=note)
-            events.add(job.id, "message_end", role="user", kind="limit", content=note)
-            events.add(job.id, "limit_reached" if stop.reason != "hook" else "hook_stopped",
-                       reason=stop.reason, message=stop.message, **stop.details)
-        return self._end(session, job, status, stop.reason, content,
-                         {"code": stop.reason, "message": stop.message, **stop.details},
-                         events)
-
-    def _end(self, session: Session, job: Job, status: str, reason: str, content: str,
-             error: dict[str, Any] | None, events: EventBuffer) -> list[Effect]:
-        return finish_job(session, job, status, reason, content, error, events)
+            append_messages(uow.session, job.conversation_id, job.id, [("user", note, None)])
+            uow.event(job.id, "message_start", role="user", kind="limit", content=note)
+            uow.event(job.id, "message_end", role="user", kind="limit", content=note)
+            uow.event(job.id, "limit_reached" if stop.reason != "hook" else "hook_stopped",
+                      reason=stop.reason, message=stop.message, **stop.details)
+        end_job(uow, job, stop.reason, content,
+                {"code": stop.reason, "message": stop.message, **stop.details})
 
     def _wait_provider(self, job_id: str, iteration: int, owner: str,
                        exc: ProviderError) -> list[Effect]:
         """Every model failed with a transient error: park the job and send this step again
         later, or end it once the wait window has passed."""
-        events = EventBuffer()
-        with self.sessions() as session, session.begin():
-            job = _leased(session, job_id, iteration, owner)
+        failed_ctx = None
+        with UnitOfWork(self.sessions) as uow:
+            job = _leased(uow.session, job_id, iteration, owner)
             if job is None:
                 return []
             now = utcnow()
@@ -782,34 +764,28 @@ class Stepper:
                 base_s=self.settings.provider_retry_base_s,
                 max_s=self.settings.provider_retry_max_s, jitter=random.random(),
                 retry_after_s=exc.retry_after_s, last_error=last_error)
-            if isinstance(plan, Stop):
-                log.warning("provider unavailable for the whole wait; failing the job",
-                            extra={"job_id": job_id, "error": last_error})
-                error = {"code": "provider_unavailable", "message": plan.message}
-                events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
-                           error=error)
-                failed_ctx = {**_hook_ctx(job, iteration + 1), "error": error}
-                if self.hooks.loaded:
-                    self.hooks.on_error(failed_ctx)
-                effects = self._end(session, job, "failed", "error",
-                                    "The model provider could not be reached for too long; "
-                                    "please try again later.",
-                                    {"code": "provider_unavailable", "message": plan.message,
-                                     **{k: v for k, v in plan.details.items() if k != "code"},
-                                     "attempts": exc.attempts}, events)
-                events.flush(session)
-            else:
-                failed_ctx = None
-                effects = self._park(session, job, plan, exc, last_error, now, events)
-                events.flush(session)
-        events.announce()
+            match plan:
+                case Stop():
+                    log.warning("provider unavailable for the whole wait; failing the job",
+                                extra={"job_id": job_id, "error": last_error})
+                    error = {"code": "provider_unavailable", "message": plan.message}
+                    failed_ctx = self._failed_turn(uow, job, iteration, error)
+                    end_job(uow, job, StopReason.ERROR,
+                            "The model provider could not be reached for too long; "
+                            "please try again later.",
+                            {**error, **{k: v for k, v in plan.details.items() if k != "code"},
+                             "attempts": exc.attempts})
+                case WaitForProvider():
+                    self._park(uow, job, plan, exc, last_error, now)
+                case _:
+                    raise TypeError(f"unknown provider wait plan {plan!r}")
         if failed_ctx is not None and self.hooks.loaded:
             self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
-        return effects
+        return uow.sent
 
-    def _park(self, session: Session, job: Job, plan: WaitForProvider, exc: ProviderError,
-              last_error: str, now: datetime, events: EventBuffer) -> list[Effect]:
-        job.waiting_for = "provider"
+    def _park(self, uow: UnitOfWork, job: Job, plan: WaitForProvider, exc: ProviderError,
+              last_error: str, now: datetime) -> None:
+        job.waiting_for = WaitingFor.PROVIDER.value
         job.provider_wait_since = plan.waiting_since
         job.provider_attempts = plan.attempt
         job.provider_next_attempt_at = plan.next_attempt_at
@@ -819,36 +795,38 @@ class Stepper:
         log.warning("waiting for the model provider", extra={
             "job_id": str(job.id), "attempt": plan.attempt, "delay_s": round(plan.delay_s, 3),
             "error": last_error})
-        events.add(job.id, "waiting_provider", turn=job.iteration + 1,
-                   next_attempt_at=plan.next_attempt_at.isoformat(),
-                   attempt=plan.attempt, delay_s=round(plan.delay_s, 3),
-                   retry_after_s=exc.retry_after_s, error=last_error,
-                   waiting_since=plan.waiting_since.isoformat())
-        return [NextStep(str(job.id), job.iteration, "provider", plan.next_attempt_at)]
+        uow.event(job.id, "waiting_provider", turn=job.iteration + 1,
+                  next_attempt_at=plan.next_attempt_at.isoformat(),
+                  attempt=plan.attempt, delay_s=round(plan.delay_s, 3),
+                  retry_after_s=exc.retry_after_s, error=last_error,
+                  waiting_since=plan.waiting_since.isoformat())
+        uow.effect(NextStep(str(job.id), job.iteration, "provider", plan.next_attempt_at))
 
     def _fail_provider(self, job_id: str, iteration: int, owner: str,
                        exc: ProviderError) -> list[Effect]:
-        events = EventBuffer()
-        with self.sessions() as session, session.begin():
-            job = _leased(session, job_id, iteration, owner)
+        with UnitOfWork(self.sessions) as uow:
+            job = _leased(uow.session, job_id, iteration, owner)
             if job is None:
                 return []
             log.warning("model call failed", extra={"job_id": job_id, "error": exc.message})
-            events.add(job.id, "turn_end", turn=iteration + 1, tool_results=[],
-                       error={"code": exc.code, "message": exc.message})
-            failed_ctx = {**_hook_ctx(job, iteration + 1),
-                          "error": {"code": exc.code, "message": exc.message}}
-            if self.hooks.loaded:
-                self.hooks.on_error(failed_ctx)
-            effects = self._end(session, job, "failed", "error",
-                                "The model could not be reached; please try again.",
-                                {"code": exc.code, "message": exc.message,
-                                 "attempts": exc.attempts}, events)
-            events.flush(session)
-        events.announce()
+            error = {"code": exc.code, "message": exc.message}
+            failed_ctx = self._failed_turn(uow, job, iteration, error)
+            end_job(uow, job, StopReason.ERROR,
+                    "The model could not be reached; please try again.",
+                    {**error, "attempts": exc.attempts})
         if self.hooks.loaded:
             self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
-        return effects
+        return uow.sent
+
+    def _failed_turn(self, uow: UnitOfWork, job: Job, iteration: int,
+                     error: dict[str, Any]) -> dict[str, Any]:
+        """The turn ends with `error` (`turn_end`), `on_error` hears it; returns the hook
+        context `after_turn` gets after the commit."""
+        uow.event(job.id, "turn_end", turn=iteration + 1, tool_results=[], error=error)
+        failed_ctx = {**_hook_ctx(job, iteration + 1), "error": error}
+        if self.hooks.loaded:
+            self.hooks.on_error(failed_ctx)
+        return failed_ctx
 
     def fail(self, job_id: str, exc: BaseException) -> list[Effect]:
         """A bug in this job's step: the job fails (`fail_job`), the hooks hear it."""
@@ -879,40 +857,28 @@ def _hook_ctx(job: Job, turn: int) -> dict[str, Any]:
             "user_id": str(job.user_id), "turn": turn}
 
 
-def relax_durability(session: Session) -> None:
-    """This transaction may be lost in a database crash without harm: what it records is
-    re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
-    disk flush saves a sync per step on Postgres."""
-    if session.bind.dialect.name == "postgresql":
-        session.execute(text("SET LOCAL synchronous_commit = off"))
-
-
 def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException,
              hooks: Hooks | None = None) -> list[Effect]:
     """A bug in a step ends its job `failed` with a readable error, never a worker. A turn
     that had begun (its `turn_start` is stored) ends with a `turn_end` carrying the error,
     and the hooks hear it: `on_error`, then `after_turn` (after the commit)."""
-    events = EventBuffer()
     error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
-    with sessions() as session, session.begin():
-        job = session.execute(select(Job).where(Job.id == uuid.UUID(job_id),
-                                                Job.status.in_(LIVE))).scalar_one_or_none()
+    with UnitOfWork(sessions) as uow:
+        job = uow.session.execute(select(Job).where(
+            Job.id == uuid.UUID(job_id), Job.status.in_(LIVE))).scalar_one_or_none()
         if job is None:
             return []
-        turn = open_turn(session, job.id)
+        turn = open_turn(uow.session, job.id)
         if turn is not None:
-            events.add(job.id, "turn_end", turn=turn, tool_results=[], error=error)
+            uow.event(job.id, "turn_end", turn=turn, tool_results=[], error=error)
         ctx = {**_hook_ctx(job, turn if turn is not None else job.iteration + 1),
                "error": error}
-        effects = finish_job(session, job, "failed", "error",
-                             "The job failed with an internal error.", error, events)
-        events.flush(session)
-    events.announce()
+        end_job(uow, job, StopReason.ERROR, "The job failed with an internal error.", error)
     if hooks is not None and hooks.loaded:
         hooks.on_error(ctx)
         if turn is not None:
             hooks.after_turn(_failed_turn_ctx(ctx))
-    return effects
+    return uow.sent
 
 
 def open_turn(session: Session, job_id: uuid.UUID) -> int | None:

@@ -1,5 +1,8 @@
 """Appending to a conversation's messages and a job's events, with their sequence numbers.
 
+Events are recorded through a unit of work (`agentq.uow`), which writes them here before
+its commit and announces them to the observers registered with `on_events` after it.
+
 Both counters live on the parent row and are advanced by one `UPDATE … RETURNING`, so
 sequence numbers are gap-free per parent and never collide across processes.
 """
@@ -32,7 +35,8 @@ def on_events(hook: EventHook) -> None:
     _event_hooks.append(hook)
 
 
-def _notify(job_id: str, events: list[dict[str, Any]]) -> None:
+def notify(job_id: str, events: list[dict[str, Any]]) -> None:
+    """Tell the observers of events just committed (`agentq.uow` calls this)."""
     for hook in _event_hooks:
         try:
             hook(job_id, events)
@@ -71,33 +75,6 @@ def recent_messages(session: Session, conversation_id: uuid.UUID, limit: int,
         query = query.where(Message.seq > last_seq - limit)
     rows = session.execute(query.order_by(Message.seq.desc()).limit(limit)).all()
     return [StoredMessage(seq, role, content, tokens) for seq, role, content, tokens in rows]
-
-
-class EventBuffer:
-    """Events of one transaction: written with it, announced after it commits."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
-        self.written: dict[str, list[dict[str, Any]]] = {}
-
-    def add(self, job_id: uuid.UUID, type_: str, **data: Any) -> None:
-        self.pending.append((job_id, type_, data))
-
-    def flush(self, session: Session, now: datetime | None = None) -> None:
-        now = now or utcnow()
-        by_job: dict[uuid.UUID, list[tuple[str, dict[str, Any]]]] = {}
-        for job_id, type_, data in self.pending:
-            by_job.setdefault(job_id, []).append((type_, data))
-        self.pending.clear()
-        for job_id, items in by_job.items():
-            written = append_events(session, job_id, items, now)
-            self.written.setdefault(str(job_id), []).extend(written)
-
-    def announce(self) -> None:
-        """Call after commit."""
-        for job_id, events in self.written.items():
-            _notify(job_id, events)
-        self.written.clear()
 
 
 def append_events(session: Session, job_id: uuid.UUID,

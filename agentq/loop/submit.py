@@ -1,8 +1,8 @@
 """A message in: resolve who and where, register attachments, and either create a job or,
 when the conversation is busy, apply the message's `on_busy` policy (agentq.loop.busy).
 
-The caller commits, then dispatches the returned effects: a worker never reads a job row
-that is not there yet.
+It runs in the caller's unit of work (`agentq.uow`): the job's first step goes out as an
+effect after the commit, so a worker never reads a job row that is not there yet.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
-from agentq.loop.effects import Effect, NextStep, RevokeTools
-from agentq.loop.finish import finish_job
+from agentq.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
                                   resolve_user)
-from agentq.loop.store import EventBuffer
 from agentq.models import Conversation, FileRecord, Job, Persona, User
 from agentq.tenants import DEFAULT_TENANT_ID
+from agentq.uow import UnitOfWork
 
 
 @dataclass
@@ -55,44 +55,40 @@ class Submitted:
     job: Job
     """The job that answers: a new one, or the running one when the message steered it."""
     created: bool
-    effects: list[Effect]
-    events: EventBuffer
     steering_input_id: uuid.UUID | None = None
     """When the message steered the running job: its job_inputs row."""
 
 
-def submit(session: Session, settings: Settings, sub: Submission,
+def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
            batch_id: uuid.UUID | None = None, cache: dict | None = None) -> Submitted:
     """Create the job (or steer the running one); `batch_id` jobs wait for admission.
 
     `cache` remembers who and where across the lines of one batch, so a batch of many
     messages from a few users resolves each user and conversation once."""
-    now = utcnow()
-    events = EventBuffer()
+    session, now = uow.session, utcnow()
     user, persona, conversation = _resolve(session, settings, sub, now, cache)
     if batch_id is not None:
-        job = _new_job(session, sub, user, persona, conversation, now, waiting_for="batch",
-                       flush=False)
+        job = _new_job(session, sub, user, persona, conversation, now,
+                       waiting_for=WaitingFor.BATCH, flush=False)
         job.batch_id = batch_id
-        return Submitted(job, True, [], events)
+        return Submitted(job, True)
 
     conversation, owner = lock_owner_then_conversation(session, conversation.id)
     if owner is not None and sub.on_busy == "reject":
         raise busy_conflict(owner)
     if owner is not None and sub.on_busy == "steer":
-        entry = steer(session, owner, _with_attachments(session, sub, user, now),
-                      sub.metadata, events, now)
-        return Submitted(owner, False, [], events, entry.id)
+        entry = steer(uow, owner, _with_attachments(session, sub, user, now), sub.metadata,
+                      now)
+        return Submitted(owner, False, entry.id)
 
     job = _new_job(session, sub, user, persona, conversation, now,
-                   waiting_for="conversation" if owner is not None else None)
-    effects: list[Effect] = []
+                   waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
     if owner is None:
         conversation.active_job_id = job.id
-        effects.append(NextStep(str(job.id), 0, "start"))
+        uow.effect(NextStep(str(job.id), 0, "start"))
     elif sub.on_busy == "interrupt":
-        effects += interrupt(session, owner, events)
-    return Submitted(job, True, effects, events)
+        interrupt(uow, owner)
+    return Submitted(job, True)
 
 
 def _resolve(session: Session, settings: Settings, sub: Submission, now,
@@ -144,62 +140,55 @@ def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID
                    conversation_id=str(conversation_id))
 
 
-def admit(session: Session, job: Job, events: EventBuffer) -> list[Effect]:
+def admit(uow: UnitOfWork, job: Job) -> None:
     """A batch job's turn: it takes its conversation, or waits for it in order."""
-    conversation = lock_conversation(session, job.conversation_id)
-    owner = active_job(session, conversation)
+    conversation = lock_conversation(uow.session, job.conversation_id)
+    owner = active_job(uow.session, conversation)
     if owner is None:
         job.waiting_for = None
         job.last_progress_at = utcnow()
         conversation.active_job_id = job.id
-        return [NextStep(str(job.id), 0, "start")]
-    job.waiting_for = "conversation"
-    return []
+        uow.effect(NextStep(str(job.id), 0, "start"))
+    else:
+        job.waiting_for = WaitingFor.CONVERSATION.value
 
 
-def interrupt(session: Session, owner: Job, events: EventBuffer) -> list[Effect]:
+def interrupt(uow: UnitOfWork, owner: Job) -> None:
     """Cancel `owner`: at once if it never started, else at its next step boundary."""
     if owner.status == "queued" and owner.started_at is None:
-        return finish_job(session, owner, "cancelled", "cancelled",
-                          "The job was cancelled before it started.",
-                          {"code": "cancelled", "message": "Interrupted by a new message."},
-                          events)
+        end_job(uow, owner, StopReason.CANCELLED, "The job was cancelled before it started.",
+                {"code": "cancelled", "message": "Interrupted by a new message."})
+        return
     if owner.status == "waiting":  # for a person's approval: those calls never run
         from agentq.approvals import cancel_awaiting
-        cancel_awaiting(session, owner, events)
-    revoked = request_cancel(session, owner, events)
-    effects: list[Effect] = []
+        cancel_awaiting(uow, owner)
+    revoked = request_cancel(uow, owner)
     if revoked:
-        effects.append(RevokeTools(tuple(revoked)))
+        uow.effect(RevokeTools(tuple(revoked)))
     if owner.phase == "tools":
-        effects.append(NextStep(str(owner.id), owner.iteration, "callback"))
+        uow.effect(NextStep(str(owner.id), owner.iteration, "callback"))
     elif owner.waiting_for == "provider":  # parked: end it now, not at its next attempt
-        effects.append(NextStep(str(owner.id), owner.iteration, "continue"))
-    return effects
+        uow.effect(NextStep(str(owner.id), owner.iteration, "continue"))
 
 
-def cancel(session: Session, job: Job) -> tuple[list[Effect], EventBuffer]:
+def cancel(uow: UnitOfWork, job: Job) -> None:
     """POST /v1/jobs/<id>/cancel on a live job."""
-    events = EventBuffer()
     if job.status == "queued" and job.started_at is None:
-        return finish_job(session, job, "cancelled", "cancelled", "The job was cancelled.",
-                          {"code": "cancelled", "message": "Cancelled by request."},
-                          events), events
-    return interrupt(session, job, events), events
+        end_job(uow, job, StopReason.CANCELLED, "The job was cancelled.",
+                {"code": "cancelled", "message": "Cancelled by request."})
+        return
+    interrupt(uow, job)
 
 
 def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
-             conversation: Conversation, now, waiting_for: str | None,
+             conversation: Conversation, now, waiting_for: WaitingFor | None,
              flush: bool = True) -> Job:
-    job = Job(id=uuid.uuid4(), tenant_id=sub.tenant_id, status="queued",
-              conversation_id=conversation.id,
-              user_id=user.id, persona_id=persona.id if persona else None,
-              api_key_id=sub.api_key_id, content=sub.content, attachments=[],
-              meta=sub.metadata or {}, callback_url=sub.callback_url, on_busy=sub.on_busy,
-              model=sub.model, stream=sub.stream, iteration=0, phase="llm", event_seq=0, redrives=0,
-              input_tokens=0, output_tokens=0, cost_estimate=0.0, waiting_for=waiting_for,
-              created_at=now, last_progress_at=now,
-              limits={k: v for k, v in (sub.limits or {}).items() if v is not None} or None)
+    job = new_job(tenant_id=sub.tenant_id, conversation_id=conversation.id,
+                  user_id=user.id, persona_id=persona.id if persona else None,
+                  api_key_id=sub.api_key_id, content=sub.content, meta=sub.metadata,
+                  callback_url=sub.callback_url, on_busy=sub.on_busy, model=sub.model,
+                  stream=sub.stream, waiting_for=waiting_for, now=now,
+                  limits={k: v for k, v in (sub.limits or {}).items() if v is not None})
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     session.add(job)
     if flush:
@@ -229,6 +218,6 @@ def _with_attachments(session: Session, sub: Submission, user: User, now) -> str
     return describe_attachments(sub.content, registered)
 
 
-def create_job(session: Session, settings: Settings, sub: Submission) -> Job:
+def create_job(uow: UnitOfWork, settings: Settings, sub: Submission) -> Job:
     """Submit a message to a conversation that is not busy (tests, the CLI)."""
-    return submit(session, settings, sub).job
+    return submit(uow, settings, sub).job

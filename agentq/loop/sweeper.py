@@ -22,10 +22,10 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.loop.finish import finish_job
-from agentq.loop.effects import Effect, NextStep
-from agentq.loop.store import EventBuffer
+from agentq.lifecycle import StopReason, end_job
+from agentq.loop.effects import NextStep
 from agentq.models import Batch, Job, WebhookDelivery
+from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
@@ -37,12 +37,13 @@ def redrive_delay_s(settings: Settings, unclaimed: int) -> float:
                max(settings.redrive_backoff_max_s, settings.step_deadline_s))
 
 
-def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
+def sweep(settings: Settings, sessions: sessionmaker) -> int:
+    """Re-drive (or, past `max_redrives` crashes, fail) stalled jobs; returns how many."""
     now = utcnow()
     deadline = now - timedelta(seconds=settings.step_deadline_s)
-    effects: list[Effect] = []
-    events = EventBuffer()
-    with sessions() as session, session.begin():
+    swept = 0
+    with UnitOfWork(sessions) as uow:
+        session = uow.session
         query = (select(Job).where(Job.status.in_(("queued", "running")),
                                    Job.waiting_for.is_(None),
                                    Job.last_progress_at < deadline,
@@ -54,19 +55,19 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
         if session.bind.dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         for job in session.execute(query).scalars():
+            swept += 1
             claimed = job.step_owner is not None
             if claimed:  # a worker took the step and died (or lost the database) in it
                 job.claimed_attempts = (job.claimed_attempts or 0) + 1
             if job.claimed_attempts > settings.max_redrives:
                 log.error("job's step keeps crashing; failing it",
                           extra={"job_id": str(job.id), "attempts": job.claimed_attempts})
-                effects += finish_job(session, job, "failed", "error",
-                                      "The job stopped making progress and was ended.",
-                                      {"code": "stalled",
-                                       "message": f"Its step was taken and crashed "
-                                                  f"{job.claimed_attempts} times.",
-                                       "redrives": job.redrives,
-                                       "claimed_attempts": job.claimed_attempts}, events)
+                end_job(uow, job, StopReason.ERROR,
+                        "The job stopped making progress and was ended.",
+                        {"code": "stalled",
+                         "message": f"Its step was taken and crashed "
+                                    f"{job.claimed_attempts} times.",
+                         "redrives": job.redrives, "claimed_attempts": job.claimed_attempts})
                 continue
             unclaimed = max(0, (job.redrives or 0) - (job.claimed_attempts or 0))
             job.redrives = (job.redrives or 0) + 1
@@ -76,12 +77,10 @@ def sweep(settings: Settings, sessions: sessionmaker) -> list[Effect]:
             log.warning("re-driving stalled job", extra={
                 "job_id": str(job.id), "iteration": job.iteration, "redrive": job.redrives,
                 "claimed": claimed, "unclaimed_before": unclaimed})
-            events.add(job.id, "job_redriven", iteration=job.iteration, redrive=job.redrives,
-                       crashed=claimed, unclaimed=unclaimed)
-            effects.append(NextStep(str(job.id), job.iteration, "sweeper"))
-        events.flush(session)
-    events.announce()
-    return effects
+            uow.event(job.id, "job_redriven", iteration=job.iteration, redrive=job.redrives,
+                      crashed=claimed, unclaimed=unclaimed)
+            uow.effect(NextStep(str(job.id), job.iteration, "sweeper"))
+    return swept
 
 
 def backlog(session) -> int:
@@ -115,7 +114,7 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
     return ids
 
 
-def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
+def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
     """Safety net for jobs that wait: a conversation left without a live owner gets its next
     waiting job, and a batch with room admits more (each normally happens when a job ends,
     in that job's transaction; this covers a crash between)."""
@@ -123,8 +122,9 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
     from agentq.loop.busy import active_job, lock_conversation, next_waiting
     now = utcnow()
     stale = now - timedelta(seconds=settings.step_deadline_s)
-    effects: list[Effect] = []
-    with sessions() as session, session.begin():
+    started = 0
+    with UnitOfWork(sessions) as uow:
+        session = uow.session
         conversations = session.execute(
             select(Job.conversation_id).where(Job.status == "queued",
                                               Job.waiting_for == "conversation",
@@ -140,7 +140,8 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
                             extra={"job_id": str(nxt.id)})
                 nxt.waiting_for, nxt.last_progress_at = None, now
                 conversation.active_job_id = nxt.id
-                effects.append(NextStep(str(nxt.id), 0, "start"))
+                uow.effect(NextStep(str(nxt.id), 0, "start"))
+                started += 1
         batch_ids = set(session.execute(
             select(Job.batch_id).where(Job.status == "queued", Job.waiting_for == "batch",
                                        Job.created_at < stale)
@@ -152,5 +153,5 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> list[Effect]:
                                                    Job.status.in_(("queued", "running"))))
             .limit(SWEEP_BATCH)).scalars())
     for batch_id in batch_ids:
-        effects += advance(sessions, batch_id)
-    return effects
+        advance(sessions, batch_id)
+    return started + len(batch_ids)

@@ -108,15 +108,6 @@ def enqueue_job_event(session: Session, job: Job) -> WebhookDelivery | None:
     return delivery
 
 
-def pending_for_job(session: Session, job_id) -> list[str]:
-    """Ids of the job's deliveries waiting to be sent."""
-    rows = session.execute(
-        select(WebhookDelivery.id).where(WebhookDelivery.job_id == uuid.UUID(str(job_id)),
-                                         WebhookDelivery.status == PENDING)
-        .order_by(WebhookDelivery.created_at)).scalars()
-    return [str(ident) for ident in rows]
-
-
 def deliveries_for_job(session: Session, job_id) -> list[WebhookDelivery]:
     """Every attempt for the job's events, oldest first."""
     return list(session.execute(

@@ -18,6 +18,8 @@ from agentq import memory, migrate
 from agentq.config import Settings
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
+from agentq.runner import InProcessRunner
+from agentq.uow import UnitOfWork
 from tests.support.pgvector_server import pgvector_postgres
 from tests.support.stack import create_database, drop_database
 
@@ -54,11 +56,12 @@ def _migrated(url: str, monkeypatch, revision: str | None = None
 
 def _users(settings: Settings, sessions) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
     ids = []
-    with sessions() as session, session.begin():
+    # the jobs' first steps are recorded, not run: only their users are needed here
+    with InProcessRunner().installed(), UnitOfWork(sessions) as uow:
         for who in ("a", "b"):
-            job = create_job(session, settings,
+            job = create_job(uow, settings,
                              Submission(Incoming("test", who, "chan", None), "hi"))
-            session.flush()
+            uow.session.flush()
             ids.append((job.tenant_id, job.user_id))
     return ids[0][0], ids[0][1], ids[1][1]
 

@@ -35,17 +35,18 @@ def test_version():
 def test_jobs_list_reads_the_database(tmp_path, monkeypatch):
     from agentq import migrate
     from agentq.config import Settings, set_settings
-    from agentq.db import dispose_engines, session_scope
+    from agentq.db import dispose_engines, session_factory
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
+    from agentq.uow import UnitOfWork
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
     monkeypatch.setenv("AGENTQ_HOME", str(tmp_path))
     set_settings(settings)
     try:
         migrate.upgrade(settings)
-        with session_scope(settings) as session:
+        with UnitOfWork(session_factory(settings)) as uow:
             for text in ("first question", "second question " + "x" * 80):
-                create_job(session, settings, Submission(Incoming("cli", "me", "c"), text))
+                create_job(uow, settings, Submission(Incoming("cli", "me", "c"), text))
         result = CliRunner().invoke(cli.main, ["jobs", "list", "--limit", "5"])
         assert result.exit_code == 0, result.output
         lines = result.stdout.splitlines()

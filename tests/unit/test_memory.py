@@ -69,14 +69,15 @@ def test_memory_remember_writes_once_per_tool_call(settings, monkeypatch):
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.tools.manifest import ToolContext
+    from agentq.uow import UnitOfWork
 
     class Router:
         def embed(self, text, model=None):
             return [1.0, 0.0]
     monkeypatch.setattr(memory, "router_for", lambda _settings: Router())
-    with session_scope(settings) as session:
-        job = create_job(session, settings, Submission(Incoming("t", "u", "c", None), "hi"))
-        session.flush()
+    with UnitOfWork(session_factory(settings)) as uow:
+        job = create_job(uow, settings, Submission(Incoming("t", "u", "c", None), "hi"))
+        uow.session.flush()
         ids = (str(job.id), str(job.user_id), str(job.conversation_id))
     ctx = ToolContext(tool_use_id="tool_abc", job_id=ids[0], user_id=ids[1],
                       conversation_id=ids[2], permission_level="guest",

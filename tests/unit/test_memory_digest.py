@@ -123,15 +123,16 @@ def test_a_digest_delivered_twice_writes_one_memory(h):
 
 
 def test_each_tenant_and_user_gets_its_own_memories(h):
-    from agentq.db import session_scope
+
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.tenants import create_tenant
+    from agentq.uow import UnitOfWork
     with h.sessions() as session, session.begin():
         other_id = create_tenant(session, "other").id
-    with session_scope(h.settings) as session:
+    with UnitOfWork(h.sessions) as uow:
         # the same platform user and channel, in another tenant
-        job = create_job(session, h.settings,
+        job = create_job(uow, h.settings,
                          Submission(Incoming("test", "u-1", "chan-1", None), "I like tea.",
                                     tenant_id=other_id))
         other_job = str(job.id)

@@ -71,7 +71,7 @@ def test_a_model_call_is_in_flight_only_while_it_runs():
 
 def test_a_malformed_event_is_logged_by_the_hook_runner_and_never_raised(caplog):
     metrics.install()
-    store._notify("j2", [{"data": {}}])  # no "type"
+    store.notify("j2", [{"data": {}}])  # no "type"
     assert "event hook failed" in caplog.text
 
 

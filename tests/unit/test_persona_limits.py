@@ -9,6 +9,7 @@ from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
 from agentq.models import Message, Persona
 from agentq.tenants import DEFAULT_TENANT_ID
+from agentq.uow import UnitOfWork
 from tests.unit.test_step import calls, make, modules  # noqa: F401 (fixtures)
 
 
@@ -23,8 +24,8 @@ def _persona(h, limits: dict) -> None:
 
 
 def _submit(h, limits: dict | None = None) -> str:
-    with session_scope(h.settings) as session:
-        job = create_job(session, h.settings, Submission(
+    with UnitOfWork(h.sessions) as uow:
+        job = create_job(uow, h.settings, Submission(
             Incoming("test", "u-1", f"chan-{uuid.uuid4().hex[:6]}"), "loop", limits=limits))
         return str(job.id)
 

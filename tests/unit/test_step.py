@@ -7,19 +7,21 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from agentq.config import Settings
-from agentq.db import dispose_engines, session_factory, session_scope, utcnow
+from agentq.db import dispose_engines, session_factory, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop.execute import execute_tool_call
 from agentq.loop.identity import Incoming
+from agentq import uow
 from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep
 from agentq.models import FileRecord, Job, Message, TokenLog, ToolCall, User
+from agentq.runner import InProcessRunner
 from agentq.tools.registry import ToolRegistry, discover
 from tests.support import sqlite_template
 
@@ -91,30 +93,37 @@ class Harness:
         self.registry = ToolRegistry(settings, modules)
         self.sessions = session_factory(settings)
         self.stepper = Stepper(settings, router, self.registry, self.sessions)
+        self.runner = InProcessRunner(self.stepper, settings)
+        uow.set_dispatcher(self.runner)  # the autouse `effects` fixture restores its own
 
     def submit(self, content: str = "What is 2+2?", user: str = "u-1",
                thread: str | None = None) -> str:
-        with session_scope(self.settings) as session:
-            job = create_job(session, self.settings,
+        """A new job; its first step is queued on the runner (a test may run it by hand:
+        a step that runs twice claims nothing the second time)."""
+        with uow.UnitOfWork(self.sessions) as unit:
+            job = create_job(unit, self.settings,
                              Submission(Incoming("test", user, "chan-1", thread), content))
             return str(job.id)
 
     def drive(self, job_id: str, limit: int = 20) -> list:
-        """Run the job to its end, dispatching each effect as the workers would."""
-        effects = self.stepper.run(job_id, 0, "start")
-        seen = list(effects)
-        for _ in range(limit):
-            if not effects:
-                return seen
-            effect = effects.pop(0)
-            if isinstance(effect, NextStep):
-                effects.extend(self.stepper.run(effect.job_id, effect.iteration, effect.cause))
-            elif isinstance(effect, DispatchTools):
-                for tool_use_id, _queue, _limit in effect.calls:
-                    execute_tool_call(tool_use_id, self.settings, self.registry, self.sessions)
-                effects.extend(self.stepper.run(effect.job_id, effect.iteration, "callback"))
-            seen.extend(effects)
-        pytest.fail("the job did not end")
+        """Run the job to its end, each effect handled as the workers would (the in-process
+        runner); returns the effects its steps sent."""
+        before = len(self.runner.sent)
+        self.stepper.run(job_id, 0, "start")
+        self.runner.run_until_idle(limit=4 * limit)
+        if job_id not in self.runner.ended:
+            pytest.fail("the job did not end")
+        return self.runner.sent[before:]
+
+    def sent_by(self, work, *args, **kwargs) -> list:
+        """Call `work`; the effects its units of work sent (the test runs them by hand)."""
+        before = len(self.runner.sent)
+        work(*args, **kwargs)
+        return self.runner.sent[before:]
+
+    def sweep(self) -> list:
+        """One pass of the sweeper; the effects it sent."""
+        return self.sent_by(sweep, self.settings, self.sessions)
 
     def job(self, job_id: str) -> Job:
         with self.sessions() as session:
@@ -317,7 +326,7 @@ def test_a_step_that_lost_its_lease_discards_its_reply(make):
             session.execute(update(Job).values(
                 step_lease_until=utcnow() - timedelta(seconds=1),
                 last_progress_at=utcnow() - timedelta(seconds=60)))
-        for effect in sweep(h.settings, h.sessions):
+        for effect in h.sweep():
             redriven.extend(h.stepper.run(effect.job_id, effect.iteration, effect.cause))
         return text("late answer")
 
@@ -479,7 +488,7 @@ def test_the_sweeper_redispatches_tool_calls_that_never_ran(make):
     (dispatch,) = h.stepper.run(job_id, 0, "start")
     _backdate(h, job_id)
     # when the sweeper re-drives it
-    (redrive,) = sweep(h.settings, h.sessions)
+    (redrive,) = h.sweep()
     again = h.stepper.run(redrive.job_id, redrive.iteration, redrive.cause)
     # then the same call goes out again, and the job completes once it runs
     assert redrive == NextStep(job_id, 1, "sweeper")
@@ -544,7 +553,7 @@ def test_the_sweeper_redrives_a_job_whose_first_step_never_ran(make):
     fresh = h.submit("a fresh job", user="u-2", thread="t")
     _backdate(h, job_id)
     # when
-    effects = sweep(h.settings, h.sessions)
+    effects = h.sweep()
     # then only the stalled job is re-driven, at its step
     assert effects == [NextStep(job_id, 0, "sweeper")]
     assert h.job(job_id).redrives == 1
@@ -568,7 +577,7 @@ def test_the_sweeper_fails_a_job_whose_step_crashes_past_max_redrives(make):
             session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
                 step_lease_until=utcnow() - timedelta(seconds=1)))
         _backdate(h, job_id)
-        rounds.append(sweep(h.settings, h.sessions))
+        rounds.append(h.sweep())
     # then
     assert rounds == [[NextStep(job_id, 0, "sweeper")], [NextStep(job_id, 0, "sweeper")],
                       [JobEnded(job_id, "failed")]]
@@ -578,7 +587,7 @@ def test_the_sweeper_fails_a_job_whose_step_crashes_past_max_redrives(make):
     assert h.router.requests == []
     # and a later sweep leaves the ended job alone
     _backdate(h, job_id)
-    assert sweep(h.settings, h.sessions) == []
+    assert h.sweep() == []
 
 
 def test_an_empty_final_answer_still_ends_with_readable_text(make):

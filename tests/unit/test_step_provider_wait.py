@@ -14,6 +14,7 @@ from agentq.loop.execute import execute_tool_call
 from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.submit import cancel
 from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
+from agentq.uow import UnitOfWork
 from agentq.views import job_object
 from tests.unit.test_step import _engines, calls, make, modules, text  # noqa: F401
 
@@ -135,10 +136,9 @@ def test_cancelling_a_waiting_job_ends_it_now(make):
     h = make(storm(), **WAIT_ENV)
     job_id = h.submit()
     h.stepper.run(job_id, 0, "start")
-    with h.sessions() as session, session.begin():
-        job = session.get(Job, uuid.UUID(job_id))
-        effects, events = cancel(session, job)
-        events.flush(session)
+    with UnitOfWork(h.sessions) as uow:
+        cancel(uow, uow.session.get(Job, uuid.UUID(job_id)))
+    effects = uow.sent
     [step] = [e for e in effects if isinstance(e, NextStep)]
     assert step.not_before is None
     assert h.stepper.run(job_id, step.iteration, step.cause) == [JobEnded(job_id,
@@ -150,11 +150,11 @@ def test_the_sweeper_resends_an_overdue_attempt_without_counting_it(make):
     h = make(storm(), text("back"), **WAIT_ENV)
     job_id = h.submit()
     h.stepper.run(job_id, 0, "start")
-    assert sweep_provider_waits(h.settings, h.sessions) == []  # not overdue yet
+    assert h.sent_by(sweep_provider_waits, h.settings, h.sessions) == []  # not overdue
     with h.sessions() as session, session.begin():  # its delayed message was lost
         session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
             provider_next_attempt_at=utcnow() - timedelta(hours=1)))
-    [resent] = sweep_provider_waits(h.settings, h.sessions)
+    [resent] = h.sent_by(sweep_provider_waits, h.settings, h.sessions)
     assert (resent.job_id, resent.iteration) == (job_id, 0)
     assert h.job(job_id).redrives == 0
     assert h.stepper.run(job_id, 0, resent.cause) == [JobEnded(job_id, "completed")]

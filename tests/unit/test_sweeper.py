@@ -17,7 +17,7 @@ from sqlalchemy import update
 
 from agentq.db import utcnow
 from agentq.loop.effects import JobEnded, NextStep
-from agentq.loop.sweeper import backlog, redrive_delay_s, sweep
+from agentq.loop.sweeper import backlog, redrive_delay_s
 from agentq.models import Job
 from tests.support.stack import create_database, drop_database
 from agentq.tools.registry import discover
@@ -79,11 +79,11 @@ def test_a_job_nobody_consumes_is_redriven_with_backoff_and_never_failed(make):
         # when the deadline passes but not the backoff: nothing is sent
         _time_passes(h, job_id, past_backoff=False)
         if h.job(job_id).redrive_after is not None:
-            assert sweep(h.settings, h.sessions) == []
+            assert h.sweep() == []
         # when the backoff passes too: it is re-driven, never failed
         _time_passes(h, job_id)
         before = utcnow()
-        assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+        assert h.sweep() == [NextStep(job_id, 0, "sweeper")]
         job = h.job(job_id)
         assert job.status == "queued" and job.claimed_attempts == 0
         delays.append(round((job.redrive_after - before).total_seconds()))
@@ -106,7 +106,7 @@ def test_a_step_that_keeps_crashing_fails_after_max_claimed_attempts(make):
     for _ in range(3):
         _a_worker_claims_and_dies(h, job_id)
         _time_passes(h, job_id, past_backoff=False)  # a crash is re-driven without backoff
-        rounds.append(sweep(h.settings, h.sessions))
+        rounds.append(h.sweep())
     # then two re-drives, and the third crash fails it
     assert rounds == [[NextStep(job_id, 0, "sweeper")], [NextStep(job_id, 0, "sweeper")],
                       [JobEnded(job_id, "failed")]]
@@ -116,7 +116,7 @@ def test_a_step_that_keeps_crashing_fails_after_max_claimed_attempts(make):
     assert job.response["error"]["claimed_attempts"] == 3
     # and a later sweep leaves the ended job alone
     _time_passes(h, job_id)
-    assert sweep(h.settings, h.sessions) == []
+    assert h.sweep() == []
 
 
 def test_unclaimed_redrives_do_not_spend_the_crash_budget(make):
@@ -125,12 +125,12 @@ def test_unclaimed_redrives_do_not_spend_the_crash_budget(make):
     job_id = h.submit()
     for _ in range(5):
         _time_passes(h, job_id)
-        assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+        assert h.sweep() == [NextStep(job_id, 0, "sweeper")]
     # when a worker then takes it and dies once
     _a_worker_claims_and_dies(h, job_id)
     _time_passes(h, job_id, past_backoff=False)
     # then it is re-driven (one crash is within budget), not failed
-    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+    assert h.sweep() == [NextStep(job_id, 0, "sweeper")]
     assert (h.job(job_id).claimed_attempts, h.job(job_id).status) == (1, "queued")
     # and the next worker completes it; progress resets the counts
     assert h.stepper.run(job_id, 0, "sweeper") == [JobEnded(job_id, "completed")]
@@ -143,7 +143,7 @@ def test_progress_resets_the_crash_count(make):
     job_id = h.submit()
     _a_worker_claims_and_dies(h, job_id)
     _time_passes(h, job_id, past_backoff=False)
-    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 0, "sweeper")]
+    assert h.sweep() == [NextStep(job_id, 0, "sweeper")]
     # when the re-driven step advances the job (the model asks for a tool)
     effects = h.stepper.run(job_id, 0, "sweeper")
     assert effects and h.job(job_id).iteration == 1
@@ -153,7 +153,7 @@ def test_progress_resets_the_crash_count(make):
     # and a crash of the next step is again within budget
     _a_worker_claims_and_dies(h, job_id)
     _time_passes(h, job_id, past_backoff=False)
-    assert sweep(h.settings, h.sessions) == [NextStep(job_id, 1, "sweeper")]
+    assert h.sweep() == [NextStep(job_id, 1, "sweeper")]
 
 
 def test_the_delay_doubles_from_the_deadline_to_the_cap(tmp_path):
@@ -181,7 +181,7 @@ def test_a_model_call_longer_than_the_deadline_is_not_made_twice(make):
     def slow_model():
         _the_deadline_runs_out(h, job_id)
         assert h.stepper.leases.renew() == 1
-        swept.extend(sweep(h.settings, h.sessions))
+        swept.extend(h.sweep())
         return text("done")
 
     h = make(slow_model)
@@ -204,7 +204,7 @@ def test_without_renewal_the_sweeper_takes_the_step_for_dead(make):
 
     def slow_model():
         _the_deadline_runs_out(h, job_id)
-        swept.extend(sweep(h.settings, h.sessions))
+        swept.extend(h.sweep())
         return text("done")
 
     h = make(slow_model)
@@ -243,7 +243,7 @@ def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
         # then the lease runs a whole deadline from the renewal, and the sweeper leaves
         # the job alone
         assert h.job(job_id).step_lease_until > utcnow() + timedelta(seconds=300)
-        assert sweep(h.settings, h.sessions) == []
+        assert h.sweep() == []
         # and the lease not yet due (an hour left, more than a third of a deadline) was
         # not written
         assert h.job(other).step_lease_until == far

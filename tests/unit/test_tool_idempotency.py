@@ -192,7 +192,7 @@ def test_a_tool_longer_than_the_deadline_is_neither_re_driven_nor_run_twice(make
             session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
                             .values(lease_until=long_ago))
         seen["renewed"] = keeper.renew([tool_use_id])
-        seen["swept"] = sweep(h.settings, h.sessions)
+        seen["swept"] = h.sweep()
         return real(arguments, ctx)
 
     h.registry.tools["files.create_document"] = dataclasses.replace(tool, function=slow)

@@ -1,4 +1,4 @@
-"""Webhook deliveries without servers: a SQLite database, jobs ended by `finish_job`, and a
+"""Webhook deliveries without servers: a SQLite database, jobs ended by `end_job`, and a
 fake sender in place of HTTP. The retry schedule is zero so each retry is due at once."""
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from standardwebhooks import Webhook
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.errors import Conflict
-from agentq.loop.finish import finish_job
+from agentq.lifecycle import end_job
+from agentq.loop.effects import JobEnded, SendWebhooks
 from agentq.loop.identity import Incoming
-from agentq.loop.store import EventBuffer
+from agentq.uow import UnitOfWork
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep_deliveries
 from agentq.models import Job, WebhookDelivery
 from agentq.views import job_object
 from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
-                                      parse_retry_after, pending_for_job,
-                                      redeliver_job_event, retry_delay_s)
+                                      parse_retry_after, redeliver_job_event, retry_delay_s)
 from tests.support import sqlite_template
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -61,14 +61,11 @@ class Receiver:
 
 
 def ended_job(settings, status="completed", callback_url=URL) -> str:
-    with session_scope(settings) as session:
-        job = create_job(session, settings, Submission(
+    with UnitOfWork(session_factory(settings)) as uow:
+        job = create_job(uow, settings, Submission(
             Incoming("test", f"u-{uuid.uuid4().hex[:6]}", "chan"), "hello",
             callback_url=callback_url))
-        events = EventBuffer()
-        finish_job(session, job, status, "end_turn" if status == "completed" else "error",
-                   "done", None, events)
-        events.flush(session)
+        end_job(uow, job, "end_turn" if status == "completed" else "error", "done", None)
         return str(job.id)
 
 
@@ -90,14 +87,15 @@ def run_until_done(settings, delivery_id, send) -> list[str]:
 
 # --- the first row ------------------------------------------------------------------------
 
-def test_ending_a_job_with_a_callback_writes_its_first_delivery(settings):
+def test_ending_a_job_with_a_callback_writes_its_first_delivery(settings, effects):
     job_id = ended_job(settings, "failed")
     [row] = rows(settings, job_id)
     assert (row.status, row.attempt, row.event_type, row.url) == ("pending", 1, "job.failed",
                                                                    URL)
     assert row.event_id.startswith("msg_") and row.next_attempt_at is not None
-    with session_factory(settings)() as session:
-        assert pending_for_job(session, job_id) == [str(row.id)]
+    # sent after the commit: the job's end, then its delivery's first attempt
+    assert effects.sent[-2:] == [JobEnded(job_id, "failed", "error"),
+                                 SendWebhooks((str(row.id),))]
 
 
 def test_a_job_without_callback_writes_none(settings):
@@ -250,11 +248,11 @@ def test_redelivery_needs_an_ended_job_with_a_callback(settings):
     job_id = ended_job(settings, callback_url=None)
     with session_scope(settings) as session, pytest.raises(Conflict):
         redeliver_job_event(session, session.get(Job, uuid.UUID(job_id)))
-    with session_scope(settings) as session:
-        job = create_job(session, settings, Submission(Incoming("test", "u-r", "c"), "hi",
-                                                       callback_url=URL))
+    with UnitOfWork(session_factory(settings)) as uow:
+        job = create_job(uow, settings, Submission(Incoming("test", "u-r", "c"), "hi",
+                                                   callback_url=URL))
         with pytest.raises(Conflict):
-            redeliver_job_event(session, job)
+            redeliver_job_event(uow.session, job)
 
 
 def test_the_sweeper_picks_up_overdue_deliveries_once(settings):

@@ -1,0 +1,165 @@
+"""One unit of work: a transaction, the events it records and the effects it asks for.
+
+Every writer in agentq keeps one rule: commit, then announce, then dispatch. A worker never
+reads a row that is not committed, a listener never hears of an event that may roll back,
+and a crash between the commit and the dispatch is repaired by the sweeper (the rows say
+what was due). This module keeps that rule once:
+
+    with UnitOfWork(sessions) as uow:
+        job = uow.session.get(Job, job_id)
+        uow.event(job.id, "job_start", conversation_id=...)
+        uow.effect(NextStep(str(job.id), 0, "start"))
+    # committed; the events were announced; the effects went to the dispatcher
+
+  1. `uow.session` is a session inside `begin()`: the caller writes rows.
+  2. `uow.event(...)` queues a job event; they are written, in order and with their
+     sequence numbers, just before the commit.
+  3. `uow.effect(...)` queues an effect (plain values, `agentq.loop.effects`).
+  4. On a clean exit: events written, commit, then the events are announced to the
+     observers (`agentq.loop.store.on_events`: the SSE hub), then the effects are handed to
+     this process's dispatcher. On an exception: rollback; nothing is announced or sent.
+
+The dispatcher is registered once per process (`set_dispatcher`): Celery messages in
+workers, the API and the CLI (`tasks.dispatch`), the in-process runner in unit tests and the
+floor benchmark (`agentq.runner`). It never opens a session: anything that needs a
+transaction (admitting a batch's jobs, scheduling webhooks) is an effect whose task opens
+its own unit of work. A dispatcher that fails after the commit loses no work: the rows are
+committed and the sweeper re-drives what was not sent; the failure is logged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from datetime import datetime
+from typing import Any, Callable, Iterable, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from agentq.db import utcnow
+from agentq.loop.effects import Effect
+
+log = logging.getLogger(__name__)
+
+Dispatcher = Callable[[Sequence[Effect]], None]
+_dispatcher: Dispatcher | None = None
+_dispatcher_lock = threading.Lock()
+
+
+def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
+    """Register this process's dispatcher; returns the one it replaces (tests restore it)."""
+    global _dispatcher
+    with _dispatcher_lock:
+        previous, _dispatcher = _dispatcher, dispatcher
+    return previous
+
+
+def dispatcher() -> Dispatcher | None:
+    return _dispatcher
+
+
+class NoDispatcher(RuntimeError):
+    """Effects were committed in a process that registered no dispatcher: a wiring bug (the
+    sweeper still re-drives the job, but nothing here would have sent it)."""
+
+
+def send(effects: Sequence[Effect]) -> None:
+    """Hand committed effects to the dispatcher. A failing dispatcher is logged, never
+    raised: the rows are committed, and the sweeper re-drives whatever was not sent."""
+    if not effects:
+        return
+    target = _dispatcher
+    if target is None:
+        raise NoDispatcher(f"no effect dispatcher registered; {len(effects)} effect(s) "
+                           f"committed but not sent: {list(effects)!r}")
+    try:
+        target(effects)
+    except Exception:
+        log.exception("effects not sent after commit; the sweeper re-drives them",
+                      extra={"effects": [type(e).__name__ for e in effects]})
+
+
+class UnitOfWork:
+    """A transaction with its events and effects (see the module's docstring)."""
+
+    def __init__(self, sessions: sessionmaker | Callable[[], Session], *,
+                 durable: bool = True):
+        self._sessions = sessions
+        self._durable = durable
+        self.session: Session | None = None
+        self.events: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
+        self.effects: list[Effect] = []
+        self.announced: dict[str, list[dict[str, Any]]] = {}
+        """The events written by the last commit, per job (what observers were told)."""
+        self.sent: list[Effect] = []
+        """The effects handed to the dispatcher after the commit."""
+
+    # -- what the caller records ---------------------------------------------------------
+    def event(self, job_id: uuid.UUID, type_: str, **data: Any) -> None:
+        self.events.append((job_id, type_, data))
+
+    def effect(self, *effects: Effect) -> None:
+        self.effects.extend(effects)
+
+    def effects_from(self, effects: Iterable[Effect]) -> None:
+        self.effects.extend(effects)
+
+    # -- the transaction ---------------------------------------------------------------
+    def __enter__(self) -> "UnitOfWork":
+        self.session = self._sessions()
+        self.session.begin()
+        if not self._durable:
+            relax_durability(self.session)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        session = self.session
+        try:
+            if exc_type is not None:
+                session.rollback()
+                self.events.clear()
+                self.effects.clear()
+                return False
+            try:
+                self.write_events()
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+        finally:
+            session.close()
+        self.announce()
+        effects, self.effects = self.effects, []
+        self.sent = effects
+        send(effects)
+        return False
+
+    def write_events(self, now: datetime | None = None) -> None:
+        """Write the queued events (also before the commit, for a caller that reads them
+        back in the same transaction)."""
+        from agentq.loop.store import append_events
+        if not self.events:
+            return
+        now = now or utcnow()
+        by_job: dict[uuid.UUID, list[tuple[str, dict[str, Any]]]] = {}
+        for job_id, type_, data in self.events:
+            by_job.setdefault(job_id, []).append((type_, data))
+        self.events.clear()
+        for job_id, items in by_job.items():
+            written = append_events(self.session, job_id, items, now)
+            self.announced.setdefault(str(job_id), []).extend(written)
+
+    def announce(self) -> None:
+        from agentq.loop.store import notify
+        announced, self.announced = self.announced, {}
+        for job_id, written in announced.items():
+            notify(job_id, written)
+
+
+def relax_durability(session: Session) -> None:
+    """This transaction may be lost in a database crash without harm: what it records is
+    re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
+    disk flush saves a sync per step on Postgres."""
+    if session.bind.dialect.name == "postgresql":
+        session.execute(text("SET LOCAL synchronous_commit = off"))

@@ -1,0 +1,230 @@
+"""The unit of work (agentq.uow) keeps commit → announce → dispatch, and the two effect
+dispatchers (the in-process runner, Celery's) each handle every effect type."""
+from __future__ import annotations
+
+import logging
+import typing
+import uuid
+
+import pytest
+from kombu import Connection
+from sqlalchemy import func, select
+
+from agentq import uow as units
+from agentq.db import session_factory, utcnow
+from agentq.loop import store
+from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
+                                 NextStep, RevokeTools, SendWebhooks)
+from agentq.loop.identity import Incoming
+from agentq.loop.submit import Submission, create_job
+from agentq.models import Job, JobEvent
+from agentq.runner import InProcessRunner
+from agentq.uow import NoDispatcher, UnitOfWork
+from tests.unit.test_step import _settings
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return _settings(tmp_path)
+
+
+@pytest.fixture
+def heard(monkeypatch):
+    """What the event observers were told, and when (rows visible then or not)."""
+    told: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(store, "_event_hooks", [
+        lambda job_id, events: told.append((job_id, [e["type"] for e in events]))])
+    return told
+
+
+def _job(settings) -> Job:
+    with UnitOfWork(session_factory(settings)) as uow:
+        return create_job(uow, settings, Submission(Incoming("t", "u", "c"), "hi"))
+
+
+def _events(settings, job_id) -> list[str]:
+    with session_factory(settings)() as session:
+        return list(session.execute(select(JobEvent.type).where(JobEvent.job_id == job_id)
+                                    .order_by(JobEvent.seq)).scalars())
+
+
+def test_events_and_effects_go_out_only_after_the_commit(settings, heard, effects):
+    job = _job(settings)
+    sessions = session_factory(settings)
+    seen_at_dispatch: list[list[str]] = []
+
+    def dispatcher(sent):  # what a worker would find when the message arrives
+        seen_at_dispatch.append(_events(settings, job.id))
+        effects(sent)
+
+    units.set_dispatcher(dispatcher)
+    with UnitOfWork(sessions) as uow:
+        uow.event(job.id, "job_start")
+        uow.event(job.id, "turn_start", turn=1)
+        uow.effect(NextStep(str(job.id), 0, "continue"))
+        assert heard == [] and effects.sent[-1:] != [NextStep(str(job.id), 0, "continue")]
+    assert _events(settings, job.id) == ["job_start", "turn_start"]
+    assert heard == [(str(job.id), ["job_start", "turn_start"])]
+    assert seen_at_dispatch == [["job_start", "turn_start"]]  # committed before it was sent
+    assert uow.sent == [NextStep(str(job.id), 0, "continue")]
+
+
+def test_a_unit_that_raises_writes_announces_and_sends_nothing(settings, heard, effects):
+    job = _job(settings)
+    before = len(effects.sent)
+    with pytest.raises(RuntimeError), UnitOfWork(session_factory(settings)) as uow:
+        uow.session.get(Job, job.id).content = "changed"
+        uow.event(job.id, "job_start")
+        uow.effect(NextStep(str(job.id), 0, "continue"))
+        raise RuntimeError("a bug half-way")
+    assert _events(settings, job.id) == [] and heard == []
+    assert effects.sent[before:] == [] and uow.sent == []
+    with session_factory(settings)() as session:
+        assert session.get(Job, job.id).content == "hi"
+
+
+def test_a_failing_dispatcher_is_logged_and_the_rows_stay_committed(settings, caplog):
+    job = _job(settings)
+
+    def broker_away(_effects):
+        raise ConnectionError("broker down")
+
+    units.set_dispatcher(broker_away)
+    with caplog.at_level(logging.ERROR), UnitOfWork(session_factory(settings)) as uow:
+        uow.event(job.id, "cancel_requested")
+        uow.effect(NextStep(str(job.id), 0, "continue"))
+    assert _events(settings, job.id) == ["cancel_requested"]  # the sweeper re-drives it
+    assert "effects not sent after commit" in caplog.text
+
+
+def test_effects_committed_with_no_dispatcher_are_a_loud_wiring_bug(settings):
+    job = _job(settings)
+    units.set_dispatcher(None)
+    with pytest.raises(NoDispatcher):
+        with UnitOfWork(session_factory(settings)) as uow:
+            uow.effect(NextStep(str(job.id), 0, "continue"))
+    with UnitOfWork(session_factory(settings)):  # nothing to send: no dispatcher needed
+        pass
+
+
+# --- every effect type, every dispatcher ---------------------------------------------------
+
+def one_of_each(job_id: str) -> list[Effect]:
+    batch = str(uuid.uuid4())
+    return [NextStep(job_id, 0, "continue"),
+            DispatchTools(job_id, 1, (("tool_unit_a", "unit-tools", 5.0),
+                                      ("tool_unit_b", "unit-tools", 5.0))),
+            RevokeTools(("tool_unit_c",)), JobEnded(job_id, "completed", "end_turn"),
+            SendWebhooks((str(uuid.uuid4()),)), AdmitBatch(batch),
+            BatchEnded(batch, "completed")]
+
+
+def test_the_examples_name_every_effect_type():
+    assert {type(e) for e in one_of_each("j")} == set(typing.get_args(Effect))
+
+
+class _Stepper:
+    """A stepper double that records the steps it is asked to run (sessions: none are
+    opened for these effects' ids, which match no rows)."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.steps: list[tuple] = []
+        self.registry = None
+        self.sessions = session_factory(settings)
+
+    def run(self, job_id, iteration, cause):
+        self.steps.append((job_id, iteration, cause))
+        return []
+
+
+def test_the_in_process_runner_handles_every_effect_type(settings, monkeypatch):
+    from agentq.loop import execute
+    ran: list[str] = []
+    monkeypatch.setattr(execute, "execute_tool_call",
+                        lambda tool_use_id, *_: ran.append(tool_use_id) or {})
+    stepper = _Stepper(settings)
+    # chord: the runner runs the callback step (with tool_join=database the call that
+    # stores a turn's last result sends it: agentq.loop.execute)
+    runner = InProcessRunner(stepper, settings.replace(tool_join="chord"))
+    job_id = str(uuid.uuid4())
+    runner(one_of_each(job_id))
+    runner(one_of_each(job_id)[:2])  # after the revoke: a revoked call is not run
+    runner([RevokeTools(("tool_unit_b",)), one_of_each(job_id)[1]])
+    runner([NextStep(job_id, 3, "provider", not_before=utcnow())])
+    runner.run_until_idle()
+    assert stepper.steps == [(job_id, 0, "continue"), (job_id, 1, "callback"),
+                             (job_id, 0, "continue"), (job_id, 1, "callback"),
+                             (job_id, 1, "callback")]
+    assert ran == ["tool_unit_a", "tool_unit_b", "tool_unit_a", "tool_unit_b",
+                   "tool_unit_a"]
+    assert runner.ended == {job_id: "completed"}
+    assert len(runner.webhooks) == 1 and runner.revoked == {"tool_unit_c", "tool_unit_b"}
+    assert list(runner.batches_ended.values()) == ["completed"]
+    assert [s.iteration for s in runner.delayed] == [3]  # waits for `run_delayed`
+    runner.run_delayed()
+    assert stepper.steps[-1] == (job_id, 3, "provider")
+
+
+def test_the_celery_dispatcher_sends_every_effect_type_as_messages(settings, monkeypatch):
+    """On the embedded (in-memory) broker: each effect becomes the messages a worker
+    consumes, on the queue it listens to; none opens a database session."""
+    from tasks import dispatch as celery_dispatch
+    from tasks import embedded_transport
+    from tasks.app import app
+    if not app.conf.broker_url.startswith(embedded_transport.register()):
+        pytest.skip("the unit tests' Celery app is on a real broker here")
+    monkeypatch.setattr(celery_dispatch, "get_settings",
+                        lambda: settings.replace(tool_join="database"))
+
+    def no_sessions(*_a, **_k):
+        raise AssertionError("the dispatcher opened a session")
+    monkeypatch.setattr("agentq.db.session_factory", no_sessions)
+    job_id = str(uuid.uuid4())
+    queues = {"orchestrator": [], "unit-tools": [], "webhooks": []}
+    with Connection(embedded_transport.register()) as connection:
+        for name in queues:  # exist before the messages, drained of others' leftovers
+            queue = connection.SimpleQueue(name)
+            while True:
+                try:
+                    queue.get(block=False).ack()
+                except queue.Empty:
+                    break
+            queue.close()
+        celery_dispatch.dispatch(one_of_each(job_id))
+        for name, got in queues.items():
+            queue = connection.SimpleQueue(name)
+            while True:
+                try:
+                    message = queue.get(block=False)
+                except queue.Empty:
+                    break
+                got.append((message.headers["task"], message.headers.get("id")))
+                message.ack()
+            queue.close()
+    assert [task for task, _ in queues["orchestrator"]] == ["orchestrator.step",
+                                                            "orchestrator.advance_batch"]
+    assert queues["unit-tools"] == [("tools.execute", "tool_unit_a"),
+                                    ("tools.execute", "tool_unit_b")]
+    assert [task for task, _ in queues["webhooks"]] == ["webhooks.deliver"]
+
+
+def test_a_step_s_units_of_work_announce_each_commit(settings, heard, effects):
+    """The first transaction's events (the turn began) are heard before the model is
+    called; the rest after the reply is stored."""
+    from tests.unit.test_step import Harness, ScriptedRouter, text
+    from agentq.tools.registry import discover
+    told_at_model_call: list = []
+
+    def answer():
+        told_at_model_call.extend(heard)
+        return text("4")
+
+    h = Harness(settings, discover(), ScriptedRouter(answer))
+    job_id = h.submit()
+    h.drive(job_id)
+    assert [kinds for _, kinds in told_at_model_call] == [
+        ["job_start", "message_start", "message_end", "turn_start", "message_start"]]
+    assert heard[-1] == (job_id, ["message_end", "turn_end", "job_end"])
+    with session_factory(settings)() as session:
+        assert session.execute(select(func.count()).select_from(JobEvent)).scalar_one() == 8
