@@ -15,6 +15,10 @@ ORCHESTRATOR_QUEUE = "orchestrator"
 MAINTENANCE_QUEUE = "maintenance"
 WEBHOOKS_QUEUE = "webhooks"
 REDIS_VISIBILITY_TIMEOUT_S = 3600
+RESULT_NOT_READ = ("orchestrator.step", "orchestrator.after_tools", "orchestrator.tools_failed",
+                   "orchestrator.advance_batch", "maintenance.sweep",
+                   "maintenance.fire_schedules", "maintenance.summarize_idle")
+"""Tasks whose result nothing reads (the chord's callback and error callback included)."""
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -69,6 +73,9 @@ def make_celery(settings: Settings) -> Celery:
         timezone="UTC",
         # Results are needed only to join a chord; without chords nothing reads them.
         task_ignore_result=settings.tool_join != "chord",
+        # With chords only the header's (tools.execute) are read (tasks.base.AgentqTask's
+        # `result_read`).
+        task_annotations={name: {"result_read": False} for name in RESULT_NOT_READ},
     )
     return app
 
