@@ -211,16 +211,19 @@ def end_unstarted(session: Session, where: tuple, error: dict[str, Any],
 def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     """The ended job's conversation goes to the next waiting job; steering that arrived
     too late for the job's last turn becomes a follow-up job first."""
-    from agentq.loop.busy import lock_conversation, next_waiting, pending_inputs
+    from agentq.loop.busy import next_waiting, pending_inputs
+    from agentq.loop.store import sync_loaded
     session = uow.session
-    owner = session.execute(select(Conversation.active_job_id).where(
-        Conversation.id == job.conversation_id)).scalar_one()
-    if owner != job.id:
-        return  # it never held the conversation: nothing to hand on, nothing to lock
-    conversation = lock_conversation(session, job.conversation_id)
-    if conversation.active_job_id != job.id:
+    conversations = Conversation.__table__
+    # one statement checks that the job holds its conversation, locks the row and lets go
+    # of it (a job that never held it locks nothing)
+    released = session.execute(
+        update(conversations).where(conversations.c.id == job.conversation_id,
+                                    conversations.c.active_job_id == job.id)
+        .values(active_job_id=None).returning(conversations.c.id)).scalar_one_or_none()
+    if released is None:
         return
-    conversation.active_job_id = None
+    sync_loaded(session, Conversation, job.conversation_id, active_job_id=None)
     late = pending_inputs(session, job.id) if job.pending_inputs else []
     now = utcnow()
     if late:
@@ -238,11 +241,13 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
         uow.event(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
                   inputs=len(late), input_ids=[str(i.id) for i in late])
         session.flush()
-    nxt = next_waiting(session, conversation.id)
+    nxt = next_waiting(session, job.conversation_id)
     if nxt is None:
         return
     nxt.waiting_for = None
     nxt.last_progress_at = now
-    conversation.active_job_id = nxt.id
+    session.execute(update(conversations).where(conversations.c.id == job.conversation_id)
+                    .values(active_job_id=nxt.id))
+    sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     uow.effect(NextStep(str(nxt.id), 0, "start"))
 

@@ -54,7 +54,12 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def has_memories(session: Session, user_id: uuid.UUID) -> bool:
-    return bool(session.execute(select(exists().where(Memory.user_id == user_id))).scalar())
+    return bool(session.execute(select(has_memories_clause(user_id))).scalar())
+
+
+def has_memories_clause(user_id):
+    """EXISTS (a memory of `user_id`, a value or a column): a step reads it with its user."""
+    return exists().where(Memory.user_id == user_id)
 
 
 def remember(session: Session, *, tenant_id: uuid.UUID, user_id: uuid.UUID, content: str,

@@ -84,9 +84,14 @@ class UnitOfWork:
     """A transaction with its events and effects (see the module's docstring)."""
 
     def __init__(self, sessions: sessionmaker | Callable[[], Session], *,
-                 durable: bool = True):
+                 durable: bool = True, autoflush: bool = True):
+        """`durable=False`: the commit does not wait for its disk flush (a transaction
+        whose loss in a database crash is re-done by a redelivery or the sweeper).
+        `autoflush=False`: ORM changes are written once, just before the events, instead
+        of before each query (a step changes its job row many times: one UPDATE)."""
         self._sessions = sessions
         self._durable = durable
+        self._autoflush = autoflush
         self.session: Session | None = None
         self.events: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
         self.effects: list[Effect] = []
@@ -94,6 +99,7 @@ class UnitOfWork:
         """The events written by the last commit, per job (what observers were told)."""
         self.sent: list[Effect] = []
         """The effects handed to the dispatcher after the commit."""
+        self._locked: dict[uuid.UUID, Any] = {}
 
     # -- what the caller records ---------------------------------------------------------
     def event(self, job_id: uuid.UUID, type_: str, **data: Any) -> None:
@@ -105,9 +111,16 @@ class UnitOfWork:
     def effects_from(self, effects: Iterable[Effect]) -> None:
         self.effects.extend(effects)
 
+    def holds(self, job) -> None:
+        """This transaction holds `job`'s row lock (taken by an UPDATE … RETURNING of it)
+        and its object is current: its events take their numbers from it, written with
+        the job's own UPDATE instead of one more."""
+        self._locked[job.id] = job
+
     # -- the transaction ---------------------------------------------------------------
     def __enter__(self) -> "UnitOfWork":
         self.session = self._sessions()
+        self.session.autoflush = self._autoflush
         self.session.begin()
         if not self._durable:
             relax_durability(self.session)
@@ -138,7 +151,7 @@ class UnitOfWork:
     def write_events(self, now: datetime | None = None) -> None:
         """Write the queued events (also before the commit, for a caller that reads them
         back in the same transaction)."""
-        from agentq.loop.store import append_events
+        from agentq.loop.store import append_events, insert_events
         if not self.events:
             return
         now = now or utcnow()
@@ -146,8 +159,18 @@ class UnitOfWork:
         for job_id, type_, data in self.events:
             by_job.setdefault(job_id, []).append((type_, data))
         self.events.clear()
+        first: dict[uuid.UUID, int] = {}
         for job_id, items in by_job.items():
-            written = append_events(self.session, job_id, items, now)
+            held = self._locked.get(job_id)
+            if held is not None:  # numbered now, the counter written with the job's row
+                first[job_id] = held.event_seq + 1
+                held.event_seq += len(items)
+                held.last_progress_at = now
+        self.session.flush()  # those rows, and rows the events refer to (a new job)
+        for job_id, items in by_job.items():
+            written = (insert_events(self.session, job_id, first[job_id], items, now)
+                       if job_id in first else
+                       append_events(self.session, job_id, items, now))
             self.announced.setdefault(str(job_id), []).extend(written)
 
     def announce(self) -> None:

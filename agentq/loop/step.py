@@ -132,12 +132,13 @@ class Stepper:
     def run(self, job_id: str, iteration: int, cause: Cause = "continue") -> list[Effect]:
         owner = uuid.uuid4().hex
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
-        with UnitOfWork(self.sessions, durable=False) as uow:
+        with UnitOfWork(self.sessions, durable=False, autoflush=False) as uow:
             job = self._claim(uow.session, uuid.UUID(job_id), iteration, owner)
             if job is None:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
                 return []
+            uow.holds(job)  # the claim's UPDATE locked its row
             lease_until = job.step_lease_until
             outcome = self._prepare(uow, job, cause)
         if outcome is None:
@@ -165,7 +166,7 @@ class Stepper:
                     return self._wait_provider(job_id, iteration, owner, exc)
                 return self._fail_provider(job_id, iteration, owner, exc)
 
-        with UnitOfWork(self.sessions) as uow:
+        with UnitOfWork(self.sessions, autoflush=False) as uow:
             self._persist(uow, uuid.UUID(job_id), iteration, owner, reply, outcome)
         if self.hooks.loaded:
             self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
@@ -220,8 +221,10 @@ class Stepper:
         """The step's first transaction: None when the step ends here (its effects are on
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
-        user, conversation, persona = session.execute(
-            select(User, Conversation, Persona).select_from(User)
+        # who, where, as whom, and whether the user has memories: one round trip
+        user, conversation, persona, has_memories = session.execute(
+            select(User, Conversation, Persona, memory.has_memories_clause(User.id))
+            .select_from(User)
             .join(Conversation, Conversation.id == job.conversation_id)
             .outerjoin(Persona, Persona.id == job.persona_id)
             .where(User.id == job.user_id)).one()
@@ -312,7 +315,7 @@ class Stepper:
         turn = _Turn([], self.registry.specs(offered), model, max_tokens,
                      stream=bool(job.stream or (persona is not None and persona.stream)),
                      turn=job.iteration + 1, resumed=started)
-        stop = self._build_context(uow, job, conversation, system, turn)
+        stop = self._build_context(uow, job, conversation, system, turn, has_memories)
         if stop is not None:
             uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
             self._stop(uow, job, stop)
@@ -324,7 +327,7 @@ class Stepper:
 
     # -- 5. context -------------------------------------------------------------------
     def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                       system: str, turn: "_Turn") -> Stop | None:
+                       system: str, turn: "_Turn", has_memories: bool) -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
         `before_turn` hook may stop the job here."""
@@ -334,11 +337,14 @@ class Stepper:
                 ConversationSummary.conversation_id == conversation.id)
             .order_by(ConversationSummary.version.desc()).limit(1)).scalar_one_or_none()
         through = summary.through_seq if summary else 0
-        question = session.execute(
+        # the job's question (its first message) and what this run added since the summary:
+        # one read (the job's user messages come with it; those summarised are dropped)
+        own = [context.StoredMessage(*row) for row in session.execute(
             select(Message.seq, Message.role, Message.content, Message.token_count)
-            .where(Message.job_id == job.id, Message.role == "user")
-            .order_by(Message.seq).limit(1)).one_or_none()
-        question = context.StoredMessage(*question) if question else None
+            .where(Message.job_id == job.id,
+                   or_(Message.seq > through, Message.role == "user"))
+            .order_by(Message.seq)).all()]
+        question = own[0] if own else None
         top = question.seq if question else conversation.message_seq + 1
         history = [m for m in reversed(recent_messages(
             session, conversation.id, self.settings.history_max_messages, top - 1))
@@ -347,15 +353,10 @@ class Stepper:
         turn.conversation_id = conversation.id
         turn.backlog_end = top - 1 - self.settings.history_max_messages
         backlog, backlog_more = self._backlog(session, turn, through)
-        inrun = []
-        if question is not None:
-            inrun = [context.StoredMessage(*row) for row in session.execute(
-                select(Message.seq, Message.role, Message.content, Message.token_count)
-                .where(Message.job_id == job.id, Message.seq > max(through, question.seq))
-                .order_by(Message.seq)).all()]
+        inrun = ([m for m in own[1:] if m.seq > through] if question is not None else [])
         budget = context.input_budget(context.context_window(turn.model, self.settings),
                                       turn.max_tokens)
-        recalls = question is not None and memory.has_memories(session, job.user_id)
+        recalls = question is not None and has_memories
         # the recall runs later (its embedding is a network call): its room is kept now
         layers = context.Layers(system, summary.content if summary else None, history,
                                 question, inrun,
@@ -640,6 +641,7 @@ class Stepper:
             log.warning("step lost its lease; reply discarded",
                         extra={"job_id": str(job_id), "iteration": iteration})
             return
+        uow.holds(job)  # the compare-and-set's UPDATE locked its row
         tokens = reply.input_tokens + reply.output_tokens
         session.add(TokenLog(user_id=job.user_id, conversation_id=job.conversation_id,
                              job_id=job.id, iteration=turn_no, model=reply.model,
