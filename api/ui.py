@@ -232,12 +232,11 @@ def decide(job_id: str, tool_use_id: str, decision: str):
     registry = get_registry(g.settings) if decision == "approve" else None
     try:
         if decision == "approve":
-            _decide(job_id, lambda session, ident, events: approve(
-                session, ident, tool_use_id, None, registry, events))
+            _decide(job_id, lambda uow, ident: approve(uow, ident, tool_use_id, None,
+                                                       registry))
             message = "Approved: the call runs now."
         else:
-            _decide(job_id, lambda session, ident, events: deny(
-                session, ident, tool_use_id, reason, events))
+            _decide(job_id, lambda uow, ident: deny(uow, ident, tool_use_id, reason))
             message = "Denied: the model reads that the call was refused."
     except AgentqError as exc:
         if getattr(exc, "status", None) == 404:
