@@ -143,10 +143,18 @@ class Harness:
 
 @pytest.fixture
 def make(tmp_path, modules):
+    """A harness per call; at teardown every scripted reply must have been asked for (a
+    test states exactly the conversation it expects)."""
+    made: list[Harness] = []
+
     def factory(*replies, forever=None, **env) -> Harness:
-        return Harness(_settings(tmp_path, **env), modules,
-                       ScriptedRouter(*replies, forever=forever))
-    return factory
+        made.append(Harness(_settings(tmp_path, **env), modules,
+                            ScriptedRouter(*replies, forever=forever)))
+        return made[-1]
+    yield factory
+    for harness in made:
+        left = harness.router.replies
+        assert not left, f"the scripted model has {len(left)} unused replies: {left!r}"
 
 
 # --- a plain answer -------------------------------------------------------------------

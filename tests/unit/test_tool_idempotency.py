@@ -61,8 +61,7 @@ def _files(h, job_id: str) -> list[FileRecord]:
 
 
 def test_create_document_run_twice_for_one_call_writes_one_file(make):
-    h = make(calls(("files.create_document", {"title": "Report", "content": "# Hi"})),
-             text("done"))
+    h = make(calls(("files.create_document", {"title": "Report", "content": "# Hi"})))
     job_id = h.submit("write it")
     [dispatch] = h.stepper.run(job_id, 0, "start")
     assert isinstance(dispatch, DispatchTools)
@@ -126,7 +125,7 @@ def _call(h, tool_use_id: str) -> ToolCall:
 def test_a_copy_delivered_while_the_call_runs_waits_for_its_result_and_runs_nothing(make):
     """A re-driven copy of a call whose first delivery is still running (its lease is live)
     does not run the tool again: it waits, and answers `duplicate` once the first stores."""
-    h = make(calls(("files.create_document", {"title": "A", "content": "a"})), text("done"))
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})))
     job_id = h.submit("write it")
     [dispatch] = h.stepper.run(job_id, 0, "start")
     [(tool_use_id, _queue, _limit)] = dispatch.calls
@@ -150,7 +149,7 @@ def test_a_copy_delivered_while_the_call_runs_waits_for_its_result_and_runs_noth
 def test_a_not_idempotent_call_whose_worker_died_is_not_run_again(make):
     """The delivery that started a side-effecting call died (its lease ran out without a
     result): the next one stores `tool_interrupted` for the model instead of acting twice."""
-    h = make(calls(("files.create_document", {"title": "A", "content": "a"})), text("done"))
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})))
     tool = h.registry.tools["files.create_document"]  # as a tool with side effects
     h.registry.tools[tool.name] = dataclasses.replace(tool, idempotent=False)
     job_id = h.submit("write it")
@@ -170,10 +169,8 @@ def test_a_tool_longer_than_the_deadline_is_neither_re_driven_nor_run_twice(make
     """While a slow tool runs, its worker renews the call's lease and holds the sweeper off
     the job; once the tool answers, nothing is held."""
     from agentq.loop.execute import tool_leases
-    from agentq.loop.sweeper import sweep
     from agentq.models import Job
-    h = make(calls(("files.create_document", {"title": "Slow", "content": "x"})),
-             text("done"))
+    h = make(calls(("files.create_document", {"title": "Slow", "content": "x"})))
     job_id = h.submit("write it")
     [dispatch] = h.stepper.run(job_id, 0, "start")
     [(tool_use_id, _queue, _limit)] = dispatch.calls
