@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import click
 import pytest
 
-from agentq.cli_batches import parse_since, progress_line
+from agentq.cli.batches import parse_since, progress_line
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from agentq.cli import _api_call, _api_client, _api_options, main
+from agentq.cli import main
+from agentq.cli.remote import _api_call, _api_client, _api_options
 
 POLL_S = 1.0
 BAR_WIDTH = 30

@@ -1,0 +1,4 @@
+"""`python -m agentq.cli …`: the `agentq` command."""
+from agentq.cli import main
+
+main()
