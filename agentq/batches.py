@@ -15,21 +15,16 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agentq.db import utcnow
+from agentq.db import lock_row, utcnow
 from agentq.lifecycle import StopReason, end_job, end_unstarted
 from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.models import TERMINAL_STATUSES, Batch, Job
 from agentq.uow import UnitOfWork
-
-COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
+from agentq.views import COUNT_KEYS
 
 
 def lock_batch(session: Session, batch_id: uuid.UUID) -> Batch | None:
-    query = select(Batch).where(Batch.id == batch_id)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
-        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
-    return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+    return lock_row(session, Batch, batch_id)
 
 
 def counts(session: Session, batch_id: uuid.UUID) -> dict[str, int]:
@@ -40,15 +35,6 @@ def counts(session: Session, batch_id: uuid.UUID) -> dict[str, int]:
         out[status] = n
     out["total"] = sum(out[k] for k in COUNT_KEYS)
     return out
-
-
-def batch_object(batch: Batch, tallies: dict[str, int]) -> dict[str, Any]:
-    return {"id": str(batch.id), "kind": batch.kind, "status": batch.status,
-            "counts": {"total": batch.total, **{k: tallies.get(k, 0) for k in COUNT_KEYS}},
-            "max_concurrency": batch.max_concurrency,
-            "created_at": batch.created_at.isoformat(),
-            "finished_at": batch.finished_at.isoformat() if batch.finished_at else None,
-            "metadata": batch.meta or {}}
 
 
 def admit(uow: UnitOfWork, batch: Batch) -> None:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -85,6 +85,28 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def lock_row(session: Session, model, ident):
+    """`model`'s row with this id, locked for the transaction (None when there is none).
+
+    FOR NO KEY UPDATE: inserts of rows that reference it (their foreign key takes KEY
+    SHARE) are not blocked by it. The object is re-read (populate_existing), so what the
+    caller sees is what it locked. The one lock helper: jobs, conversations and batches are
+    locked through it, always in that order (a batch's row only ever first, alone)."""
+    query = select(model).where(model.id == ident)
+    if session.bind.dialect.name == "postgresql":
+        query = query.with_for_update(key_share=True)
+    return session.execute(query.execution_options(populate_existing=True)
+                           ).scalar_one_or_none()
+
+
+def relax_durability(session: Session) -> None:
+    """This transaction may be lost in a database crash without harm: what it records is
+    re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
+    disk flush saves a sync per step on Postgres."""
+    if session.bind.dialect.name == "postgresql":
+        session.connection().exec_driver_sql("SET LOCAL synchronous_commit = off")
 
 
 def dispose_engines() -> None:

@@ -34,10 +34,9 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq.db import utcnow
+from agentq.db import relax_durability, utcnow
 from agentq.loop.effects import Effect
 
 log = logging.getLogger(__name__)
@@ -178,11 +177,3 @@ class UnitOfWork:
         announced, self.announced = self.announced, {}
         for job_id, written in announced.items():
             notify(job_id, written)
-
-
-def relax_durability(session: Session) -> None:
-    """This transaction may be lost in a database crash without harm: what it records is
-    re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
-    disk flush saves a sync per step on Postgres."""
-    if session.bind.dialect.name == "postgresql":
-        session.execute(text("SET LOCAL synchronous_commit = off"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agentq.models import Job, WebhookDelivery
+from agentq.models import Batch, Job, WebhookDelivery
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -58,3 +58,17 @@ def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:
             "status_code": delivery.status_code, "latency_ms": delivery.latency_ms,
             "error": delivery.error, "created_at": _iso(delivery.created_at),
             "next_attempt_at": _iso(delivery.next_attempt_at)}
+
+
+COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
+"""A batch's jobs counted by status (`agentq.batches.counts`)."""
+
+
+def batch_object(batch: Batch, tallies: dict[str, int]) -> dict[str, Any]:
+    """The batch as API.md gives it, with its jobs counted (`tallies`)."""
+    return {"id": str(batch.id), "kind": batch.kind, "status": batch.status,
+            "counts": {"total": batch.total, **{k: tallies.get(k, 0) for k in COUNT_KEYS}},
+            "max_concurrency": batch.max_concurrency,
+            "created_at": batch.created_at.isoformat(),
+            "finished_at": batch.finished_at.isoformat() if batch.finished_at else None,
+            "metadata": batch.meta or {}}

@@ -24,6 +24,7 @@ from api.limits import parse_json
 from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
                          ReplaySchema)
 from api.views import accepted, job_object
+from agentq.views import batch_object
 
 bp = Blueprint("batches", __name__)
 MAX_LINES = 10_000
@@ -105,7 +106,7 @@ def create_batch():
 def _admitted(uow: UnitOfWork, batch: Batch) -> dict:
     """Admit the first jobs (they start after the commit); the batch as answered."""
     batches.admit(uow, batch)
-    return batches.batch_object(batch, batches.counts(uow.session, batch.id))
+    return batch_object(batch, batches.counts(uow.session, batch.id))
 
 
 def _answer(body: dict):
@@ -124,7 +125,7 @@ def load_batch(session, batch_id: str) -> Batch:
 def get_batch(batch_id: str):
     with session_scope(g.settings) as session:
         batch = load_batch(session, batch_id)
-        return jsonify(batches.batch_object(batch, batches.counts(session, batch.id)))
+        return jsonify(batch_object(batch, batches.counts(session, batch.id)))
 
 
 @bp.get("/v1/batches/<batch_id>/results")
@@ -161,7 +162,7 @@ def cancel_batch(batch_id: str):
     batches.cancel(session_factory(g.settings), ident)
     with session_scope(g.settings) as session:
         batch = session.get(Batch, ident)
-        body = batches.batch_object(batch, batches.counts(session, ident))
+        body = batch_object(batch, batches.counts(session, ident))
     return accepted(body)
 
 

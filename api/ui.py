@@ -28,7 +28,7 @@ from agentq.loop.store import event_dict
 from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, ToolCall,
                            UserPlatformLink, WebhookDelivery)
 from agentq.uow import UnitOfWork
-from agentq.views import SHOWN_WAITS, delivery_object, job_object
+from agentq.views import SHOWN_WAITS, batch_object, delivery_object, job_object
 from api.auth import can_see
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
@@ -276,7 +276,7 @@ def batches():
     with session_scope(g.settings) as session:
         rows = session.execute(_visible(select(Batch), Batch).order_by(Batch.created_at.desc())
                                .limit(PAGE)).scalars().all()
-        items = [batch_rows.batch_object(b, batch_rows.counts(session, b.id)) for b in rows]
+        items = [batch_object(b, batch_rows.counts(session, b.id)) for b in rows]
     return render_template("ui/batches.html", batches=items)
 
 

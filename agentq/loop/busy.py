@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from agentq.db import utcnow
-from agentq.errors import Conflict
+from agentq.db import lock_row, utcnow
+from agentq.errors import Conflict, NotFound
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobInput, ToolCall
 
 if TYPE_CHECKING:
@@ -37,19 +37,14 @@ CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
 
 
 def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversation:
-    query = select(Conversation).where(Conversation.id == conversation_id)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
-        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
-    return session.execute(query.execution_options(populate_existing=True)).scalar_one()
+    conversation = lock_row(session, Conversation, conversation_id)
+    if conversation is None:
+        raise NotFound("conversation", str(conversation_id))
+    return conversation
 
 
 def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
-    query = select(Job).where(Job.id == job_id)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: inserts that
-        # reference this row (their foreign key takes KEY SHARE) are not blocked by it
-    return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+    return lock_row(session, Job, job_id)
 
 
 def active_job(session: Session, conversation: Conversation) -> Job | None:

@@ -66,6 +66,7 @@ from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import append_messages, recent_messages
+from agentq.loop.submit import describe_attachments
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
                            Persona, TokenLog, ToolCall, User)
 from agentq.tools.registry import ToolRegistry
@@ -921,20 +922,6 @@ def _tool_use_id(job_id: uuid.UUID, turn: int, position: int) -> str:
 
 def _user_content(job: Job) -> str:
     return describe_attachments(job.content, job.attachments)
-
-
-def describe_attachments(content: str, attachments: list[dict]) -> str:
-    """The message text with its attachments listed for the model (seed 000)."""
-    if not attachments:
-        return content
-    lines = [content, "", "[Attached files:]"]
-    for att in attachments:
-        lines.append(f"- {att.get('filename', 'file')} (file_id: {att.get('file_id', '')}, "
-                     f"{att.get('size_bytes') or 0} bytes, {att.get('mime_type') or ''})")
-    lines.append("Use files.read_document(file_id) to read a text file (page on with "
-                 "offset), or name file ids in code.run_python's file_ids to find the files "
-                 "in its current directory.")
-    return "\n".join(lines)
 
 
 def _last_assistant_text(session: Session, job: Job) -> str:

@@ -213,9 +213,22 @@ def _register_attachments(session: Session, attachments: list[dict[str, Any]], u
 
 def _with_attachments(session: Session, sub: Submission, user: User, now) -> str:
     """A steering message's text, with its attachments described as in a new message."""
-    from agentq.loop.step import describe_attachments
     registered = _register_attachments(session, sub.attachments, user, None, now)
     return describe_attachments(sub.content, registered)
+
+
+def describe_attachments(content: str, attachments: list[dict]) -> str:
+    """The message text with its attachments listed for the model (seed 000)."""
+    if not attachments:
+        return content
+    lines = [content, "", "[Attached files:]"]
+    for att in attachments:
+        lines.append(f"- {att.get('filename', 'file')} (file_id: {att.get('file_id', '')}, "
+                     f"{att.get('size_bytes') or 0} bytes, {att.get('mime_type') or ''})")
+    lines.append("Use files.read_document(file_id) to read a text file (page on with "
+                 "offset), or name file ids in code.run_python's file_ids to find the files "
+                 "in its current directory.")
+    return "\n".join(lines)
 
 
 def create_job(uow: UnitOfWork, settings: Settings, sub: Submission) -> Job:

@@ -39,7 +39,7 @@ from agentq.config import Settings, get_settings
 from agentq.db import session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
 from agentq.models import TERMINAL_STATUSES, Batch, Job, WebhookDelivery
-from agentq.views import _iso, job_object
+from agentq.views import _iso, batch_object, job_object
 from agentq.webhooks.signing import new_event_id, signed_headers
 from agentq.webhooks.urls import FIELD, Target, resolve_and_check
 
@@ -162,7 +162,7 @@ def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
         if batch is None:
             return None
         # the batch object exactly as GET /v1/batches/<id> gives it
-        data = batches.batch_object(batch, batches.counts(session, batch.id))
+        data = batch_object(batch, batches.counts(session, batch.id))
         at = batch.finished_at
     payload = {"type": delivery.event_type, "timestamp": _iso(at or delivery.created_at),
                "data": data}

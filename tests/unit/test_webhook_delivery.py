@@ -21,7 +21,7 @@ from agentq.uow import UnitOfWork
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep_deliveries
 from agentq.models import Job, WebhookDelivery
-from agentq.views import job_object
+from agentq.views import batch_object, job_object
 from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
                                       parse_retry_after, redeliver_job_event, retry_delay_s)
 from tests.support import sqlite_template
@@ -292,6 +292,6 @@ def test_a_batch_event_carries_the_batch_object(settings):
                                      receiver.requests[0]["headers"])
     with session_factory(settings)() as session:
         batch = session.get(Batch, batch_id)
-        expected = batches.batch_object(batch, batches.counts(session, batch_id))
+        expected = batch_object(batch, batches.counts(session, batch_id))
     assert payload == {"type": "batch.completed", "timestamp": batch.finished_at.isoformat(),
                        "data": expected}
