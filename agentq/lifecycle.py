@@ -127,7 +127,7 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
 
 
 def response_object(content: str, error: dict[str, Any] | None,
-                    calls: list[ToolCall]) -> dict[str, Any]:
+                    calls: list) -> dict[str, Any]:
     """A job's `response`: its answer, the files its tools made, each call's success."""
     ok_results = [c.result.get("result") for c in calls if tool_succeeded(c)]
     return {"content": content, "files": extract_files(ok_results), "error": error,
@@ -136,7 +136,7 @@ def response_object(content: str, error: dict[str, Any] | None,
                 for c in calls]}}
 
 
-def tool_succeeded(call: ToolCall) -> bool:
+def tool_succeeded(call) -> bool:
     """A tool result is stored as `{"ok", "result", "error"}` (`ToolResult.to_record`)."""
     return bool(call.result and call.result.get("ok"))
 
@@ -171,9 +171,12 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     from agentq.webhooks.delivery import enqueue_job_event
     session = uow.session
     status, reason = end_status(reason).value, StopReason(reason).value
-    calls = session.execute(
-        select(ToolCall).where(ToolCall.job_id == job.id)
-        .order_by(ToolCall.iteration, ToolCall.position)).scalars().all()
+    if any(isinstance(o, ToolCall) for o in (*session.new, *session.dirty)):
+        session.flush()  # results stored in this transaction (autoflush may be off)
+    calls = session.execute(  # the columns the response needs, not the calls' objects
+        select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result)
+        .where(ToolCall.job_id == job.id)
+        .order_by(ToolCall.iteration, ToolCall.position)).all()
     job.response = response_object(content, error, calls)
     job.status, job.finish_reason = status, reason
     job.finished_at = utcnow()

@@ -28,7 +28,8 @@ from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.loop.context import render_tool_result, truncate
-from agentq.models import Conversation, ConversationSummary, Memory, Message, TokenLog, User
+from agentq.loop.store import record_usage
+from agentq.models import Conversation, ConversationSummary, Memory, Message
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +121,8 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
             return 0
         if reply is not None:
             cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
-            session.add(TokenLog(user_id=user_id, conversation_id=conversation_id, job_id=None,
-                                 iteration=0, model=reply.model,
-                                 input_tokens=reply.input_tokens,
-                                 output_tokens=reply.output_tokens, cost_estimate=cost,
-                                 usage_estimated=reply.usage_estimated, reply=None,
-                                 created_at=now))
-            session.execute(update(User).where(User.id == user_id).values(
-                tokens_used_this_month=User.tokens_used_this_month
-                + reply.input_tokens + reply.output_tokens))
+            record_usage(session, user_id=user_id, conversation_id=conversation_id,
+                         job_id=None, iteration=0, reply=reply, cost=cost, now=now)
         if not worth:
             log.info("idle conversation had nothing to remember",
                      extra={"conversation_id": str(conversation_id), "through_seq": seq})

@@ -65,10 +65,10 @@ from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvide
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
-from agentq.loop.store import append_messages, recent_messages
+from agentq.loop.store import append_messages, recent_messages, record_usage
 from agentq.loop.submit import describe_attachments
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
-                           Persona, TokenLog, ToolCall, User)
+                           Persona, ToolCall, User)
 from agentq.tools.registry import ToolRegistry
 from agentq.uow import UnitOfWork
 
@@ -499,22 +499,15 @@ class Stepper:
                 now = utcnow()
                 through = plan.summarize[-1].seq
                 cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
-                tokens = reply.input_tokens + reply.output_tokens
                 session.add(ConversationSummary(
                     conversation_id=job.conversation_id, version=turn.summary_version + 1,
                     content=reply.content.strip(), through_seq=through,
                     messages_summarized=len(plan.summarize), job_id=job.id,
                     model=reply.model, input_tokens=reply.input_tokens,
                     output_tokens=reply.output_tokens, created_at=now))
-                session.add(TokenLog(user_id=job.user_id, conversation_id=job.conversation_id,
-                                     job_id=job.id, iteration=-(turn.summary_version + 1),
-                                     model=reply.model,
-                                     input_tokens=reply.input_tokens,
-                                     output_tokens=reply.output_tokens, cost_estimate=cost,
-                                     usage_estimated=reply.usage_estimated,
-                                     reply=None, created_at=now))
-                session.execute(update(User).where(User.id == job.user_id).values(
-                    tokens_used_this_month=User.tokens_used_this_month + tokens))
+                record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
+                             job_id=job.id, iteration=-(turn.summary_version + 1),
+                             reply=reply, cost=cost, now=now)
                 job.input_tokens += reply.input_tokens
                 job.output_tokens += reply.output_tokens
                 job.cost_estimate += cost
@@ -643,16 +636,9 @@ class Stepper:
                         extra={"job_id": str(job_id), "iteration": iteration})
             return
         uow.holds(job)  # the compare-and-set's UPDATE locked its row
-        tokens = reply.input_tokens + reply.output_tokens
-        session.add(TokenLog(user_id=job.user_id, conversation_id=job.conversation_id,
-                             job_id=job.id, iteration=turn_no, model=reply.model,
-                             input_tokens=reply.input_tokens,
-                             output_tokens=reply.output_tokens, cost_estimate=cost,
-                             usage_estimated=reply.usage_estimated,
-                             reply=reply.to_record(), created_at=now))
-        if charged:
-            session.execute(update(User).where(User.id == job.user_id).values(
-                tokens_used_this_month=User.tokens_used_this_month + tokens))
+        record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
+                     job_id=job.id, iteration=turn_no, reply=reply, cost=cost,
+                     charged=charged, keep_reply=True, now=now)
         uow.event(job.id, "message_end", turn=turn_no, role="assistant", model=reply.model,
                    content=reply.content, tool_calls=[c.name for c in reply.tool_calls],
                    input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,

@@ -19,7 +19,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from agentq.db import utcnow
 from agentq.loop.context import StoredMessage, estimate_tokens
-from agentq.models import Conversation, Job, JobEvent, Message
+from agentq.models import Conversation, Job, JobEvent, Message, TokenLog, User
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def notify(job_id: str, events: list[dict[str, Any]]) -> None:
 
 _conversations, _messages = Conversation.__table__, Message.__table__
 _jobs, _events = Job.__table__, JobEvent.__table__
+_token_logs, _users = TokenLog.__table__, User.__table__
 """Core tables: these appends are the hottest writes of a step, and Core statements skip
 the ORM's bulk-update and unit-of-work machinery (a third of their CPU, profiled on the
 floor benchmark)."""
@@ -70,6 +71,28 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
          "seq": first + i, "role": role, "content": content,
          "token_count": estimate_tokens(content), "model_used": model, "created_at": now}
         for i, (role, content, model) in enumerate(rows)])
+
+
+def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,
+                 job_id: uuid.UUID | None, iteration: int, reply, cost: float,
+                 charged: bool = True, keep_reply: bool = False,
+                 now: datetime | None = None) -> None:
+    """A model call's tokens: its `token_logs` row (with the reply itself when
+    `keep_reply`, for recorded replays) and, when `charged`, the user's monthly count."""
+    now = now or utcnow()
+    session.execute(insert(_token_logs).values(
+        id=uuid.uuid4(), user_id=user_id, conversation_id=conversation_id, job_id=job_id,
+        iteration=iteration, model=reply.model, input_tokens=reply.input_tokens,
+        output_tokens=reply.output_tokens, cost_estimate=cost,
+        usage_estimated=reply.usage_estimated,
+        reply=reply.to_record() if keep_reply else None, created_at=now))
+    if charged:
+        tokens = reply.input_tokens + reply.output_tokens
+        used = session.execute(
+            update(_users).where(_users.c.id == user_id)
+            .values(tokens_used_this_month=_users.c.tokens_used_this_month + tokens)
+            .returning(_users.c.tokens_used_this_month)).scalar_one()
+        sync_loaded(session, User, user_id, tokens_used_this_month=used)
 
 
 def sync_loaded(session: Session, model, ident: uuid.UUID, **values: Any) -> None:
