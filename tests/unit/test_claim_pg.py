@@ -1,0 +1,68 @@
+"""The step's claim and the unit of work's event numbering on real Postgres (row locks and
+`UPDATE … RETURNING` are what make them safe; SQLite cannot show it)."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+from sqlalchemy import select
+
+from agentq.loop.busy import request_cancel
+from agentq.models import Job, JobEvent
+from agentq.uow import UnitOfWork
+from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+
+JOIN_S = 60
+"""A failure bound for a thread that waits on a row lock, never a measured margin."""
+
+
+def _in_thread(work) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_two_deliveries_of_one_step_claim_it_once(make):
+    # given a queued job and a worker whose claim transaction is still open
+    h = make()
+    job_id = h.submit()
+    with h.sessions() as first, first.begin():
+        assert h.stepper._claim(first, uuid.UUID(job_id), 0, "worker-a") is not None
+        # when a second delivery claims the same step meanwhile (it waits on the row)
+        def second():
+            with h.sessions() as other, other.begin():
+                return h.stepper._claim(other, uuid.UUID(job_id), 0, "worker-b")
+        thread, out = _in_thread(second)
+    thread.join(JOIN_S)
+    # then it finds the step taken, whenever it ran
+    assert out == [None]
+    assert h.job(job_id).step_owner == "worker-a"
+
+
+def test_events_numbered_under_the_claim_never_collide_with_another_writer(make):
+    # given a step that holds its job's row (its claim) and numbers events from the row
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    with UnitOfWork(h.sessions) as step:
+        job = h.stepper._claim(step.session, job_id, 0, "worker-a")
+        step.holds(job)
+        step.event(job_id, "job_start")
+        step.event(job_id, "turn_start", turn=1)
+
+        # when a cancel arrives meanwhile (its own unit of work, numbering by UPDATE …
+        # RETURNING on the same row: it waits for the step's commit)
+        def cancel():
+            with UnitOfWork(h.sessions) as other:
+                request_cancel(other, other.session.get(Job, job_id))
+            return other.sent
+        thread, _out = _in_thread(cancel)
+    thread.join(JOIN_S)
+    # then every event has its own number, gap-free, and the row's counter agrees
+    with h.sessions() as session:
+        seqs = list(session.execute(select(JobEvent.seq, JobEvent.type)
+                                    .where(JobEvent.job_id == job_id)
+                                    .order_by(JobEvent.seq)).all())
+        counter = session.get(Job, job_id).event_seq
+    assert [seq for seq, _ in seqs] == list(range(1, len(seqs) + 1)) and counter == len(seqs)
+    assert {kind for _, kind in seqs} == {"job_start", "turn_start", "cancel_requested"}
