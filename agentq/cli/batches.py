@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from agentq.cli import main
+from agentq.cli.core import main
 from agentq.cli.remote import _api_call, _api_client, _api_options
 
 POLL_S = 1.0
@@ -107,7 +107,7 @@ def batch_results(batch_id: str, url: str | None, key: str | None) -> None:
         with client.stream("GET", f"/v1/batches/{batch_id}/results") as response:
             if response.status_code >= 400:
                 response.read()
-                from agentq.cli import _api_error
+                from agentq.cli.remote import _api_error
                 raise _api_error(response)
             for line in response.iter_lines():
                 if line:

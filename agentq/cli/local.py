@@ -15,7 +15,7 @@ import click
 
 from agentq import logs
 from agentq.config import get_settings
-from agentq.cli import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT,
+from agentq.cli.core import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT,
                         PROCESS_KINDS, _error_line, _print_ending, _safe_url, _status_line,
                         log_path, main)
 

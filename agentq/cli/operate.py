@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 import click
 
 from agentq.config import get_settings
-from agentq.cli import _client_errors, _safe_url, main
+from agentq.cli.core import _client_errors, _safe_url, main
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

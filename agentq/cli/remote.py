@@ -9,7 +9,7 @@ import time
 import click
 
 from agentq.config import get_settings
-from agentq.cli import (EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TIMEOUT, _client_errors,
+from agentq.cli.core import (EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TIMEOUT, _client_errors,
                         _error_line, _print_ending, main)
 from agentq.cli.local import _describe
 

@@ -19,7 +19,7 @@ from httpx_sse import aconnect_sse, connect_sse
 from tenacity import (AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt,
                       wait_exponential)
 
-from agentq.client import _core
+import agentq.client._core as _core
 from agentq.client._core import (ApiError, Batch, BatchResult, Call, Delivery, Event, Job,
                                  Timeout, TransportError, Unavailable)
 
