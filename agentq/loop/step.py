@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
@@ -87,6 +87,45 @@ EMPTY_ANSWER = "The model gave no answer. Please try again or rephrase."
 TOOL_LOST_ERROR = {"code": "tool_task_failed",
                    "message": "The tool task ended without a result (its worker was lost "
                               "or it hit its hard time limit)."}
+
+
+def _param(name: str, column):
+    return bindparam(name, type_=column.type)
+
+
+_CLAIM = (
+    update(Job).where(
+        Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
+        Job.status.in_(LIVE),
+        or_(Job.step_lease_until.is_(None),
+            Job.step_lease_until < _param("now", Job.step_lease_until)),
+        # a job waiting for its provider is not tried before its time (a duplicate or
+        # stray message claims nothing), unless it is to be cancelled
+        or_(Job.waiting_for.is_distinct_from("provider"),
+            Job.provider_next_attempt_at.is_(None),
+            Job.provider_next_attempt_at <= _param("early", Job.provider_next_attempt_at),
+            Job.cancel_requested_at.is_not(None)))
+    .values(step_owner=bindparam("owner"),
+            step_lease_until=_param("lease_until", Job.step_lease_until),
+            last_progress_at=_param("now", Job.last_progress_at), redrive_after=None)
+    .returning(Job)
+    .execution_options(synchronize_session=False, populate_existing=True))
+"""Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
+
+_ADVANCE = (
+    update(Job).where(Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
+                      Job.step_owner == bindparam("owner"), Job.status.in_(LIVE))
+    .values(iteration=bindparam("turn_no"), step_owner=None, step_lease_until=None,
+            last_progress_at=_param("now", Job.last_progress_at), redrives=0,
+            waiting_for=None, provider_wait_since=None, provider_next_attempt_at=None,
+            provider_attempts=0, claimed_attempts=0, redrive_after=None,
+            input_tokens=Job.input_tokens + _param("add_input", Job.input_tokens),
+            output_tokens=Job.output_tokens + _param("add_output", Job.output_tokens),
+            cost_estimate=Job.cost_estimate + _param("cost", Job.cost_estimate))
+    .returning(Job)
+    .execution_options(synchronize_session=False, populate_existing=True))
+"""Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
+call's usage added."""
 
 
 @dataclass
@@ -199,22 +238,10 @@ class Stepper:
     def _claim(self, session: Session, job_id: uuid.UUID, iteration: int,
                owner: str) -> Job | None:
         now = utcnow()
-        early = now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S)
-        return session.execute(
-            update(Job).where(
-                Job.id == job_id, Job.iteration == iteration, Job.status.in_(LIVE),
-                or_(Job.step_lease_until.is_(None), Job.step_lease_until < now),
-                # a job waiting for its provider is not tried before its time (a duplicate
-                # or stray message claims nothing), unless it is to be cancelled
-                or_(Job.waiting_for.is_distinct_from("provider"),
-                    Job.provider_next_attempt_at.is_(None),
-                    Job.provider_next_attempt_at <= early,
-                    Job.cancel_requested_at.is_not(None)))
-            .values(step_owner=owner,
-                    step_lease_until=now + timedelta(seconds=self.settings.step_deadline_s),
-                    last_progress_at=now, redrive_after=None)
-            .returning(Job)
-            .execution_options(synchronize_session=False, populate_existing=True)
+        return session.execute(_CLAIM, {
+            "job_id": job_id, "at_iteration": iteration, "now": now,
+            "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
+            "lease_until": now + timedelta(seconds=self.settings.step_deadline_s)}
         ).scalar_one_or_none()
 
     # -- 2..5 -------------------------------------------------------------------------
@@ -618,19 +645,10 @@ class Stepper:
         charged = turn.recorded is None
         cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens) \
             if charged else 0.0
-        job = session.execute(
-            update(Job).where(Job.id == job_id, Job.iteration == iteration,
-                              Job.step_owner == owner, Job.status.in_(LIVE))
-            .values(iteration=turn_no, step_owner=None, step_lease_until=None,
-                    last_progress_at=now, redrives=0, waiting_for=None,
-                    provider_wait_since=None, provider_next_attempt_at=None,
-                    provider_attempts=0, claimed_attempts=0, redrive_after=None,
-                    input_tokens=Job.input_tokens + reply.input_tokens,
-                    output_tokens=Job.output_tokens + reply.output_tokens,
-                    cost_estimate=Job.cost_estimate + cost)
-            .returning(Job)
-            .execution_options(synchronize_session=False, populate_existing=True)
-        ).scalar_one_or_none()
+        job = session.execute(_ADVANCE, {
+            "job_id": job_id, "at_iteration": iteration, "owner": owner, "turn_no": turn_no,
+            "now": now, "add_input": reply.input_tokens, "add_output": reply.output_tokens,
+            "cost": cost}).scalar_one_or_none()
         if job is None:
             log.warning("step lost its lease; reply discarded",
                         extra={"job_id": str(job_id), "iteration": iteration})
