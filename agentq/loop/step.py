@@ -127,6 +127,21 @@ _ADVANCE = (
 """Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
 call's usage added."""
 
+_WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id))
+        .select_from(User)
+        .join(Conversation, Conversation.id == bindparam("conversation_id"))
+        .outerjoin(Persona, Persona.id == bindparam("persona_id"))
+        .where(User.id == bindparam("user_id")))
+"""Who, where, as whom, and whether the user has memories: one round trip."""
+_LATEST_SUMMARY = (select(ConversationSummary)
+                   .where(ConversationSummary.conversation_id == bindparam("conversation_id"))
+                   .order_by(ConversationSummary.version.desc()).limit(1))
+_OWN_MESSAGES = (select(Message.seq, Message.role, Message.content, Message.token_count)
+                 .where(Message.job_id == bindparam("job_id"),
+                        or_(Message.seq > bindparam("through"), Message.role == "user"))
+                 .order_by(Message.seq))
+"""The job's question (its first message) and its messages after the summary."""
+
 
 @dataclass
 class _Turn:
@@ -250,12 +265,9 @@ class Stepper:
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
         # who, where, as whom, and whether the user has memories: one round trip
-        user, conversation, persona, has_memories = session.execute(
-            select(User, Conversation, Persona, memory.has_memories_clause(User.id))
-            .select_from(User)
-            .join(Conversation, Conversation.id == job.conversation_id)
-            .outerjoin(Persona, Persona.id == job.persona_id)
-            .where(User.id == job.user_id)).one()
+        user, conversation, persona, has_memories = session.execute(_WHO, {
+            "user_id": job.user_id, "conversation_id": job.conversation_id,
+            "persona_id": job.persona_id}).one()
         if job.status == "queued":
             job.status, job.started_at = "running", now
             uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
@@ -360,18 +372,13 @@ class Stepper:
         threshold (the summary itself is asked for outside this transaction). A
         `before_turn` hook may stop the job here."""
         session = uow.session
-        summary = session.execute(
-            select(ConversationSummary).where(
-                ConversationSummary.conversation_id == conversation.id)
-            .order_by(ConversationSummary.version.desc()).limit(1)).scalar_one_or_none()
+        summary = session.execute(_LATEST_SUMMARY,
+                                  {"conversation_id": conversation.id}).scalar_one_or_none()
         through = summary.through_seq if summary else 0
         # the job's question (its first message) and what this run added since the summary:
         # one read (the job's user messages come with it; those summarised are dropped)
         own = [context.StoredMessage(*row) for row in session.execute(
-            select(Message.seq, Message.role, Message.content, Message.token_count)
-            .where(Message.job_id == job.id,
-                   or_(Message.seq > through, Message.role == "user"))
-            .order_by(Message.seq)).all()]
+            _OWN_MESSAGES, {"job_id": job.id, "through": through}).all()]
         question = own[0] if own else None
         top = question.seq if question else conversation.message_seq + 1
         history = [m for m in reversed(recent_messages(
