@@ -1,0 +1,95 @@
+"""Two first messages racing for one new user or one new place (real Postgres): both are
+answered with the same row, and the loser leaves nothing behind."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select, text
+
+from agentq.config import Settings
+from agentq.db import session_factory
+from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
+from agentq.models import Conversation, User, UserPlatformLink
+from agentq.tenants import DEFAULT_TENANT_ID as T
+from tests.support.stack import create_database, drop_database
+
+pytestmark = pytest.mark.integration
+WAIT_FOR_BLOCK_S = 30
+
+
+@pytest.fixture(scope="module")
+def settings(servers_up):
+    name = f"agentq_identity_{os.getpid()}"
+    settings = Settings.from_env({"AGENTQ_DATABASE_URL": create_database(name)})
+    yield settings
+    drop_database(name)
+
+
+def _race(settings, first, second):
+    """`first` runs in a transaction left open; `second` runs in another until it waits on
+    first's row lock; then first commits. Returns (first's result, second's result)."""
+    sessions = session_factory(settings)
+    winner = sessions()
+    winner.begin()
+    won = first(winner)
+    winner_pid = winner.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    lost: dict = {}
+
+    def loser() -> None:
+        with sessions() as session, session.begin():
+            lost["value"] = second(session)
+
+    thread = threading.Thread(target=loser)
+    thread.start()
+    deadline = time.monotonic() + WAIT_FOR_BLOCK_S
+    with sessions() as probe:
+        while time.monotonic() < deadline and thread.is_alive() and not probe.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
+                "pg_blocking_pids(pid))"), {"pid": winner_pid}).scalar_one():
+            time.sleep(0.01)
+    winner.commit()
+    winner.close()
+    thread.join()
+    return won, lost["value"]
+
+
+def _count(settings, model, *where) -> int:
+    with session_factory(settings)() as session:
+        return session.scalar(select(func.count()).select_from(model).where(*where))
+
+
+def test_two_first_messages_of_one_user_make_one_user(settings):
+    # given a platform user nobody has seen
+    incoming = Incoming("discord", "racer-1", "chan-1")
+    # when two requests resolve it at once, the second finding nothing before the first
+    # commits
+    won, lost = _race(settings,
+                      lambda s: resolve_user(s, T, incoming, settings).id,
+                      lambda s: resolve_user(s, T, incoming, settings).id)
+    # then both answer the first's user, and the second's unlinked guest is gone
+    assert lost == won
+    assert _count(settings, UserPlatformLink,
+                  UserPlatformLink.platform_user_id == "racer-1") == 1
+    assert _count(settings, User, User.id.not_in(
+        select(UserPlatformLink.user_id))) == 0
+
+
+def test_two_first_messages_in_one_place_make_one_conversation(settings):
+    # given a channel nobody has written in, and two users
+    place = "race-chan"
+
+    def resolve(user_id: str):
+        def go(session):
+            incoming = Incoming("discord", user_id, place)
+            user = resolve_user(session, T, incoming, settings)
+            return resolve_conversation(session, user, incoming, None).id
+        return go
+
+    # when both write their first message there at once
+    won, lost = _race(settings, resolve("writer-a"), resolve("writer-b"))
+    # then there is one conversation, the first's
+    assert lost == won
+    assert _count(settings, Conversation, Conversation.platform_channel_id == place) == 1
