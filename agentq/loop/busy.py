@@ -47,6 +47,17 @@ def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
     return lock_row(session, Job, job_id)
 
 
+def lock_job_row(session: Session, job_id: uuid.UUID) -> bool:
+    """`lock_job`'s lock (FOR NO KEY UPDATE), without loading the job: for a writer that
+    changes the row only through statements of its own (a tool's result). False when there
+    is no such job."""
+    jobs = Job.__table__
+    query = select(jobs.c.id).where(jobs.c.id == job_id)
+    if session.bind.dialect.name == "postgresql":
+        query = query.with_for_update(key_share=True)
+    return session.execute(query).first() is not None
+
+
 def active_job(session: Session, conversation: Conversation) -> Job | None:
     if conversation.active_job_id is None:
         return None

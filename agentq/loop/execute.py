@@ -27,7 +27,7 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.loop.busy import lock_job
+from agentq.loop.busy import lock_job_row
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
@@ -36,6 +36,8 @@ from agentq.tools.registry import ToolRegistry, ToolResult
 from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
+_calls, _jobs = ToolCall.__table__, Job.__table__
+_users, _conversations, _personas = User.__table__, Conversation.__table__, Persona.__table__
 AWAIT_POLL_S = 0.5
 MAX_DELIVERIES = 3
 """A call whose task was delivered this often without storing a result (it crashed its
@@ -77,7 +79,7 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
                             stop=stop_after_delay(settings.step_deadline_s),
                             wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
         with attempt, UnitOfWork(sessions) as uow:
-            lock_job(uow.session, job_id)  # the job's row before the call's, as everywhere
+            lock_job_row(uow.session, job_id)  # the job's row before the call's, as everywhere
             iteration = _store(uow, job_id, tool_use_id, name, status, record)
             join = (_join_if_last(uow.session, job_id, iteration)
                     if iteration is not None and settings.tool_join == "database"
@@ -143,28 +145,44 @@ def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int]
     step. The job row is locked in this transaction, which orders concurrent finishers of
     one job: exactly one of them sees no call pending."""
     pending = session.execute(
-        select(ToolCall.id).where(ToolCall.job_id == job_id, ToolCall.iteration == iteration,
-                                  ToolCall.status == "pending").limit(1)).first()
+        select(_calls.c.id).where(_calls.c.job_id == job_id, _calls.c.iteration == iteration,
+                                  _calls.c.status == "pending").limit(1)).first()
     return None if pending else (str(job_id), iteration)
+
+
+_CALL = select(
+    _calls.c.name, _calls.c.arguments, _calls.c.status, _calls.c.attempts,
+    _calls.c.lease_until, _jobs.c.id.label("job_id"), _jobs.c.tenant_id,
+    _jobs.c.status.label("job_status"), _jobs.c.cancel_requested_at, _jobs.c.redrive_after,
+    _users.c.id.label("user_id"), _users.c.permission_level,
+    _conversations.c.id.label("conversation_id"), _conversations.c.platform,
+    _conversations.c.platform_channel_id, _conversations.c.platform_thread_id,
+    _personas.c.allowed_modules,
+).select_from(
+    _calls.join(_jobs, _jobs.c.id == _calls.c.job_id)
+    .join(_users, _users.c.id == _jobs.c.user_id)
+    .join(_conversations, _conversations.c.id == _jobs.c.conversation_id)
+    .outerjoin(_personas, _personas.c.id == _jobs.c.persona_id))
+"""A call with what running it needs, in one statement: its job's state, the caller, the
+place and the persona's modules (Core columns: no ORM objects to build)."""
 
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
              sessions: sessionmaker):
     """Load the call and decide whether it runs; a dict is the task's answer without it."""
     session = uow.session
-    query = (select(ToolCall, Job).join(Job, Job.id == ToolCall.job_id)
-             .where(ToolCall.tool_use_id == tool_use_id))
+    query = _CALL.where(_calls.c.tool_use_id == tool_use_id)
     if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(of=Job)  # the job's row first, as everywhere
-    found = session.execute(query.execution_options(populate_existing=True)).first()
-    if found is None:
+        query = query.with_for_update(of=_jobs)  # the job's row first, as everywhere
+    call = session.execute(query).first()
+    if call is None:
         log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
         return {"tool_use_id": tool_use_id, "status": "missing"}
-    call, job = found
     if call.status != "pending":
         return {"tool_use_id": tool_use_id, "status": call.status}
-    if job.status in TERMINAL_STATUSES or job.cancel_requested_at is not None:
-        _store(uow, job.id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
+    job_id = call.job_id
+    if call.job_status in TERMINAL_STATUSES or call.cancel_requested_at is not None:
+        _store(uow, job_id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
     now = utcnow()
     if call.attempts and call.lease_until is not None and call.lease_until > now:
@@ -179,36 +197,33 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         log.warning("not idempotent tool call interrupted; not running it again",
                     extra={"event": "tool.interrupted", "tool": call.name,
                            "tool_use_id": tool_use_id, "deliveries": call.attempts})
-        _store(uow, job.id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
+        _store(uow, job_id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}
-    call.attempts += 1
-    call.started_at = now
-    call.lease_until = lease_until = now + timedelta(seconds=settings.step_deadline_s)
-    # the sweeper leaves the job alone while the call runs (a slow tool is not a stall)
-    if job.redrive_after is None or job.redrive_after < lease_until:
-        job.redrive_after = lease_until
-    if call.attempts > MAX_DELIVERIES:
-        session.flush()
-        _store(uow, job.id, tool_use_id, call.name, "failed", CRASHED_RESULT)
+    attempts = call.attempts + 1
+    lease_until = now + timedelta(seconds=settings.step_deadline_s)
+    # the sweeper leaves the job alone while the call runs (a slow tool is not a stall);
+    # the job's row (locked above) is written before the call's, as everywhere
+    if call.redrive_after is None or call.redrive_after < lease_until:
+        session.execute(update(_jobs).where(_jobs.c.id == job_id)
+                        .values(redrive_after=lease_until))
+    session.execute(update(_calls).where(_calls.c.tool_use_id == tool_use_id)
+                    .values(attempts=attempts, started_at=now, lease_until=lease_until))
+    if attempts > MAX_DELIVERIES:
+        _store(uow, job_id, tool_use_id, call.name, "failed", CRASHED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}
-    if call.attempts > 1:  # at-least-once: the previous delivery died before storing
+    if attempts > 1:  # at-least-once: the previous delivery died before storing
         log.info("idempotent tool call delivered again; running it again",
                  extra={"event": "tool.rerun", "tool": call.name,
-                        "tool_use_id": tool_use_id, "delivery": call.attempts})
-    user, conversation, persona = session.execute(
-        select(User, Conversation, Persona).select_from(User)
-        .join(Conversation, Conversation.id == job.conversation_id)
-        .outerjoin(Persona, Persona.id == job.persona_id)
-        .where(User.id == job.user_id)).one()
-    allowed = registry.allowed_modules(persona.allowed_modules if persona else None)
-    ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job.id), user_id=str(user.id),
-                      conversation_id=str(conversation.id),
-                      permission_level=user.permission_level,
-                      platform=conversation.platform,
-                      platform_channel_id=conversation.platform_channel_id,
-                      platform_thread_id=conversation.platform_thread_id,
+                        "tool_use_id": tool_use_id, "delivery": attempts})
+    allowed = registry.allowed_modules(call.allowed_modules)
+    ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job_id), user_id=str(call.user_id),
+                      conversation_id=str(call.conversation_id),
+                      permission_level=call.permission_level,
+                      platform=call.platform,
+                      platform_channel_id=call.platform_channel_id,
+                      platform_thread_id=call.platform_thread_id,
                       session_factory=sessions,
-                      public_url=settings.public_url, tenant_id=str(job.tenant_id),
+                      public_url=settings.public_url, tenant_id=str(call.tenant_id),
                       extra={"settings": settings})
     return call.name, call.arguments, ctx, allowed, lease_until
 
@@ -219,10 +234,9 @@ def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, stat
     (locked first, as every other writer does). Returns the call's turn, or None when
     another delivery stored it already."""
     iteration = uow.session.execute(
-        update(ToolCall).where(ToolCall.tool_use_id == tool_use_id,
-                               ToolCall.status == "pending")
+        update(_calls).where(_calls.c.tool_use_id == tool_use_id, _calls.c.status == "pending")
         .values(status=status, result=record, finished_at=utcnow())
-        .returning(ToolCall.iteration)).scalar_one_or_none()
+        .returning(_calls.c.iteration)).scalar_one_or_none()
     if iteration is None:
         return None
     error = (record.get("error") or {}).get("code")

@@ -202,3 +202,91 @@ def test_a_tool_longer_than_the_deadline_is_neither_re_driven_nor_run_twice(make
     call = _call(h, tool_use_id)
     assert call.attempts == 1 and call.lease_until > datetime.now(timezone.utc)
     assert keeper.renew([tool_use_id]) == 0  # nothing held once the tool answered
+
+
+def test_a_call_of_a_cancelled_job_is_answered_cancelled_and_not_run(make):
+    """A call delivered after its job was asked to stop stores `cancelled` for the model
+    and does not run the tool."""
+    from agentq.db import utcnow
+    from agentq.models import Job
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})))
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    with h.sessions() as session, session.begin():
+        session.execute(update(Job).where(Job.id == uuid.UUID(job_id))
+                        .values(cancel_requested_at=utcnow()))
+    outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
+    assert outcome == {"tool_use_id": tool_use_id, "status": "cancelled"}
+    call = _call(h, tool_use_id)
+    assert (call.status, call.attempts, call.result["error"]["code"]) == (
+        "cancelled", 0, "cancelled")
+    assert _files(h, job_id) == []
+    with h.sessions() as session:
+        [end] = session.execute(select(JobEvent).where(
+            JobEvent.job_id == uuid.UUID(job_id),
+            JobEvent.type == "tool_execution_end")).scalars().all()
+    assert (end.data["tool_use_id"], end.data["ok"], end.data["error"]) == (
+        tool_use_id, False, "cancelled")
+
+
+def test_a_call_that_crashed_its_worker_every_time_is_answered_tool_crashed(make):
+    """An idempotent call whose deliveries all died without a result is not run once more
+    than MAX_DELIVERIES: the model reads `tool_crashed`."""
+    from agentq.loop.execute import MAX_DELIVERIES
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})))
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    with h.sessions() as session, session.begin():
+        session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id).values(
+            attempts=MAX_DELIVERIES, started_at=_LONG_AGO, lease_until=_LONG_AGO))
+    outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
+    assert outcome == {"tool_use_id": tool_use_id, "status": "failed"}
+    call = _call(h, tool_use_id)
+    assert (call.status, call.attempts, call.result["error"]["code"]) == (
+        "failed", MAX_DELIVERIES + 1, "tool_crashed")
+    assert _files(h, job_id) == []
+
+
+def test_an_unknown_call_is_answered_missing(make):
+    h = make()
+    assert execute_tool_call("tool_nobody_made", h.settings, h.registry, h.sessions) == {
+        "tool_use_id": "tool_nobody_made", "status": "missing"}
+
+
+def test_a_call_runs_with_its_caller_place_and_persona_modules(make):
+    """The tool's context names the job's user (with their level), the conversation's place
+    and the tenant; a rerun after a lost delivery counts its attempt."""
+    from agentq.models import Conversation, Job, User
+    h = make(calls(("files.create_document", {"title": "A", "content": "a"})))
+    job_id = h.submit("write it")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    tool = h.registry.tools["files.create_document"]
+    seen: list[ToolContext] = []
+
+    def spy(arguments, ctx):
+        seen.append(ctx)
+        return tool.function(arguments, ctx)
+
+    h.registry.tools[tool.name] = dataclasses.replace(tool, function=spy)
+    try:
+        assert execute_tool_call(tool_use_id, h.settings, h.registry,
+                                 h.sessions)["status"] == "succeeded"
+    finally:
+        h.registry.tools[tool.name] = tool
+    [ctx] = seen
+    with h.sessions() as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        user = session.get(User, job.user_id)
+        place = session.get(Conversation, job.conversation_id)
+        assert (ctx.tool_use_id, ctx.job_id, ctx.user_id, ctx.conversation_id,
+                ctx.permission_level, ctx.platform, ctx.platform_channel_id,
+                ctx.platform_thread_id, ctx.tenant_id) == (
+            tool_use_id, job_id, str(user.id), str(place.id), user.permission_level,
+            place.platform, place.platform_channel_id, place.platform_thread_id,
+            str(job.tenant_id))
+    assert ctx.session_factory is h.sessions
+    call = _call(h, tool_use_id)
+    assert call.attempts == 1 and call.started_at is not None
