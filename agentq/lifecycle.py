@@ -43,14 +43,6 @@ class JobStatus(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def live(self) -> bool:
-        return self in (JobStatus.QUEUED, JobStatus.RUNNING)
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
-
 
 class Phase(enum.StrEnum):
     LLM = "llm"

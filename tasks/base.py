@@ -5,23 +5,42 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from celery import Task
+from sqlalchemy.orm import sessionmaker
 
 from agentq import logs
-from agentq.config import get_settings
+from agentq.config import Settings, get_settings
 from agentq.db import session_factory
 from agentq.tools.remote import one_version_read
-from agentq.tools.registry import get_registry
+from agentq.tools.registry import ToolRegistry, get_registry
+
+if TYPE_CHECKING:
+    from agentq.llm.router import LLMRouter
+    from agentq.loop.step import Stepper
+
+@dataclass(frozen=True)
+class Services:
+    """What this process's tasks work with, built once per process (after a fork too:
+    reset_services)."""
+    settings: Settings
+    sessions: sessionmaker
+    registry: ToolRegistry
+    router: "LLMRouter"
+    stepper: "Stepper"
+
 
 _services_lock = threading.Lock()
-_services: dict[str, object] = {}
+_services: Services | None = None
 
 
-def services() -> dict[str, object]:
+def services() -> Services:
     """Settings, sessions, registry, router and stepper of this process, built once."""
+    global _services
     with _services_lock:
-        if not _services:
+        if _services is None:
             from agentq.llm.gate import gate_for
             from agentq.llm.router import LLMRouter
             from agentq.loop.step import Stepper
@@ -32,15 +51,15 @@ def services() -> dict[str, object]:
             registry = get_registry(settings)
             router = LLMRouter(settings, gate=gate_for(
                 settings, os.environ.get("OPENAI_BASE_URL")))
-            _services.update(settings=settings, sessions=sessions, registry=registry,
-                             router=router,
-                             stepper=Stepper(settings, router, registry, sessions))
+            _services = Services(settings, sessions, registry, router,
+                                 Stepper(settings, router, registry, sessions))
         return _services
 
 
 def reset_services() -> None:
+    global _services
     with _services_lock:
-        _services.clear()
+        _services = None
 
 
 class AgentqTask(Task):

@@ -14,10 +14,10 @@ def sweep() -> int:
     approvals past their deadline denied: each in its unit of work. Returns how many."""
     from agentq.approvals import expire
     s = services()
-    return (sweep_jobs(s["settings"], s["sessions"])
-            + sweep_waiting(s["settings"], s["sessions"])
-            + sweep_provider_waits(s["settings"], s["sessions"])
-            + expire(s["settings"], s["sessions"]))
+    return (sweep_jobs(s.settings, s.sessions)
+            + sweep_waiting(s.settings, s.sessions)
+            + sweep_provider_waits(s.settings, s.sessions)
+            + expire(s.settings, s.sessions))
 
 
 @app.task(base=AgentqTask, name="maintenance.fire_schedules")
@@ -26,7 +26,7 @@ def fire_schedules() -> int:
     process runs this first."""
     from agentq.schedules import fire_due
     s = services()
-    return fire_due(s["settings"], s["sessions"])
+    return fire_due(s.settings, s.sessions)
 
 
 @app.task(base=AgentqTask, name="maintenance.summarize_idle")
@@ -35,4 +35,4 @@ def summarize_idle() -> int:
     twice at once or to be delivered again."""
     from agentq.memory_digest import summarize_idle as digest_idle
     s = services()
-    return digest_idle(s["settings"], s["sessions"], s["router"])
+    return digest_idle(s.settings, s.sessions, s.router)

@@ -22,7 +22,7 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
     tracing.annotate(job_id=job_id, iteration=iteration, cause=cause)
     try:
         # its units of work hand their effects to the dispatcher after each commit
-        services()["stepper"].run(job_id, iteration, cause)
+        services().stepper.run(job_id, iteration, cause)
     except (OperationalError, InterfaceError, DisconnectionError, PoolTimeout):
         # The database is away, or every pooled connection stayed busy (a burst of re-driven
         # steps after an outage): transient, never a reason to fail the job. Nothing was
@@ -31,7 +31,7 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
         raise
     except Exception as exc:
         log.exception("step failed")
-        services()["stepper"].fail(job_id, exc)
+        services().stepper.fail(job_id, exc)
     finally:
         logs.unbind(token)
 
@@ -60,4 +60,4 @@ def advance_batch(batch_id: str) -> None:
     import uuid
 
     from agentq.batches import advance
-    advance(services()["sessions"], uuid.UUID(batch_id))
+    advance(services().sessions, uuid.UUID(batch_id))
