@@ -2,12 +2,16 @@
 dispatchers (the in-process runner, Celery's) each handle every effect type."""
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import typing
 import uuid
+from pathlib import Path
 
 import pytest
-from kombu import Connection
 from sqlalchemy import func, select
 
 from agentq import uow as units
@@ -21,6 +25,10 @@ from agentq.models import Job, JobEvent
 from agentq.runner import InProcessRunner
 from agentq.uow import NoDispatcher, UnitOfWork
 from tests.unit.test_step import _settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBPROCESS_LIMIT_S = 120
+"""A failure bound for the dispatcher's own process, never a measured margin."""
 
 
 @pytest.fixture
@@ -166,46 +174,52 @@ def test_the_in_process_runner_handles_every_effect_type(settings, monkeypatch):
     assert stepper.steps[-1] == (job_id, 3, "provider")
 
 
-def test_the_celery_dispatcher_sends_every_effect_type_as_messages(settings, monkeypatch):
-    """On the embedded (in-memory) broker: each effect becomes the messages a worker
-    consumes, on the queue it listens to; none opens a database session."""
-    from tasks import dispatch as celery_dispatch
-    from tasks import embedded_transport
-    from tasks.app import app
-    if not app.conf.broker_url.startswith(embedded_transport.register()):
-        pytest.skip("the unit tests' Celery app is on a real broker here")
-    monkeypatch.setattr(celery_dispatch, "get_settings",
-                        lambda: settings.replace(tool_join="database"))
+CELERY_DISPATCH = """
+import json, sys, uuid
+from kombu import Connection
+import agentq.db
 
-    def no_sessions(*_a, **_k):
-        raise AssertionError("the dispatcher opened a session")
-    monkeypatch.setattr("agentq.db.session_factory", no_sessions)
-    job_id = str(uuid.uuid4())
-    queues = {"orchestrator": [], "unit-tools": [], "webhooks": []}
-    with Connection(embedded_transport.register()) as connection:
-        for name in queues:  # exist before the messages, drained of others' leftovers
-            queue = connection.SimpleQueue(name)
-            while True:
-                try:
-                    queue.get(block=False).ack()
-                except queue.Empty:
-                    break
-            queue.close()
-        celery_dispatch.dispatch(one_of_each(job_id))
-        for name, got in queues.items():
-            queue = connection.SimpleQueue(name)
-            while True:
-                try:
-                    message = queue.get(block=False)
-                except queue.Empty:
-                    break
-                got.append((message.headers["task"], message.headers.get("id")))
-                message.ack()
-            queue.close()
+def no_sessions(*_a, **_k):
+    raise AssertionError("the dispatcher opened a session")
+agentq.db.session_factory = no_sessions
+from tasks import dispatch, embedded_transport
+from tasks.app import app
+assert app.conf.broker_url.startswith(embedded_transport.register()), app.conf.broker_url
+from tests.unit.test_uow import one_of_each
+queues = {"orchestrator": [], "unit-tools": [], "webhooks": []}
+with Connection(embedded_transport.register()) as connection:
+    for name in queues:  # the queues exist before the messages
+        connection.SimpleQueue(name).close()
+    dispatch.dispatch(one_of_each(str(uuid.uuid4())))
+    for name, got in queues.items():
+        queue = connection.SimpleQueue(name)
+        while True:
+            try:
+                message = queue.get(block=False)
+            except queue.Empty:
+                break
+            got.append([message.headers["task"], message.headers.get("id")])
+            message.ack()
+        queue.close()
+print(json.dumps(queues))
+"""
+
+
+def test_the_celery_dispatcher_sends_every_effect_type_as_messages(tmp_path):
+    """On the embedded (in-memory) broker: each effect becomes the messages a worker
+    consumes, on the queue it listens to; none opens a database session. In a process of
+    its own: this one's Celery app may have been made on another test's real broker."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    env.update(AGENTQ_HOME=str(tmp_path), AGENTQ_BROKER_URL="memory://",
+               AGENTQ_TOOL_JOIN="database", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", CELERY_DISPATCH], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=SUBPROCESS_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    queues = json.loads(done.stdout.strip().splitlines()[-1])
     assert [task for task, _ in queues["orchestrator"]] == ["orchestrator.step",
                                                             "orchestrator.advance_batch"]
-    assert queues["unit-tools"] == [("tools.execute", "tool_unit_a"),
-                                    ("tools.execute", "tool_unit_b")]
+    assert queues["unit-tools"] == [["tools.execute", "tool_unit_a"],
+                                    ["tools.execute", "tool_unit_b"]]
     assert [task for task, _ in queues["webhooks"]] == ["webhooks.deliver"]
 
 
