@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
-from agentq.lifecycle import StopReason, end_job, end_unstarted
+from agentq.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
 from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.models import TERMINAL_STATUSES, Batch, Job
 from agentq.uow import UnitOfWork
@@ -174,5 +174,5 @@ def cancel(sessions, batch_id: uuid.UUID) -> None:
     for job_id in live:
         with UnitOfWork(sessions) as uow:
             job = lock_job(uow.session, job_id)
-            if job is not None and job.status in ("queued", "running"):
+            if job is not None and job.status in LIVE_STATUSES:
                 cancel_job(uow, job)

@@ -81,7 +81,8 @@ class StopReason(enum.StrEnum):
     HOOK = "hook"
 
 
-LIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+LIVE_STATUSES = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+"""A job that may still take a step (the column's values, for queries)."""
 EXECUTION_LIMITS = (StopReason.MAX_ITERATIONS, StopReason.MAX_TOKENS, StopReason.MAX_TIME)
 """Stops that end a job `completed` with "[Agent stopped: <reason>]" in its conversation."""
 

@@ -32,7 +32,7 @@ import logging
 import threading
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,10 +52,6 @@ def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
     with _dispatcher_lock:
         previous, _dispatcher = _dispatcher, dispatcher
     return previous
-
-
-def dispatcher() -> Dispatcher | None:
-    return _dispatcher
 
 
 class NoDispatcher(RuntimeError):
@@ -105,9 +101,6 @@ class UnitOfWork:
         self.events.append((job_id, type_, data))
 
     def effect(self, *effects: Effect) -> None:
-        self.effects.extend(effects)
-
-    def effects_from(self, effects: Iterable[Effect]) -> None:
         self.effects.extend(effects)
 
     def holds(self, job) -> None:

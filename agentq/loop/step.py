@@ -74,7 +74,7 @@ from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 
-LIVE = tuple(s.value for s in LIVE_STATUSES)
+LIVE = LIVE_STATUSES
 PROVIDER_EARLY_TOLERANCE_S = 2.0
 MAX_COMPACTION_ROUNDS = 4
 """Most summary calls one step makes; a backlog longer than that is folded on by the next
