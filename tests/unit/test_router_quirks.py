@@ -18,8 +18,9 @@ import openai
 import pytest
 
 from agentq.config import Settings
-from agentq.llm.router import CALL_ID_MAX_CHARS, LLMRouter
+from agentq.llm.router import LLMRouter
 from agentq.llm.types import ToolSpec
+from agentq.llm.wire import CALL_ID_MAX_CHARS
 from agentq.loop.decision import Finish, RunTools, decide
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llama_cpp"
