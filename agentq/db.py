@@ -5,14 +5,16 @@ closes it, calls the model, then opens another to write.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import bindparam, create_engine, event, insert, inspect, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 
 from agentq.config import Settings, get_settings
 
@@ -87,18 +89,75 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
         session.close()
 
 
-def lock_row(session: Session, model, ident):
+@functools.cache
+def _lock_statement(model, postgres: bool, load: bool):
+    query = (select(model) if load else select(model.id)).where(model.id == bindparam("ident"))
+    if postgres:
+        query = query.with_for_update(key_share=True)
+    return query.execution_options(populate_existing=True) if load else query
+
+
+def lock_row(session: Session, model, ident, *, load: bool = True):
     """`model`'s row with this id, locked for the transaction (None when there is none).
 
     FOR NO KEY UPDATE: inserts of rows that reference it (their foreign key takes KEY
     SHARE) are not blocked by it. The object is re-read (populate_existing), so what the
-    caller sees is what it locked. The one lock helper: jobs, conversations and batches are
-    locked through it, always in that order (a batch's row only ever first, alone)."""
-    query = select(model).where(model.id == ident)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)
-    return session.execute(query.execution_options(populate_existing=True)
-                           ).scalar_one_or_none()
+    caller sees is what it locked; `load=False` locks without loading it and answers the id
+    (for a writer that changes the row only through statements of its own). The one lock
+    helper: jobs, conversations and batches are locked through it, always in that order (a
+    batch's row only ever first, alone)."""
+    statement = _lock_statement(model, session.bind.dialect.name == "postgresql", load)
+    return session.execute(statement, {"ident": ident}).scalar_one_or_none()
+
+
+@functools.cache
+def _insert_statement(dialect: str, model, unique: tuple[str, ...]):
+    if not unique:
+        return insert(model.__table__)
+    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return insert_(model.__table__).on_conflict_do_nothing(index_elements=list(unique))
+
+
+@functools.cache
+def _mapped_columns(model) -> tuple[tuple[str, object], ...]:
+    """(attribute name, table column) of each mapped column: `Job.meta` is the column
+    `metadata`."""
+    return tuple((prop.key, prop.columns[0]) for prop in inspect(model).column_attrs)
+
+
+def _column_value(obj, attribute: str, column):
+    """What the ORM's flush would write for `column`: the attribute's value, else the
+    column's Python default (a scalar, or a callable of no argument), else NULL."""
+    if attribute in obj.__dict__:
+        return obj.__dict__[attribute]
+    default = column.default
+    if default is None:
+        return None
+    if default.is_scalar:
+        return default.arg
+    if default.is_callable:
+        return default.arg(None)  # the ORM wraps a no-argument callable to take a context
+    return None
+
+
+def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
+    """Write a new ORM object's row with one Core INSERT, the ORM's flush skipped (its
+    unit-of-work machinery costs more CPU than the statement); `… ON CONFLICT (unique) DO
+    NOTHING` when a concurrent writer may hold a unique key, with no SAVEPOINT, so the
+    loser of a race keeps its transaction. True: written, and `obj` joins the session as if
+    loaded from that row. False: another writer's row holds the key; the caller reads it."""
+    columns = _mapped_columns(type(obj))
+    values = {attribute: _column_value(obj, attribute, column)
+              for attribute, column in columns}
+    statement = _insert_statement(session.bind.dialect.name, type(obj), unique)
+    if session.execute(statement, {column.key: values[attribute]
+                                   for attribute, column in columns}).rowcount != 1:
+        return False
+    for attribute, value in values.items():  # every column loaded: nothing to read back
+        setattr(obj, attribute, value)
+    make_transient_to_detached(obj)
+    session.add(obj)
+    return True
 
 
 def relax_durability(session: Session) -> None:

@@ -10,18 +10,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import utcnow
+from agentq.db import insert_new, utcnow
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
 from agentq.lifecycle import StopReason, WaitingFor, end_job, new_job
 from agentq.loop.effects import NextStep, RevokeTools
-from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
-                                  resolve_user)
+from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
 from agentq.tenants import DEFAULT_TENANT_ID
 from agentq.uow import UnitOfWork
@@ -109,9 +108,8 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
         if cache is not None and key in cache:
             user, persona, conversation = cache[key]
         else:
-            user = resolve_user(session, sub.tenant_id, incoming, settings, now)
-            persona = resolve_persona(session, sub.tenant_id, incoming)
-            conversation = resolve_conversation(session, user, incoming, persona, now)
+            user, persona, conversation = resolve(session, sub.tenant_id, incoming,
+                                                  settings, now)
             if cache is not None:
                 cache[key] = (user, persona, conversation)
     if sub.persona_id is not None:
@@ -122,6 +120,8 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
 
 
 LOCK_ATTEMPTS = 5
+_OWNER = (select(Conversation.active_job_id)
+          .where(Conversation.id == bindparam("conversation_id")))
 
 
 def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID
@@ -129,8 +129,7 @@ def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID
     """Lock the conversation's running job, then the conversation (the order a finishing
     job takes them), retrying if the owner changed in between."""
     for _ in range(LOCK_ATTEMPTS):
-        owner_id = session.execute(select(Conversation.active_job_id).where(
-            Conversation.id == conversation_id)).scalar_one()
+        owner_id = session.execute(_OWNER, {"conversation_id": conversation_id}).scalar_one()
         if owner_id is not None:
             lock_job(session, owner_id)
         conversation = lock_conversation(session, conversation_id)
@@ -190,9 +189,10 @@ def _new_job(session: Session, sub: Submission, user: User, persona: Persona | N
                   stream=sub.stream, waiting_for=waiting_for, now=now,
                   limits={k: v for k, v in (sub.limits or {}).items() if v is not None})
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
-    session.add(job)
     if flush:
-        session.flush()
+        insert_new(session, job)  # written now: its files and the conversation refer to it
+    else:
+        session.add(job)
     return job
 
 

@@ -1,16 +1,16 @@
 """Who is asking, as which persona, in which conversation (SQLite)."""
 from __future__ import annotations
 
+import contextlib
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from agentq.config import Settings
-from agentq.db import dispose_engines, session_scope
-from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
-                                  resolve_user)
+from agentq.db import dispose_engines, engine_for, session_scope
+from agentq.loop.identity import Incoming, resolve, resolve_conversation, resolve_user
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T, create_tenant
 from tests.support import sqlite_template
@@ -85,6 +85,11 @@ def test_the_same_id_on_another_platform_is_another_user(settings):
 
 # --- personas -------------------------------------------------------------------------
 
+def _chosen_persona(session, tenant, incoming, settings):
+    """The persona the submit's one query picks."""
+    return resolve(session, tenant, incoming, settings)[1]
+
+
 def test_persona_cascade_server_then_platform_then_default_then_none(settings):
     # given a default persona, a discord persona and one for discord server s1
     with session_scope(settings) as session:
@@ -94,7 +99,7 @@ def test_persona_cascade_server_then_platform_then_default_then_none(settings):
 
     def persona_for(incoming):
         with session_scope(settings) as session:
-            found = resolve_persona(session, T, incoming)
+            found = _chosen_persona(session, T, incoming, settings)
             return found.id if found else None
 
     # when / then
@@ -114,7 +119,7 @@ def test_the_oldest_persona_of_a_scope_wins(settings):
         older = _persona(session, "older", platform="discord", created_at=T0).id
     # when
     with session_scope(settings) as session:
-        found = resolve_persona(session, T, Incoming("discord", "u", "c")).id
+        found = _chosen_persona(session, T, Incoming("discord", "u", "c"), settings).id
     # then
     assert found == older
 
@@ -169,7 +174,7 @@ def test_a_conversation_records_its_persona(settings):
     with session_scope(settings) as session:
         user = resolve_user(session, T, incoming, settings)
         conversation = resolve_conversation(session, user, incoming,
-                                            resolve_persona(session, T, incoming))
+                                            _chosen_persona(session, T, incoming, settings))
         conversation_id = conversation.id
     # then
     with session_scope(settings) as session:
@@ -229,5 +234,82 @@ def test_a_persona_of_another_tenant_is_never_chosen(settings):
                           tenant=other).id
     # when / then
     with session_scope(settings) as session:
-        assert resolve_persona(session, T, Incoming("discord", "u", "c")) is None
-        assert resolve_persona(session, other, Incoming("discord", "u", "c")).id == theirs
+        assert _chosen_persona(session, T, Incoming("discord", "u", "c"), settings) is None
+        assert (_chosen_persona(session, other, Incoming("discord", "u", "c"), settings).id
+                == theirs)
+
+
+# --- all three at once (the submit's path) --------------------------------------------
+
+@contextlib.contextmanager
+def _statements(settings):
+    """The SQL sent to the database inside the block."""
+    seen: list[str] = []
+
+    def listener(conn, cursor, statement, *rest):
+        seen.append(statement)
+    engine = engine_for(settings)
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+
+
+def _kinds(seen: list[str]) -> list[str]:
+    return [statement.split()[0].upper() for statement in seen]
+
+
+def test_resolve_makes_what_is_missing_then_finds_all_three_in_one_query(settings):
+    # given a platform persona, and a place nobody wrote from yet
+    with session_scope(settings) as session:
+        persona = _persona(session, "discord", platform="discord").id
+    place = Incoming("discord", "u-1", "chan-1", "thread-1")
+    # when the first message comes in
+    with _statements(settings) as seen, session_scope(settings) as session:
+        user, found, conversation = resolve(session, T, place, settings, now=T0)
+        first = (user.id, found.id, conversation.id)
+    # then the user (and its link) and the conversation were made, with the persona, after
+    # one read: what it found missing is not looked for again
+    assert first[1] == persona
+    assert _kinds(seen) == ["SELECT", "INSERT", "INSERT", "INSERT"]
+    with session_scope(settings) as session:
+        stored = session.get(Conversation, first[2])
+        assert (stored.user_id, stored.persona_id, stored.tenant_id) == (first[0], persona, T)
+    # when the next one comes in from the same place
+    with _statements(settings) as seen, session_scope(settings) as session:
+        again = tuple(row.id for row in resolve(session, T, place, settings))
+    # then the same rows, read in one query and nothing written
+    assert again == first
+    assert _kinds(seen) == ["SELECT"]
+
+
+def test_resolve_finds_the_user_and_makes_only_the_new_place(settings):
+    # given a user who wrote in one channel
+    with session_scope(settings) as session:
+        user = resolve(session, T, Incoming("discord", "u-1", "chan-1"), settings)[0].id
+    # when they write in another
+    with session_scope(settings) as session:
+        found, persona, conversation = resolve(session, T, Incoming("discord", "u-1", "chan-2"),
+                                               settings)
+        ids = (found.id, persona, conversation.id, conversation.user_id)
+    # then the same user, no persona, a conversation of their own in the new channel
+    assert ids[0] == user and ids[1] is None and ids[3] == user
+    assert ids[2] == _conversation(settings, Incoming("discord", "u-1", "chan-2"))
+    assert ids[2] != _conversation(settings, Incoming("discord", "u-1", "chan-1"))
+
+
+def test_resolve_never_reads_another_tenants_user_or_place(settings):
+    # given a user and a conversation of another tenant at the same platform ids
+    other = _tenant(settings, "other")
+    place = Incoming("discord", "u-1", "chan-1")
+    with session_scope(settings) as session:
+        theirs = tuple(row.id for row in (lambda u, _p, c: (u, c))(
+            *resolve(session, other, place, settings)))
+    # when the same ids write under the default tenant
+    with session_scope(settings) as session:
+        user, _, conversation = resolve(session, T, place, settings)
+        mine = (user.id, conversation.id, user.tenant_id, conversation.tenant_id)
+    # then new rows of the default tenant
+    assert mine[0] != theirs[0] and mine[1] != theirs[1]
+    assert mine[2:] == (T, T)

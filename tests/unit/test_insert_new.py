@@ -1,0 +1,78 @@
+"""`db.insert_new`: a new object's row written with one Core INSERT must be the row the
+ORM's flush would have written (SQLite)."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from sqlalchemy import inspect, select
+
+from agentq.config import Settings
+from agentq.db import dispose_engines, insert_new, session_scope
+from agentq.lifecycle import new_job
+from agentq.loop.identity import Incoming, resolve
+from agentq.models import Job, UserPlatformLink
+from agentq.tenants import DEFAULT_TENANT_ID as T
+from tests.support import sqlite_template
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def place(tmp_path):
+    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
+    sqlite_template.upgrade(settings)
+    with session_scope(settings) as session:
+        user, _, conversation = resolve(session, T, Incoming("cli", "u1", "c1"), settings)
+        ids = user.id, conversation.id
+    yield settings, ids
+    dispose_engines()
+
+
+def _job(user_id, conversation_id):
+    # the columns new_job leaves to their defaults (claimed_attempts, pending_inputs,
+    # provider_attempts, …) and one whose column is named otherwise (meta → "metadata")
+    return new_job(tenant_id=T, conversation_id=conversation_id, user_id=user_id,
+                   content="hello", now=T0, meta={"source": "test"},
+                   limits={"max_iterations": 3})
+
+
+def _row(session, job_id) -> dict:
+    job = session.get(Job, job_id)
+    return {attr.key: getattr(job, attr.key) for attr in inspect(Job).column_attrs
+            if attr.key != "id"}
+
+
+def test_a_row_written_by_insert_new_is_the_row_a_flush_writes(place):
+    settings, (user_id, conversation_id) = place
+    # given the same job made twice
+    flushed, inserted = _job(user_id, conversation_id), _job(user_id, conversation_id)
+    # when one is flushed by the ORM and the other written by insert_new
+    with session_scope(settings) as session:
+        session.add(flushed)
+        session.flush()
+        assert insert_new(session, inserted) is True
+        # then the written object is in the session, as if loaded: nothing left to read
+        assert inspect(inserted).persistent
+        assert not inspect(inserted).expired_attributes
+        assert inserted.meta == {"source": "test"} and inserted.pending_inputs == 0
+    # and the two stored rows are the same, column by column
+    with session_scope(settings) as session:
+        assert _row(session, inserted.id) == _row(session, flushed.id)
+        assert _row(session, inserted.id)["meta"] == {"source": "test"}
+
+
+def test_insert_new_on_a_taken_unique_key_writes_nothing_and_keeps_the_transaction(place):
+    settings, (user_id, _) = place
+    link = dict(tenant_id=T, user_id=user_id, platform="cli", platform_user_id="u1",
+                platform_username="u1", created_at=T0)
+    # when a second link for the same platform user is written
+    with session_scope(settings) as session:
+        second = UserPlatformLink(id=uuid.uuid4(), **link)
+        written = insert_new(session, second, ("tenant_id", "platform", "platform_user_id"))
+        # then it is not, and the transaction goes on
+        assert written is False
+        assert not inspect(second).persistent
+        rows = session.execute(select(UserPlatformLink.id)).scalars().all()
+    assert rows and second.id not in rows
