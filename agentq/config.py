@@ -238,7 +238,13 @@ class Settings:
 
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 1000
-    """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads per orchestrator process (model calls in flight)."""
+    """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads (or greenlets) per orchestrator process (model
+    calls in flight)."""
+    orchestrator_pool: str = "threads"
+    """AGENTQ_ORCHESTRATOR_POOL: the Celery pool of `agentq worker orchestrator`, `threads`
+    or `gevent` (one thread, a greenlet per task; psycopg2 made cooperative by psycogreen:
+    tasks/pools.py); needs the `prod` (or `dev`) extra's gevent and psycogreen. The
+    embedded worker of `agentq dev`/`run` keeps its threads."""
     tools_concurrency: int = 8
     """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
     slow_tools_concurrency: int = 2
@@ -408,6 +414,7 @@ class Settings:
             result_expires_s=num("AGENTQ_RESULT_EXPIRES_S", cls.result_expires_s, int, 86400),
             orchestrator_concurrency=num("AGENTQ_ORCHESTRATOR_CONCURRENCY",
                                          cls.orchestrator_concurrency, int, 1, 5000),
+            orchestrator_pool=_choice(env, "AGENTQ_ORCHESTRATOR_POOL", ("threads", "gevent")),
             tools_concurrency=num("AGENTQ_TOOLS_CONCURRENCY", cls.tools_concurrency, int, 1),
             slow_tools_concurrency=num("AGENTQ_SLOW_TOOLS_CONCURRENCY",
                                        cls.slow_tools_concurrency, int, 1),

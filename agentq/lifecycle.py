@@ -23,7 +23,7 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, assert_never
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
@@ -155,6 +155,20 @@ def extract_files(results: list[Any]) -> list[dict[str, str]]:
     return files
 
 
+_conversations = Conversation.__table__
+_CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result)
+             .where(ToolCall.job_id == bindparam("job_id"))
+             .order_by(ToolCall.iteration, ToolCall.position))
+"""A job's calls: the columns its response needs, not the calls' objects."""
+_RELEASE = (update(_conversations)
+            .where(_conversations.c.id == bindparam("conversation_id"),
+                   _conversations.c.active_job_id == bindparam("job_id"))
+            .values(active_job_id=None).returning(_conversations.c.id))
+_HAND_ON = (update(_conversations).where(_conversations.c.id == bindparam("conversation_id"))
+            .values(active_job_id=bindparam("next_id")))
+"""Built once, with bind parameters: a job's end runs them on every job."""
+
+
 def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
             error: dict[str, Any] | None) -> None:
     """End a live job: the one writer of end state. In the caller's unit of work: the
@@ -166,10 +180,7 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     status, reason = end_status(reason).value, StopReason(reason).value
     if any(isinstance(o, ToolCall) for o in (*session.new, *session.dirty)):
         session.flush()  # results stored in this transaction (autoflush may be off)
-    calls = session.execute(  # the columns the response needs, not the calls' objects
-        select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result)
-        .where(ToolCall.job_id == job.id)
-        .order_by(ToolCall.iteration, ToolCall.position)).all()
+    calls = session.execute(_CALLS_OF, {"job_id": job.id}).all()
     job.response = response_object(content, error, calls)
     job.status, job.finish_reason = status, reason
     job.finished_at = utcnow()
@@ -210,13 +221,10 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     from agentq.loop.busy import next_waiting, pending_inputs
     from agentq.loop.store import sync_loaded
     session = uow.session
-    conversations = Conversation.__table__
     # one statement checks that the job holds its conversation, locks the row and lets go
     # of it (a job that never held it locks nothing)
-    released = session.execute(
-        update(conversations).where(conversations.c.id == job.conversation_id,
-                                    conversations.c.active_job_id == job.id)
-        .values(active_job_id=None).returning(conversations.c.id)).scalar_one_or_none()
+    released = session.execute(_RELEASE, {"conversation_id": job.conversation_id,
+                                          "job_id": job.id}).scalar_one_or_none()
     if released is None:
         return
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=None)
@@ -242,8 +250,7 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
         return
     nxt.waiting_for = None
     nxt.last_progress_at = now
-    session.execute(update(conversations).where(conversations.c.id == job.conversation_id)
-                    .values(active_job_id=nxt.id))
+    session.execute(_HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     uow.effect(NextStep(str(nxt.id), 0, "start"))
 

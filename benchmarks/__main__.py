@@ -41,6 +41,9 @@ def parse(argv: list[str] | None):
                      help="the markdown file to write (default docs/benchmarks.md)")
     run.add_argument("--no-docs", action="store_true", help="write no markdown")
     run.add_argument("--inflight-jobs", type=int, help="override scenario 3's job count")
+    run.add_argument("--orchestrator-pool", choices=("threads", "gevent"),
+                     help="the orchestrator's pool (AGENTQ_ORCHESTRATOR_POOL; default: the "
+                          "environment's, else agentq's default, threads)")
     probe = sub.add_parser("probe", help="the small measurements behind the suggested "
                                          "changes (Postgres and the model server only)")
     probe.add_argument("--only", action="append", default=[],
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)
         return 3
 
+    if args.orchestrator_pool:
+        os.environ["AGENTQ_ORCHESTRATOR_POOL"] = args.orchestrator_pool  # the lab passes it on
     # A TERM ends the run through the finally blocks below, so the stack is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
@@ -188,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["stack_start_s"] = lab.started_in_s
     results["meta"]["settings"] = {
         "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
+        "orchestrator_pool": lab.settings().orchestrator_pool,
         "tools_concurrency": lab.settings().tools_concurrency,
         "db_pool_size": lab.settings().db_pool_size,
         "tool_join": lab.settings().tool_join,

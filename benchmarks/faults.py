@@ -75,6 +75,7 @@ FAULT_ENV = {
     "AGENTQ_SWEEP_INTERVAL_S": "2",
     "AGENTQ_REDRIVE_BACKOFF_MAX_S": "30",
     "AGENTQ_ORCHESTRATOR_CONCURRENCY": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_CONCURRENCY", "200"),
+    "AGENTQ_ORCHESTRATOR_POOL": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_POOL", "threads"),
     "AGENTQ_LOG_LEVEL": "INFO",
     # every job has a callback: its end event must reach the receiver once, with one id,
     # whatever the fault; retries keep going for 20 minutes (the receiver's longest outage

@@ -44,8 +44,8 @@ GROWTH_WINDOW_TOKENS = 4096
 
 # The stack's configuration for every scenario: a budget that never stops a job, room for
 # 200 tool turns, a small window for the growth scenario's model, the rest agentq's own
-# defaults (the orchestrator's pool included, unless AGENTQ_ORCHESTRATOR_CONCURRENCY is set
-# in the benchmark's environment).
+# defaults (the orchestrator's pool included, unless AGENTQ_ORCHESTRATOR_CONCURRENCY or
+# AGENTQ_ORCHESTRATOR_POOL — `run --orchestrator-pool` — is set in the benchmark's environment).
 BENCH_ENV = {
     "AGENTQ_MODEL": "gpt-4o-mini",
     "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
@@ -53,7 +53,8 @@ BENCH_ENV = {
     "AGENTQ_LLM_TIMEOUT_S": "60",
     "AGENTQ_MODEL_CONTEXT_WINDOWS": f"{GROWTH_MODEL}={GROWTH_WINDOW_TOKENS}",
 }
-PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_TOOLS_CONCURRENCY",
+PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_ORCHESTRATOR_POOL",
+                  "AGENTQ_TOOLS_CONCURRENCY",
                   "AGENTQ_DB_POOL_SIZE", "AGENTQ_LOG_LEVEL", "AGENTQ_TOOL_JOIN",
                   "AGENTQ_HISTORY_MAX_MESSAGES", "AGENTQ_CONTEXT_MAX_TOKENS",
                   "AGENTQ_METRICS", "AGENTQ_TRACING")

@@ -37,7 +37,8 @@ process so its CPU is not ours; latency set per scenario), and the Procfile's pr
 gunicorn (2 workers x 8 threads), `agentq worker orchestrator|tools|tools-slow|webhooks` and
 `agentq beat`, with agentq's default sizes. The stack's settings differ from the defaults only
 in `AGENTQ_GUEST_MONTHLY_TOKENS` (never the limit), `AGENTQ_MAX_ITERATIONS=25` (20 tool turns)
-and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_TOOLS_CONCURRENCY`,
+and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_ORCHESTRATOR_POOL`
+(or `run --orchestrator-pool threads|gevent`), `AGENTQ_TOOLS_CONCURRENCY`,
 `AGENTQ_DB_POOL_SIZE`, `AGENTQ_LOG_LEVEL`, `AGENTQ_TOOL_JOIN`, `AGENTQ_HISTORY_MAX_MESSAGES` and
 `AGENTQ_CONTEXT_MAX_TOKENS` pass through from the benchmark's environment, to try a sizing.
 
@@ -72,6 +73,10 @@ def _lat(summary: dict[str, Any] | None) -> str:
     if not summary or not summary.get("n"):
         return "–"
     return f"{_ms(summary['median_ms'])} / {_ms(summary['p95_ms'])}"
+
+
+def _pool_unit(pool: str) -> str:
+    return "threads" if pool == "threads" else f"greenlets ({pool})"
 
 
 def _yes(value: Any) -> str:
@@ -150,7 +155,8 @@ def figures(results: dict[str, Any]) -> str:
                 f"(before {f['orchestrator_rss_mib']['before_mib']}) | < 1 GiB: "
                 f"{_yes(targets['under_1_gib'])} |",
                 f"| submitting all took | {f['submit_s']} s | |",
-                f"| orchestrator pool | {f['orchestrator_concurrency']} threads | |", "",
+                f"| orchestrator pool | {f['orchestrator_concurrency']} "
+                f"{_pool_unit(f.get('orchestrator_pool', 'threads'))} | |", "",
                 f"Ideal = {f['ideal_basis']}. Completed {f['completed']}, failed "
                 f"{f['failed']}.", ""]
 

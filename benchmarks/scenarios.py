@@ -258,7 +258,8 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
             "levels": levels, "saturated_jobs_per_s": saturated,
             "knee_clients": knee["clients"], "knee_jobs_per_s": knee["jobs_per_s"],
             "knee_latency": knee["latency"],
-            "processes": "web: gunicorn 2 workers x 8 threads; orchestrator: threads x "
+            "processes": "web: gunicorn 2 workers x 8 threads; orchestrator: "
+                         f"{ctx.lab.settings().orchestrator_pool} x "
                          f"{ctx.lab.settings().orchestrator_concurrency}; tools: threads x "
                          f"{ctx.lab.settings().tools_concurrency}; tools-slow, webhooks, beat",
             "knee_rule": "the fewest clients reaching 90% of the best jobs/s"}
@@ -306,6 +307,7 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
         "jobs": n, "model_latency_s": latency, "completed": len(ok),
         "failed": len(rows) - len(ok),
         "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
+        "orchestrator_pool": lab.settings().orchestrator_pool,
         "submit_s": round(submit_s, 2), "elapsed_s": round(elapsed, 2),
         "max_model_calls_waiting": model.get("max_in_flight"),
         "model_calls": model.get("calls"),
@@ -379,16 +381,13 @@ def seed_conversation(lab: Lab, user: str, channel: str, count: int,
 
     from agentq.db import session_scope, utcnow
     from agentq.loop.context import estimate_tokens
-    from agentq.loop.identity import (Incoming, resolve_conversation, resolve_persona,
-                                      resolve_user)
+    from agentq.loop.identity import Incoming, resolve
     from agentq.models import Conversation, ConversationSummary, Message
     from agentq.tenants import DEFAULT_TENANT_ID  # the bench key's tenant
     settings = lab.settings()
     incoming = Incoming("api", user, channel)
     with session_scope(settings) as session:
-        user_row = resolve_user(session, DEFAULT_TENANT_ID, incoming, settings)
-        conversation = resolve_conversation(
-            session, user_row, incoming, resolve_persona(session, DEFAULT_TENANT_ID, incoming))
+        _, _, conversation = resolve(session, DEFAULT_TENANT_ID, incoming, settings)
         if count <= 0:
             return
         last = session.execute(

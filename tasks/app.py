@@ -10,15 +10,21 @@ from celery import Celery, signals
 
 from agentq import logs, metrics, tracing
 from agentq.config import Settings, get_settings
+from tasks import names
 
 ORCHESTRATOR_QUEUE = "orchestrator"
 MAINTENANCE_QUEUE = "maintenance"
 WEBHOOKS_QUEUE = "webhooks"
 REDIS_VISIBILITY_TIMEOUT_S = 3600
-RESULT_NOT_READ = ("orchestrator.step", "orchestrator.after_tools", "orchestrator.tools_failed",
-                   "orchestrator.advance_batch", "maintenance.sweep",
-                   "maintenance.fire_schedules", "maintenance.summarize_idle")
-"""Tasks whose result nothing reads (the chord's callback and error callback included)."""
+
+
+def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict:
+    """A beat entry: `task` on the maintenance queue every `interval_s`, by name; a run
+    not started within its interval is dropped (the next one does its work); nothing reads
+    its result."""
+    return {"task": task, "schedule": interval_s,
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(min_expires_s, interval_s),
+                        "ignore_result": True}}
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -51,31 +57,18 @@ def make_celery(settings: Settings) -> Celery:
         worker_consumer="tasks.consumer:Consumer",
         broker_transport=("tasks.consumer:Transport"
                           if settings.broker_url.startswith("redis://") else None),
-        beat_schedule={"sweep": {"task": "maintenance.sweep",
-                                 "schedule": settings.sweep_interval_s,
-                                 "options": {"queue": MAINTENANCE_QUEUE,
-                                             "expires": settings.sweep_interval_s}},
-                         "sweep-webhooks": {"task": "maintenance.sweep_webhooks",
-                                            "schedule": settings.sweep_interval_s,
-                                            "options": {"queue": MAINTENANCE_QUEUE,
-                                                        "expires": settings.sweep_interval_s}},
-                         "summarize-idle": {"task": "maintenance.summarize_idle",
-                                            "schedule": settings.memory_digest_interval_s,
-                                            "options": {"queue": MAINTENANCE_QUEUE,
-                                                        "expires": max(
-                                                            5.0,
-                                                            settings.memory_digest_interval_s)}},
-                         "fire-schedules": {"task": "maintenance.fire_schedules",
-                                            "schedule": settings.schedule_interval_s,
-                                            "options": {"queue": MAINTENANCE_QUEUE,
-                                                        "expires": max(
-                                                            5.0, settings.schedule_interval_s)}}},
+        beat_schedule={
+            "sweep": _every(names.SWEEP, settings.sweep_interval_s),
+            "sweep-webhooks": _every(names.SWEEP_WEBHOOKS, settings.sweep_interval_s),
+            "summarize-idle": _every(names.SUMMARIZE_IDLE, settings.memory_digest_interval_s,
+                                     min_expires_s=5.0),
+            "fire-schedules": _every(names.FIRE_SCHEDULES, settings.schedule_interval_s,
+                                     min_expires_s=5.0)},
         timezone="UTC",
-        # Results are needed only to join a chord; without chords nothing reads them.
+        # Results are needed only to join a chord; without chords nothing reads them. With
+        # chords only the header's (tools.execute) are read: each sender says which it
+        # wants (`ignore_result`, tasks/names.py).
         task_ignore_result=settings.tool_join != "chord",
-        # With chords only the header's (tools.execute) are read (tasks.base.AgentqTask's
-        # `result_read`).
-        task_annotations={name: {"result_read": False} for name in RESULT_NOT_READ},
     )
     return app
 
@@ -83,6 +76,25 @@ def make_celery(settings: Settings) -> Celery:
 @signals.setup_logging.connect
 def _setup_logging(**_kwargs) -> None:
     logs.configure(get_settings().log_level)
+
+
+@signals.worker_init.connect
+def _gevent_pool(sender=None, **_kwargs) -> None:
+    """Under the gevent pool (AGENTQ_ORCHESTRATOR_POOL=gevent): psycopg2 waits through
+    gevent and the result backend is one per process, set before the worker makes any
+    connection (tasks/pools.py)."""
+    from tasks import pools
+    if sender is not None and pools.is_gevent(sender.pool_cls):
+        pools.cooperate(sender.app)
+
+
+@signals.worker_ready.connect
+def _describe_pool(sender=None, **_kwargs) -> None:
+    import logging
+
+    from tasks import pools
+    if sender is not None and pools.is_gevent(sender.controller.pool_cls):
+        logging.getLogger("tasks.pools").info(pools.describe())
 
 
 @signals.worker_process_init.connect

@@ -63,22 +63,11 @@ def reset_services() -> None:
 
 
 class AgentqTask(Task):
+    """Our defaults for every task. Whether a result is stored is said by each sender
+    (`ignore_result`, tasks/names.py), not here."""
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
-    result_read = True
-    """False for a task whose result nothing of ours reads (tasks.app's task_annotations):
-    what we send of it asks for no result. With a Redis result backend that saves, per task
-    sent, a SUBSCRIBE and an UNSUBSCRIBE of its result channel in the sender (the API's
-    submit, a step sending the next) and a SET and a PUBLISH in the worker. A message that
-    does not say (another client's) still gets its result stored."""
-
-    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
-                    link_error=None, shadow=None, **options):
-        if not self.result_read:
-            options.setdefault("ignore_result", True)
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error,
-                                   shadow, **options)
 
     def __call__(self, *args, **kwargs):
         token = logs.bind(task=self.name, task_id=self.request.id)

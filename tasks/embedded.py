@@ -7,6 +7,7 @@ import logging
 import threading
 
 from agentq.config import Settings
+from tasks import names
 from tasks.app import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
 
 log = logging.getLogger(__name__)
@@ -58,20 +59,18 @@ class EmbeddedWorker:
             log.warning("embedded worker not ready yet")
 
     def _sweep_loop(self) -> None:
-        from tasks.maintenance import sweep
-        from tasks.webhooks import sweep_webhooks
         while not self._stop.wait(self.settings.sweep_interval_s):
-            for task in (sweep, sweep_webhooks):
+            for name in (names.SWEEP, names.SWEEP_WEBHOOKS):
                 try:
-                    task.apply_async(queue=MAINTENANCE_QUEUE)
+                    self.app.send_task(name, queue=MAINTENANCE_QUEUE, ignore_result=True)
                 except Exception:
-                    log.exception("sweep failed", extra={"task": task.name})
+                    log.exception("sweep failed", extra={"task": name})
 
     def _schedule_loop(self) -> None:
-        from tasks.maintenance import fire_schedules
         while not self._stop.wait(self.settings.schedule_interval_s):
             try:
-                fire_schedules.apply_async(queue=MAINTENANCE_QUEUE)
+                self.app.send_task(names.FIRE_SCHEDULES, queue=MAINTENANCE_QUEUE,
+                                   ignore_result=True)
             except Exception:
                 log.exception("firing schedules failed")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 from agentq.loop.sweeper import sweep as sweep_jobs
 from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.sweeper import sweep_waiting
+from tasks import names
 from tasks.app import app
 from tasks.base import AgentqTask, services
 
 
-@app.task(base=AgentqTask, name="maintenance.sweep")
+@app.task(base=AgentqTask, name=names.SWEEP)
 def sweep() -> int:
     """Stalled jobs re-driven, waiting ones started, overdue provider attempts re-sent,
     approvals past their deadline denied: each in its unit of work. Returns how many."""
@@ -20,7 +21,7 @@ def sweep() -> int:
             + expire(s.settings, s.sessions))
 
 
-@app.task(base=AgentqTask, name="maintenance.fire_schedules")
+@app.task(base=AgentqTask, name=names.FIRE_SCHEDULES)
 def fire_schedules() -> int:
     """Fire every due schedule (agentq.schedules): exactly once per tick, whichever beat
     process runs this first."""
@@ -29,7 +30,7 @@ def fire_schedules() -> int:
     return fire_due(s.settings, s.sessions)
 
 
-@app.task(base=AgentqTask, name="maintenance.summarize_idle")
+@app.task(base=AgentqTask, name=names.SUMMARIZE_IDLE)
 def summarize_idle() -> int:
     """Idle conversations into memories of their users (agentq.memory_digest): safe to run
     twice at once or to be delivered again."""

@@ -7,6 +7,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agentq import logs, tracing
+from tasks import names
 from tasks.app import app
 from tasks.base import AgentqTask, services
 # every worker loads this module (tasks.app's `include`): its units of work send effects
@@ -36,24 +37,24 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
         logs.unbind(token)
 
 
-@app.task(base=AgentqTask, name="orchestrator.step")
+@app.task(base=AgentqTask, name=names.STEP)
 def step(job_id: str, iteration: int, cause: str = "continue") -> None:
     _run(job_id, iteration, cause)
 
 
-@app.task(base=AgentqTask, name="orchestrator.after_tools")
+@app.task(base=AgentqTask, name=names.AFTER_TOOLS)
 def after_tools(_results, job_id: str, iteration: int) -> None:
     """The chord's callback: every tool task of the turn has returned."""
     _run(job_id, iteration, "callback")
 
 
-@app.task(base=AgentqTask, name="orchestrator.tools_failed")
+@app.task(base=AgentqTask, name=names.TOOLS_FAILED)
 def tools_failed(job_id: str, iteration: int) -> None:
     """The chord's error callback: a tool task died; the step answers it with an error."""
     _run(job_id, iteration, "errback")
 
 
-@app.task(base=AgentqTask, name="orchestrator.advance_batch")
+@app.task(base=AgentqTask, name=names.ADVANCE_BATCH)
 def advance_batch(batch_id: str) -> None:
     """A batch job ended: admit the batch's next jobs, end the batch after its last one
     (its own unit of work: the batch's lock, no job's)."""

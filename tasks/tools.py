@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from agentq import logs, tracing
 from agentq.loop.execute import execute_tool_call
+from tasks import names
 from tasks.app import app
 from tasks.base import AgentqTask, services
 
 
-@app.task(base=AgentqTask, name="tools.execute")
+@app.task(base=AgentqTask, name=names.EXECUTE_TOOL)
 def execute(tool_use_id: str) -> dict:
     token = logs.bind(tool_use_id=tool_use_id)
     tracing.annotate(tool_use_id=tool_use_id)

@@ -30,7 +30,14 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
     settings = get_settings()
     registry = get_registry(settings)
     if kind == "orchestrator":
-        queues, pool, conc = ["orchestrator"], "threads", settings.orchestrator_concurrency
+        queues, pool, conc = (["orchestrator"], settings.orchestrator_pool,
+                              settings.orchestrator_concurrency)
+        from tasks.pools import missing_for
+        missing = missing_for(pool)
+        if missing:
+            raise click.ClickException(
+                f"AGENTQ_ORCHESTRATOR_POOL={pool} needs {' and '.join(missing)} installed "
+                f"(pip install 'agentq[prod]')")
     elif kind == "tools":
         queues, pool, conc = (registry.all_queues(slow=False), "threads",
                               settings.tools_concurrency)

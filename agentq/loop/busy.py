@@ -20,7 +20,7 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
@@ -45,17 +45,6 @@ def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversat
 
 def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
     return lock_row(session, Job, job_id)
-
-
-def lock_job_row(session: Session, job_id: uuid.UUID) -> bool:
-    """`lock_job`'s lock (FOR NO KEY UPDATE), without loading the job: for a writer that
-    changes the row only through statements of its own (a tool's result). False when there
-    is no such job."""
-    jobs = Job.__table__
-    query = select(jobs.c.id).where(jobs.c.id == job_id)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)
-    return session.execute(query).first() is not None
 
 
 def active_job(session: Session, conversation: Conversation) -> Job | None:
@@ -108,13 +97,15 @@ def pending_inputs(session: Session, job_id: uuid.UUID) -> list[JobInput]:
         .order_by(JobInput.created_at)).scalars())
 
 
+_NEXT_WAITING = (select(Job).where(Job.conversation_id == bindparam("conversation_id"),
+                                   Job.waiting_for == "conversation", Job.status == "queued")
+                 # an interrupting message goes before queued follow-ups
+                 .order_by((Job.on_busy != "interrupt"), Job.created_at, Job.id).limit(1))
+
+
 def next_waiting(session: Session, conversation_id: uuid.UUID) -> Job | None:
-    return session.execute(
-        select(Job).where(Job.conversation_id == conversation_id,
-                          Job.waiting_for == "conversation", Job.status == "queued")
-        # an interrupting message goes before queued follow-ups
-        .order_by((Job.on_busy != "interrupt"), Job.created_at, Job.id).limit(1)
-    ).scalar_one_or_none()
+    return session.execute(_NEXT_WAITING,
+                           {"conversation_id": conversation_id}).scalar_one_or_none()
 
 
 def busy_conflict(job: Job) -> Conflict:

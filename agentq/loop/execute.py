@@ -20,14 +20,13 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
-from agentq.db import utcnow
-from agentq.loop.busy import lock_job_row
+from agentq.db import lock_row, utcnow
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
@@ -79,7 +78,8 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
                             stop=stop_after_delay(settings.step_deadline_s),
                             wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
         with attempt, UnitOfWork(sessions) as uow:
-            lock_job_row(uow.session, job_id)  # the job's row before the call's, as everywhere
+            # the job's row before the call's, as everywhere
+            lock_row(uow.session, Job, job_id, load=False)
             iteration = _store(uow, job_id, tool_use_id, name, status, record)
             join = (_join_if_last(uow.session, job_id, iteration)
                     if iteration is not None and settings.tool_join == "database"
@@ -144,9 +144,8 @@ def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int]
     """With `tool_join=database`: the task that stores a turn's last result names the next
     step. The job row is locked in this transaction, which orders concurrent finishers of
     one job: exactly one of them sees no call pending."""
-    pending = session.execute(
-        select(_calls.c.id).where(_calls.c.job_id == job_id, _calls.c.iteration == iteration,
-                                  _calls.c.status == "pending").limit(1)).first()
+    pending = session.execute(_PENDING_OF_TURN,
+                              {"job_id": job_id, "iteration": iteration}).first()
     return None if pending else (str(job_id), iteration)
 
 
@@ -165,16 +164,36 @@ _CALL = select(
     .outerjoin(_personas, _personas.c.id == _jobs.c.persona_id))
 """A call with what running it needs, in one statement: its job's state, the caller, the
 place and the persona's modules (Core columns: no ORM objects to build)."""
+_CALL_BY_ID = _CALL.where(_calls.c.tool_use_id == bindparam("tool_use_id"))
+_LOCK_CALL_BY_ID = {False: _CALL_BY_ID,
+                    True: _CALL_BY_ID.with_for_update(of=_jobs)}  # the job's row first
+_LEASE_JOB = (update(_jobs).where(_jobs.c.id == bindparam("job_id"))
+              .values(redrive_after=bindparam("until", type_=_jobs.c.redrive_after.type)))
+_START_CALL = (update(_calls).where(_calls.c.tool_use_id == bindparam("call_id"))
+               .values(attempts=bindparam("attempts_now", type_=_calls.c.attempts.type),
+                       started_at=bindparam("now", type_=_calls.c.started_at.type),
+                       lease_until=bindparam("until", type_=_calls.c.lease_until.type)))
+_STORE_RESULT = (update(_calls)
+                 .where(_calls.c.tool_use_id == bindparam("call_id"),
+                        _calls.c.status == "pending")
+                 .values(status=bindparam("status_now", type_=_calls.c.status.type),
+                         result=bindparam("record", type_=_calls.c.result.type),
+                         finished_at=bindparam("now", type_=_calls.c.finished_at.type))
+                 .returning(_calls.c.iteration))
+_PENDING_OF_TURN = (select(_calls.c.id)
+                    .where(_calls.c.job_id == bindparam("job_id"),
+                           _calls.c.iteration == bindparam("iteration"),
+                           _calls.c.status == "pending").limit(1))
+"""Built once, with bind parameters (named unlike the columns they set): a tool call runs
+them on every call."""
 
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
              sessions: sessionmaker):
     """Load the call and decide whether it runs; a dict is the task's answer without it."""
     session = uow.session
-    query = _CALL.where(_calls.c.tool_use_id == tool_use_id)
-    if session.bind.dialect.name == "postgresql":
-        query = query.with_for_update(of=_jobs)  # the job's row first, as everywhere
-    call = session.execute(query).first()
+    query = _LOCK_CALL_BY_ID[session.bind.dialect.name == "postgresql"]
+    call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
         log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
         return {"tool_use_id": tool_use_id, "status": "missing"}
@@ -204,10 +223,9 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
     # the sweeper leaves the job alone while the call runs (a slow tool is not a stall);
     # the job's row (locked above) is written before the call's, as everywhere
     if call.redrive_after is None or call.redrive_after < lease_until:
-        session.execute(update(_jobs).where(_jobs.c.id == job_id)
-                        .values(redrive_after=lease_until))
-    session.execute(update(_calls).where(_calls.c.tool_use_id == tool_use_id)
-                    .values(attempts=attempts, started_at=now, lease_until=lease_until))
+        session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
+    session.execute(_START_CALL, {"call_id": tool_use_id, "attempts_now": attempts, "now": now,
+                                  "until": lease_until})
     if attempts > MAX_DELIVERIES:
         _store(uow, job_id, tool_use_id, call.name, "failed", CRASHED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}
@@ -233,10 +251,9 @@ def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, stat
     """Write the result once: only a pending call takes it. The caller holds the job's row
     (locked first, as every other writer does). Returns the call's turn, or None when
     another delivery stored it already."""
-    iteration = uow.session.execute(
-        update(_calls).where(_calls.c.tool_use_id == tool_use_id, _calls.c.status == "pending")
-        .values(status=status, result=record, finished_at=utcnow())
-        .returning(_calls.c.iteration)).scalar_one_or_none()
+    iteration = uow.session.execute(_STORE_RESULT, {
+        "call_id": tool_use_id, "status_now": status, "record": record,
+        "now": utcnow()}).scalar_one_or_none()
     if iteration is None:
         return None
     error = (record.get("error") or {}).get("code")

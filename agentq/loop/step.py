@@ -74,7 +74,6 @@ from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 
-LIVE = LIVE_STATUSES
 PROVIDER_EARLY_TOLERANCE_S = 2.0
 MAX_COMPACTION_ROUNDS = 4
 """Most summary calls one step makes; a backlog longer than that is folded on by the next
@@ -96,7 +95,7 @@ def _param(name: str, column):
 _CLAIM = (
     update(Job).where(
         Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
-        Job.status.in_(LIVE),
+        Job.status.in_(LIVE_STATUSES),
         or_(Job.step_lease_until.is_(None),
             Job.step_lease_until < _param("now", Job.step_lease_until)),
         # a job waiting for its provider is not tried before its time (a duplicate or
@@ -114,7 +113,7 @@ _CLAIM = (
 
 _ADVANCE = (
     update(Job).where(Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
-                      Job.step_owner == bindparam("owner"), Job.status.in_(LIVE))
+                      Job.step_owner == bindparam("owner"), Job.status.in_(LIVE_STATUSES))
     .values(iteration=bindparam("turn_no"), step_owner=None, step_lease_until=None,
             last_progress_at=_param("now", Job.last_progress_at), redrives=0,
             waiting_for=None, provider_wait_since=None, provider_next_attempt_at=None,
@@ -851,7 +850,7 @@ def _leased(session: Session, job_id: str, iteration: int, owner: str) -> Job | 
     """The job, if it is still live at `iteration` under this step's lease."""
     return session.execute(
         select(Job).where(Job.id == uuid.UUID(job_id), Job.iteration == iteration,
-                          Job.step_owner == owner, Job.status.in_(LIVE))
+                          Job.step_owner == owner, Job.status.in_(LIVE_STATUSES))
     ).scalar_one_or_none()
 
 
@@ -879,7 +878,7 @@ def fail_job(sessions: sessionmaker, job_id: str, exc: BaseException,
     error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
     with UnitOfWork(sessions) as uow:
         job = uow.session.execute(select(Job).where(
-            Job.id == uuid.UUID(job_id), Job.status.in_(LIVE))).scalar_one_or_none()
+            Job.id == uuid.UUID(job_id), Job.status.in_(LIVE_STATUSES))).scalar_one_or_none()
         if job is None:
             return []
         turn = open_turn(uow.session, job.id)

@@ -120,10 +120,11 @@ def call(name: str, arguments: dict | str | None = None, id: str | None = None, 
 def tool_calls(*calls: dict, content: str = "", input_tokens: int = 10, output_tokens: int = 5,
                delay_s: float = 0.0, expect_model: str | None = None,
                check: Callable[[dict], Any] | None = None, usage: bool = True,
-               model: str | None = None) -> Reply:
+               model: str | None = None, hold: threading.Event | None = None) -> Reply:
+    """A reply asking for tool calls; `hold`: sent only once that event is set."""
     return Reply(content=content, tool_calls=list(calls), finish_reason="tool_calls",
                  input_tokens=input_tokens, output_tokens=output_tokens, delay_s=delay_s,
-                 expect_model=expect_model, check=check, usage=usage, model=model)
+                 expect_model=expect_model, check=check, usage=usage, model=model, hold=hold)
 
 
 def function_call(name: str, arguments: dict | str | None = None, *, content: str = "",

@@ -127,6 +127,11 @@ def one_of_each(job_id: str) -> list[Effect]:
             BatchEnded(batch, "completed")]
 
 
+def one_call(job_id: str) -> list[Effect]:
+    """A turn of one tool call."""
+    return [DispatchTools(job_id, 1, (("tool_unit_a", "unit-tools", 5.0),))]
+
+
 def test_the_examples_name_every_effect_type():
     assert {type(e) for e in one_of_each("j")} == set(typing.get_args(Effect))
 
@@ -178,6 +183,11 @@ CELERY_DISPATCH = """
 import json, sys, uuid
 from kombu import Connection
 import agentq.db
+from api import create_app
+
+TASK_MODULES = ("tasks.orchestrator", "tasks.tools", "tasks.webhooks", "tasks.maintenance")
+create_app()  # the API process: its dispatcher registered, no task module loaded
+
 
 def no_sessions(*_a, **_k):
     raise AssertionError("the dispatcher opened a session")
@@ -185,12 +195,23 @@ agentq.db.session_factory = no_sessions
 from tasks import dispatch, embedded_transport
 from tasks.app import app
 assert app.conf.broker_url.startswith(embedded_transport.register()), app.conf.broker_url
-from tests.unit.test_uow import one_of_each
+from tests.unit.test_uow import one_call, one_of_each
+effects = one_call if sys.argv[1:] == ["one-call"] else one_of_each
+
+
+def callback(signature):
+    options = signature["options"]
+    return {"task": signature["task"], "queue": options.get("queue"),
+            "ignore_result": options.get("ignore_result"),
+            "immutable": signature.get("immutable"),
+            "link_error": [callback(s) for s in options.get("link_error") or ()]}
+
+
 queues = {"orchestrator": [], "unit-tools": [], "webhooks": []}
 with Connection(embedded_transport.register()) as connection:
     for name in queues:  # the queues exist before the messages
         connection.SimpleQueue(name).close()
-    dispatch.dispatch(one_of_each(str(uuid.uuid4())))
+    dispatch.dispatch(effects(str(uuid.uuid4())))
     for name, got in queues.items():
         queue = connection.SimpleQueue(name)
         while True:
@@ -198,29 +219,92 @@ with Connection(embedded_transport.register()) as connection:
                 message = queue.get(block=False)
             except queue.Empty:
                 break
-            got.append([message.headers["task"], message.headers.get("id")])
+            embed = message.payload[2]
+            chord = embed.get("chord")
+            got.append({"task": message.headers["task"], "id": message.headers.get("id"),
+                        "ignore_result": message.headers.get("ignore_result"),
+                        "time_limit_s": message.headers.get("timelimit")[0],
+                        "chord": callback(chord) if chord else None,
+                        **({"link": [callback(s) for s in embed["callbacks"]],
+                            "link_error": [callback(s) for s in embed.get("errbacks") or ()]}
+                           if embed.get("callbacks") else {})})
             message.ack()
         queue.close()
-print(json.dumps(queues))
+print(json.dumps({"loaded": [m for m in TASK_MODULES if m in sys.modules],
+                  "queues": queues}))
 """
 
 
-def test_the_celery_dispatcher_sends_every_effect_type_as_messages(tmp_path):
-    """On the embedded (in-memory) broker: each effect becomes the messages a worker
-    consumes, on the queue it listens to; none opens a database session. In a process of
-    its own: this one's Celery app may have been made on another test's real broker."""
+def _dispatched(tmp_path, tool_join: str, *args: str) -> dict:
+    """What the Celery dispatcher of an API process sends for one effect of each type, read
+    off the embedded (in-memory) broker. In a process of its own: this one's Celery app may
+    have been made on another test's real broker, and this one has loaded task modules."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
     env.update(AGENTQ_HOME=str(tmp_path), AGENTQ_BROKER_URL="memory://",
-               AGENTQ_TOOL_JOIN="database", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", CELERY_DISPATCH], cwd=ROOT, env=env,
+               AGENTQ_TOOL_JOIN=tool_join, PYTHONPATH=str(ROOT))
+    if tool_join == "chord":  # a backend that counts a chord's parts, as Redis does
+        env["AGENTQ_RESULT_BACKEND_URL"] = "cache+memory://"
+    done = subprocess.run([sys.executable, "-c", CELERY_DISPATCH, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=SUBPROCESS_LIMIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    queues = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [task for task, _ in queues["orchestrator"]] == ["orchestrator.step",
-                                                            "orchestrator.advance_batch"]
-    assert queues["unit-tools"] == [["tools.execute", "tool_unit_a"],
-                                    ["tools.execute", "tool_unit_b"]]
-    assert [task for task, _ in queues["webhooks"]] == ["webhooks.deliver"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sent(task: str, task_id=None, ignore_result=True, time_limit_s=None, chord=None) -> dict:
+    return {"task": task, "id": task_id, "ignore_result": ignore_result,
+            "time_limit_s": time_limit_s, "chord": chord}
+
+
+TOOL_TIME_LIMIT_S = 2 * 5 + 30
+"""one_of_each's calls: a limit of 5 s, the hard limit twice that and a margin."""
+
+
+def test_the_celery_dispatcher_sends_every_effect_type_as_messages(tmp_path):
+    """Each effect becomes the messages a worker consumes, on the queue it listens to, sent
+    by task name: none opens a database session, none loads a task module, and each says
+    that nothing reads its result."""
+    sent = _dispatched(tmp_path, "database")
+    assert sent["loaded"] == []
+    queues = sent["queues"]
+    assert [{**m, "id": None} for m in queues["orchestrator"]] == [
+        _sent("orchestrator.step"), _sent("orchestrator.advance_batch")]
+    assert queues["unit-tools"] == [
+        _sent("tools.execute", "tool_unit_a", time_limit_s=TOOL_TIME_LIMIT_S),
+        _sent("tools.execute", "tool_unit_b", time_limit_s=TOOL_TIME_LIMIT_S)]
+    assert [{**m, "id": None} for m in queues["webhooks"]] == [_sent("webhooks.deliver")]
+
+
+def test_a_chord_s_tool_calls_keep_their_results_for_its_callback(tmp_path):
+    """With tool calls joined by a chord, each call's result is stored (the chord reads
+    them); the callback and its error callback, the next step, store none."""
+    sent = _dispatched(tmp_path, "chord")
+    assert sent["loaded"] == []
+    after_tools = {"task": "orchestrator.after_tools", "queue": "orchestrator",
+                   "ignore_result": True, "immutable": False,
+                   "link_error": [{"task": "orchestrator.tools_failed",
+                                   "queue": "orchestrator", "ignore_result": True,
+                                   "immutable": True, "link_error": []}]}
+    assert sent["queues"]["unit-tools"] == [
+        _sent("tools.execute", tool_use_id, ignore_result=False,
+              time_limit_s=TOOL_TIME_LIMIT_S, chord=after_tools)
+        for tool_use_id in ("tool_unit_a", "tool_unit_b")]
+
+
+def test_a_turn_of_one_call_links_the_next_step_to_it_without_a_chord(tmp_path):
+    """A chord of one joins nothing: the call goes out with the next step linked (the
+    worker hands it the call's return value) and the same error callback a chord has; no
+    result is stored, so none is counted in the backend."""
+    sent = _dispatched(tmp_path, "chord", "one-call")
+    assert sent["loaded"] == []
+    failed = {"task": "orchestrator.tools_failed", "queue": "orchestrator",
+              "ignore_result": True, "immutable": True, "link_error": []}
+    after_tools = {"task": "orchestrator.after_tools", "queue": "orchestrator",
+                   "ignore_result": True, "immutable": False, "link_error": []}
+    assert sent["queues"]["unit-tools"] == [
+        {**_sent("tools.execute", "tool_unit_a", ignore_result=True,
+                 time_limit_s=TOOL_TIME_LIMIT_S),
+         "link": [after_tools], "link_error": [failed]}]
+    assert sent["queues"]["orchestrator"] == []
 
 
 def test_a_step_s_units_of_work_announce_each_commit(settings, heard, effects):

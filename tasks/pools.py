@@ -1,0 +1,71 @@
+"""The orchestrator's pool: Celery's thread pool (the default) or gevent's, chosen by
+AGENTQ_ORCHESTRATOR_POOL (`agentq worker orchestrator` passes it to Celery as `-P`).
+
+Under `-P gevent` Celery monkey-patches the standard library before it imports anything
+else (`celery.maybe_patch_concurrency`), so what we wait on in Python becomes cooperative
+with no change of ours: sockets (Redis, the model server through httpx), `threading` locks,
+conditions and events (the provider gate's client, the event hub, the lease keepers, the
+metrics), `queue`, `time.sleep`; our own background threads become greenlets. psycopg2 is
+the exception: libpq waits on its socket in C, where no patch reaches, so one greenlet's
+query would stop every other greenlet of the process. psycogreen's `patch_psycopg` makes
+psycopg2 wait through gevent's hub instead; `cooperate()` applies it at `worker_init`
+(tasks/app.py), before the worker makes any connection, and only under the gevent pool.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+log = logging.getLogger(__name__)
+
+POOLS = ("threads", "gevent")
+GEVENT_PACKAGES = ("gevent", "psycogreen")
+"""What the gevent pool needs installed (the `prod` and `dev` extras have them)."""
+
+
+def missing_for(pool: str) -> list[str]:
+    """The packages `pool` needs that are not installed (none for threads)."""
+    if pool != "gevent":
+        return []
+    return [name for name in GEVENT_PACKAGES if importlib.util.find_spec(name) is None]
+
+
+def is_gevent(pool_cls) -> bool:
+    """Whether a worker's pool (a name such as `gevent`, or the class) is gevent's."""
+    from celery.concurrency import get_implementation
+    return get_implementation(pool_cls).__module__ == "celery.concurrency.gevent"
+
+
+def cooperate(app) -> None:
+    """Make psycopg2 wait through gevent (this process's connections made after this), and
+    give the process one Celery result backend instead of one per greenlet."""
+    from gevent import monkey
+    if not monkey.is_module_patched("socket"):
+        raise RuntimeError("the gevent pool runs on a patched standard library: start the "
+                           "worker with `agentq worker` or `celery … worker -P gevent`")
+    from psycogreen.gevent import patch_psycopg
+
+    from agentq.db import dispose_engines
+    patch_psycopg()
+    dispose_engines()  # a connection made before the patch would still block the process
+    # Celery keeps a result backend per thread unless told it is thread-safe, and under
+    # gevent a thread is a greenlet: every task built its own (a Redis client, a pub/sub
+    # subscription per chord header task), and a step that dispatched a chord left behind
+    # that backend's result drainer, a greenlet polling its own pub/sub connection forever:
+    # two Redis connections more per chord, never closed (946 after 450 one-tool jobs, when
+    # a turn of one call was still a chord).
+    # One backend for the process: celery 5.7's Redis result consumer serialises its
+    # pub/sub use between threads and greenlets, and its one drainer resolves the results.
+    app.conf.result_backend_thread_safe = True
+
+
+def describe() -> str | None:
+    """A line for the log once the worker is ready (logging is set up after worker_init):
+    how psycopg2 waits, under the gevent pool; None otherwise."""
+    from gevent import monkey
+    if not monkey.is_module_patched("socket"):
+        return None
+    import psycopg2.extensions
+    if psycopg2.extensions.get_wait_callback() is None:
+        return "gevent pool: psycopg2 BLOCKS the process (psycogreen not applied)"
+    return "gevent pool: psycopg2 waits through gevent (psycogreen)"
