@@ -89,6 +89,26 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
         session.close()
 
 
+@contextmanager
+def snapshot_scope(settings: Settings | None = None) -> Iterator[Session]:
+    """A read-only transaction whose statements all see one snapshot of the database, for an
+    answer built from several reads (a job page: the job, its events, its calls) that must
+    agree with itself. Postgres reads in READ COMMITTED, a snapshot per statement: this one
+    is REPEATABLE READ READ ONLY. SQLite's driver starts no transaction for a SELECT (each
+    would read its own snapshot): this one begins one. Always rolled back and closed."""
+    session = session_factory(settings)()
+    try:
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ",
+                                                  "postgresql_readonly": True})
+        else:
+            session.connection().exec_driver_sql("BEGIN")
+        yield session
+    finally:
+        session.rollback()
+        session.close()
+
+
 @functools.cache
 def _lock_statement(model, postgres: bool, load: bool):
     query = (select(model) if load else select(model.id)).where(model.id == bindparam("ident"))

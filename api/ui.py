@@ -21,7 +21,7 @@ from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
 from agentq import replay
-from agentq.db import session_factory, session_scope
+from agentq.db import session_factory, session_scope, snapshot_scope
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
@@ -173,7 +173,9 @@ def _load_job(session, job_id: str) -> Job:
 
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
-    with session_scope(g.settings) as session:
+    # one snapshot: the status, the timeline and the last event number the page's script
+    # follows from must be of one moment (tests/unit/test_ui_snapshot.py)
+    with snapshot_scope(g.settings) as session:
         row = _load_job(session, job_id)
         events = [event_dict(e) for e in session.execute(
             select(JobEvent).where(JobEvent.job_id == row.id).order_by(JobEvent.seq)

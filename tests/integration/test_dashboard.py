@@ -14,6 +14,8 @@ import pytest
 
 from tests.integration.conftest import uid
 from tests.support.scripted_llm import call, text, tool_calls
+from tests.support.stack import REDIS_URL
+from tests.support.tool_gate import ToolGate
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,12 +115,19 @@ def test_the_jobs_list_filters_and_follows_a_live_job(page, client, script):
 
 
 def test_cancel_from_the_job_page(page, client, script):
-    marker = script([tool_calls(call("math.evaluate", {"expression": "1+1"}), delay_s=3.0)])
+    # the job waits in its tool call at a gate the test opens after the cancel: it is running
+    # however long the page takes (a held model reply would outlast the model's timeout)
+    gate = ToolGate(REDIS_URL)
+    marker = script([tool_calls(call("flaky.gated", gate.args()))])
     job = client.submit(f"{marker} go", user=uid("ui"))
-    page.goto(f"/ui/jobs/{job['id']}")
-    page.locator("#job-status").get_by_text("running").wait_for()
-    page.get_by_role("button", name="Cancel job").click()
-    page.get_by_role("status").get_by_text("Cancel requested").wait_for()
+    try:
+        gate.wait_started()
+        page.goto(f"/ui/jobs/{job['id']}")
+        assert page.locator("#job-status").inner_text() == "running"
+        page.get_by_role("button", name="Cancel job").click()
+        page.get_by_role("status").get_by_text("Cancel requested").wait_for()
+    finally:
+        gate.close()
     assert client.wait(job["id"])["status"] == "cancelled"
     page.goto(f"/ui/jobs/{job['id']}")
     assert page.locator("#job-status").inner_text() == "cancelled"
