@@ -78,7 +78,10 @@ class Reply:
     expect_model: str | None = None
     check: Callable[[dict], Any] | None = None
     hold: threading.Event | None = None
-    """Answer only once this is set (the test decides when the model has "thought" enough)."""
+    """Answer only once this is set (the test decides when the model has "thought" enough).
+    Meanwhile the response has begun: its head is sent at once and a blank (JSON's leading
+    whitespace; a comment line in a stream) every HOLD_KEEPALIVE_S, so the client's read
+    timeout never runs out however long the test takes to set it."""
     stream_cut: bool = False
     """Asked to stream: send half the reply's pieces, then close the connection."""
 
@@ -226,6 +229,40 @@ def _encode_stream(payload: dict, cut: bool) -> bytes:
     return head.encode("latin-1") + body.encode()
 
 
+HOLD_KEEPALIVE_S = 1.0
+"""How often a held response sends a blank while it waits: well under any client's read
+timeout (the tests' AGENTQ_LLM_TIMEOUT_S is 5)."""
+HOLD_POLL_S = 0.05
+HOLD_MAX_S = 600.0
+"""The most a reply is held: a test that failed before letting it go frees the connection."""
+
+
+async def _send_when_let_go(writer: asyncio.StreamWriter, response: bytes,
+                            hold: threading.Event, streamed: bool,
+                            keepalive_s: float = HOLD_KEEPALIVE_S) -> None:
+    """Send a held response: its head at once (its body then ends with the connection: no
+    Content-Length), a blank every `keepalive_s` until `hold` is set, then the body. A
+    client that went away meanwhile spent the reply, as with any reply a client drops."""
+    head, _, body = response.partition(b"\r\n\r\n")
+    head = b"\r\n".join(line for line in head.split(b"\r\n")
+                         if not line.lower().startswith((b"content-length:", b"connection:")))
+    blank = b": held\n\n" if streamed else b" "  # an SSE comment; JSON's leading whitespace
+    try:
+        writer.write(head + b"\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        since = last = time.monotonic()
+        while not hold.is_set() and time.monotonic() - since < HOLD_MAX_S:
+            await asyncio.sleep(HOLD_POLL_S)
+            if time.monotonic() - last >= keepalive_s:
+                last = time.monotonic()
+                writer.write(blank)
+                await writer.drain()
+        writer.write(body)
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
 def _encode(status: int, payload: dict, headers: dict[str, str], keep_alive: bool) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
     try:
@@ -241,8 +278,10 @@ def _encode(status: int, payload: dict, headers: dict[str, str], keep_alive: boo
 
 class ScriptedLLM:
     def __init__(self, latency_s: float = 0.0, responder: Responder | None = None, *,
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0,
+                 hold_keepalive_s: float = HOLD_KEEPALIVE_S):
         self.latency_s = latency_s
+        self.hold_keepalive_s = hold_keepalive_s
         self.responder = responder
         self.host, self.port = host, port
         self.unexpected: list[dict] = []
@@ -467,13 +506,18 @@ class ScriptedLLM:
                 if writer.is_closing():
                     break
                 streamed = payload.pop("_stream", None) if isinstance(payload, dict) else None
+                hold = payload.pop("_hold", None) if isinstance(payload, dict) else None
                 if streamed is not None:
-                    writer.write(_encode_stream(payload, streamed["cut"]))
-                    await writer.drain()
+                    data = _encode_stream(payload, streamed["cut"])
+                else:
+                    data = _encode(status, payload, extra, keep_alive and hold is None)
+                if hold is not None:  # its body ends with the connection
+                    await _send_when_let_go(writer, data, hold, streamed is not None,
+                                            self.hold_keepalive_s)
                     break
-                writer.write(_encode(status, payload, extra, keep_alive))
+                writer.write(data)
                 await writer.drain()
-                if not keep_alive:
+                if streamed is not None or not keep_alive:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
@@ -560,14 +604,16 @@ class ScriptedLLM:
             delay_s = self.latency_s + reply.delay_s
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            if reply.hold is not None:
-                await asyncio.get_running_loop().run_in_executor(None, reply.hold.wait, 600)
             if reply.kind == "error":
-                return reply.status, _error_body(reply.content or "", reply.status), reply.headers
-            body = self._completion(reply, request.get("model") or "scripted")
-            if request.get("stream"):
-                body["_stream"] = {"cut": reply.stream_cut}
-            return 200, body, reply.headers
+                body = _error_body(reply.content or "", reply.status)
+                status = reply.status
+            else:
+                body, status = self._completion(reply, request.get("model") or "scripted"), 200
+                if request.get("stream"):
+                    body["_stream"] = {"cut": reply.stream_cut}
+            if reply.hold is not None:  # the connection sends it once the hold is let go
+                body["_hold"] = reply.hold
+            return status, body, reply.headers
 
     def _completion(self, reply: Reply, model: str) -> dict:
         has_calls = bool(reply.tool_calls or reply.function_call)

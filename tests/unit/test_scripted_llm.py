@@ -202,3 +202,41 @@ def test_a_storm_answers_until_calm_then_the_script_resumes(llm, client):
     assert body["choices"][0]["message"]["content"] == "after the storm"
     assert llm.storm_served["st"] == 3
     llm.assert_done("st")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_held_reply_outlasts_the_clients_read_timeout(stream):
+    # given a reply held for longer than the client's read timeout (1 s), the server sending
+    # a blank every 0.1 s meanwhile
+    import openai
+    released = threading.Event()
+    with ScriptedLLM(hold_keepalive_s=0.1) as llm:
+        marker = llm.script("held", [text("late answer", hold=released)])
+        sdk = openai.OpenAI(base_url=llm.base_url, api_key="test", timeout=1.0, max_retries=0)
+        out: list = []
+
+        def ask():
+            try:
+                messages = [{"role": "user", "content": f"go {marker}"}]
+                if stream:
+                    chunks = sdk.chat.completions.create(model="m", messages=messages,
+                                                         stream=True)
+                    out.append("".join(c.choices[0].delta.content or "" for c in chunks
+                                       if c.choices))
+                else:
+                    reply = sdk.chat.completions.create(model="m", messages=messages)
+                    out.append(reply.choices[0].message.content)
+            except Exception as exc:  # noqa: BLE001 - the assertion shows it
+                out.append(exc)
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        while not llm.requests("held"):
+            time.sleep(0.01)
+        # when the test lets it go only after three read timeouts' worth of time
+        time.sleep(3.0)
+        assert asker.is_alive() and not out, out
+        released.set()
+        asker.join(timeout=60)
+        # then the client got the reply, not a timeout
+        assert out == ["late answer"]
+        llm.assert_done()
