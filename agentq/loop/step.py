@@ -140,6 +140,10 @@ _OWN_MESSAGES = (select(Message.seq, Message.role, Message.content, Message.toke
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
                  .order_by(Message.seq))
 """The job's question (its first message) and its messages after the summary."""
+_TURN_CALLS = (select(ToolCall).where(ToolCall.job_id == bindparam("job_id"),
+                                      ToolCall.iteration == bindparam("iteration"))
+               .order_by(ToolCall.position))
+"""A turn's calls, in call order (the step after its tools collects their results)."""
 
 
 @dataclass
@@ -598,10 +602,8 @@ class Stepper:
         """Tool results of the last turn → tool_result messages, in call order; the lost
         calls of a re-driven turn to dispatch again; or `_WAIT`."""
         session = uow.session
-        calls = session.execute(
-            select(ToolCall).where(ToolCall.job_id == job.id,
-                                   ToolCall.iteration == job.iteration)
-            .order_by(ToolCall.position)).scalars().all()
+        calls = session.execute(_TURN_CALLS, {"job_id": job.id, "iteration": job.iteration}
+                                ).scalars().all()
         pending = [c for c in calls if c.status == "pending"]
         if (pending and cause == "callback" and job.cancel_requested_at is None
                 and self._split_turn(calls)):

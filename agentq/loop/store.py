@@ -119,15 +119,24 @@ def sync_loaded(session: Session, model, ident: uuid.UUID, **values: Any) -> Non
             set_committed_value(obj, name, value)
 
 
+_RECENT = (select(Message.seq, Message.role, Message.content, Message.token_count)
+           .where(Message.conversation_id == bindparam("conversation_id")))
+_RECENT_ANY = _RECENT.order_by(Message.seq.desc()).limit(bindparam("limit"))
+_RECENT_FROM = (_RECENT.where(Message.seq > bindparam("floor"))
+                .order_by(Message.seq.desc()).limit(bindparam("limit")))
+"""Built once, with bind parameters: every step reads its history with one of them."""
+
+
 def recent_messages(session: Session, conversation_id: uuid.UUID, limit: int,
                     last_seq: int | None = None) -> list[StoredMessage]:
     """The newest `limit` messages, newest first: an index range scan bounded by the
     conversation's last seq, so the planner never reads the whole history."""
-    query = select(Message.seq, Message.role, Message.content, Message.token_count).where(
-        Message.conversation_id == conversation_id)
-    if last_seq is not None:
-        query = query.where(Message.seq > last_seq - limit)
-    rows = session.execute(query.order_by(Message.seq.desc()).limit(limit)).all()
+    if last_seq is None:
+        rows = session.execute(_RECENT_ANY, {"conversation_id": conversation_id,
+                                             "limit": limit}).all()
+    else:
+        rows = session.execute(_RECENT_FROM, {"conversation_id": conversation_id,
+                                              "floor": last_seq - limit, "limit": limit}).all()
     return [StoredMessage(seq, role, content, tokens) for seq, role, content, tokens in rows]
 
 
