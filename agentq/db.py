@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Iterator
 
-from sqlalchemy import bindparam, create_engine, event, insert, inspect, select
+from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 
@@ -130,12 +131,21 @@ def lock_row(session: Session, model, ident, *, load: bool = True):
     return session.execute(statement, {"ident": ident}).scalar_one_or_none()
 
 
+_NONE_AS_SQL_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+"""A JSON column's bind type in insert_new: None is SQL NULL, as the ORM's flush writes a
+column left unset (the column's own type would write JSON's `null`)."""
+
+
 @functools.cache
 def _insert_statement(dialect: str, model, unique: tuple[str, ...]):
+    table = model.__table__
+    json_nulls = {column.key: bindparam(column.key, type_=_NONE_AS_SQL_NULL)
+                  for column in table.c if isinstance(column.type, JSON)}
     if not unique:
-        return insert(model.__table__)
+        return insert(table).values(json_nulls)
     insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return insert_(model.__table__).on_conflict_do_nothing(index_elements=list(unique))
+    return (insert_(table).values(json_nulls)
+            .on_conflict_do_nothing(index_elements=list(unique)))
 
 
 @functools.cache

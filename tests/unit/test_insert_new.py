@@ -61,6 +61,16 @@ def test_a_row_written_by_insert_new_is_the_row_a_flush_writes(place):
     with session_scope(settings) as session:
         assert _row(session, inserted.id) == _row(session, flushed.id)
         assert _row(session, inserted.id)["meta"] == {"source": "test"}
+        # stored alike, not only read back alike: a JSON column left unset is SQL NULL in
+        # both, not JSON's null in one (both read back as None)
+        assert _nulls(session, inserted.id) == _nulls(session, flushed.id)
+
+
+def _nulls(session, job_id) -> dict:
+    table = Job.__table__
+    row = session.execute(select(*[c.is_(None).label(c.key) for c in table.c if c.key != "id"])
+                          .where(table.c.id == job_id)).one()
+    return row._asdict()
 
 
 def test_insert_new_on_a_taken_unique_key_writes_nothing_and_keeps_the_transaction(place):
