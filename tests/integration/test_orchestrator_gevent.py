@@ -57,7 +57,10 @@ def test_a_one_tool_job_completes(green, script):
     assert job["status"] == "completed" and job["finish_reason"] == "end_turn", job
     assert job["response"]["content"] == "It is 42." and job["iterations"] == 2
     types = [e["type"] for e in client.events(job["id"])]
-    assert types[0] == "job_start" and types[-1] == "job_end"
+    # a job whose first step starts after the step deadline (a loaded machine; the tests'
+    # deadline is 4 s) is re-driven by the sweeper first: `job_redriven` can come first
+    assert [t for t in types if t != "job_redriven"][0] == "job_start"
+    assert types[-1] == "job_end" and types.count("job_start") == 1
     assert "tool_execution_start" in types and "tool_execution_end" in types
     history = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()["data"]
     assert [m["role"] for m in history] == ["user", "tool_call", "tool_result", "assistant"]

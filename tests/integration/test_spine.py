@@ -50,7 +50,10 @@ def test_one_tool_call_then_answer(client, script, llm):
     assert job["response"]["metadata"]["tool_calls"][0]["name"] == "math.evaluate"
     assert job["response"]["metadata"]["tool_calls"][0]["success"] is True
     types = [e["type"] for e in client.events(job["id"])]
-    assert types[0] == "job_start" and types[-1] == "job_end"
+    # a job whose first step starts after the step deadline (a loaded machine; the tests'
+    # deadline is 4 s) is re-driven by the sweeper first: `job_redriven` can come first
+    assert [t for t in types if t != "job_redriven"][0] == "job_start"
+    assert types[-1] == "job_end" and types.count("job_start") == 1
     assert "tool_execution_start" in types and "tool_execution_end" in types
     history = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()["data"]
     assert [m["role"] for m in history] == ["user", "tool_call", "tool_result", "assistant"]
