@@ -101,3 +101,22 @@ def wait_until(predicate, timeout_s: float = 60, every_s: float = 0.1, what: str
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def own_events_start(types: list[str]) -> str:
+    """The first of a job's event types that the job itself wrote: a job whose first step
+    starts after the step deadline (a loaded machine; the tests' deadline is 4 s) is
+    re-driven by the sweeper first, so `job_redriven` may come before `job_start`."""
+    return [t for t in types if t != "job_redriven"][0]
+
+
+def assert_one_tool_turn_told(client: "Client", job: dict) -> None:
+    """A completed one-tool job's events (job_start once, the tool's start and end, job_end
+    last) and its conversation (question, call, result, answer)."""
+    types = [e["type"] for e in client.events(job["id"])]
+    assert own_events_start(types) == "job_start"
+    assert types[-1] == "job_end" and types.count("job_start") == 1
+    assert "tool_execution_start" in types and "tool_execution_end" in types
+    history = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()["data"]
+    assert [m["role"] for m in history] == ["user", "tool_call", "tool_result", "assistant"]
+
