@@ -65,7 +65,7 @@ from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvide
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
-from agentq.loop.store import append_messages, recent_messages, record_usage
+from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
 from agentq.loop.submit import describe_attachments
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
                            Persona, ToolCall, User)
@@ -135,7 +135,7 @@ _WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id))
 _LATEST_SUMMARY = (select(ConversationSummary)
                    .where(ConversationSummary.conversation_id == bindparam("conversation_id"))
                    .order_by(ConversationSummary.version.desc()).limit(1))
-_OWN_MESSAGES = (select(Message.seq, Message.role, Message.content, Message.token_count)
+_OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
                  .order_by(Message.seq))
@@ -444,7 +444,7 @@ class Stepper:
         if turn.backlog_end <= through:
             return [], False
         chunk = [context.StoredMessage(*row) for row in session.execute(
-            select(Message.seq, Message.role, Message.content, Message.token_count)
+            select(*STORED_MESSAGE)
             .where(Message.conversation_id == turn.conversation_id, Message.seq > through,
                    Message.seq <= turn.backlog_end)
             .order_by(Message.seq).limit(self.settings.history_max_messages)).all()]

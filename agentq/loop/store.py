@@ -119,7 +119,9 @@ def sync_loaded(session: Session, model, ident: uuid.UUID, **values: Any) -> Non
             set_committed_value(obj, name, value)
 
 
-_RECENT = (select(Message.seq, Message.role, Message.content, Message.token_count)
+STORED_MESSAGE = (Message.seq, Message.role, Message.content, Message.token_count)
+"""The columns a StoredMessage is made of, in its fields' order."""
+_RECENT = (select(*STORED_MESSAGE)
            .where(Message.conversation_id == bindparam("conversation_id")))
 _RECENT_ANY = _RECENT.order_by(Message.seq.desc()).limit(bindparam("limit"))
 _RECENT_FROM = (_RECENT.where(Message.seq > bindparam("floor"))
