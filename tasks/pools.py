@@ -18,7 +18,6 @@ import logging
 
 log = logging.getLogger(__name__)
 
-POOLS = ("threads", "gevent")
 GEVENT_PACKAGES = ("gevent", "psycogreen")
 """What the gevent pool needs installed (the `prod` and `dev` extras have them)."""
 
