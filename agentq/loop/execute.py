@@ -57,6 +57,7 @@ CANCELLED_RESULT = {"ok": False, "result": None,
 
 def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
                       sessions: sessionmaker) -> dict[str, Any]:
+    registry.look()  # before the transaction: one pooled connection at a time
     # a lost start is re-done by the redelivered task
     with UnitOfWork(sessions, durable=False) as uow:
         prepared = _prepare(uow, tool_use_id, settings, registry, sessions)

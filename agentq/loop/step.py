@@ -189,6 +189,7 @@ class Stepper:
     # -- the step ---------------------------------------------------------------------
     def run(self, job_id: str, iteration: int, cause: Cause = "continue") -> list[Effect]:
         owner = uuid.uuid4().hex
+        self.registry.look()  # before the transaction: one pooled connection at a time
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
         with UnitOfWork(self.sessions, durable=False, autoflush=False) as uow:
             job = self._claim(uow.session, uuid.UUID(job_id), iteration, owner)

@@ -98,6 +98,15 @@ class ToolRegistry:
                 self._remote_key = key
         return self._state
 
+    def look(self) -> None:
+        """Bring this process's view of the registered modules up to date now. A caller
+        that is about to open a transaction looks first: a first (or due) reading of the
+        `tool_modules` table takes a pooled connection of its own, and a thread that held
+        its transaction's connection meanwhile could wait on a pool its peers have
+        emptied, each of them waiting in turn for that first reading (the in-flight
+        benchmark's 270 of 300 first steps timed out so: tests/unit/test_one_connection.py)."""
+        self._current()
+
     @property
     def modules(self) -> dict[str, ToolModule]:
         return self._current()[0]

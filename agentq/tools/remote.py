@@ -527,14 +527,19 @@ class RemoteModules:
             rows = session.execute(select(ToolModuleRow)).scalars().all()
             return [spec_of(row) for row in rows]
 
-    def specs(self) -> list[ModuleSpec]:
+    def _specs(self) -> tuple[list[ModuleSpec], bool]:
+        """(the modules configured and registered, whether the table was read). Unread (no
+        database yet, as for the CLI before migrate; the database away; no free pooled
+        connection): the configured ones only."""
         by_name = {s.name: s for s in self.settings.tool_modules}
+        read = True
         try:
             for spec in self._load_rows():
                 by_name.setdefault(spec.name, spec)
-        except Exception as exc:  # no database yet (CLI before migrate): static ones only
+        except Exception as exc:
+            read = False
             log.warning("tool modules not read", extra={"error": type(exc).__name__})
-        return sorted(by_name.values(), key=lambda s: s.name)
+        return sorted(by_name.values(), key=lambda s: s.name), read
 
     def known(self, force: bool = False) -> dict[str, Known]:
         """The modules as this process sees them. One thread re-reads them when due (a
@@ -557,16 +562,19 @@ class RemoteModules:
                     self._loaded.wait_for(lambda: not self._loading, timeout=60)
                 return dict(self._known)
             self._loading = True
-        known = self._known
+        known, read = self._known, True
         try:
-            known = {s.name: self._load(s) for s in self.specs()}
+            specs, read = self._specs()
+            if read or not known:  # unread: the last view, if there is one, stands
+                known = {s.name: self._load(s) for s in specs}
         except Exception as exc:  # Redis away mid-way: keep the last view, try again later
             log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
         finally:
             with self._loaded:
                 self._known = known
-                self._synced_at = time.monotonic()
-                self._version = version
+                if read:  # else read again at the next look, not AGENTQ_MODULE_SYNC_S later
+                    self._synced_at = time.monotonic()
+                    self._version = version
                 self._loading = False
                 self._loaded.notify_all()
         return dict(known)

@@ -159,6 +159,29 @@ def test_a_task_reads_the_module_version_once_and_sees_its_own_changes():
         assert set(remote.known()) == {"demo"}
 
 
+def test_a_reading_of_the_modules_table_that_failed_is_tried_again_at_the_next_look():
+    """The table could not be read (the pool had no free connection, the database was
+    away): the view keeps what it had, and the next look reads the table again rather than
+    keep a view without the registered modules until AGENTQ_MODULE_SYNC_S has passed."""
+    store = Store(None)
+    demo = ModuleSpec("demo", url="http://x")
+    answers: list = [TimeoutError("QueuePool limit reached"), [demo]]
+
+    def load_rows():
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    remote = RemoteModules(_settings(AGENTQ_MODULE_SYNC_S="3600"), store=store,
+                           load_rows=load_rows)
+    remote.fetch = lambda spec: _manifest(spec.name)
+    assert remote.known() == {}
+    assert set(remote.known()) == {"demo"}
+    assert answers == []
+    assert set(remote.known()) == {"demo"}  # read: kept until the version or sync says
+
+
 def test_a_module_that_does_not_answer_is_unhealthy_then_probed_again():
     store = Store(None)
     spec = ModuleSpec("demo", url="http://x")
