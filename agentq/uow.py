@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq.db import relax_durability, utcnow
+from agentq.db import relax_durability, utcnow, write_changes
 from agentq.loop.effects import Effect
 
 log = logging.getLogger(__name__)
@@ -158,12 +158,26 @@ class UnitOfWork:
                 first[job_id] = held.event_seq + 1
                 held.event_seq += len(items)
                 held.last_progress_at = now
-        self.session.flush()  # those rows, and rows the events refer to (a new job)
+        if not self._write_held_alone():
+            self.session.flush()  # those rows, and rows the events refer to (a new job)
         for job_id, items in by_job.items():
             written = (insert_events(self.session, job_id, first[job_id], items, now)
                        if job_id in first else
                        append_events(self.session, job_id, items, now))
             self.announced.setdefault(str(job_id), []).extend(written)
+
+    def _write_held_alone(self) -> bool:
+        """When the only changes are to jobs this transaction holds (a step changes only
+        its job in most of its transactions), they are written by `db.write_changes`, one
+        UPDATE each, without the ORM's flush. False: there is more (new rows, other
+        objects changed), and the caller flushes it all."""
+        session = self.session
+        if session.new or session.deleted:
+            return False
+        dirty = list(session.dirty)
+        if any(self._locked.get(getattr(obj, "id", None)) is not obj for obj in dirty):
+            return False
+        return all(write_changes(session, obj) for obj in dirty)
 
     def announce(self) -> None:
         from agentq.loop.store import notify

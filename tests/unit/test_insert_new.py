@@ -1,15 +1,16 @@
-"""`db.insert_new`: a new object's row written with one Core INSERT must be the row the
-ORM's flush would have written (SQLite)."""
+"""`db.insert_new` and `db.write_changes`: a new object's row written with one Core INSERT,
+and a loaded object's changes with one Core UPDATE, must be what the ORM's flush would have
+written (SQLite)."""
 from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import event, inspect, select
 
 from agentq.config import Settings
-from agentq.db import dispose_engines, insert_new, session_scope
+from agentq.db import dispose_engines, insert_new, session_scope, write_changes
 from agentq.lifecycle import new_job
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Job, UserPlatformLink
@@ -86,3 +87,45 @@ def test_insert_new_on_a_taken_unique_key_writes_nothing_and_keeps_the_transacti
         assert not inspect(second).persistent
         rows = session.execute(select(UserPlatformLink.id)).scalars().all()
     assert rows and second.id not in rows
+
+
+def _change(job) -> None:
+    """What a step does to its job: plain columns, one named otherwise (meta → metadata),
+    a JSON column set (response) and one set back to None (the error)."""
+    job.status, job.phase, job.event_seq = "completed", "tools", job.event_seq + 3
+    job.meta = {"source": "test", "changed": True}
+    job.response = {"content": "4", "tool_calls": []}
+    job.error = None
+
+
+def test_changes_written_by_write_changes_are_the_changes_a_flush_writes(place):
+    settings, (user_id, conversation_id) = place
+    with session_scope(settings) as session:
+        flushed, written = _job(user_id, conversation_id), _job(user_id, conversation_id)
+        session.add_all([flushed, written])
+    # when the same changes are flushed by the ORM to one job, written by write_changes to
+    # the other
+    statements: list[str] = []
+
+    def seen(_conn, _cursor, statement, *_rest) -> None:
+        statements.append(statement)
+
+    with session_scope(settings) as session:
+        a, b = session.get(Job, flushed.id), session.get(Job, written.id)
+        _change(a)
+        session.flush()
+        _change(b)
+        event.listen(session.bind, "before_cursor_execute", seen)
+        try:
+            assert write_changes(session, b) is True
+            # then nothing is left for the commit's flush to write
+            assert b not in session.dirty and not inspect(b).modified
+            session.flush()
+        finally:
+            event.remove(session.bind, "before_cursor_execute", seen)
+    assert [s.split()[0] for s in statements] == ["UPDATE"], statements
+    # and the two stored rows are the same, column by column, NULLs alike
+    with session_scope(settings) as session:
+        assert _row(session, written.id) == _row(session, flushed.id)
+        assert _row(session, written.id)["meta"] == {"source": "test", "changed": True}
+        assert _nulls(session, written.id) == _nulls(session, flushed.id)
