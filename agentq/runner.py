@@ -81,6 +81,13 @@ class InProcessRunner:
         return len(delayed) + self.run_until_idle()
 
     def handle(self, effect: Effect) -> None:
+        """One effect, as a worker's task would handle it: the registered tool modules'
+        version read once for it (`one_version_read`, as every task does)."""
+        from agentq.tools.remote import one_version_read
+        with one_version_read():
+            self._handle(effect)
+
+    def _handle(self, effect: Effect) -> None:
         match effect:
             case NextStep(not_before=not_before) if not_before is not None:
                 self.delayed.append(effect)
