@@ -73,6 +73,31 @@ _CHARGE_USER = (update(_users).where(_users.c.id == bindparam("ident"))
                 .returning(_users.c.tokens_used_this_month))
 
 
+def _append_one():
+    """One message appended in one statement (Postgres): the conversation's counter
+    advanced in a data-modifying CTE, the message numbered from what it returns. A step
+    appends one message at a time (the question, a reply, a tool result): half the round
+    trips of advance-then-insert."""
+    advanced = (update(_conversations).where(_conversations.c.id == bindparam("ident"))
+                .values(message_seq=_conversations.c.message_seq + bindparam(
+                            "n", type_=_conversations.c.message_seq.type),
+                        last_active_at=bindparam("now", type_=_messages.c.created_at.type))
+                .returning(_conversations.c.message_seq).cte("advanced"))
+    # bound as message_<column>: a parameter named as a column of conversations (`id`)
+    # would also be SET by the UPDATE
+    values = {name: bindparam(f"message_{name}", type_=_messages.c[name].type)
+              for name in ("id", "job_id", "role", "content", "token_count", "model_used")}
+    values.update(conversation_id=bindparam("ident", type_=_messages.c.conversation_id.type),
+                  seq=advanced.c.message_seq,
+                  created_at=bindparam("now", type_=_messages.c.created_at.type))
+    columns = list(values)
+    return (insert(_messages).from_select(columns, select(*(values[c] for c in columns)))
+            .add_cte(advanced).returning(_messages.c.seq))
+
+
+_APPEND_ONE = _append_one()
+
+
 def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
                     rows: Sequence[tuple[str, str, str | None]],
                     now: datetime | None = None) -> None:
@@ -80,6 +105,16 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     if not rows:
         return
     now = now or utcnow()
+    if len(rows) == 1 and session.bind.dialect.name == "postgresql":
+        (role, content, model), = rows
+        last = session.execute(_APPEND_ONE, {
+            "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
+            "message_job_id": job_id, "message_role": role, "message_content": content,
+            "message_token_count": estimate_tokens(content),
+            "message_model_used": model}).scalar_one()
+        sync_loaded(session, Conversation, conversation_id, message_seq=last,
+                    last_active_at=now)
+        return
     last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id, "n": len(rows),
                                                "now": now}).scalar_one()
     sync_loaded(session, Conversation, conversation_id, message_seq=last, last_active_at=now)

@@ -1,5 +1,6 @@
-"""The step's claim and the unit of work's event numbering on real Postgres (row locks and
-`UPDATE … RETURNING` are what make them safe; SQLite cannot show it)."""
+"""The step's claim, the unit of work's event numbering and the conversation's message
+numbering on real Postgres (row locks and `UPDATE … RETURNING` are what make them safe;
+SQLite cannot show it)."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +9,8 @@ import uuid
 from sqlalchemy import select
 
 from agentq.loop.busy import request_cancel
-from agentq.models import Job, JobEvent
+from agentq.loop.store import append_messages
+from agentq.models import Conversation, Job, JobEvent, Message
 from agentq.uow import UnitOfWork
 from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
 
@@ -66,3 +68,38 @@ def test_events_numbered_under_the_claim_never_collide_with_another_writer(make)
         counter = session.get(Job, job_id).event_seq
     assert [seq for seq, _ in seqs] == list(range(1, len(seqs) + 1)) and counter == len(seqs)
     assert {kind for _, kind in seqs} == {"job_start", "turn_start", "cancel_requested"}
+
+
+def test_messages_appended_at_once_to_one_conversation_are_numbered_gap_free(make):
+    # given one conversation, and writers appending to it at once: one message a time (the
+    # counter advanced and the row written in one statement) and three at a time
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    conversation_id = h.job(str(job_id)).conversation_id
+    start = threading.Barrier(8)
+
+    def writer(n: int, rows: int):
+        def work():
+            start.wait(JOIN_S)
+            for i in range(5):
+                with UnitOfWork(h.sessions) as unit:
+                    append_messages(unit.session, conversation_id, job_id,
+                                    [("user", f"w{n}-{i}-{r}", None) for r in range(rows)])
+        return work
+    threads = [_in_thread(writer(n, 1 if n % 2 else 3))[0] for n in range(8)]
+    for thread in threads:
+        thread.join(JOIN_S)
+    # then every message has its own number, gap-free, each batch's in order, and the
+    # conversation's counter agrees
+    with h.sessions() as session:
+        rows = session.execute(select(Message.seq, Message.content)
+                               .where(Message.conversation_id == conversation_id)
+                               .order_by(Message.seq)).all()
+        counter = session.get(Conversation, conversation_id).message_seq
+    assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1)) == list(range(1, counter + 1))
+    assert len(rows) == 4 * 5 * 1 + 4 * 5 * 3
+    by_content = {content: seq for seq, content in rows}
+    for n in range(0, 8, 2):
+        for i in range(5):
+            seqs = [by_content[f"w{n}-{i}-{r}"] for r in range(3)]
+            assert seqs == list(range(seqs[0], seqs[0] + 3))
