@@ -1,0 +1,70 @@
+"""A step task that could not reach the database is tried again by Celery (its
+STEP_RETRIES), on real Postgres: the job goes on at once, not at the sweeper's next
+re-drive (the step deadline, 300 s by default). The benchmark's burst of 300 first steps
+saw 270 of them time out on the connection pool, and each of those jobs waited five
+minutes for the sweeper. The task runs eagerly (`apply`): Celery then runs its retries at
+once, in order, as a worker would run them after their countdowns."""
+from __future__ import annotations
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from agentq.loop.step import Stepper
+from tasks import base, orchestrator
+from tests.unit.test_step import text
+from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+
+
+class Unreachable:
+    """Sessions from `sessions`, but the first `failures` fail as a database that is away
+    (or a pool with no free connection) fails them."""
+
+    def __init__(self, sessions, failures: list[BaseException]):
+        self.sessions, self.failures = sessions, list(failures)
+        self.failed = 0
+
+    def __call__(self):
+        if self.failures:
+            self.failed += 1
+            raise self.failures.pop(0)
+        return self.sessions()
+
+
+def _services(monkeypatch, h, sessions) -> None:
+    stepper = Stepper(h.settings, h.router, h.registry, sessions)
+    monkeypatch.setattr(base, "_services",
+                        base.Services(h.settings, sessions, h.registry, h.router, stepper))
+
+
+def test_a_step_that_could_not_reach_the_database_is_tried_again_and_the_job_goes_on(
+        make, monkeypatch):
+    # given a queued job, and a database that refuses the step's first two connections
+    h = make(text("4"))
+    job_id = h.submit()
+    away = OperationalError("BEGIN", {}, Exception("could not connect to server"))
+    busy = PoolTimeout("QueuePool limit of size 10 overflow 20 reached")
+    sessions = Unreachable(h.sessions, [away, busy])
+    _services(monkeypatch, h, sessions)
+    # when its step task runs
+    result = orchestrator.step.apply(args=(job_id, 0), kwargs={"cause": "start"})
+    # then the task tried again until the database answered, and the job completed
+    assert sessions.failed == 2
+    assert result.successful(), result.traceback
+    assert h.job(job_id).status == "completed"
+    assert h.job(job_id).redrives == 0  # no sweeper re-drive was needed
+
+
+def test_a_step_whose_database_stays_away_gives_up_to_the_sweeper(make, monkeypatch):
+    # given a database away for longer than the task's retries
+    h = make(text("4"))
+    job_id = h.submit()
+    away = OperationalError("BEGIN", {}, Exception("could not connect to server"))
+    sessions = Unreachable(h.sessions, [away] * 20)
+    _services(monkeypatch, h, sessions)
+    # when its step task runs
+    result = orchestrator.step.apply(args=(job_id, 0), kwargs={"cause": "start"})
+    # then it stopped after its retries, the job untouched and still live: the sweeper's
+    assert sessions.failed == 1 + orchestrator.STEP_RETRIES["max_retries"]
+    assert result.failed() and isinstance(result.result, OperationalError)
+    job = h.job(job_id)
+    assert job.status == "queued" and job.step_owner is None
