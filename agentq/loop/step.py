@@ -92,37 +92,47 @@ def _param(name: str, column):
     return bindparam(name, type_=column.type)
 
 
-_CLAIM = (
-    update(Job).where(
-        Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
-        Job.status.in_(LIVE_STATUSES),
-        or_(Job.step_lease_until.is_(None),
-            Job.step_lease_until < _param("now", Job.step_lease_until)),
+_jobs = Job.__table__
+
+
+def _loading(core_update):
+    """`core_update` (an `UPDATE … RETURNING` every column of jobs) loading the job it
+    changed as the session's Job, current (populate_existing). An ORM-enabled UPDATE
+    (`update(Job)…returning(Job)`) does the same through the ORM's bulk-update machinery,
+    which cost about twice the CPU (0.24 against 0.11 ms a claim, /tmp/claimbench.py)."""
+    return (select(Job).from_statement(core_update.returning(*_jobs.c))
+            .execution_options(populate_existing=True))
+
+
+_CLAIM = _loading(
+    update(_jobs).where(
+        _jobs.c.id == bindparam("job_id"), _jobs.c.iteration == bindparam("at_iteration"),
+        _jobs.c.status.in_(LIVE_STATUSES),
+        or_(_jobs.c.step_lease_until.is_(None),
+            _jobs.c.step_lease_until < _param("now", _jobs.c.step_lease_until)),
         # a job waiting for its provider is not tried before its time (a duplicate or
         # stray message claims nothing), unless it is to be cancelled
-        or_(Job.waiting_for.is_distinct_from("provider"),
-            Job.provider_next_attempt_at.is_(None),
-            Job.provider_next_attempt_at <= _param("early", Job.provider_next_attempt_at),
-            Job.cancel_requested_at.is_not(None)))
+        or_(_jobs.c.waiting_for.is_distinct_from("provider"),
+            _jobs.c.provider_next_attempt_at.is_(None),
+            _jobs.c.provider_next_attempt_at <= _param("early", _jobs.c.provider_next_attempt_at),
+            _jobs.c.cancel_requested_at.is_not(None)))
     .values(step_owner=bindparam("owner"),
-            step_lease_until=_param("lease_until", Job.step_lease_until),
-            last_progress_at=_param("now", Job.last_progress_at), redrive_after=None)
-    .returning(Job)
-    .execution_options(synchronize_session=False, populate_existing=True))
+            step_lease_until=_param("lease_until", _jobs.c.step_lease_until),
+            last_progress_at=_param("now", _jobs.c.last_progress_at), redrive_after=None))
 """Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
 
-_ADVANCE = (
-    update(Job).where(Job.id == bindparam("job_id"), Job.iteration == bindparam("at_iteration"),
-                      Job.step_owner == bindparam("owner"), Job.status.in_(LIVE_STATUSES))
+_ADVANCE = _loading(
+    update(_jobs).where(_jobs.c.id == bindparam("job_id"),
+                        _jobs.c.iteration == bindparam("at_iteration"),
+                        _jobs.c.step_owner == bindparam("owner"),
+                        _jobs.c.status.in_(LIVE_STATUSES))
     .values(iteration=bindparam("turn_no"), step_owner=None, step_lease_until=None,
-            last_progress_at=_param("now", Job.last_progress_at), redrives=0,
+            last_progress_at=_param("now", _jobs.c.last_progress_at), redrives=0,
             waiting_for=None, provider_wait_since=None, provider_next_attempt_at=None,
             provider_attempts=0, claimed_attempts=0, redrive_after=None,
-            input_tokens=Job.input_tokens + _param("add_input", Job.input_tokens),
-            output_tokens=Job.output_tokens + _param("add_output", Job.output_tokens),
-            cost_estimate=Job.cost_estimate + _param("cost", Job.cost_estimate))
-    .returning(Job)
-    .execution_options(synchronize_session=False, populate_existing=True))
+            input_tokens=_jobs.c.input_tokens + _param("add_input", _jobs.c.input_tokens),
+            output_tokens=_jobs.c.output_tokens + _param("add_output", _jobs.c.output_tokens),
+            cost_estimate=_jobs.c.cost_estimate + _param("cost", _jobs.c.cost_estimate)))
 """Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
 call's usage added."""
 
