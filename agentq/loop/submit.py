@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import insert_new, utcnow
+from agentq.db import insert_new, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
@@ -84,6 +84,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
                    waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
     if owner is None:
         conversation.active_job_id = job.id
+        write_changes(session, conversation)  # its row is locked: one UPDATE, no flush
         uow.effect(NextStep(str(job.id), 0, "start"))
     elif sub.on_busy == "interrupt":
         interrupt(uow, owner)
