@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from celery import Task
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import sessionmaker
 
 from agentq import logs
@@ -60,6 +62,25 @@ def reset_services() -> None:
     global _services
     with _services_lock:
         _services = None
+
+
+UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+"""The database is away, or every pooled connection stayed busy."""
+DATABASE_RETRIES = {"autoretry_for": UNREACHABLE, "max_retries": 5, "retry_backoff": 1,
+                    "retry_backoff_max": 30, "retry_jitter": True}
+"""Celery's own retries of a step or tool task that could not reach the database: again
+within about a second, then 2, 4, 8, 16 s (each a random share of that, so a burst of them
+spreads out); after five, what follows a failed task (the sweeper's re-drive of the job; a
+tool call's error callback) stands.
+
+A step that failed before its claim was written claims its job on a retry, and the job goes
+on within seconds of a blip rather than at the sweeper's next re-drive (the step deadline,
+300 s by default); one that failed after its claim finds the step taken until its lease runs
+out, and the sweeper re-drives the job then. A tool task that failed before its call
+started runs the call on a retry, where it used to fail the call as lost
+(`tool_task_failed`, its error callback) without ever running it; one that failed after the
+call ran (its result not stored) finds the call started, and answers as for any delivery of
+a started call (agentq.loop.execute)."""
 
 
 class AgentqTask(Task):

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from sqlalchemy.orm import sessionmaker
 
@@ -75,7 +76,7 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     record = {**result.to_record(), "attempts": result.attempts}
     # the tool ran: its result is kept through a database outage (retried for a step
     # deadline) rather than lost, which would leave a not idempotent call `interrupted`
-    for attempt in Retrying(retry=retry_if_exception_type(OperationalError),
+    for attempt in Retrying(retry=retry_if_exception_type((OperationalError, PoolTimeout)),
                             stop=stop_after_delay(settings.step_deadline_s),
                             wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
         with attempt, UnitOfWork(sessions) as uow:

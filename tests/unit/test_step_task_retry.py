@@ -1,5 +1,5 @@
 """A step task that could not reach the database is tried again by Celery (its
-STEP_RETRIES), on real Postgres: the job goes on at once, not at the sweeper's next
+DATABASE_RETRIES), on real Postgres: the job goes on at once, not at the sweeper's next
 re-drive (the step deadline, 300 s by default). The benchmark's burst of 300 first steps
 saw 270 of them time out on the connection pool, and each of those jobs waited five
 minutes for the sweeper. The task runs eagerly (`apply`): Celery then runs its retries at
@@ -10,8 +10,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agentq.loop.step import Stepper
-from tasks import base, orchestrator
-from tests.unit.test_step import text
+from agentq.models import ToolCall
+from tasks import base, orchestrator, tools
+from tests.unit.test_step import calls, text
 from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
 
 
@@ -64,7 +65,29 @@ def test_a_step_whose_database_stays_away_gives_up_to_the_sweeper(make, monkeypa
     # when its step task runs
     result = orchestrator.step.apply(args=(job_id, 0), kwargs={"cause": "start"})
     # then it stopped after its retries, the job untouched and still live: the sweeper's
-    assert sessions.failed == 1 + orchestrator.STEP_RETRIES["max_retries"]
+    assert sessions.failed == 1 + base.DATABASE_RETRIES["max_retries"]
     assert result.failed() and isinstance(result.result, OperationalError)
     job = h.job(job_id)
     assert job.status == "queued" and job.step_owner is None
+
+
+def test_a_tool_task_that_could_not_reach_the_database_runs_its_call_on_a_retry(
+        make, monkeypatch):
+    # given a job whose first step asked for a tool call, sent to a tool worker whose first
+    # session fails (the pool had no free connection)
+    h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"))
+    job_id = h.submit()
+    h.stepper.run(job_id, 0, "start")
+    (call,) = h.rows(ToolCall, job_id)
+    busy = PoolTimeout("QueuePool limit of size 10 overflow 20 reached")
+    sessions = Unreachable(h.sessions, [busy])
+    _services(monkeypatch, h, sessions)
+    # when its tool task runs
+    result = tools.execute.apply(args=(call.tool_use_id,))
+    # then the call ran on the retry and its result is stored: the task did not fail (its
+    # error callback would have answered the call `tool_task_failed`, never run)
+    assert sessions.failed == 1
+    assert result.successful(), result.traceback
+    (call,) = h.rows(ToolCall, job_id)
+    assert call.status == "succeeded" and call.result["result"]["result"] == 42
+    assert call.attempts == 1
