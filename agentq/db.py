@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
+from sqlalchemy.orm.state import InstanceState
 
 from agentq.config import Settings, get_settings
 
@@ -197,6 +198,11 @@ def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
     return True
 
 
+_MARKS_FLUSHED = hasattr(InstanceState, "_commit_all")
+"""The flush's own way to mark an object written (SQLAlchemy 1.4 to 2.1, not public API): a
+release without it makes write_changes decline, and the caller flush, rather than fail."""
+
+
 def write_changes(session: Session, obj) -> bool:
     """Write a loaded object's changed columns with one Core UPDATE by its id, the ORM's
     flush skipped (its unit-of-work machinery costs more CPU than the statement: a step's
@@ -205,7 +211,7 @@ def write_changes(session: Session, obj) -> bool:
     relationship): the caller flushes."""
     state = instance_state(obj)
     columns = _columns_of(type(obj))
-    if any(key not in columns for key in state.committed_state):
+    if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
         return False
     changed = tuple(key for key in state.committed_state if key in state.dict)
     if changed:
