@@ -33,7 +33,11 @@ The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without se
     per (uid, user namespace), and every run has its own user namespace, so the process cap
     holds per run, for any worker uid, with concurrent runs under the same uid;
   * bwrap's pid 1 reaps, and when bwrap goes (`--die-with-parent`, or killed by us at the
-    wall deadline) the pid namespace and every process left in it die with it;
+    wall deadline) the pid namespace and every process left in it die with it; when the
+    code ends by itself, the supervisor kills what it left running (`kill(-1)`) and waits
+    until it is gone before it reports, so no process of a run outlives its answer (bwrap
+    outside returns as soon as the supervisor exits, while its pid 1 is still ending the
+    namespace);
   * a new session, an empty stdin, an environment of PATH/HOME/TMPDIR/LANG/LC_ALL only;
   * stdout/stderr are read as they come; beyond the cap the bytes are read and discarded,
     so a chatty child cannot fill our memory or block on a full pipe. Output is cut once,
@@ -109,7 +113,7 @@ class SandboxUnavailable(ToolError):
 # {"started": true} on the status fd, applies the limits, runs the user's code in a fresh
 # interpreter and reports {"exit_code", "cpu_s", "memory_error"}; then exits the same way.
 SUPERVISOR = r'''
-import json, os, resource, signal, sys
+import json, os, resource, signal, sys, time
 cfg = json.loads(sys.argv[1])
 status = cfg["status_fd"]
 def report(**fields):
@@ -145,6 +149,22 @@ null = os.open(os.devnull, os.O_WRONLY)
 os.dup2(null, 1)
 os.dup2(null, 2)
 _, st, usage = os.wait4(pid, 0)
+def end_the_rest(give_up_s=5.0):
+    # What the code left running (a grandchild in a session of its own) is killed now and
+    # waited for, so that nothing of the run outlives its answer. bwrap's pid 1 kills them
+    # as the namespace ends, but bwrap outside returns as soon as we exit: our caller was
+    # told the run was over while they could still write to the scratch directory.
+    # kill(-1) reaches every process of this pid namespace but pid 1 and us.
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        return
+    me, until = os.getpid(), time.monotonic() + give_up_s
+    while time.monotonic() < until:  # pid 1 reaps them; bounded, the wall limit is outside
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]:
+            return
+        time.sleep(0.005)
+end_the_rest()
 os.set_blocking(mem_r, False)
 try:
     memory_error = os.read(mem_r, 1) == b"M"
