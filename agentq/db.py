@@ -15,6 +15,8 @@ from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, s
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
@@ -22,6 +24,11 @@ from sqlalchemy.orm.state import InstanceState
 from agentq.config import Settings, get_settings
 
 _lock = threading.Lock()
+DATABASE_UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+"""The database is away (refused, restarting, a connection cut), or every pooled connection
+stayed busy past the pool's timeout: nothing is wrong with the request, it may be tried
+again. The API answers it 503 (api/errors.py), a step or tool task retries it
+(tasks/base.py), a tool's result waits it out (agentq/loop/execute.py)."""
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker] = {}
 

@@ -7,6 +7,7 @@ from flask import Flask, jsonify
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from agentq.db import DATABASE_UNREACHABLE
 from agentq.errors import ClientError
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,7 @@ def unavailable_dependency(exc: BaseException) -> str | None:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError,
-                            sa_exc.TimeoutError)) or (
+        if isinstance(exc, DATABASE_UNREACHABLE) or (
                 isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated):
             return "database"
         try:

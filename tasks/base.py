@@ -9,13 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from celery import Task
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import sessionmaker
 
 from agentq import logs
 from agentq.config import Settings, get_settings
-from agentq.db import session_factory
+from agentq.db import DATABASE_UNREACHABLE, session_factory
 from agentq.tools.remote import one_version_read
 from agentq.tools.registry import ToolRegistry, get_registry
 
@@ -64,9 +62,7 @@ def reset_services() -> None:
         _services = None
 
 
-UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
-"""The database is away, or every pooled connection stayed busy."""
-DATABASE_RETRIES = {"autoretry_for": UNREACHABLE, "max_retries": 5, "retry_backoff": 1,
+DATABASE_RETRIES = {"autoretry_for": DATABASE_UNREACHABLE, "max_retries": 5, "retry_backoff": 1,
                     "retry_backoff_max": 30, "retry_jitter": True}
 """Celery's own retries of a step or tool task that could not reach the database: again
 within about a second, then 2, 4, 8, 16 s (each a random share of that, so a burst of them

@@ -6,7 +6,8 @@ import logging
 from agentq import logs, tracing
 from tasks import names
 from tasks.app import app
-from tasks.base import DATABASE_RETRIES, UNREACHABLE, AgentqTask, services
+from agentq.db import DATABASE_UNREACHABLE
+from tasks.base import DATABASE_RETRIES, AgentqTask, services
 # every worker loads this module (tasks.app's `include`): its units of work send effects
 # as Celery messages through tasks.dispatch, which registers itself on import
 import tasks.dispatch  # noqa: E402,F401
@@ -21,7 +22,7 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
     try:
         # its units of work hand their effects to the dispatcher after each commit
         services().stepper.run(job_id, iteration, cause)
-    except UNREACHABLE as exc:
+    except DATABASE_UNREACHABLE as exc:
         # The database is away, or every pooled connection stayed busy (a burst of re-driven
         # steps after an outage): transient, never a reason to fail the job. The task tries
         # again (DATABASE_RETRIES); the sweeper re-drives what the retries did not finish.
