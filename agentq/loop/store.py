@@ -74,15 +74,11 @@ _CHARGE_USER = (update(_users).where(_users.c.id == bindparam("ident"))
 
 
 def _append_one():
-    """One message appended in one statement (Postgres): the conversation's counter
-    advanced in a data-modifying CTE, the message numbered from what it returns. A step
-    appends one message at a time (the question, a reply, a tool result): half the round
-    trips of advance-then-insert."""
-    advanced = (update(_conversations).where(_conversations.c.id == bindparam("ident"))
-                .values(message_seq=_conversations.c.message_seq + bindparam(
-                            "n", type_=_conversations.c.message_seq.type),
-                        last_active_at=bindparam("now", type_=_messages.c.created_at.type))
-                .returning(_conversations.c.message_seq).cte("advanced"))
+    """One message appended in one statement (Postgres): `_ADVANCE_MESSAGES` as a
+    data-modifying CTE, the message numbered from what it returns. A step appends one
+    message at a time (the question, a reply, a tool result): half the round trips of
+    advance-then-insert."""
+    advanced = _ADVANCE_MESSAGES.cte("advanced")
     # bound as message_<column>: a parameter named as a column of conversations (`id`)
     # would also be SET by the UPDATE
     values = {name: bindparam(f"message_{name}", type_=_messages.c[name].type)
@@ -112,18 +108,17 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
             "message_job_id": job_id, "message_role": role, "message_content": content,
             "message_token_count": estimate_tokens(content),
             "message_model_used": model}).scalar_one()
-        sync_loaded(session, Conversation, conversation_id, message_seq=last,
-                    last_active_at=now)
-        return
-    last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id, "n": len(rows),
-                                               "now": now}).scalar_one()
+    else:
+        last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
+                                                   "n": len(rows), "now": now}).scalar_one()
+        first = last - len(rows) + 1
+        session.execute(_INSERT_MESSAGES, [
+            {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
+             "seq": first + i, "role": role, "content": content,
+             "token_count": estimate_tokens(content), "model_used": model,
+             "created_at": now}
+            for i, (role, content, model) in enumerate(rows)])
     sync_loaded(session, Conversation, conversation_id, message_seq=last, last_active_at=now)
-    first = last - len(rows) + 1
-    session.execute(_INSERT_MESSAGES, [
-        {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
-         "seq": first + i, "role": role, "content": content,
-         "token_count": estimate_tokens(content), "model_used": model, "created_at": now}
-        for i, (role, content, model) in enumerate(rows)])
 
 
 def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,
