@@ -99,7 +99,8 @@ def _loading(core_update):
     """`core_update` (an `UPDATE … RETURNING` every column of jobs) loading the job it
     changed as the session's Job, current (populate_existing). An ORM-enabled UPDATE
     (`update(Job)…returning(Job)`) does the same through the ORM's bulk-update machinery,
-    which cost about twice the CPU (0.24 against 0.11 ms a claim, /tmp/claimbench.py)."""
+    which cost about twice the CPU (0.24 against 0.11 ms a claim above a bare transaction,
+    1,000 claims each on Postgres: docs/benchmarks.md, the third pass)."""
     return (select(Job).from_statement(core_update.returning(*_jobs.c))
             .execution_options(populate_existing=True))
 

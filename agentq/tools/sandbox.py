@@ -161,7 +161,7 @@ def end_the_rest(give_up_s=5.0):
         return
     me, until = os.getpid(), time.monotonic() + give_up_s
     while time.monotonic() < until:  # pid 1 reaps them; bounded, the wall limit is outside
-        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]:
+        if not any(p.isdigit() and int(p) not in (1, me) for p in os.listdir("/proc")):
             return
         time.sleep(0.005)
 end_the_rest()
