@@ -110,13 +110,14 @@ def own_events_start(types: list[str]) -> str:
     return [t for t in types if t != "job_redriven"][0]
 
 
-def assert_one_tool_turn_told(client: "Client", job: dict) -> None:
+def assert_one_tool_turn_told(client: "Client", job: dict) -> list[dict]:
     """A completed one-tool job's events (job_start once, the tool's start and end, job_end
-    last) and its conversation (question, call, result, answer)."""
+    last) and its conversation (question, call, result, answer); returns the conversation's
+    messages."""
     types = [e["type"] for e in client.events(job["id"])]
     assert own_events_start(types) == "job_start"
     assert types[-1] == "job_end" and types.count("job_start") == 1
     assert "tool_execution_start" in types and "tool_execution_end" in types
     history = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()["data"]
     assert [m["role"] for m in history] == ["user", "tool_call", "tool_result", "assistant"]
-
+    return history

@@ -57,8 +57,7 @@ def test_a_one_tool_job_completes(green, script):
     job = client.wait(client.submit(f"{marker} what is 6*7?")["id"])
     assert job["status"] == "completed" and job["finish_reason"] == "end_turn", job
     assert job["response"]["content"] == "It is 42." and job["iterations"] == 2
-    assert_one_tool_turn_told(client, job)
-    history = client.get(f"/v1/conversations/{job['conversation_id']}/messages").json()["data"]
+    history = assert_one_tool_turn_told(client, job)
     assert json.loads(history[2]["content"])["result"] == {"result": 42, "expression": "6*7"}
 
 
