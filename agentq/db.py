@@ -6,6 +6,7 @@ closes it, calls the model, then opens another to write.
 from __future__ import annotations
 
 import functools
+import select as io_select  # sqlalchemy's select is the name used here
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -15,7 +16,8 @@ from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, s
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import (DisconnectionError, InterfaceError, InvalidatePoolError,
+                            OperationalError)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
@@ -54,13 +56,46 @@ def make_engine(settings: Settings) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size * 2,
-        pool_pre_ping=True,
         pool_recycle=1800,
     )
+    event.listen(engine, "checkout", _closed_by_server_replaced(engine.dialect))
+    return engine
+
+
+def _closed_by_server_replaced(dialect):
+    """A pool `checkout` listener: a pooled connection the server has closed is replaced
+    before it is used, without a round trip for one that is alive.
+
+    SQLAlchemy's `pool_pre_ping` sends a statement on every checkout: about nine round
+    trips of a one-tool job, each costing CPU here and in Postgres (docs/benchmarks.md,
+    the fourth pass). The server says nothing to an idle client, so a pooled connection
+    with something to read was told goodbye: a restart's or `pg_terminate_backend`'s
+    FATAL, then the end of the stream. That is seen with a poll(2) of its socket that does
+    not wait (gevent's cooperative poll under that pool). Only such a connection is pinged
+    as pre-ping would (what arrived may be a harmless notice); a dead one invalidates the
+    pool, as a failed pre-ping does, and SQLAlchemy connects again. A server gone without
+    closing (a host lost, a network cut) is not seen here, nor by a ping until its TCP
+    timeout: the statement fails instead, SQLAlchemy invalidates the pool, and the API
+    answers 503 or the task retries (DATABASE_UNREACHABLE)."""
+    def checkout(dbapi_connection, _record, _proxy) -> None:
+        if dbapi_connection.closed:
+            raise InvalidatePoolError("the connection was closed")
+        idle = io_select.poll()  # looked up now: gevent's, if it patched the module
+        idle.register(dbapi_connection.fileno(),
+                      io_select.POLLIN | io_select.POLLERR | io_select.POLLHUP)
+        if not idle.poll(0):
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if dialect.is_disconnect(exc, dbapi_connection, None):
+                raise InvalidatePoolError("the server closed the connection") from exc
+            raise
+    return checkout
 
 
 def engine_for(settings: Settings | None = None) -> Engine:
