@@ -47,7 +47,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
@@ -137,15 +137,18 @@ _ADVANCE = _loading(
 """Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
 call's usage added."""
 
-_WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id))
+_versions = aliased(ConversationSummary)
+_WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id),
+               ConversationSummary)
         .select_from(User)
         .join(Conversation, Conversation.id == bindparam("conversation_id"))
         .outerjoin(Persona, Persona.id == bindparam("persona_id"))
+        .outerjoin(ConversationSummary, ConversationSummary.id == (
+            select(_versions.id).where(_versions.conversation_id == Conversation.id)
+            .order_by(_versions.version.desc()).limit(1).scalar_subquery()))
         .where(User.id == bindparam("user_id")))
-"""Who, where, as whom, and whether the user has memories: one round trip."""
-_LATEST_SUMMARY = (select(ConversationSummary)
-                   .where(ConversationSummary.conversation_id == bindparam("conversation_id"))
-                   .order_by(ConversationSummary.version.desc()).limit(1))
+"""Who, where, as whom, whether the user has memories, and the conversation's current
+summary (its highest version; None before the first): one round trip."""
 _OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
@@ -280,7 +283,7 @@ class Stepper:
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
         # who, where, as whom, and whether the user has memories: one round trip
-        user, conversation, persona, has_memories = session.execute(_WHO, {
+        user, conversation, persona, has_memories, summary = session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
         if job.status == "queued":
@@ -370,7 +373,8 @@ class Stepper:
         turn = _Turn([], self.registry.specs(offered), model, max_tokens,
                      stream=bool(job.stream or (persona is not None and persona.stream)),
                      turn=job.iteration + 1, resumed=started)
-        stop = self._build_context(uow, job, conversation, system, turn, has_memories)
+        stop = self._build_context(uow, job, conversation, summary, system, turn,
+                                   has_memories)
         if stop is not None:
             uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
             self._stop(uow, job, stop)
@@ -382,13 +386,12 @@ class Stepper:
 
     # -- 5. context -------------------------------------------------------------------
     def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                       system: str, turn: "_Turn", has_memories: bool) -> Stop | None:
+                       summary: ConversationSummary | None, system: str, turn: "_Turn",
+                       has_memories: bool) -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
         `before_turn` hook may stop the job here."""
         session = uow.session
-        summary = session.execute(_LATEST_SUMMARY,
-                                  {"conversation_id": conversation.id}).scalar_one_or_none()
         through = summary.through_seq if summary else 0
         # the job's question (its first message) and what this run added since the summary:
         # one read (the job's user messages come with it; those summarised are dropped)
