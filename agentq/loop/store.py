@@ -93,6 +93,17 @@ def _append_one():
 
 _APPEND_ONE = _append_one()
 
+_TOKEN_LOG_COLUMNS = ("id", "user_id", "conversation_id", "job_id", "iteration", "model",
+                      "input_tokens", "output_tokens", "cost_estimate", "usage_estimated",
+                      "reply", "created_at")
+_LOG_AND_CHARGE = _CHARGE_USER.add_cte(insert(_token_logs).values({
+    # bound as log_<column>: a parameter named as a column of users (`id`) would also be
+    # SET by the UPDATE
+    name: bindparam(f"log_{name}", type_=_token_logs.c[name].type)
+    for name in _TOKEN_LOG_COLUMNS}).cte("logged"))
+"""The token log written and the user charged in one statement (Postgres): the INSERT as a
+data-modifying CTE, which Postgres runs once whether or not the UPDATE reads it."""
+
 
 def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
                     rows: Sequence[tuple[str, str, str | None]],
@@ -127,17 +138,22 @@ def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.
                  now: datetime | None = None) -> None:
     """A model call's tokens: its `token_logs` row (with the reply itself when
     `keep_reply`, for recorded replays) and, when `charged`, the user's monthly count."""
-    now = now or utcnow()
-    session.execute(_INSERT_TOKEN_LOG, {
-        "id": uuid.uuid4(), "user_id": user_id, "conversation_id": conversation_id,
-        "job_id": job_id, "iteration": iteration, "model": reply.model,
-        "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-        "cost_estimate": cost, "usage_estimated": reply.usage_estimated,
-        "reply": reply.to_record() if keep_reply else None, "created_at": now})
-    if charged:
-        used = session.execute(_CHARGE_USER, {
-            "ident": user_id, "n": reply.input_tokens + reply.output_tokens}).scalar_one()
-        sync_loaded(session, User, user_id, tokens_used_this_month=used)
+    log = {"id": uuid.uuid4(), "user_id": user_id, "conversation_id": conversation_id,
+           "job_id": job_id, "iteration": iteration, "model": reply.model,
+           "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+           "cost_estimate": cost, "usage_estimated": reply.usage_estimated,
+           "reply": reply.to_record() if keep_reply else None, "created_at": now or utcnow()}
+    if not charged:
+        session.execute(_INSERT_TOKEN_LOG, log)
+        return
+    charge = {"ident": user_id, "n": reply.input_tokens + reply.output_tokens}
+    if session.bind.dialect.name == "postgresql":
+        used = session.execute(_LOG_AND_CHARGE, {
+            **charge, **{f"log_{name}": value for name, value in log.items()}}).scalar_one()
+    else:
+        session.execute(_INSERT_TOKEN_LOG, log)
+        used = session.execute(_CHARGE_USER, charge).scalar_one()
+    sync_loaded(session, User, user_id, tokens_used_this_month=used)
 
 
 def sync_loaded(session: Session, model, ident: uuid.UUID, **values: Any) -> None:

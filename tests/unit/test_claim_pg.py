@@ -103,3 +103,54 @@ def test_messages_appended_at_once_to_one_conversation_are_numbered_gap_free(mak
         for i in range(5):
             seqs = [by_content[f"w{n}-{i}-{r}"] for r in range(3)]
             assert seqs == list(range(seqs[0], seqs[0] + 3))
+
+
+def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
+    # given a job's user, and a model reply
+    from sqlalchemy import event, insert
+
+    from agentq.llm.types import LLMReply
+    from agentq.loop.store import record_usage
+    from agentq.models import TokenLog, User
+    h = make()
+    job = h.job(h.submit())
+    reply = LLMReply(content="4", tool_calls=(), stop_reason="end_turn", model="m-1",
+                     input_tokens=30, output_tokens=12, usage_estimated=True)
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    with h.sessions() as session, session.begin():
+        user = session.get(User, job.user_id)
+        before = user.tokens_used_this_month
+        # when the call is recorded charged, with and without the reply kept
+        event.listen(engine, "before_cursor_execute", listener)
+        try:
+            for keep in (False, True):
+                record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
+                             job_id=job.id, iteration=7 + keep, reply=reply, cost=0.25,
+                             keep_reply=keep)
+        finally:
+            event.remove(engine, "before_cursor_execute", listener)
+        # then the loaded user shows the count the database holds
+        assert user.tokens_used_this_month == before + 2 * 42
+    assert len(statements) == 2  # one a call
+    # and the rows are those the plain INSERT of an uncharged call writes
+    with h.sessions() as session, session.begin():
+        for keep in (False, True):
+            session.execute(insert(TokenLog), {
+                "id": uuid.uuid4(), "user_id": job.user_id,
+                "conversation_id": job.conversation_id, "job_id": job.id,
+                "iteration": 17 + keep, "model": "m-1", "input_tokens": 30,
+                "output_tokens": 12, "cost_estimate": 0.25, "usage_estimated": True,
+                "reply": reply.to_record() if keep else None,
+                "created_at": session.get(Job, job.id).created_at})
+    columns = [c for c in TokenLog.__table__.c if c.name not in ("id", "iteration",
+                                                                 "created_at")]
+    with h.sessions() as session:
+        rows = {r.iteration: tuple(getattr(r, c.key) for c in columns)
+                for r in session.scalars(select(TokenLog).where(TokenLog.job_id == job.id))}
+        nulls = dict(session.execute(
+            select(TokenLog.iteration, TokenLog.__table__.c.reply.is_(None))
+            .where(TokenLog.job_id == job.id)).all())
+    assert rows[7] == rows[17] and rows[8] == rows[18]
+    assert nulls == {7: nulls[17], 8: False, 17: nulls[17], 18: False}
