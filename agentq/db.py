@@ -10,9 +10,10 @@ import select as io_select  # sqlalchemy's select is the name used here
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
-from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select, update
+from sqlalchemy import (JSON, Table, bindparam, create_engine, event, insert, inspect, select,
+                        update)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
@@ -240,44 +241,91 @@ def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
     return True
 
 
+def insert_all(session: Session, objects: Sequence[Any]) -> None:
+    """Write new ORM objects of one class with one Core INSERT (as `insert_new` writes one,
+    with no unique key to contend for): the flush skipped, so a transaction whose other
+    change is its held job writes that with `write_changes` (a step's tool calls)."""
+    if not objects:
+        return
+    model = type(objects[0])
+    columns = _mapped_columns(model)
+    values = [{attribute: _column_value(obj, attribute, column)
+               for attribute, column in columns} for obj in objects]
+    session.execute(_insert_statement(session.bind.dialect.name, model, ()),
+                    [{column.key: row[attribute] for attribute, column in columns}
+                     for row in values])
+    for obj, row in zip(objects, values):
+        for attribute, value in row.items():  # every column loaded: nothing to read back
+            setattr(obj, attribute, value)
+        make_transient_to_detached(obj)
+        session.add(obj)
+
+
 _MARKS_FLUSHED = hasattr(InstanceState, "_commit_all")
 """The flush's own way to mark an object written (SQLAlchemy 1.4 to 2.1, not public API): a
 release without it makes write_changes decline, and the caller flush, rather than fail."""
 
 
-def write_changes(session: Session, obj) -> bool:
+ROWS_WITH_AN_UPDATE = 16
+"""Most rows `write_changes` inserts in its UPDATE's statement (a statement is built, and
+kept, per number of rows); more go by a statement of their own."""
+
+
+def write_changes(session: Session, obj,
+                  rows: tuple[Table, Sequence[dict[str, Any]]] | None = None) -> bool:
     """Write a loaded object's changed columns with one Core UPDATE by its id, the ORM's
     flush skipped (its unit-of-work machinery costs more CPU than the statement: a step's
     job row, changed many times in one transaction); the object is then as after a flush,
     nothing pending. False, and nothing written, when a change is not a plain column (a
-    relationship): the caller flushes."""
+    relationship): the caller flushes.
+
+    `rows` (a table and rows of it, each with the same keys: a step's events with its job):
+    inserted too, on Postgres by the same statement (the INSERT as a data-modifying CTE of
+    the UPDATE, which Postgres runs once whether or not the UPDATE reads it), elsewhere by
+    one statement more. Written exactly when True is returned."""
     state = instance_state(obj)
     columns = _columns_of(type(obj))
     if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
         return False
-    changed = tuple(key for key in state.committed_state if key in state.dict)
+    changed = frozenset(key for key in state.committed_state if key in state.dict)
+    table, new_rows = rows if rows else (None, ())
+    together = (bool(changed) and 0 < len(new_rows) <= ROWS_WITH_AN_UPDATE
+                and session.bind.dialect.name == "postgresql")
+    connection = session.connection()  # not session.execute: its autoflush would flush obj
+    if new_rows and not together:
+        connection.execute(insert(table), list(new_rows))
     if changed:
-        # on the connection: the session's autoflush would flush `obj` first
         params = {f"new_{key}": state.dict[key] for key in changed}
         params["ident"] = obj.id
-        session.connection().execute(_update_statement(type(obj), frozenset(changed)),
-                                     params)
+        keys = tuple(new_rows[0]) if together else ()
+        if together:
+            params.update((f"row{i}_{key}", row[key])
+                          for i, row in enumerate(new_rows) for key in keys)
+        connection.execute(_update_statement(type(obj), changed, table if together else None,
+                                             keys, len(new_rows) if together else 0),
+                           params)
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)
     state._commit_all(state.dict, session.identity_map)
     return True
 
 
-@functools.cache
-def _update_statement(model, attributes: frozenset[str]):
+@functools.lru_cache(maxsize=1024)
+def _update_statement(model, attributes: frozenset[str], table: Table | None = None,
+                      keys: tuple[str, ...] = (), rows: int = 0):
     """`UPDATE … SET <those columns> WHERE id = :ident`, built once per set of attributes
     (a step changes its job in a handful of ways): a statement made per call costs more
-    CPU than running it. Bound as `new_<attribute>`: a parameter named as a column would
-    be taken for a SET value."""
-    table = model.__table__
+    CPU than running it. Bound as `new_<attribute>`, and the rows inserted with it as
+    `row<i>_<key>`: a parameter named as a column would be taken for a SET value."""
+    model_table = model.__table__
     columns = _columns_of(model)
-    return (update(table).where(table.c.id == bindparam("ident"))
-            .values({columns[a]: bindparam(f"new_{a}", type_=columns[a].type)
-                     for a in sorted(attributes)}))
+    statement = (update(model_table).where(model_table.c.id == bindparam("ident"))
+                 .values({columns[a]: bindparam(f"new_{a}", type_=columns[a].type)
+                          for a in sorted(attributes)}))
+    if not rows:
+        return statement
+    return statement.add_cte(insert(table).values([
+        {key: bindparam(f"row{i}_{key}", type_=table.c[key].type) for key in keys}
+        for i in range(rows)]).cte("inserted"))
 
 
 def relax_durability(session: Session) -> None:

@@ -38,8 +38,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.db import relax_durability, utcnow, write_changes
 from agentq.loop.effects import Effect
+from agentq.models import JobEvent
 
 log = logging.getLogger(__name__)
+_EVENTS = JobEvent.__table__
 
 Dispatcher = Callable[[Sequence[Effect]], None]
 _dispatcher: Dispatcher | None = None
@@ -143,7 +145,7 @@ class UnitOfWork:
     def write_events(self, now: datetime | None = None) -> None:
         """Write the queued events (also before the commit, for a caller that reads them
         back in the same transaction)."""
-        from agentq.loop.store import append_events, insert_events
+        from agentq.loop.store import append_events, event_rows, insert_events, shown
         if not self.events:
             return
         now = now or utcnow()
@@ -151,33 +153,48 @@ class UnitOfWork:
         for job_id, type_, data in self.events:
             by_job.setdefault(job_id, []).append((type_, data))
         self.events.clear()
-        first: dict[uuid.UUID, int] = {}
+        rows: dict[uuid.UUID, list[dict[str, Any]]] = {}
         for job_id, items in by_job.items():
             held = self._locked.get(job_id)
             if held is not None:  # numbered now, the counter written with the job's row
-                first[job_id] = held.event_seq + 1
+                rows[job_id] = event_rows(job_id, held.event_seq + 1, items, now)
                 held.event_seq += len(items)
                 held.last_progress_at = now
-        if not self._write_held_alone():
+        alone, written = self._write_held_alone(rows)
+        if not alone:
             self.session.flush()  # those rows, and rows the events refer to (a new job)
         for job_id, items in by_job.items():
-            written = (insert_events(self.session, job_id, first[job_id], items, now)
-                       if job_id in first else
-                       append_events(self.session, job_id, items, now))
-            self.announced.setdefault(str(job_id), []).extend(written)
+            if job_id not in rows:
+                announced = append_events(self.session, job_id, items, now)
+            elif job_id in written:
+                announced = shown(rows[job_id])
+            else:
+                announced = insert_events(self.session, job_id, rows[job_id][0]["seq"],
+                                          items, now)
+            self.announced.setdefault(str(job_id), []).extend(announced)
 
-    def _write_held_alone(self) -> bool:
+    def _write_held_alone(self, rows: dict[uuid.UUID, list[dict[str, Any]]]
+                          ) -> tuple[bool, set[uuid.UUID]]:
         """When the only changes are to jobs this transaction holds (a step changes only
         its job in most of its transactions), they are written by `db.write_changes`, one
-        UPDATE each, without the ORM's flush. False: there is more (new rows, other
-        objects changed), and the caller flushes it all."""
+        UPDATE each, without the ORM's flush, each with its events (`rows`) in the same
+        statement. (Whether that wrote every change, the ids of the jobs whose events it
+        wrote); False: there is more (new rows, other objects changed, a change
+        write_changes declines), and the caller flushes the rest."""
         session = self.session
+        written: set[uuid.UUID] = set()
         if session.new or session.deleted:
-            return False
+            return False, written
         dirty = list(session.dirty)
         if any(self._locked.get(getattr(obj, "id", None)) is not obj for obj in dirty):
-            return False
-        return all(write_changes(session, obj) for obj in dirty)
+            return False, written
+        for obj in dirty:
+            events = rows.get(obj.id)
+            if not write_changes(session, obj, (_EVENTS, events) if events else None):
+                return False, written
+            if events:
+                written.add(obj.id)
+        return True, written
 
     def announce(self) -> None:
         from agentq.loop.store import notify

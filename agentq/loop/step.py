@@ -50,7 +50,7 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq.config import Settings
-from agentq.db import utcnow
+from agentq.db import insert_all, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
@@ -721,6 +721,7 @@ class Stepper:
             rows.append(("assistant", content, reply.model))
         dispatch = []
         held: list[ToolCall] = []
+        records: list[ToolCall] = []
         persona = session.get(Persona, job.persona_id) if job.persona_id else None
         persona_tools = persona.approval_tools if persona is not None else None
         for position, call in enumerate(calls):
@@ -747,10 +748,11 @@ class Stepper:
                            name=call.name, arguments=call.arguments, queue=queue,
                            idempotent=getattr(self.registry.tools.get(call.name),
                                               "idempotent", False))
-            session.add(record)
+            records.append(record)
             rows.append(("tool_call", json.dumps({"name": call.name,
                                                   "arguments": call.arguments,
                                                   "tool_use_id": tool_use_id}), reply.model))
+        insert_all(session, records)  # not flushed: the job's row then goes with its events
         append_messages(session, job.conversation_id, job.id, rows, now)
         job.phase = Phase.TOOLS.value
         if dispatch:

@@ -93,6 +93,25 @@ def _append_one():
 
 _APPEND_ONE = _append_one()
 
+
+def _append_one_event():
+    """One event appended in one statement (Postgres): `_ADVANCE_EVENTS` as a
+    data-modifying CTE, the event numbered from what it returns (a tool's result, a
+    cancel: writers that do not hold the job's object append one event at a time)."""
+    advanced = _ADVANCE_EVENTS.cte("advanced")
+    # bound as event_<column>: a parameter named as a column of jobs would also be SET
+    values = {name: bindparam(f"event_{name}", type_=_events.c[name].type)
+              for name in ("id", "type", "data")}
+    values.update(job_id=bindparam("ident", type_=_events.c.job_id.type),
+                  seq=advanced.c.event_seq,
+                  created_at=bindparam("now", type_=_events.c.created_at.type))
+    columns = list(values)
+    return (insert(_events).from_select(columns, select(*(values[c] for c in columns)))
+            .add_cte(advanced).returning(_events.c.seq))
+
+
+_APPEND_ONE_EVENT = _append_one_event()
+
 _TOKEN_LOG_COLUMNS = ("id", "user_id", "conversation_id", "job_id", "iteration", "model",
                       "input_tokens", "output_tokens", "cost_estimate", "usage_estimated",
                       "reply", "created_at")
@@ -196,20 +215,41 @@ def append_events(session: Session, job_id: uuid.UUID,
     if not items:
         return []
     now = now or utcnow()
-    last = session.execute(_ADVANCE_EVENTS, {"ident": job_id, "n": len(items),
-                                             "now": now}).scalar_one()
+    if len(items) == 1 and session.bind.dialect.name == "postgresql":
+        (type_, data), = items
+        row = {"id": uuid.uuid4(), "job_id": job_id, "type": type_, "data": data,
+               "created_at": now}
+        row["seq"] = last = session.execute(_APPEND_ONE_EVENT, {
+            "ident": job_id, "n": 1, "now": now, "event_id": row["id"],
+            "event_type": type_, "event_data": data}).scalar_one()
+        written = shown([row])
+    else:
+        last = session.execute(_ADVANCE_EVENTS, {"ident": job_id, "n": len(items),
+                                                 "now": now}).scalar_one()
+        written = insert_events(session, job_id, last - len(items) + 1, items, now)
     sync_loaded(session, Job, job_id, event_seq=last, last_progress_at=now)
-    return insert_events(session, job_id, last - len(items) + 1, items, now)
+    return written
 
 
 def insert_events(session: Session, job_id: uuid.UUID, first: int,
                   items: list[tuple[str, dict[str, Any]]],
                   now: datetime) -> list[dict[str, Any]]:
     """The event rows, numbered from `first` (the caller advanced the job's counter)."""
-    rows = [{"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
-             "data": data, "created_at": now} for i, (type_, data) in enumerate(items)]
+    rows = event_rows(job_id, first, items, now)
     session.execute(_INSERT_EVENTS, rows)
-    created = now.isoformat()
+    return shown(rows)
+
+
+def event_rows(job_id: uuid.UUID, first: int, items: list[tuple[str, dict[str, Any]]],
+               now: datetime) -> list[dict[str, Any]]:
+    """job_events rows for (type, data) items, numbered from `first`."""
+    return [{"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
+             "data": data, "created_at": now} for i, (type_, data) in enumerate(items)]
+
+
+def shown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Event rows as the API shows them (and the hub announces them)."""
+    created = rows[0]["created_at"].isoformat() if rows else None
     return [{"seq": row["seq"], "type": row["type"], "data": row["data"],
              "created_at": created} for row in rows]
 

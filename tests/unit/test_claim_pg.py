@@ -105,6 +105,79 @@ def test_messages_appended_at_once_to_one_conversation_are_numbered_gap_free(mak
             assert seqs == list(range(seqs[0], seqs[0] + 3))
 
 
+def test_events_written_at_once_by_holders_and_others_are_numbered_gap_free(make):
+    # given one job, and writers adding events to it at once: holders of its row (their
+    # events numbered from the object, written with the job's UPDATE in one statement),
+    # and writers that append one event (advance and insert in one statement) or three
+    from agentq.db import lock_row
+    from agentq.loop.store import append_events
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    start = threading.Barrier(9)
+
+    def writer(n: int):
+        def work():
+            start.wait(JOIN_S)
+            for i in range(5):
+                with UnitOfWork(h.sessions) as unit:
+                    if n % 3 == 0:
+                        unit.holds(lock_row(unit.session, Job, job_id))
+                        for r in range(2):
+                            unit.event(job_id, "note", mark=f"w{n}-{i}-{r}")
+                    else:
+                        rows = 1 if n % 3 == 1 else 3
+                        append_events(unit.session, job_id,
+                                      [("note", {"mark": f"w{n}-{i}-{r}"}) for r in range(rows)])
+        return work
+    threads = [_in_thread(writer(n))[0] for n in range(9)]
+    for thread in threads:
+        thread.join(JOIN_S)
+    # then every event has its own number, gap-free, each writer's batch in order, and the
+    # job's counter agrees
+    with h.sessions() as session:
+        rows = session.execute(select(JobEvent.seq, JobEvent.data).where(
+            JobEvent.job_id == job_id, JobEvent.type == "note").order_by(JobEvent.seq)).all()
+        every = session.execute(select(JobEvent.seq).where(JobEvent.job_id == job_id)
+                                .order_by(JobEvent.seq)).scalars().all()
+        counter = session.get(Job, job_id).event_seq
+    assert every == list(range(1, counter + 1))
+    assert len(rows) == 3 * 5 * 2 + 3 * 5 * 1 + 3 * 5 * 3
+    by_mark = {data["mark"]: seq for seq, data in rows}
+    for n in range(9):
+        size = {0: 2, 1: 1, 2: 3}[n % 3]
+        for i in range(5):
+            seqs = [by_mark[f"w{n}-{i}-{r}"] for r in range(size)]
+            assert seqs == list(range(seqs[0], seqs[0] + size))
+
+
+def test_a_held_job_is_written_with_its_events_in_one_statement(make):
+    # given a unit of work that holds its job (a step's claim) and changes it
+    from sqlalchemy import event
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    with UnitOfWork(h.sessions) as unit:
+        job = h.stepper._claim(unit.session, job_id, 0, "worker-a")
+        unit.holds(job)
+        job.status = "running"
+        unit.event(job_id, "job_start")
+        unit.event(job_id, "turn_start", turn=1)
+        event.listen(engine, "before_cursor_execute", listener)
+    event.remove(engine, "before_cursor_execute", listener)
+    # then its changes and its events went in one statement
+    assert len(statements) == 1 and statements[0].startswith("WITH inserted AS")
+    # and they are stored: the status, the events in order, the counter
+    with h.sessions() as session:
+        stored = session.get(Job, job_id)
+        kinds = session.execute(select(JobEvent.seq, JobEvent.type)
+                                .where(JobEvent.job_id == job_id)
+                                .order_by(JobEvent.seq)).all()
+    assert stored.status == "running"
+    assert kinds[-2:] == [(stored.event_seq - 1, "job_start"), (stored.event_seq, "turn_start")]
+
+
 def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
     # given a job's user, and a model reply
     from sqlalchemy import event, insert
