@@ -180,6 +180,12 @@ _STORE_RESULT = (update(_calls)
                          result=bindparam("record", type_=_calls.c.result.type),
                          finished_at=bindparam("now", type_=_calls.c.finished_at.type))
                  .returning(_calls.c.iteration))
+_LEASE_AND_START = _START_CALL.add_cte(
+    update(_jobs).where(_jobs.c.id == bindparam("leased_job"))
+    .values(redrive_after=bindparam("until", type_=_jobs.c.redrive_after.type)).cte("leased"))
+"""`_LEASE_JOB` and `_START_CALL` in one statement (Postgres): the job's UPDATE as a
+data-modifying CTE of the call's. Its job is named `leased_job`: a parameter named as a
+column of tool_calls (`job_id`) would also be SET by the call's UPDATE."""
 _PENDING_OF_TURN = (select(_calls.c.id)
                     .where(_calls.c.job_id == bindparam("job_id"),
                            _calls.c.iteration == bindparam("iteration"),
@@ -222,10 +228,14 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
     lease_until = now + timedelta(seconds=settings.step_deadline_s)
     # the sweeper leaves the job alone while the call runs (a slow tool is not a stall);
     # the job's row (locked above) is written before the call's, as everywhere
-    if call.redrive_after is None or call.redrive_after < lease_until:
+    start = {"call_id": tool_use_id, "attempts_now": attempts, "now": now, "until": lease_until}
+    if call.redrive_after is not None and call.redrive_after >= lease_until:
+        session.execute(_START_CALL, start)
+    elif session.bind.dialect.name == "postgresql":
+        session.execute(_LEASE_AND_START, {**start, "leased_job": job_id})
+    else:
         session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
-    session.execute(_START_CALL, {"call_id": tool_use_id, "attempts_now": attempts, "now": now,
-                                  "until": lease_until})
+        session.execute(_START_CALL, start)
     if attempts > MAX_DELIVERIES:
         _store(uow, job_id, tool_use_id, call.name, "failed", CRASHED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "failed"}

@@ -227,3 +227,34 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
             .where(TokenLog.job_id == job.id)).all())
     assert rows[7] == rows[17] and rows[8] == rows[18]
     assert nulls == {7: nulls[17], 8: False, 17: nulls[17], 18: False}
+
+
+def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
+    # given a job whose turn asked for one tool call
+    from sqlalchemy import event
+
+    from agentq.loop.execute import _prepare
+    from agentq.models import ToolCall
+    from tests.unit.test_step import calls, text
+    h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"))
+    job_id = h.submit()
+    h.stepper.run(job_id, 0, "start")
+    (call,) = h.rows(ToolCall, job_id)
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    # when a delivery of it starts it
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        with UnitOfWork(h.sessions, durable=False) as unit:
+            prepared = _prepare(unit, call.tool_use_id, h.settings, h.registry, h.sessions)
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    # then the call is read with its job locked, and the job's lease and the call's start
+    # are one statement
+    assert [s.split()[0] for s in statements] == ["SET", "SELECT", "WITH"]
+    lease_until = prepared[-1]
+    (started,) = h.rows(ToolCall, job_id)
+    assert (started.attempts, started.lease_until) == (1, lease_until)
+    assert started.started_at is not None
+    assert h.job(job_id).redrive_after == lease_until
