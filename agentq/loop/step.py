@@ -286,11 +286,14 @@ class Stepper:
         user, conversation, persona, has_memories, summary = session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
+        # the job's own messages, when this step wrote every one (its first): not read back
+        asked: list[context.StoredMessage] | None = None
         if job.status == "queued":
             job.status, job.started_at = "running", now
             uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
             question = _user_content(job)
-            append_messages(session, conversation.id, job.id, [("user", question, None)], now)
+            asked = append_messages(session, conversation.id, job.id,
+                                    [("user", question, None)], now)
             uow.event(job.id, "message_start", role="user", kind="question", content=question)
             uow.event(job.id, "message_end", role="user", kind="question", content=question)
 
@@ -318,6 +321,7 @@ class Stepper:
             uow.event(job.id, "turn_start", turn=turn_no,
                        triggered_by=_trigger(job, bool(inputs)))
         if inputs:
+            asked = None  # read with the question: the same order whoever wrote them
             append_messages(session, conversation.id, job.id,
                             [("user", entry.content, None) for entry in inputs], now)
             for entry in inputs:
@@ -374,7 +378,7 @@ class Stepper:
                      stream=bool(job.stream or (persona is not None and persona.stream)),
                      turn=job.iteration + 1, resumed=started)
         stop = self._build_context(uow, job, conversation, summary, system, turn,
-                                   has_memories)
+                                   has_memories, asked)
         if stop is not None:
             uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
             self._stop(uow, job, stop)
@@ -387,16 +391,18 @@ class Stepper:
     # -- 5. context -------------------------------------------------------------------
     def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
                        summary: ConversationSummary | None, system: str, turn: "_Turn",
-                       has_memories: bool) -> Stop | None:
+                       has_memories: bool,
+                       asked: list[context.StoredMessage] | None = None) -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
-        `before_turn` hook may stop the job here."""
+        `before_turn` hook may stop the job here. `asked`: the job's messages, when this
+        transaction wrote all of them (its question, on its first step)."""
         session = uow.session
         through = summary.through_seq if summary else 0
         # the job's question (its first message) and what this run added since the summary:
         # one read (the job's user messages come with it; those summarised are dropped)
-        own = [context.StoredMessage(*row) for row in session.execute(
-            _OWN_MESSAGES, {"job_id": job.id, "through": through}).all()]
+        own = asked if asked is not None else [context.StoredMessage(*row) for row in (
+            session.execute(_OWN_MESSAGES, {"job_id": job.id, "through": through}).all())]
         question = own[0] if own else None
         top = question.seq if question else conversation.message_seq + 1
         history = [m for m in reversed(recent_messages(

@@ -126,18 +126,19 @@ data-modifying CTE, which Postgres runs once whether or not the UPDATE reads it.
 
 def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
                     rows: Sequence[tuple[str, str, str | None]],
-                    now: datetime | None = None) -> None:
-    """Append (role, content, model_used) rows to a conversation, in order."""
+                    now: datetime | None = None) -> list[StoredMessage]:
+    """Append (role, content, model_used) rows to a conversation, in order; returns them
+    as stored (numbered)."""
     if not rows:
-        return
+        return []
     now = now or utcnow()
+    tokens = [estimate_tokens(content) for _, content, _ in rows]
     if len(rows) == 1 and session.bind.dialect.name == "postgresql":
         (role, content, model), = rows
         last = session.execute(_APPEND_ONE, {
             "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
             "message_job_id": job_id, "message_role": role, "message_content": content,
-            "message_token_count": estimate_tokens(content),
-            "message_model_used": model}).scalar_one()
+            "message_token_count": tokens[0], "message_model_used": model}).scalar_one()
     else:
         last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
                                                    "n": len(rows), "now": now}).scalar_one()
@@ -145,10 +146,12 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
         session.execute(_INSERT_MESSAGES, [
             {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
              "seq": first + i, "role": role, "content": content,
-             "token_count": estimate_tokens(content), "model_used": model,
-             "created_at": now}
+             "token_count": tokens[i], "model_used": model, "created_at": now}
             for i, (role, content, model) in enumerate(rows)])
     sync_loaded(session, Conversation, conversation_id, message_seq=last, last_active_at=now)
+    first = last - len(rows) + 1
+    return [StoredMessage(first + i, role, content, tokens[i])
+            for i, (role, content, _) in enumerate(rows)]
 
 
 def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,

@@ -258,3 +258,19 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     assert (started.attempts, started.lease_until) == (1, lease_until)
     assert started.started_at is not None
     assert h.job(job_id).redrive_after == lease_until
+
+
+def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
+    # given a conversation with one job answered, and a second job in it
+    from tests.unit.test_step import text
+    h = make(text("first answer"), text("second answer"))
+    thread = f"t-{uuid.uuid4().hex[:8]}"  # a conversation of its own in the module's database
+    h.drive(h.submit("first question", thread=thread))
+    second = h.submit("second question", thread=thread)
+    # when its first step runs (its question written there, not read back)
+    h.stepper.run(second, 0, "start")
+    # then the model is sent the history, then the question
+    messages = h.router.requests[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in messages[1:]] == [
+        ("user", "first question"), ("assistant", "first answer"),
+        ("user", "second question")]
