@@ -12,8 +12,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, Sequence
 
-from sqlalchemy import (JSON, Table, bindparam, create_engine, event, insert, inspect, select,
-                        update)
+from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
@@ -266,66 +265,50 @@ _MARKS_FLUSHED = hasattr(InstanceState, "_commit_all")
 release without it makes write_changes decline, and the caller flush, rather than fail."""
 
 
-ROWS_WITH_AN_UPDATE = 16
-"""Most rows `write_changes` inserts in its UPDATE's statement (a statement is built, and
-kept, per number of rows); more go by a statement of their own."""
-
-
 def write_changes(session: Session, obj,
-                  rows: tuple[Table, Sequence[dict[str, Any]]] | None = None) -> bool:
+                  together: tuple[Any, dict[str, Any]] | None = None) -> bool:
     """Write a loaded object's changed columns with one Core UPDATE by its id, the ORM's
     flush skipped (its unit-of-work machinery costs more CPU than the statement: a step's
     job row, changed many times in one transaction); the object is then as after a flush,
     nothing pending. False, and nothing written, when a change is not a plain column (a
     relationship): the caller flushes.
 
-    `rows` (a table and rows of it, each with the same keys: a step's events with its job):
-    inserted too, on Postgres by the same statement (the INSERT as a data-modifying CTE of
-    the UPDATE, which Postgres runs once whether or not the UPDATE reads it), elsewhere by
-    one statement more. Written exactly when True is returned."""
+    `together` (Postgres; a data-modifying statement built once, and its parameters): run
+    in the same statement, as a CTE of the UPDATE, which Postgres runs once whether or not
+    the UPDATE reads it (a step's events with its job's row). Written exactly when True is
+    returned."""
     state = instance_state(obj)
     columns = _columns_of(type(obj))
     if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
         return False
     changed = frozenset(key for key in state.committed_state if key in state.dict)
-    table, new_rows = rows if rows else (None, ())
-    together = (bool(changed) and 0 < len(new_rows) <= ROWS_WITH_AN_UPDATE
-                and session.bind.dialect.name == "postgresql")
     connection = session.connection()  # not session.execute: its autoflush would flush obj
-    if new_rows and not together:
-        connection.execute(insert(table), list(new_rows))
     if changed:
         params = {f"new_{key}": state.dict[key] for key in changed}
         params["ident"] = obj.id
-        keys = tuple(new_rows[0]) if together else ()
-        if together:
-            params.update((f"row{i}_{key}", row[key])
-                          for i, row in enumerate(new_rows) for key in keys)
-        connection.execute(_update_statement(type(obj), changed, table if together else None,
-                                             keys, len(new_rows) if together else 0),
-                           params)
+        if together is not None:
+            params.update(together[1])
+        connection.execute(_update_statement(type(obj), changed,
+                                             together[0] if together else None), params)
+    elif together is not None:
+        connection.execute(*together)
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)
     state._commit_all(state.dict, session.identity_map)
     return True
 
 
-@functools.lru_cache(maxsize=1024)
-def _update_statement(model, attributes: frozenset[str], table: Table | None = None,
-                      keys: tuple[str, ...] = (), rows: int = 0):
+@functools.lru_cache(maxsize=256)
+def _update_statement(model, attributes: frozenset[str], together=None):
     """`UPDATE … SET <those columns> WHERE id = :ident`, built once per set of attributes
-    (a step changes its job in a handful of ways): a statement made per call costs more
-    CPU than running it. Bound as `new_<attribute>`, and the rows inserted with it as
-    `row<i>_<key>`: a parameter named as a column would be taken for a SET value."""
-    model_table = model.__table__
+    (a step changes its job in a handful of ways) and statement run with it: a statement
+    made per call costs more CPU than running it. Bound as `new_<attribute>`: a parameter
+    named as a column would be taken for a SET value."""
+    table = model.__table__
     columns = _columns_of(model)
-    statement = (update(model_table).where(model_table.c.id == bindparam("ident"))
+    statement = (update(table).where(table.c.id == bindparam("ident"))
                  .values({columns[a]: bindparam(f"new_{a}", type_=columns[a].type)
                           for a in sorted(attributes)}))
-    if not rows:
-        return statement
-    return statement.add_cte(insert(table).values([
-        {key: bindparam(f"row{i}_{key}", type_=table.c[key].type) for key in keys}
-        for i in range(rows)]).cte("inserted"))
+    return statement if together is None else statement.add_cte(together.cte("together"))
 
 
 def relax_durability(session: Session) -> None:

@@ -38,10 +38,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.db import relax_durability, utcnow, write_changes
 from agentq.loop.effects import Effect
-from agentq.models import JobEvent
 
 log = logging.getLogger(__name__)
-_EVENTS = JobEvent.__table__
 
 Dispatcher = Callable[[Sequence[Effect]], None]
 _dispatcher: Dispatcher | None = None
@@ -181,6 +179,7 @@ class UnitOfWork:
         statement. (Whether that wrote every change, the ids of the jobs whose events it
         wrote); False: there is more (new rows, other objects changed, a change
         write_changes declines), and the caller flushes the rest."""
+        from agentq.loop.store import events_with_job
         session = self.session
         written: set[uuid.UUID] = set()
         if session.new or session.deleted:
@@ -188,9 +187,10 @@ class UnitOfWork:
         dirty = list(session.dirty)
         if any(self._locked.get(getattr(obj, "id", None)) is not obj for obj in dirty):
             return False, written
+        together = session.bind.dialect.name == "postgresql"
         for obj in dirty:
-            events = rows.get(obj.id)
-            if not write_changes(session, obj, (_EVENTS, events) if events else None):
+            events = rows.get(obj.id) if together else None
+            if not write_changes(session, obj, events_with_job(events) if events else None):
                 return False, written
             if events:
                 written.add(obj.id)

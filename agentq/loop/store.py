@@ -13,7 +13,8 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, column, func, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -248,6 +249,37 @@ def event_rows(job_id: uuid.UUID, first: int, items: list[tuple[str, dict[str, A
     """job_events rows for (type, data) items, numbered from `first`."""
     return [{"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
              "data": data, "created_at": now} for i, (type_, data) in enumerate(items)]
+
+
+def _insert_given_events():
+    """The INSERT of a job's events given as one JSON array of {type, data} (Postgres):
+    numbered from `event_first` in the array's order, ids made by the server. One form
+    for any number of events, so it is compiled once (a multi-row VALUES is compiled on
+    every run); it goes with its job's UPDATE (`events_with_job`)."""
+    given = (func.jsonb_array_elements(bindparam("event_rows", type_=JSONB))
+             .table_valued(column("value", JSONB), with_ordinality="ord").render_derived())
+    value = given.c.value
+    return insert(_events).from_select(
+        ["id", "job_id", "seq", "type", "data", "created_at"],
+        select(func.gen_random_uuid(), bindparam("event_job", type_=_events.c.job_id.type),
+               bindparam("event_first", type_=_events.c.seq.type) + given.c.ord - 1,
+               value.op("->>", return_type=_events.c.type.type)(literal("type")),
+               value.op("->", return_type=JSONB)(literal("data")),
+               bindparam("event_now", type_=_events.c.created_at.type)).select_from(given))
+
+
+_INSERT_GIVEN_EVENTS = _insert_given_events()
+
+
+def events_with_job(rows: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """Event rows of one job (numbered, `event_rows`) as the statement and parameters
+    `db.write_changes` runs with the job's UPDATE (Postgres). Bound as event_<name>: a
+    parameter named as a column of jobs would be SET by the UPDATE."""
+    first = rows[0]
+    return _INSERT_GIVEN_EVENTS, {
+        "event_rows": [{"type": row["type"], "data": row["data"]} for row in rows],
+        "event_job": first["job_id"], "event_first": first["seq"],
+        "event_now": first["created_at"]}
 
 
 def shown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -167,7 +167,7 @@ def test_a_held_job_is_written_with_its_events_in_one_statement(make):
         event.listen(engine, "before_cursor_execute", listener)
     event.remove(engine, "before_cursor_execute", listener)
     # then its changes and its events went in one statement
-    assert len(statements) == 1 and statements[0].startswith("WITH inserted AS")
+    assert len(statements) == 1 and statements[0].startswith("WITH together AS")
     # and they are stored: the status, the events in order, the counter
     with h.sessions() as session:
         stored = session.get(Job, job_id)
