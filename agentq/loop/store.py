@@ -74,44 +74,29 @@ _CHARGE_USER = (update(_users).where(_users.c.id == bindparam("ident"))
                 .returning(_users.c.tokens_used_this_month))
 
 
-def _append_one():
-    """One message appended in one statement (Postgres): `_ADVANCE_MESSAGES` as a
-    data-modifying CTE, the message numbered from what it returns. A step appends one
-    message at a time (the question, a reply, a tool result): half the round trips of
-    advance-then-insert."""
-    advanced = _ADVANCE_MESSAGES.cte("advanced")
-    # bound as message_<column>: a parameter named as a column of conversations (`id`)
-    # would also be SET by the UPDATE
-    values = {name: bindparam(f"message_{name}", type_=_messages.c[name].type)
-              for name in ("id", "job_id", "role", "content", "token_count", "model_used")}
-    values.update(conversation_id=bindparam("ident", type_=_messages.c.conversation_id.type),
-                  seq=advanced.c.message_seq,
-                  created_at=bindparam("now", type_=_messages.c.created_at.type))
+def _append_one(advance, table, parent: str, counter: str, own: tuple[str, ...],
+                prefix: str):
+    """One row appended in one statement (Postgres): `advance` (its parent's counter,
+    `UPDATE … RETURNING`) as a data-modifying CTE, the row numbered from what it returns.
+    A step appends one message at a time (the question, a reply, a tool result), a tool's
+    result one event: half the round trips of advance-then-insert. The row's own values
+    are bound as <prefix>_<column>: a parameter named as a column of the parent (`id`)
+    would also be SET by the UPDATE."""
+    advanced = advance.cte("advanced")
+    values = {name: bindparam(f"{prefix}_{name}", type_=table.c[name].type) for name in own}
+    values.update({parent: bindparam("ident", type_=table.c[parent].type),
+                   "seq": advanced.c[counter],
+                   "created_at": bindparam("now", type_=table.c.created_at.type)})
     columns = list(values)
-    return (insert(_messages).from_select(columns, select(*(values[c] for c in columns)))
-            .add_cte(advanced).returning(_messages.c.seq))
+    return (insert(table).from_select(columns, select(*(values[c] for c in columns)))
+            .add_cte(advanced).returning(table.c.seq))
 
 
-_APPEND_ONE = _append_one()
-
-
-def _append_one_event():
-    """One event appended in one statement (Postgres): `_ADVANCE_EVENTS` as a
-    data-modifying CTE, the event numbered from what it returns (a tool's result, a
-    cancel: writers that do not hold the job's object append one event at a time)."""
-    advanced = _ADVANCE_EVENTS.cte("advanced")
-    # bound as event_<column>: a parameter named as a column of jobs would also be SET
-    values = {name: bindparam(f"event_{name}", type_=_events.c[name].type)
-              for name in ("id", "type", "data")}
-    values.update(job_id=bindparam("ident", type_=_events.c.job_id.type),
-                  seq=advanced.c.event_seq,
-                  created_at=bindparam("now", type_=_events.c.created_at.type))
-    columns = list(values)
-    return (insert(_events).from_select(columns, select(*(values[c] for c in columns)))
-            .add_cte(advanced).returning(_events.c.seq))
-
-
-_APPEND_ONE_EVENT = _append_one_event()
+_APPEND_ONE = _append_one(_ADVANCE_MESSAGES, _messages, "conversation_id", "message_seq",
+                          ("id", "job_id", "role", "content", "token_count", "model_used"),
+                          "message")
+_APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
+                                ("id", "type", "data"), "event")
 
 _TOKEN_LOG_COLUMNS = ("id", "user_id", "conversation_id", "job_id", "iteration", "model",
                       "input_tokens", "output_tokens", "cost_estimate", "usage_estimated",

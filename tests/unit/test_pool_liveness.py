@@ -6,7 +6,6 @@ the server closed is still replaced before it is used, a silent one is used as i
 one the server spoke to while idle (a notification, a notice) is pinged as before."""
 from __future__ import annotations
 
-import os
 import select
 import time
 
@@ -16,18 +15,12 @@ from sqlalchemy import event, text
 
 from agentq.config import Settings
 from agentq.db import make_engine
-from tests.support.stack import PG_ADMIN_URL, create_database, drop_database
+from tests.support.stack import PG_ADMIN_URL
+from tests.unit.test_sweeper import pg_url  # noqa: F401  (fixture)
 
 GONE_WITHIN_S = 60.0
 """How long a terminated backend may take to leave pg_stat_activity: a bound on a wait
 for an event, not a margin anything depends on."""
-
-
-@pytest.fixture(scope="module")
-def pg_url(servers_up):
-    name = f"agentq_liveness_{os.getpid()}"
-    yield create_database(name)
-    drop_database(name)
 
 
 @pytest.fixture
