@@ -143,7 +143,7 @@ class UnitOfWork:
     def write_events(self, now: datetime | None = None) -> None:
         """Write the queued events (also before the commit, for a caller that reads them
         back in the same transaction)."""
-        from agentq.loop.store import append_events, event_rows, insert_events, shown
+        from agentq.loop.store import append_events, insert_events, shown
         if not self.events:
             return
         now = now or utcnow()
@@ -151,34 +151,34 @@ class UnitOfWork:
         for job_id, type_, data in self.events:
             by_job.setdefault(job_id, []).append((type_, data))
         self.events.clear()
-        rows: dict[uuid.UUID, list[dict[str, Any]]] = {}
+        first: dict[uuid.UUID, int] = {}
         for job_id, items in by_job.items():
             held = self._locked.get(job_id)
             if held is not None:  # numbered now, the counter written with the job's row
-                rows[job_id] = event_rows(job_id, held.event_seq + 1, items, now)
+                first[job_id] = held.event_seq + 1
                 held.event_seq += len(items)
                 held.last_progress_at = now
-        alone, written = self._write_held_alone(rows)
+        alone, written = self._write_held_alone(by_job, first, now)
         if not alone:
             self.session.flush()  # those rows, and rows the events refer to (a new job)
         for job_id, items in by_job.items():
-            if job_id not in rows:
+            if job_id not in first:
                 announced = append_events(self.session, job_id, items, now)
             elif job_id in written:
-                announced = shown(rows[job_id])
+                announced = shown(first[job_id], items, now)
             else:
-                announced = insert_events(self.session, job_id, rows[job_id][0]["seq"],
-                                          items, now)
+                announced = insert_events(self.session, job_id, first[job_id], items, now)
             self.announced.setdefault(str(job_id), []).extend(announced)
 
-    def _write_held_alone(self, rows: dict[uuid.UUID, list[dict[str, Any]]]
+    def _write_held_alone(self, by_job: dict[uuid.UUID, list[tuple[str, dict[str, Any]]]],
+                          first: dict[uuid.UUID, int], now: datetime
                           ) -> tuple[bool, set[uuid.UUID]]:
         """When the only changes are to jobs this transaction holds (a step changes only
         its job in most of its transactions), they are written by `db.write_changes`, one
-        UPDATE each, without the ORM's flush, each with its events (`rows`) in the same
-        statement. (Whether that wrote every change, the ids of the jobs whose events it
-        wrote); False: there is more (new rows, other objects changed, a change
-        write_changes declines), and the caller flushes the rest."""
+        UPDATE each, without the ORM's flush, on Postgres each with its events (numbered
+        from `first`) in the same statement. (Whether that wrote every change, the ids of
+        the jobs whose events it wrote); False: there is more (new rows, other objects
+        changed, a change write_changes declines), and the caller flushes the rest."""
         from agentq.loop.store import events_with_job
         session = self.session
         written: set[uuid.UUID] = set()
@@ -189,8 +189,9 @@ class UnitOfWork:
             return False, written
         together = session.bind.dialect.name == "postgresql"
         for obj in dirty:
-            events = rows.get(obj.id) if together else None
-            if not write_changes(session, obj, events_with_job(events) if events else None):
+            events = together and obj.id in first
+            if not write_changes(session, obj, events_with_job(
+                    obj.id, first[obj.id], by_job[obj.id], now) if events else None):
                 return False, written
             if events:
                 written.add(obj.id)

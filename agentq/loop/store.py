@@ -119,7 +119,8 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
         return []
     now = now or utcnow()
     tokens = [estimate_tokens(content) for _, content, _ in rows]
-    if len(rows) == 1 and session.bind.dialect.name == "postgresql":
+    one_statement = len(rows) == 1 and session.bind.dialect.name == "postgresql"
+    if one_statement:
         (role, content, model), = rows
         last = session.execute(_APPEND_ONE, {
             "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
@@ -128,14 +129,14 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     else:
         last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
                                                    "n": len(rows), "now": now}).scalar_one()
-        first = last - len(rows) + 1
+    first = last - len(rows) + 1
+    if not one_statement:
         session.execute(_INSERT_MESSAGES, [
             {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
              "seq": first + i, "role": role, "content": content,
              "token_count": tokens[i], "model_used": model, "created_at": now}
             for i, (role, content, model) in enumerate(rows)])
     sync_loaded(session, Conversation, conversation_id, message_seq=last, last_active_at=now)
-    first = last - len(rows) + 1
     return [StoredMessage(first + i, role, content, tokens[i])
             for i, (role, content, _) in enumerate(rows)]
 
@@ -206,12 +207,10 @@ def append_events(session: Session, job_id: uuid.UUID,
     now = now or utcnow()
     if len(items) == 1 and session.bind.dialect.name == "postgresql":
         (type_, data), = items
-        row = {"id": uuid.uuid4(), "job_id": job_id, "type": type_, "data": data,
-               "created_at": now}
-        row["seq"] = last = session.execute(_APPEND_ONE_EVENT, {
-            "ident": job_id, "n": 1, "now": now, "event_id": row["id"],
+        last = session.execute(_APPEND_ONE_EVENT, {
+            "ident": job_id, "n": 1, "now": now, "event_id": uuid.uuid4(),
             "event_type": type_, "event_data": data}).scalar_one()
-        written = shown([row])
+        written = shown(last, items, now)
     else:
         last = session.execute(_ADVANCE_EVENTS, {"ident": job_id, "n": len(items),
                                                  "now": now}).scalar_one()
@@ -224,16 +223,10 @@ def insert_events(session: Session, job_id: uuid.UUID, first: int,
                   items: list[tuple[str, dict[str, Any]]],
                   now: datetime) -> list[dict[str, Any]]:
     """The event rows, numbered from `first` (the caller advanced the job's counter)."""
-    rows = event_rows(job_id, first, items, now)
-    session.execute(_INSERT_EVENTS, rows)
-    return shown(rows)
-
-
-def event_rows(job_id: uuid.UUID, first: int, items: list[tuple[str, dict[str, Any]]],
-               now: datetime) -> list[dict[str, Any]]:
-    """job_events rows for (type, data) items, numbered from `first`."""
-    return [{"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
-             "data": data, "created_at": now} for i, (type_, data) in enumerate(items)]
+    session.execute(_INSERT_EVENTS, [
+        {"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
+         "data": data, "created_at": now} for i, (type_, data) in enumerate(items)])
+    return shown(first, items, now)
 
 
 def _insert_given_events():
@@ -256,22 +249,23 @@ def _insert_given_events():
 _INSERT_GIVEN_EVENTS = _insert_given_events()
 
 
-def events_with_job(rows: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
-    """Event rows of one job (numbered, `event_rows`) as the statement and parameters
+def events_with_job(job_id: uuid.UUID, first: int, items: list[tuple[str, dict[str, Any]]],
+                    now: datetime) -> tuple[Any, dict[str, Any]]:
+    """A job's (type, data) events, numbered from `first`, as the statement and parameters
     `db.write_changes` runs with the job's UPDATE (Postgres). Bound as event_<name>: a
     parameter named as a column of jobs would be SET by the UPDATE."""
-    first = rows[0]
     return _INSERT_GIVEN_EVENTS, {
-        "event_rows": [{"type": row["type"], "data": row["data"]} for row in rows],
-        "event_job": first["job_id"], "event_first": first["seq"],
-        "event_now": first["created_at"]}
+        "event_rows": [{"type": type_, "data": data} for type_, data in items],
+        "event_job": job_id, "event_first": first, "event_now": now}
 
 
-def shown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Event rows as the API shows them (and the hub announces them)."""
-    created = rows[0]["created_at"].isoformat() if rows else None
-    return [{"seq": row["seq"], "type": row["type"], "data": row["data"],
-             "created_at": created} for row in rows]
+def shown(first: int, items: list[tuple[str, dict[str, Any]]],
+          now: datetime) -> list[dict[str, Any]]:
+    """(type, data) events numbered from `first` as the API shows them (and the hub
+    announces them)."""
+    created = now.isoformat()
+    return [{"seq": first + i, "type": type_, "data": data, "created_at": created}
+            for i, (type_, data) in enumerate(items)]
 
 
 def event_dict(event: JobEvent) -> dict[str, Any]:
