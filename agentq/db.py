@@ -233,11 +233,17 @@ def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
     if session.execute(statement, {column.key: values[attribute]
                                    for attribute, column in columns}).rowcount != 1:
         return False
-    for attribute, value in values.items():  # every column loaded: nothing to read back
+    _joined_as_written(session, obj, values)
+    return True
+
+
+def _joined_as_written(session: Session, obj, values: dict[str, Any]) -> None:
+    """`obj`, whose row was written with `values` (every column), joins the session as if
+    loaded from that row: nothing to read back."""
+    for attribute, value in values.items():
         setattr(obj, attribute, value)
     make_transient_to_detached(obj)
     session.add(obj)
-    return True
 
 
 def insert_all(session: Session, objects: Sequence[Any]) -> None:
@@ -254,10 +260,7 @@ def insert_all(session: Session, objects: Sequence[Any]) -> None:
                     [{column.key: row[attribute] for attribute, column in columns}
                      for row in values])
     for obj, row in zip(objects, values):
-        for attribute, value in row.items():  # every column loaded: nothing to read back
-            setattr(obj, attribute, value)
-        make_transient_to_detached(obj)
-        session.add(obj)
+        _joined_as_written(session, obj, row)
 
 
 _MARKS_FLUSHED = hasattr(InstanceState, "_commit_all")
@@ -282,22 +285,22 @@ def write_changes(session: Session, obj,
     if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
         return False
     changed = frozenset(key for key in state.committed_state if key in state.dict)
-    connection = session.connection()  # not session.execute: its autoflush would flush obj
+    # on the connection, not session.execute: the session's autoflush would flush obj
     if changed:
         params = {f"new_{key}": state.dict[key] for key in changed}
         params["ident"] = obj.id
         if together is not None:
             params.update(together[1])
-        connection.execute(_update_statement(type(obj), changed,
-                                             together[0] if together else None), params)
+        session.connection().execute(_update_statement(
+            type(obj), changed, together[0] if together else None), params)
     elif together is not None:
-        connection.execute(*together)
+        session.connection().execute(*together)
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)
     state._commit_all(state.dict, session.identity_map)
     return True
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache
 def _update_statement(model, attributes: frozenset[str], together=None):
     """`UPDATE … SET <those columns> WHERE id = :ident`, built once per set of attributes
     (a step changes its job in a handful of ways) and statement run with it: a statement

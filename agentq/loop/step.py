@@ -282,7 +282,8 @@ class Stepper:
         """The step's first transaction: None when the step ends here (its effects are on
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
-        # who, where, as whom, and whether the user has memories: one round trip
+        # who, where, as whom, whether the user has memories, the conversation's summary:
+        # one round trip
         user, conversation, persona, has_memories, summary = session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
