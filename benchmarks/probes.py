@@ -157,7 +157,7 @@ def probe_sdk(lab: _FakeLab) -> dict[str, Any]:
         body = {"model": "gpt-4o-mini", "messages": messages, "tools": tools}
 
         def raw():
-            response = router._client.post("/chat/completions", body=body,
+            response = router._client().post("/chat/completions", body=body,
                                            cast_to=httpx2.Response,
                                            options={"timeout": 30})
             json.loads(response.read())

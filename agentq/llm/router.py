@@ -24,6 +24,7 @@ from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_a
 from agentq import metrics, tracing
 from agentq.config import Settings
 from agentq.errors import ProviderError, ProviderTimeout
+from agentq.llm.clients import ClientShards, clients_for
 from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate
 from agentq.llm.names import NameMap
 from agentq.llm.types import LLMReply, ToolSpec
@@ -96,22 +97,24 @@ class LLMRouter:
                  gate: ProviderGate | None = None):
         self._settings = settings
         self._gate: ProviderGate = gate if gate is not None else NullGate()
-        self._owns_client = client is None
-        self._client = client if client is not None else openai.OpenAI(
-            api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
-            base_url=os.environ.get("OPENAI_BASE_URL") or None,
-            max_retries=0,
-            timeout=settings.llm_timeout_s,
-        )
+        self._shards: ClientShards | None = None
+        if client is not None:  # the caller's, shared by every thread and never closed here
+            self._client: Callable[[], openai.OpenAI] = lambda: client
+        else:  # a client per group of the orchestrator's threads (agentq.llm.clients)
+            self._shards = ClientShards(partial(
+                openai.OpenAI, api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
+                base_url=os.environ.get("OPENAI_BASE_URL") or None, max_retries=0,
+                timeout=settings.llm_timeout_s), clients_for(settings.orchestrator_concurrency))
+            self._client = self._shards.client
         self._backoff = wait_random_exponential(multiplier=settings.llm_retry_base_s,
                                                 max=settings.llm_retry_max_s)
         self._tokenizer = settings.tokenizer
         self._sleep: Callable[[float], None] = time.sleep
 
     def close(self) -> None:
-        """Close the HTTP client if this router built it."""
-        if self._owns_client:
-            self._client.close()
+        """Close the HTTP clients this router built."""
+        if self._shards is not None:
+            self._shards.close()
 
     def __enter__(self) -> "LLMRouter":
         return self
@@ -229,7 +232,7 @@ class LLMRouter:
         # The dict is already the wire body: posting it through the SDK's client skips the
         # typed-params transform of `chat.completions.create`, 7 ms a call at 15 messages
         # and 33 ms at 200 (docs/benchmarks.md), with the same errors and retries.
-        response = self._client.post("/chat/completions", body={"model": model, **params},
+        response = self._client().post("/chat/completions", body={"model": model, **params},
                                      cast_to=httpx2.Response,
                                      options={"timeout": self._settings.llm_timeout_s})
         return chat_body(response)
@@ -239,7 +242,7 @@ class LLMRouter:
                      attempts: list[dict[str, Any]]) -> dict[str, Any]:
         """A streamed chat call, put back together into the body a plain call answers."""
         attempt = len(attempts) + 1
-        stream = self._client.chat.completions.create(
+        stream = self._client().chat.completions.create(
             model=model, stream=True, stream_options={"include_usage": True},
             timeout=self._settings.llm_timeout_s, **params)
         try:
@@ -251,7 +254,7 @@ class LLMRouter:
             stream.close()
 
     def _post_embedding(self, model: str, text: str) -> list[float]:
-        response = self._client.post("/embeddings", body={"model": model, "input": text,
+        response = self._client().post("/embeddings", body={"model": model, "input": text,
                                                            "encoding_format": "float"},
                                      cast_to=httpx2.Response,
                                      options={"timeout": self._settings.llm_timeout_s})

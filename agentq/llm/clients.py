@@ -1,0 +1,70 @@
+"""The HTTP clients a process's model calls go through: one per group of threads.
+
+One `openai.OpenAI` client holds one connection pool, and httpcore's pool walks every
+connection it holds on each request and on each response's close, probing the socket of
+each idle one, and keeps at most 100 idle: after a wave of 1,000 calls, 900 connections are
+closed and the next wave opens them again. With 1,000 jobs in flight the orchestrator spent
+29.1-29.6 ms of CPU per job on one client and 22.2-23.7 ms on 16 (`docs/benchmarks.md`, the
+fifth pass). One pool also holds at most 1,000 connections (the SDK's limit), so more
+threads than that would wait for one another.
+
+So the calls are spread: the first `THREADS_PER_CLIENT` threads to call share the first
+client, the next ones the second, and so on up to `clients` clients, then around again (a
+gevent pool's greenlets are counted the same way, `threading.local` being theirs under
+gevent). A thread keeps its client; a client is made on first use (about 19 ms: its TLS
+context), so a web process with a few threads makes one.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from typing import Callable
+
+import openai
+
+THREADS_PER_CLIENT = 64
+
+
+def clients_for(threads: int, per_client: int | None = None) -> int:
+    """How many clients `threads` threads are spread over."""
+    return max(1, math.ceil(threads / (per_client or THREADS_PER_CLIENT)))
+
+
+class ClientShards:
+    """Up to `clients` HTTP clients made by `make`, `per_client` threads to each."""
+
+    def __init__(self, make: Callable[[], openai.OpenAI], clients: int,
+                 per_client: int | None = None) -> None:
+        self._make = make
+        self._per_client = max(1, per_client or THREADS_PER_CLIENT)
+        self._clients: list[openai.OpenAI | None] = [None] * max(1, clients)
+        self._arrivals = itertools.count()  # next() is atomic under the GIL and gevent
+        self._mine = threading.local()
+        self._lock = threading.Lock()
+
+    def client(self) -> openai.OpenAI:
+        """This thread's client."""
+        slot = getattr(self._mine, "slot", None)
+        if slot is None:
+            slot = self._mine.slot = (next(self._arrivals) // self._per_client
+                                      % len(self._clients))
+        client = self._clients[slot]
+        if client is None:
+            with self._lock:
+                client = self._clients[slot]
+                if client is None:
+                    client = self._clients[slot] = self._make()
+        return client
+
+    def made(self) -> int:
+        """How many clients have been made so far."""
+        return sum(client is not None for client in self._clients)
+
+    def close(self) -> None:
+        """Close every client made; a later call makes its client again."""
+        with self._lock:
+            made, self._clients = self._clients, [None] * len(self._clients)
+        for client in made:
+            if client is not None:
+                client.close()
