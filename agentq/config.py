@@ -249,8 +249,9 @@ class Settings:
     """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
     slow_tools_concurrency: int = 2
     """AGENTQ_SLOW_TOOLS_CONCURRENCY: processes per slow tools worker."""
-    db_pool_size: int = 10
-    """AGENTQ_DB_POOL_SIZE: database connections kept per process."""
+    db_pool_size: int = 30
+    """AGENTQ_DB_POOL_SIZE: the most database connections a process holds; each is kept once
+    opened (a thread past the limit waits for one)."""
     public_url: str = "http://localhost:5000"
     """AGENTQ_PUBLIC_URL: the API's address as clients see it (file URLs)."""
     port: int = 5000

@@ -56,10 +56,14 @@ def make_engine(settings: Settings) -> Engine:
             cur.close()
 
         return engine
+    # Every connection a process opens is kept: with an overflow beyond a smaller kept
+    # pool, a burst of 300 jobs made Postgres open 70-140 connections (each a backend
+    # forked and warmed) that were closed again as soon as they were returned; keeping them
+    # cut the machine's CPU per job by 2-3 ms (docs/benchmarks.md, the fifth pass).
     engine = create_engine(
         url,
         pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size * 2,
+        max_overflow=0,
         pool_recycle=1800,
     )
     event.listen(engine, "checkout", _closed_by_server_replaced(engine.dialect))

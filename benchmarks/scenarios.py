@@ -588,7 +588,7 @@ def run_peer(ctx: Context, kind: str, pool: int) -> dict[str, Any]:
          "--inflight-jobs", str(sizes.inflight_jobs),
          "--inflight-latency", str(sizes.inflight_latency_s),
          "--warmup", str(max(1, sizes.warmup_jobs)),
-         "--db-pool", str(3 * lab.settings().db_pool_size)],
+         "--db-pool", str(lab.settings().db_pool_size)],
         cwd=ROOT, capture_output=True, text=True, timeout=PEER_TIMEOUT_S,
         env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"})
     lab.server.set_latency(0)  # whatever the peer left it at

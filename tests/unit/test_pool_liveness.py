@@ -103,3 +103,40 @@ def test_a_connection_the_server_spoke_to_while_idle_is_kept(engine, admin, pg_u
         assert last_statement(admin, pid) == "SELECT 1"
         # then, alive, it is the one used
         assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+
+
+def test_connections_opened_in_a_burst_are_kept_for_the_next(tmp_path, pg_url):
+    # given a process allowed 6 connections
+    import threading
+    engine = make_engine(Settings.from_env({"AGENTQ_DATABASE_URL": pg_url,
+                                            "AGENTQ_HOME": str(tmp_path),
+                                            "AGENTQ_DB_POOL_SIZE": "6"}))
+    most = engine.pool.size() + max(0, engine.pool._max_overflow)
+
+    def wave() -> set[int]:
+        """As many threads as the pool allows, each holding a connection at the same time:
+        their backends."""
+        together, pids = threading.Barrier(most), set()
+
+        def hold():
+            with engine.connect() as conn:
+                pids.add(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                together.wait()  # all of them are out of the pool at once
+                conn.commit()
+        threads = [threading.Thread(target=hold) for _ in range(most)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return pids
+
+    try:
+        # when a burst needs every connection at once, and then another does
+        first, second = wave(), wave()
+        # then the setting is the most the process holds, and the second burst runs on the
+        # backends the first opened: none was closed when it was returned
+        assert len(first) == most
+        assert second == first and engine.pool.checkedin() == most
+        assert most == 6
+    finally:
+        engine.dispose()
