@@ -247,3 +247,28 @@ def test_the_keeper_thread_renews_held_leases(make, pg_url, tmp_path):
         # and the lease not yet due (an hour left, more than a third of a deadline) was
         # not written
         assert h.job(other).step_lease_until == far
+
+
+def test_a_hold_wakes_the_keeper_only_for_a_lease_due_sooner(make):
+    # given a keeper waiting for the one lease it holds (due in about an hour)
+    import contextlib
+
+    from agentq.loop.leases import LeaseKeeper
+    h = make()
+    keeper = LeaseKeeper(h.sessions, deadline_s=600.0)
+    with contextlib.ExitStack() as held:
+        held.enter_context(keeper.hold(uuid.uuid4(), "first",
+                                       utcnow() + timedelta(hours=1)))
+        while keeper._wakes_at is None:  # its thread has started and is waiting
+            time.sleep(0.01)
+        woken = keeper.wakeups
+        # when 1,000 steps start whose leases are due later, as in-flight steps' are
+        for i in range(1000):
+            held.enter_context(keeper.hold(uuid.uuid4(), f"later-{i}",
+                                           utcnow() + timedelta(hours=2)))
+        # then its thread was not woken for any of them
+        assert keeper.wakeups == woken
+        # and a lease due now wakes it at once
+        held.enter_context(keeper.hold(uuid.uuid4(), "due", utcnow()))
+        while keeper.wakeups == woken:
+            time.sleep(0.01)
