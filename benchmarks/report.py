@@ -75,6 +75,13 @@ def _lat(summary: dict[str, Any] | None) -> str:
     return f"{_ms(summary['median_ms'])} / {_ms(summary['p95_ms'])}"
 
 
+def _in_flight_cpu(cpu: dict[str, float]) -> str:
+    """web / orchestrator / tools, and their sum with the other agentq processes."""
+    own = sum(v for k, v in cpu.items() if k not in ("model_server", "bench_client"))
+    return (" / ".join(str(cpu.get(k, "–")) for k in ("web", "orchestrator", "tools"))
+            + f" (all agentq's processes: {own:.1f})")
+
+
 def _pool_unit(pool: str) -> str:
     return "threads" if pool == "threads" else f"greenlets ({pool})"
 
@@ -155,6 +162,9 @@ def figures(results: dict[str, Any]) -> str:
                 f"(before {f['orchestrator_rss_mib']['before_mib']}) | < 1 GiB: "
                 f"{_yes(targets['under_1_gib'])} |",
                 f"| submitting all took | {f['submit_s']} s | |",
+                *([f"| CPU ms per job (web / orchestrator / tools) | "
+                   f"{_in_flight_cpu(f['cpu_ms_per_job'])} | |"]
+                  if f.get("cpu_ms_per_job") else []),
                 f"| orchestrator pool | {f['orchestrator_concurrency']} "
                 f"{_pool_unit(f.get('orchestrator_pool', 'threads'))} | |", "",
                 f"Ideal = {f['ideal_basis']}. Completed {f['completed']}, failed "
