@@ -1,7 +1,8 @@
 """`python -m benchmarks run [--quick] [--smoke] [--only NAME] [--peer KIND] [--results-dir DIR]
 [--docs PATH | --no-docs]` — see docs/benchmarks.md; `python -m benchmarks embedded
 [--runs N]` — agentq's own time for a one-tool job through `agentq run`; `python -m benchmarks
-observability [--pairs N] [--clients C] [--seconds S]` — metrics and tracing on vs off."""
+observability [--pairs N] [--clients C] [--seconds S]` — metrics and tracing on vs off;
+`python -m benchmarks burst [--jobs N] [--rounds R] [--latency S]` — where a burst's CPU goes."""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +86,16 @@ def parse(argv: list[str] | None):
                              "webhook_receiver_down_<seconds>", "provider_storm (5 min)",
                              "provider_storm_<seconds>")))
     faults.add_argument("--results", help="write the outcomes to this JSON file")
+    burst = sub.add_parser("burst", help="N one-tool jobs at once, R times: CPU per job of "
+                                         "each process, the orchestrator's system time and "
+                                         "context switches, Postgres's and Redis's CPU "
+                                         "(benchmarks/burst.py)")
+    burst.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
+    burst.add_argument("--rounds", type=int, default=3)
+    burst.add_argument("--latency", type=float, default=0.0,
+                       help="the model server's seconds per call (10: the in-flight jobs)")
+    burst.add_argument("--orchestrator-pool", choices=("threads", "gevent"))
+    burst.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")
     rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
@@ -134,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "observability":
         from benchmarks import observability
         return observability.main(args)
+    if args.command == "burst":
+        from benchmarks import burst
+        return burst.main(args)
     if args.command == "faults":
         from benchmarks import faults
         return faults.main(args)

@@ -182,6 +182,24 @@ def test_the_observability_benchmark_measures_both_stacks(servers_up, tmp_path):
     assert {"jobs_per_s", "stack_cpu_ms_per_job"} <= set(result["ratio_on_off_median_of_pairs"])
 
 
+def test_the_burst_probe_accounts_for_every_process(servers_up, tmp_path):
+    # one tiny round: every job completes, and the round says where its CPU went
+    proc = _run_stopping_cleanly(
+        [sys.executable, "-m", "benchmarks", "burst", "--jobs", "3", "--rounds", "1",
+         "--results-dir", str(tmp_path)],
+        env={**os.environ, "PYTHONWARNINGS": "ignore",
+             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    [round_] = json.loads((tmp_path / "latest-burst.json").read_text())["rounds"]
+    assert round_["completed"] == 3 and round_["failed"] == 0
+    assert {"web", "orchestrator", "tools", "model_server"} <= set(round_["cpu_ms_per_job"])
+    assert round_["cpu_ms_per_job"]["orchestrator"] > 0
+    assert {"postgres", "redis"} == set(round_["services_cpu_ms_per_job"])
+    assert {"orchestrator_user_ms_per_job", "orchestrator_system_ms_per_job",
+            "orchestrator_voluntary_switches_per_job", "machine_busy_ms_per_job",
+            "postgres_sessions_opened", "jobs_per_s"} <= set(round_)
+
+
 # --- each peer on its own, a handful of jobs ------------------------------------------------
 
 PEER_RUN_TIMEOUT_S = 180
