@@ -119,18 +119,16 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
         return []
     now = now or utcnow()
     tokens = [estimate_tokens(content) for _, content, _ in rows]
-    one_statement = len(rows) == 1 and session.bind.dialect.name == "postgresql"
-    if one_statement:
+    if len(rows) == 1 and session.bind.dialect.name == "postgresql":
         (role, content, model), = rows
-        last = session.execute(_APPEND_ONE, {
+        last = first = session.execute(_APPEND_ONE, {
             "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
             "message_job_id": job_id, "message_role": role, "message_content": content,
             "message_token_count": tokens[0], "message_model_used": model}).scalar_one()
     else:
         last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
                                                    "n": len(rows), "now": now}).scalar_one()
-    first = last - len(rows) + 1
-    if not one_statement:
+        first = last - len(rows) + 1
         session.execute(_INSERT_MESSAGES, [
             {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
              "seq": first + i, "role": role, "content": content,
