@@ -10,7 +10,6 @@ import os
 import shlex
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from datetime import datetime, timezone
@@ -119,12 +118,8 @@ def probe_main(args) -> int:
         print(f"cannot run: {missing[0]} not answering", file=sys.stderr)
         return 3
     results = probes.run_probes(args.only or None)
-    out_dir = Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    text = harness.dumps({"date": stamp, "probes": results})
-    (out_dir / f"{stamp}-probe.json").write_text(text)
-    (out_dir / "latest-probe.json").write_text(text)
+    harness.write_results(Path(args.results_dir), "probe", {"date": stamp, "probes": results}, stamp)
     print(probes.render(results))
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -196,13 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": harness.machine_info(), "versions": harness.versions(),
         "loadavg_start": loadavg(), "scenarios_run": names,
         "sizes": vars(sizes)}, "scenarios": {}}
-    scratch = Path(tempfile.mkdtemp(prefix="agentq-bench-"))
-    log(f"{mode} run of {', '.join(names)}; starting the stack (logs in {scratch})")
-    lab = harness.Lab(scratch)
-    try:
-        lab.start()
-    except Exception as exc:  # noqa: BLE001 - reported
-        print(f"cannot start the stack: {exc}", file=sys.stderr)
+    lab = harness.start_lab("agentq-bench-", log, f"{mode} run of {', '.join(names)}; ")
+    if lab is None:
         return 4
     results["meta"]["stack_start_s"] = lab.started_in_s
     results["meta"]["settings"] = {
@@ -234,13 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
     results["meta"]["loadavg_end"] = loadavg()
 
-    out_dir = Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = now.strftime("%Y%m%dT%H%M%SZ")
-    path = out_dir / f"{stamp}-{mode}.json"
-    text = harness.dumps(results)
-    path.write_text(text)
-    (out_dir / f"latest-{mode}.json").write_text(text)
+    path = harness.write_results(Path(args.results_dir), mode, results,
+                                 now.strftime("%Y%m%dT%H%M%SZ"))
     log(f"results: {path}")
     if not args.no_docs and not args.smoke:
         write_docs(Path(args.docs), results)

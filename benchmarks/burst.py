@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,15 +34,12 @@ from typing import Any
 
 from benchmarks import harness, scenarios
 from benchmarks.harness import CpuMeter
+from benchmarks.observability import log
 
 SUBMITTERS = 32
 WARMUP_JOBS = 5
 SERVICES = {"postgres": "postgres", "redis": "redis-server"}
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def user_system_s(pid: int) -> tuple[float, float]:
@@ -138,13 +134,8 @@ def main(args) -> int:
         return 3
     if args.orchestrator_pool:
         os.environ["AGENTQ_ORCHESTRATOR_POOL"] = args.orchestrator_pool
-    scratch = Path(tempfile.mkdtemp(prefix="agentq-burst-"))
-    log(f"starting the stack (logs in {scratch})")
-    lab = harness.Lab(scratch)
-    try:
-        lab.start()
-    except Exception as exc:  # noqa: BLE001 - reported
-        print(f"cannot start the stack: {exc}", file=sys.stderr)
+    lab = harness.start_lab("agentq-burst-", log)
+    if lab is None:
         return 4
     ctx = scenarios.Context(lab, scenarios.QUICK)
     rounds = []
@@ -178,10 +169,7 @@ def main(args) -> int:
                                      lab.settings().orchestrator_concurrency,
                                  "db_pool_size": lab.settings().db_pool_size}},
            "rounds": rounds}
-    results = Path(args.results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"{stamp}-burst.json", "latest-burst.json"):
-        (results / name).write_text(harness.dumps(out))
-    log(f"results: {results / 'latest-burst.json'}")
+    path = harness.write_results(Path(args.results_dir), "burst", out,
+                                 datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    log(f"results: {path}")
     return 0 if all(r["failed"] == 0 for r in rounds) else 1

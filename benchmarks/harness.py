@@ -21,6 +21,7 @@ import math  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
@@ -591,3 +592,27 @@ def versions() -> dict[str, str | None]:
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
+
+
+def write_results(out_dir: Path, kind: str, data: Any, stamp: str) -> Path:
+    """`data` as <stamp>-<kind>.json and latest-<kind>.json in `out_dir`; the first's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = dumps(data)
+    path = out_dir / f"{stamp}-{kind}.json"
+    path.write_text(text)
+    (out_dir / f"latest-{kind}.json").write_text(text)
+    return path
+
+
+def start_lab(prefix: str, log, what: str = "") -> "Lab | None":
+    """A started Lab whose logs go to a new scratch directory; None (said on stderr) when
+    the stack did not start."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    log(f"{what}starting the stack (logs in {scratch})")
+    lab = Lab(scratch)
+    try:
+        lab.start()
+    except Exception as exc:  # noqa: BLE001 - reported
+        print(f"cannot start the stack: {exc}", file=sys.stderr)
+        return None
+    return lab

@@ -35,7 +35,6 @@ sink gets during an "off" burst are the idle "on" stack's: its beat's and sweepe
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -290,11 +289,8 @@ def main(args) -> int:
                       "warmup_jobs": args.warmup, "on": list(on),
                       "on_jobs_counted_by_metrics": counted}
     result["runs"] = runs
-    out_dir = Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2, default=str) + "\n"
-    (out_dir / f"{now.strftime('%Y%m%dT%H%M%SZ')}-observability.json").write_text(text)
-    (out_dir / "latest-observability.json").write_text(text)
+    harness.write_results(Path(args.results_dir), "observability", result,
+                          now.strftime("%Y%m%dT%H%M%SZ"))
     print(render(result))
     problems = check(runs, on, counted, args.warmup)
     for problem in problems:
