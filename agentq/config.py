@@ -257,7 +257,8 @@ class Settings:
     port: int = 5000
     """PORT: the web process's port (Procfile convention)."""
     log_level: str = "INFO"
-    """AGENTQ_LOG_LEVEL: log level of every process."""
+    """AGENTQ_LOG_LEVEL: log level of every process. Celery's line for each task received
+    and succeeded is written only at DEBUG (agentq.logs.PER_TASK)."""
     metrics_token: str | None = None
     """AGENTQ_METRICS_TOKEN: when set, `GET /metrics` needs `Authorization: Bearer <it>`."""
 

@@ -70,7 +70,7 @@ def configure(level: str = "INFO", *, path: Path | None = None,
     Python warnings go the same way. Configured once per process."""
     root = logging.getLogger()
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
-        root.setLevel(level)
+        _set_levels(level)
         return
     handlers: list[logging.Handler] = []
     if path is not None:
@@ -83,10 +83,30 @@ def configure(level: str = "INFO", *, path: Path | None = None,
     for handler in handlers:
         handler.setFormatter(JsonFormatter())
     root.handlers[:] = handlers
-    root.setLevel(level)
+    _set_levels(level)
     logging.captureWarnings(True)
-    for noisy in ("httpx", "httpx2", "openai", "urllib3"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def _set_levels(level: str) -> None:
+    root = logging.getLogger()
+    root.setLevel(level)
+    for name in NOISY:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    for name in PER_TASK:
+        logging.getLogger(name).setLevel(
+            logging.DEBUG if root.level <= logging.DEBUG else max(logging.WARNING, root.level))
+
+
+NOISY = ("httpx", "httpx2", "openai", "urllib3")
+"""Loggers heard only from WARNING up, at any level (at DEBUG the SDK's would write whole
+requests)."""
+PER_TASK = ("celery.worker.strategy", "celery.app.trace")
+"""Celery's line for every task received and every task succeeded, heard only at DEBUG (else
+from WARNING up). They carry the arguments' and the return value's repr: six lines per
+one-tool job, 4-5% of the orchestrator's and the tool worker's CPU (py-spy, the sixth pass
+in docs/benchmarks.md), saying what our own lines say (the step's and the job's, with the
+task id bound). A task's failure is still logged (ERROR); a retry, which Celery tells at
+INFO, is told by our task base at WARNING (tasks/base.py)."""
 
 
 def show_on_terminal(logger_name: str, level: int = logging.INFO) -> None:

@@ -3,6 +3,7 @@ id bound into the log context, one read of the tool modules' version per run, an
 per-process services (sessions, router, registry)."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class Services:
     stepper: "Stepper"
 
 
+log = logging.getLogger(__name__)
 _services_lock = threading.Lock()
 _services: Services | None = None
 
@@ -85,6 +87,13 @@ class AgentqTask(Task):
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
+
+    def on_retry(self, exc, task_id, args, kwargs, einfo) -> None:
+        """Celery tells a retry at INFO on a logger heard from WARNING up (agentq.logs.NOISY):
+        told here instead, with the task bound as in its own lines."""
+        log.warning("task will be tried again", extra={
+            "task": self.name, "task_id": task_id, "error": type(exc).__name__,
+            "retries": self.request.retries})
 
     def __call__(self, *args, **kwargs):
         token = logs.bind(task=self.name, task_id=self.request.id)

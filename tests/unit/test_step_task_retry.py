@@ -38,7 +38,7 @@ def _services(monkeypatch, h, sessions) -> None:
 
 
 def test_a_step_that_could_not_reach_the_database_is_tried_again_and_the_job_goes_on(
-        make, monkeypatch):
+        make, monkeypatch, caplog):
     # given a queued job, and a database that refuses the step's first two connections
     h = make(text("4"))
     job_id = h.submit()
@@ -53,6 +53,11 @@ def test_a_step_that_could_not_reach_the_database_is_tried_again_and_the_job_goe
     assert result.successful(), result.traceback
     assert h.job(job_id).status == "completed"
     assert len(h.router.requests) == 1  # the failed tries never reached the model
+    # and each retry was told at WARNING (Celery's own line is at INFO, not heard)
+    told = [r for r in caplog.records if r.getMessage() == "task will be tried again"]
+    assert [(r.levelname, r.task, r.error, r.retries) for r in told] == [
+        ("WARNING", "orchestrator.step", "OperationalError", 0),
+        ("WARNING", "orchestrator.step", "TimeoutError", 1)]
 
 
 def test_a_step_whose_database_stays_away_gives_up_to_the_sweeper(make, monkeypatch):
