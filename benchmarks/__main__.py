@@ -2,7 +2,9 @@
 [--docs PATH | --no-docs]` — see docs/benchmarks.md; `python -m benchmarks embedded
 [--runs N]` — agentq's own time for a one-tool job through `agentq run`; `python -m benchmarks
 observability [--pairs N] [--clients C] [--seconds S]` — metrics and tracing on vs off;
-`python -m benchmarks burst [--jobs N] [--rounds R] [--latency S]` — where a burst's CPU goes."""
+`python -m benchmarks burst [--jobs N] [--rounds R] [--latency S]` — where a burst's CPU goes.
+`python -m benchmarks compare BASE [--jobs N] [--latency S] [--pairs P]` — this tree against
+a commit, bursts in turn."""
 from __future__ import annotations
 
 import argparse
@@ -95,6 +97,15 @@ def parse(argv: list[str] | None):
                        help="the model server's seconds per call (10: the in-flight jobs)")
     burst.add_argument("--orchestrator-pool", choices=("threads", "gevent"))
     burst.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    cmp_ = sub.add_parser("compare", help="this tree against a commit, bursts in turn, the "
+                                          "order swapped each pair (benchmarks/compare.py)")
+    cmp_.add_argument("base", help="the commit to compare with (HEAD~1, a hash, a branch)")
+    cmp_.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
+    cmp_.add_argument("--latency", type=float, default=0.0,
+                      help="the model server's seconds per call (10: the in-flight jobs)")
+    cmp_.add_argument("--pairs", type=int, default=4, help="runs of each tree (default 4)")
+    cmp_.add_argument("--rounds", type=int, default=2, help="bursts per run (default 2)")
+    cmp_.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")
     rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
@@ -143,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "burst":
         from benchmarks import burst
         return burst.main(args)
+    if args.command == "compare":
+        from benchmarks import compare
+        return compare.main(args)
     if args.command == "faults":
         from benchmarks import faults
         return faults.main(args)

@@ -1,0 +1,167 @@
+"""`python -m benchmarks compare BASE [--jobs N] [--latency S] [--pairs P] [--rounds R]`:
+this tree against the commit BASE, burst by burst, in turn.
+
+On a shared machine a burst's CPU per job moves by 10-15% from one minute to the next (the
+neighbours' load), more than most single changes save; two runs made minutes apart say
+little. Here BASE is exported (`git archive`) beside this tree and the two run `burst`
+(benchmarks/burst.py: its own stack, R rounds of N one-tool jobs, the model answering after
+S seconds) alternately, the order swapped each pair (base then here, here then base) so a
+drift of the machine's load weighs on both alike. For each measure it reports both trees'
+medians and the median of the pairs' ratios (here / base), with their range.
+
+Results: benchmarks/results/<date>-compare.json (and latest-compare.json); the table is
+printed. It is how a change to the hot path shows what it saves (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from benchmarks import harness
+from benchmarks.observability import log
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "jobs/s": lambda r: r.get("jobs_per_s"),
+    "agentq CPU ms/job": lambda r: r["agentq_cpu_ms_per_job"],
+    "web": lambda r: r["cpu_ms_per_job"].get("web"),
+    "orchestrator": lambda r: r["cpu_ms_per_job"].get("orchestrator"),
+    "tools": lambda r: r["cpu_ms_per_job"].get("tools"),
+    "postgres": lambda r: r["services_cpu_ms_per_job"].get("postgres"),
+    "redis": lambda r: r["services_cpu_ms_per_job"].get("redis"),
+    "machine CPU ms/job": lambda r: r["machine_busy_ms_per_job"],
+}
+"""What is compared, read off each round of `burst`'s results."""
+
+
+def order(pairs: int) -> list[tuple[int, str]]:
+    """(pair, tree) in the order they run: base first in even pairs, here first in odd."""
+    runs = []
+    for pair in range(pairs):
+        trees = ("base", "here") if pair % 2 == 0 else ("here", "base")
+        runs.extend((pair, tree) for tree in trees)
+    return runs
+
+
+def summarize(rounds: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
+    """`rounds[tree][pair]`: that run's rounds. Per measure: each tree's median over all its
+    rounds, and the pairs' ratios here / base (each pair's mean of its rounds)."""
+    out: dict[str, Any] = {}
+    for name, read in MEASURES.items():
+        values = {tree: [_value(read, r) for runs in rounds[tree] for r in runs]
+                  for tree in ("base", "here")}
+        ratios = []
+        for base_runs, here_runs in zip(rounds["base"], rounds["here"]):
+            base, here = _mean(read, base_runs), _mean(read, here_runs)
+            if base and here is not None:
+                ratios.append(round(here / base, 3))
+        out[name] = {
+            "base_median": _median(values["base"]), "here_median": _median(values["here"]),
+            "ratio_median": _median(ratios),
+            "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+            "ratios": ratios}
+    return out
+
+
+def _value(read, round_: dict[str, Any]) -> float | None:
+    try:
+        return read(round_)
+    except (KeyError, TypeError):
+        return None
+
+
+def _mean(read, runs: Iterable[dict[str, Any]]) -> float | None:
+    values = [v for v in (_value(read, r) for r in runs) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def render(summary: dict[str, Any], base: str, here: str) -> str:
+    lines = [f"| measure | base ({base}) | here ({here}) | here / base, median of pairs "
+             f"(range) |", "| --- | --- | --- | --- |"]
+    for name, m in summary.items():
+        spread = (f" ({m['ratio_range'][0]:.3f}–{m['ratio_range'][1]:.3f})"
+                  if m["ratio_range"] else "")
+        ratio = f"{m['ratio_median']:.3f}{spread}" if m["ratio_median"] is not None else "–"
+        lines.append(f"| {name} | {_show(m['base_median'])} | {_show(m['here_median'])} | "
+                     f"{ratio} |")
+    return "\n".join(lines)
+
+
+def _show(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
+
+
+def export(rev: str, into: Path) -> str:
+    """`rev` of this repository, its files only, into `into`; its short hash."""
+    commit = _git("rev-parse", "--short", rev)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def run_burst(tree: Path, args, results: Path) -> list[dict[str, Any]]:
+    """One `burst` run in `tree` (its own stack); its rounds."""
+    command = [sys.executable, "-m", "benchmarks", "burst", "--jobs", str(args.jobs),
+               "--rounds", str(args.rounds), "--latency", str(args.latency),
+               "--results-dir", str(results)]
+    # killed with this process (its stack's processes die with it in turn)
+    done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True, preexec_fn=harness.die_with_parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"burst in {tree} exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads((results / "latest-burst.json").read_text())["rounds"]
+
+
+def main(args) -> int:
+    missing = harness.services_answer()
+    if missing:
+        print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)
+        return 3
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-compare-"))
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    here = _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+    try:
+        base = export(args.base, scratch / "base")
+        trees = {"base": scratch / "base", "here": ROOT}
+        rounds: dict[str, list[list[dict[str, Any]]]] = {"base": [], "here": []}
+        for pair, tree in order(args.pairs):
+            log(f"pair {pair + 1}/{args.pairs}: {tree} ({base if tree == 'base' else here})")
+            runs = run_burst(trees[tree], args, scratch / f"{tree}-{pair}")
+            rounds[tree].append(runs)
+            log("  " + ", ".join(f"{name} {_show(_mean(read, runs))}"
+                                 for name, read in MEASURES.items()))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = summarize(rounds)
+    stamp = datetime.now(timezone.utc)
+    out = {"meta": {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
+                    "command": "python -m benchmarks compare " + " ".join(sys.argv[2:]),
+                    "base": base, "here": here, "jobs": args.jobs, "latency_s": args.latency,
+                    "pairs": args.pairs, "rounds": args.rounds,
+                    "machine": harness.machine_info()},
+           "summary": summary, "rounds": rounds}
+    path = harness.write_results(Path(args.results_dir), "compare", out,
+                                 stamp.strftime("%Y%m%dT%H%M%SZ"))
+    print(render(summary, base, here))
+    log(f"results: {path}")
+    return 0
