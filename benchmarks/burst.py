@@ -84,6 +84,19 @@ def sessions_opened(database_url: str) -> int:
                                        "WHERE datname = current_database()")[0][0]
 
 
+def wal_written(database_url: str, since: str | None = None) -> tuple[str, int]:
+    """(the server's WAL position now, bytes of WAL written since `since`): what a round's
+    writes cost the disk and the replicas, a figure the machine's other load does not move
+    (index entries a non-HOT update adds show here)."""
+    if since is None:
+        return harness.query(database_url, "SELECT pg_current_wal_lsn()::text")[0][0], 0
+    lsn, written = harness.query(
+        database_url, "SELECT pg_current_wal_lsn()::text, "
+                      "pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(%s AS pg_lsn))::bigint",
+        (since,))[0]
+    return lsn, int(written)
+
+
 def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any]:
     lab = ctx.lab
     orchestrator = ctx.pids()["orchestrator"]
@@ -96,6 +109,7 @@ def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any
             ids.append(job_id)
 
     sessions0, services0 = sessions_opened(lab.database_url), service_cpu_s()
+    wal0, _ = wal_written(lab.database_url)
     times0, switches0 = user_system_s(orchestrator), context_switches(orchestrator)
     machine0 = harness.machine_cpu()[0]
     meter = CpuMeter(ctx.pids()).start()
@@ -107,6 +121,7 @@ def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any
     machine1 = harness.machine_cpu()[0]
     times1, switches1 = user_system_s(orchestrator), context_switches(orchestrator)
     services1, sessions1 = service_cpu_s(), sessions_opened(lab.database_url)
+    _, wal_bytes = wal_written(lab.database_url, wal0)
     ends = [r["finished"] for r in rows if scenarios._ok(r)]
     elapsed = max(ends) - start if ends else 0.0
     own = {k: v for k, v in cpu["cpu_s"].items() if k not in ("model_server", "bench_client")}
@@ -124,7 +139,8 @@ def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any
         "services_cpu_ms_per_job": {k: per_job(services1[k] - services0[k])
                                     for k in services0},
         "machine_busy_ms_per_job": per_job(busy_s),
-        "postgres_sessions_opened": sessions1 - sessions0}
+        "postgres_sessions_opened": sessions1 - sessions0,
+        "postgres_wal_bytes_per_job": round(wal_bytes / n)}
 
 
 def main(args) -> int:
@@ -155,7 +171,8 @@ def main(args) -> int:
                 f"{result['orchestrator_involuntary_switches_per_job']} per job; services "
                 f"{result['services_cpu_ms_per_job']} ms; machine "
                 f"{result['machine_busy_ms_per_job']} ms; Postgres sessions opened "
-                f"{result['postgres_sessions_opened']}")
+                f"{result['postgres_sessions_opened']}, WAL {result['postgres_wal_bytes_per_job']} "
+                f"bytes per job")
     finally:
         lab.server.set_latency(0)
         ctx.close()

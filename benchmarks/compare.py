@@ -38,6 +38,7 @@ MEASURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "postgres": lambda r: r["services_cpu_ms_per_job"].get("postgres"),
     "redis": lambda r: r["services_cpu_ms_per_job"].get("redis"),
     "machine CPU ms/job": lambda r: r["machine_busy_ms_per_job"],
+    "postgres WAL bytes/job": lambda r: r["postgres_wal_bytes_per_job"],
 }
 """What is compared, read off each round of `burst`'s results."""
 
