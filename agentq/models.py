@@ -187,7 +187,9 @@ class ApiKey(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        Index("ix_jobs_sweep", "status", "last_progress_at"),
+        # status alone: an index holding a column a step updates (last_progress_at) makes
+        # no update of the row heap-only (migration 0014)
+        Index("ix_jobs_status", "status"),
         Index("ix_jobs_conversation", "conversation_id", "created_at"),
         Index("ix_jobs_batch_waiting", "batch_id", "waiting_for", "batch_index"),
     )

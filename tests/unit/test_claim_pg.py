@@ -275,3 +275,29 @@ def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     assert [(m["role"], m["content"]) for m in messages[1:]] == [
         ("user", "first question"), ("assistant", "first answer"),
         ("user", "second question")]
+
+
+def _hot_updates(session, table: str) -> tuple[int, int]:
+    """(rows updated, of which heap-only) by this transaction so far, in `table`."""
+    from sqlalchemy import text
+    return session.execute(text(
+        "SELECT pg_stat_get_xact_tuples_updated(CAST(:t AS regclass)), "
+        "pg_stat_get_xact_tuples_hot_updated(CAST(:t AS regclass))"), {"t": table}).one()
+
+
+def test_a_steps_claim_and_its_events_update_the_job_row_heap_only(make):
+    # given a queued job (its row on a page with room, as `jobs` keeps a fifth of each free)
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    with UnitOfWork(h.sessions, durable=False) as step:
+        before = _hot_updates(step.session, "jobs")
+        # when a step claims it and writes its events with the row (the job's counter and
+        # progress: the statements every step runs)
+        job = h.stepper._claim(step.session, job_id, 0, "worker-a")
+        step.holds(job)
+        step.event(job_id, "turn_start", turn=1)
+        step.write_events()
+        after = _hot_updates(step.session, "jobs")
+    # then both updates of the row were heap-only: no index holds a column they change
+    # (an index on last_progress_at made every one write all nine indexes anew)
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 2)
