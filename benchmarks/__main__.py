@@ -96,6 +96,9 @@ def parse(argv: list[str] | None):
     burst.add_argument("--latency", type=float, default=0.0,
                        help="the model server's seconds per call (10: the in-flight jobs)")
     burst.add_argument("--orchestrator-pool", choices=("threads", "gevent"))
+    burst.add_argument("--paced", action="store_true",
+                       help="each round waits for a line on stdin; READY and each round's "
+                            "figures on stdout (how `compare` runs two stacks in turn)")
     burst.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     cmp_ = sub.add_parser("compare", help="this tree against a commit, bursts in turn, the "
                                           "order swapped each pair (benchmarks/compare.py)")
@@ -103,8 +106,10 @@ def parse(argv: list[str] | None):
     cmp_.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
     cmp_.add_argument("--latency", type=float, default=0.0,
                       help="the model server's seconds per call (10: the in-flight jobs)")
-    cmp_.add_argument("--pairs", type=int, default=4, help="runs of each tree (default 4)")
-    cmp_.add_argument("--rounds", type=int, default=2, help="bursts per run (default 2)")
+    cmp_.add_argument("--pairs", type=int, default=8,
+                      help="bursts of each tree, in turn (default 8)")
+    cmp_.add_argument("--rounds", type=int, default=2,
+                      help="bursts per run, with a base too old to take turns (default 2)")
     cmp_.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")

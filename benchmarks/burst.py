@@ -22,6 +22,7 @@ latest-burst.json).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,9 @@ from benchmarks import harness, scenarios
 from benchmarks.harness import CpuMeter
 from benchmarks.observability import log
 
+READY, ROUND = "READY", "ROUND "
+"""`--paced`: printed once warm (READY), and before each round's figures (ROUND <json>), on
+stdout; each round waits for a line on stdin (benchmarks/compare.py runs two stacks so)."""
 SUBMITTERS = 32
 WARMUP_JOBS = 5
 SERVICES = {"postgres": "postgres", "redis": "redis-server"}
@@ -159,9 +163,15 @@ def main(args) -> int:
         for _ in range(WARMUP_JOBS):
             ctx.one_job()
         lab.server.set_latency(args.latency)
+        if args.paced:
+            print(READY, flush=True)
         for r in range(args.rounds):
+            if args.paced and not sys.stdin.readline():
+                break  # whoever paced the rounds is done with them
             result = one_round(ctx, args.jobs, args.latency)
             rounds.append(result)
+            if args.paced:
+                print(ROUND + json.dumps(result), flush=True)
             log(f"round {r}: {result['completed']}/{args.jobs} jobs, {result['jobs_per_s']} "
                 f"jobs/s, agentq {result['agentq_cpu_ms_per_job']} ms CPU per job "
                 f"{result['cpu_ms_per_job']}; orchestrator user/system "

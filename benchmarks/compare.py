@@ -1,13 +1,17 @@
-"""`python -m benchmarks compare BASE [--jobs N] [--latency S] [--pairs P] [--rounds R]`:
-this tree against the commit BASE, burst by burst, in turn.
+"""`python -m benchmarks compare BASE [--jobs N] [--latency S] [--pairs P]`: this tree
+against the commit BASE, burst by burst, in turn.
 
 On a shared machine a burst's CPU per job moves by 10-15% from one minute to the next (the
 neighbours' load), more than most single changes save; two runs made minutes apart say
-little. Here BASE is exported (`git archive`) beside this tree and the two run `burst`
-(benchmarks/burst.py: its own stack, R rounds of N one-tool jobs, the model answering after
-S seconds) alternately, the order swapped each pair (base then here, here then base) so a
-drift of the machine's load weighs on both alike. For each measure it reports both trees'
-medians and the median of the pairs' ratios (here / base), with their range.
+little. Here BASE is exported (`git archive`) beside this tree, and each tree's `burst`
+(benchmarks/burst.py: its own stack, one-tool jobs, N at once, the model answering after S
+seconds) runs `--paced`: both stacks up at once (the idle one on its own Redis database and
+Postgres database), their bursts taken in turn, the order swapped each pair (base then
+here, here then base), so a drift of the machine's load weighs on both alike within
+seconds. A base older than `--paced` runs whole `burst` runs in turn instead (R rounds
+each). For each measure: both trees' medians and the median of the pairs' ratios (here /
+base), with their range. Postgres's WAL bytes per job is the one figure the machine's
+other load does not move.
 
 Results: benchmarks/results/<date>-compare.json (and latest-compare.json); the table is
 printed. It is how a change to the hot path shows what it saves (docs/benchmarks.md).
@@ -133,32 +137,121 @@ def run_burst(tree: Path, args, results: Path) -> list[dict[str, Any]]:
     return json.loads((results / "latest-burst.json").read_text())["rounds"]
 
 
+def takes_turns(tree: Path) -> bool:
+    """Whether `tree`'s burst runs `--paced` (commits from this file's second form on)."""
+    source = tree / "benchmarks" / "burst.py"
+    return source.exists() and "args.paced" in source.read_text()
+
+
+def redis_db(url: str, offset: int) -> str:
+    """`url` (redis://host:port/db) on database db + offset: two stacks never share one."""
+    base, _, db = url.rpartition("/")
+    return f"{base}/{int(db or 0) + offset}"
+
+
+class PacedBurst:
+    """A tree's `burst --paced` in its own process: its stack warm, a round on each `go`."""
+
+    def __init__(self, tree: Path, args, redis_offset: int, logs: Path):
+        from benchmarks.harness import BENCH_REDIS_URL
+        self.tree = tree
+        self.stderr = open(logs, "w")
+        env = {**os.environ, "PYTHONPATH": str(tree),
+               "AGENTQ_BENCH_REDIS": redis_db(BENCH_REDIS_URL, redis_offset)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", "burst", "--paced", "--jobs", str(args.jobs),
+             "--rounds", str(args.pairs), "--latency", str(args.latency),
+             "--results-dir", str(logs.parent / f"results-{redis_offset}")],
+            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True, preexec_fn=harness.die_with_parent)
+
+    def _line(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        self.proc.wait()
+        raise RuntimeError(f"burst in {self.tree} exited {self.proc.returncode} before "
+                           f"{prefix.strip()!r}: see {self.stderr.name}")
+
+    def ready(self) -> None:
+        from benchmarks.burst import READY
+        self._line(READY)
+
+    def round(self) -> dict[str, Any]:
+        from benchmarks.burst import ROUND
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line(ROUND))
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()  # no more rounds: it stops its stack and exits
+            self.proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+        finally:
+            self.stderr.close()
+
+
+def paced(trees: dict[str, Path], args, scratch: Path,
+          rounds: dict[str, list[list[dict[str, Any]]]]) -> None:
+    """Both stacks up, bursts in turn (`order`)."""
+    bursts = {tree: PacedBurst(path, args, offset, scratch / f"{tree}.log")
+              for offset, (tree, path) in enumerate(trees.items())}
+    try:
+        for burst in bursts.values():
+            burst.ready()
+        for pair, tree in order(args.pairs):
+            result = bursts[tree].round()
+            rounds[tree].append([result])
+            log(f"pair {pair + 1}/{args.pairs}, {tree}: " + ", ".join(
+                f"{name} {_show(_value(read, result))}" for name, read in MEASURES.items()))
+    finally:
+        for burst in bursts.values():
+            burst.stop()
+
+
+def in_turn(trees: dict[str, Path], args, scratch: Path, labels: dict[str, str],
+            rounds: dict[str, list[list[dict[str, Any]]]]) -> None:
+    """Whole `burst` runs in turn (a base that cannot take turns round by round)."""
+    for pair, tree in order(args.pairs):
+        log(f"pair {pair + 1}/{args.pairs}: {tree} ({labels[tree]})")
+        runs = run_burst(trees[tree], args, scratch / f"{tree}-{pair}")
+        rounds[tree].append(runs)
+        log("  " + ", ".join(f"{name} {_show(_mean(read, runs))}"
+                             for name, read in MEASURES.items()))
+
+
 def main(args) -> int:
     missing = harness.services_answer()
     if missing:
         print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)
         return 3
     scratch = Path(tempfile.mkdtemp(prefix="agentq-compare-"))
+    mode = "runs"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     here = _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
     try:
         base = export(args.base, scratch / "base")
         trees = {"base": scratch / "base", "here": ROOT}
         rounds: dict[str, list[list[dict[str, Any]]]] = {"base": [], "here": []}
-        for pair, tree in order(args.pairs):
-            log(f"pair {pair + 1}/{args.pairs}: {tree} ({base if tree == 'base' else here})")
-            runs = run_burst(trees[tree], args, scratch / f"{tree}-{pair}")
-            rounds[tree].append(runs)
-            log("  " + ", ".join(f"{name} {_show(_mean(read, runs))}"
-                                 for name, read in MEASURES.items()))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        mode = "paced" if takes_turns(trees["base"]) else "runs"
+        if mode == "paced":
+            paced(trees, args, scratch, rounds)
+        else:
+            in_turn(trees, args, scratch, {"base": base, "here": here}, rounds)
+    except BaseException:
+        log(f"the stacks' logs are kept in {scratch}")
+        raise
+    shutil.rmtree(scratch, ignore_errors=True)
     summary = summarize(rounds)
     stamp = datetime.now(timezone.utc)
     out = {"meta": {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
                     "command": "python -m benchmarks compare " + " ".join(sys.argv[2:]),
-                    "base": base, "here": here, "jobs": args.jobs, "latency_s": args.latency,
-                    "pairs": args.pairs, "rounds": args.rounds,
+                    "base": base, "here": here, "mode": mode, "jobs": args.jobs,
+                    "latency_s": args.latency, "pairs": args.pairs,
+                    "rounds": args.rounds if mode == "runs" else 1,
                     "machine": harness.machine_info()},
            "summary": summary, "rounds": rounds}
     path = harness.write_results(Path(args.results_dir), "compare", out,

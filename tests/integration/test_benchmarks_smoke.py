@@ -202,20 +202,23 @@ def test_the_burst_probe_accounts_for_every_process(servers_up, tmp_path):
 
 
 def test_the_compare_probe_runs_both_trees_in_turn(servers_up, tmp_path):
-    # this tree against its own HEAD, one tiny pair: both ran, each pair compared
+    # this tree against its own HEAD, two tiny pairs: both stacks up at once, their bursts
+    # taken in turn, each pair compared
     proc = _run_stopping_cleanly(
-        [sys.executable, "-m", "benchmarks", "compare", "HEAD", "--jobs", "2", "--pairs", "1",
-         "--rounds", "1", "--results-dir", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "compare", "HEAD", "--jobs", "2", "--pairs", "2",
+         "--results-dir", str(tmp_path)],
         env={**os.environ, "PYTHONWARNINGS": "ignore",
              "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-compare.json").read_text())
-    assert [len(result["rounds"][tree]) for tree in ("base", "here")] == [1, 1]
+    assert result["meta"]["mode"] == "paced"
+    assert [len(result["rounds"][tree]) for tree in ("base", "here")] == [2, 2]
     for tree in ("base", "here"):
-        [[round_]] = result["rounds"][tree]
-        assert round_["completed"] == 2 and round_["failed"] == 0
+        for [round_] in result["rounds"][tree]:
+            assert round_["completed"] == 2 and round_["failed"] == 0
     orchestrator = result["summary"]["orchestrator"]
-    assert orchestrator["base_median"] > 0 and len(orchestrator["ratios"]) == 1
+    assert orchestrator["base_median"] > 0 and len(orchestrator["ratios"]) == 2
+    assert result["summary"]["postgres WAL bytes/job"]["here_median"] > 0
     assert "| orchestrator |" in proc.stdout
 
 

@@ -1,7 +1,7 @@
 """`python -m benchmarks compare`: the order the two trees run in and what is reported."""
 from __future__ import annotations
 
-from benchmarks.compare import order, render, summarize
+from benchmarks.compare import order, redis_db, render, summarize, takes_turns
 
 
 def _round(jobs_per_s, orchestrator, machine):
@@ -39,3 +39,17 @@ def test_a_measure_a_round_lacks_is_left_out_not_guessed():
     assert "| jobs/s | – | 50 | – |" in render(summary, "abc1234", "def5678")
     assert "| orchestrator | 10 | 9 | 0.900 (0.900–0.900) |" in render(
         summary, "abc1234", "def5678")
+
+
+def test_the_two_stacks_never_share_a_redis_database():
+    assert redis_db("redis://127.0.0.1:6379/12", 0) == "redis://127.0.0.1:6379/12"
+    assert redis_db("redis://127.0.0.1:6379/12", 1) == "redis://127.0.0.1:6379/13"
+
+
+def test_a_base_older_than_paced_bursts_runs_whole_runs(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    assert not takes_turns(tmp_path)  # no burst at all
+    (tmp_path / "benchmarks" / "burst.py").write_text("for r in range(args.rounds): ...")
+    assert not takes_turns(tmp_path)
+    (tmp_path / "benchmarks" / "burst.py").write_text("if args.paced: ...")
+    assert takes_turns(tmp_path)
