@@ -207,8 +207,9 @@ def test_the_compare_probe_runs_both_trees_in_turn(servers_up, tmp_path):
     proc = _run_stopping_cleanly(
         [sys.executable, "-m", "benchmarks", "compare", "HEAD", "--jobs", "2", "--pairs", "2",
          "--results-dir", str(tmp_path)],
+        # its two stacks on databases 13 and 14: no other test's (a stack flushes its own)
         env={**os.environ, "PYTHONWARNINGS": "ignore",
-             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
+             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/13"})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-compare.json").read_text())
     assert result["meta"]["mode"] == "paced"
