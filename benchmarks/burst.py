@@ -172,6 +172,8 @@ def main(args) -> int:
             rounds.append(result)
             if args.paced:
                 print(ROUND + json.dumps(result), flush=True)
+        if args.paced:  # the stack stays up until told: its teardown would weigh on the
+            sys.stdin.read()  # other stack's last round (backends gone, a database dropped)
             log(f"round {r}: {result['completed']}/{args.jobs} jobs, {result['jobs_per_s']} "
                 f"jobs/s, agentq {result['agentq_cpu_ms_per_job']} ms CPU per job "
                 f"{result['cpu_ms_per_job']}; orchestrator user/system "

@@ -11,7 +11,8 @@ here, here then base), so a drift of the machine's load weighs on both alike wit
 seconds. A base older than `--paced` runs whole `burst` runs in turn instead (R rounds
 each). For each measure: both trees' medians and the median of the pairs' ratios (here /
 base), with their range. Postgres's WAL bytes per job is the one figure the machine's
-other load does not move.
+other load does not move. Both stacks keep at most PACED_DB_POOL_SIZE connections a process
+(two stacks at the default would not fit Postgres's default 100).
 
 Results: benchmarks/results/<date>-compare.json (and latest-compare.json); the table is
 printed. It is how a change to the hot path shows what it saves (docs/benchmarks.md).
@@ -137,6 +138,13 @@ def run_burst(tree: Path, args, results: Path) -> list[dict[str, Any]]:
     return json.loads((results / "latest-burst.json").read_text())["rounds"]
 
 
+PACED_DB_POOL_SIZE = 10
+"""Connections a process of either stack keeps (AGENTQ_DB_POOL_SIZE, unless set): two stacks
+of the default 30 hold more than Postgres's default 100 between them, and a step that got
+none failed its job for the sweeper (seen: a round's jobs not done in 180 s). Both trees
+run with the same pool; `burst` alone runs with the default."""
+
+
 def takes_turns(tree: Path) -> bool:
     """Whether `tree`'s burst runs `--paced` (commits from this file's second form on)."""
     source = tree / "benchmarks" / "burst.py"
@@ -157,7 +165,9 @@ class PacedBurst:
         self.tree = tree
         self.stderr = open(logs, "w")
         env = {**os.environ, "PYTHONPATH": str(tree),
-               "AGENTQ_BENCH_REDIS": redis_db(BENCH_REDIS_URL, redis_offset)}
+               "AGENTQ_BENCH_REDIS": redis_db(BENCH_REDIS_URL, redis_offset),
+               "AGENTQ_DB_POOL_SIZE": os.environ.get("AGENTQ_DB_POOL_SIZE",
+                                                     str(PACED_DB_POOL_SIZE))}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks", "burst", "--paced", "--jobs", str(args.jobs),
              "--rounds", str(args.pairs), "--latency", str(args.latency),
