@@ -22,6 +22,8 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
 .venv/bin/python -m benchmarks run --quick --only peer --peer dbos   # agentq beside one peer
 .venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
+.venv/bin/python -m benchmarks burst --jobs 300 --rounds 3   # a burst's CPU, process by process
+.venv/bin/python -m benchmarks compare HEAD~1 --pairs 8      # this tree against a commit, in turn
 .venv/bin/python -m benchmarks report benchmarks/results/latest-full.json  # re-render this file
 ```
 
