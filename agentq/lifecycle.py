@@ -163,7 +163,10 @@ _CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result)
 _RELEASE = (update(_conversations)
             .where(_conversations.c.id == bindparam("conversation_id"),
                    _conversations.c.active_job_id == bindparam("job_id"))
-            .values(active_job_id=None).returning(_conversations.c.id))
+            # idle from now: the memory digest's clock (agentq.memory_digest)
+            .values(active_job_id=None, last_active_at=bindparam(
+                "now", type_=_conversations.c.last_active_at.type))
+            .returning(_conversations.c.id))
 _HAND_ON = (update(_conversations).where(_conversations.c.id == bindparam("conversation_id"))
             .values(active_job_id=bindparam("next_id")))
 """Built once, with bind parameters: a job's end runs them on every job."""
@@ -223,13 +226,14 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     session = uow.session
     # one statement checks that the job holds its conversation, locks the row and lets go
     # of it (a job that never held it locks nothing)
+    now = utcnow()
     released = session.execute(_RELEASE, {"conversation_id": job.conversation_id,
-                                          "job_id": job.id}).scalar_one_or_none()
+                                          "job_id": job.id, "now": now}).scalar_one_or_none()
     if released is None:
         return
-    sync_loaded(session, Conversation, job.conversation_id, active_job_id=None)
+    sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
+                last_active_at=now)
     late = pending_inputs(session, job.id) if job.pending_inputs else []
-    now = utcnow()
     if late:
         follow_up = new_job(tenant_id=job.tenant_id, conversation_id=job.conversation_id,
                             user_id=job.user_id, persona_id=job.persona_id,

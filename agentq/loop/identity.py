@@ -138,8 +138,9 @@ def resolve_conversation(session: Session, user: User, incoming: Incoming,
                          persona: Persona | None, now: datetime | None = None) -> Conversation:
     key = scope_key(user.tenant_id, incoming.platform, incoming.platform_channel_id,
                     incoming.platform_thread_id)
-    # last_active_at moves when messages are written (agentq.loop.store), under the lock
-    # order of the writer; touching the row here would lock it before the job it waits for.
+    # last_active_at moves when a job lets the conversation go (agentq.lifecycle), under the
+    # lock order of the writer; touching the row here would lock it before the job it waits
+    # for.
     conversation = session.execute(_FIND_CONVERSATION,
                                    {"scope_key": key}).scalar_one_or_none()
     if conversation is not None:

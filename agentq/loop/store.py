@@ -54,17 +54,22 @@ the ORM's bulk-update and unit-of-work machinery (a third of their CPU, profiled
 floor benchmark)."""
 
 
-def _advance(table, counter: str, stamp: str):
-    """`UPDATE table SET counter = counter + :n, stamp = :now WHERE id = :ident RETURNING
+def _advance(table, counter: str, stamp: str | None = None):
+    """`UPDATE table SET counter = counter + :n[, stamp = :now] WHERE id = :ident RETURNING
     counter`, built once: a statement made per call costs more CPU than running it."""
     column = table.c[counter]
-    return (update(table).where(table.c.id == bindparam("ident"))
-            .values({counter: column + bindparam("n", type_=column.type),
-                     stamp: bindparam("now", type_=table.c[stamp].type)})
+    values = {counter: column + bindparam("n", type_=column.type)}
+    if stamp is not None:
+        values[stamp] = bindparam("now", type_=table.c[stamp].type)
+    return (update(table).where(table.c.id == bindparam("ident")).values(values)
             .returning(column))
 
 
-_ADVANCE_MESSAGES = _advance(_conversations, "message_seq", "last_active_at")
+_ADVANCE_MESSAGES = _advance(_conversations, "message_seq")
+"""Only the counter: a conversation's last_active_at is set when its job lets it go
+(agentq.lifecycle). It is in `ix_conversations_idle`, and an update that changes an indexed
+column is never heap-only: moved with each of a job's five or so messages, it made each of
+those updates write all five of the table's indexes anew (2.0 kB of WAL a job)."""
 _ADVANCE_EVENTS = _advance(_jobs, "event_seq", "last_progress_at")
 _INSERT_MESSAGES, _INSERT_EVENTS = insert(_messages), insert(_events)
 _INSERT_TOKEN_LOG = insert(_token_logs)
@@ -134,7 +139,7 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
              "seq": first + i, "role": role, "content": content,
              "token_count": tokens[i], "model_used": model, "created_at": now}
             for i, (role, content, model) in enumerate(rows)])
-    sync_loaded(session, Conversation, conversation_id, message_seq=last, last_active_at=now)
+    sync_loaded(session, Conversation, conversation_id, message_seq=last)
     return [StoredMessage(first + i, role, content, tokens[i])
             for i, (role, content, _) in enumerate(rows)]
 

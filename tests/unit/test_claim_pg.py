@@ -301,3 +301,46 @@ def test_a_steps_claim_and_its_events_update_the_job_row_heap_only(make):
     # then both updates of the row were heap-only: no index holds a column they change
     # (an index on last_progress_at made every one write all nine indexes anew)
     assert (after[0] - before[0], after[1] - before[1]) == (2, 2)
+
+
+def test_a_steps_messages_update_the_conversation_row_heap_only(make):
+    # given a conversation a job holds
+    h = make()
+    job_id = uuid.UUID(h.submit())
+    conversation_id = h.job(str(job_id)).conversation_id
+    with UnitOfWork(h.sessions) as step:
+        before = _hot_updates(step.session, "conversations")
+        # when the step appends its messages (one, then two: the two statements' forms)
+        append_messages(step.session, conversation_id, job_id, [("user", "q", None)])
+        append_messages(step.session, conversation_id, job_id,
+                        [("assistant", "a", None), ("tool", "r", None)])
+        after = _hot_updates(step.session, "conversations")
+    # then both updates of its counter were heap-only (last_active_at, which the idle
+    # digest's index holds, is not moved by each message: by the job's end)
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 2)
+
+
+def test_a_conversation_is_active_until_its_job_lets_it_go(make):
+    # given a conversation whose job has written its question and a reply
+    from tests.unit.test_step import text
+    h = make(text("4"))
+    job_id = h.submit()
+    conversation_id = h.job(job_id).conversation_id
+    with h.sessions() as session:
+        created = session.get(Conversation, conversation_id).last_active_at
+    with UnitOfWork(h.sessions) as step:
+        append_messages(step.session, conversation_id, uuid.UUID(job_id), [("user", "q", None)])
+    with h.sessions() as session:
+        # then its messages leave the digest's clock alone (the job holds the conversation)
+        assert session.get(Conversation, conversation_id).last_active_at == created
+    # when the job runs to its end
+    h.stepper.run(job_id, 0, "start")
+    assert h.job(job_id).status == "completed"
+    with h.sessions() as session:
+        conversation = session.get(Conversation, conversation_id)
+        last_message = session.execute(select(Message.created_at).where(
+            Message.conversation_id == conversation_id).order_by(Message.seq.desc())
+            .limit(1)).scalar_one()
+    # then it is idle from the moment the job let it go, after its last message
+    assert conversation.active_job_id is None
+    assert conversation.last_active_at > created and conversation.last_active_at >= last_message
