@@ -88,17 +88,18 @@ def sessions_opened(database_url: str) -> int:
                                        "WHERE datname = current_database()")[0][0]
 
 
-def wal_written(database_url: str, since: str | None = None) -> tuple[str, int]:
-    """(the server's WAL position now, bytes of WAL written since `since`): what a round's
-    writes cost the disk and the replicas, a figure the machine's other load does not move
-    (index entries a non-HOT update adds show here)."""
-    if since is None:
-        return harness.query(database_url, "SELECT pg_current_wal_lsn()::text")[0][0], 0
-    lsn, written = harness.query(
-        database_url, "SELECT pg_current_wal_lsn()::text, "
-                      "pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(%s AS pg_lsn))::bigint",
-        (since,))[0]
-    return lsn, int(written)
+def wal_position(database_url: str) -> str:
+    """The server's WAL position now."""
+    return harness.query(database_url, "SELECT pg_current_wal_lsn()::text")[0][0]
+
+
+def wal_written_since(database_url: str, position: str) -> int:
+    """Bytes of WAL the server wrote since `position`: what a round's writes cost the disk
+    and the replicas, a figure the machine's other load does not move (index entries a
+    non-HOT update adds show here)."""
+    return int(harness.query(
+        database_url, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(%s AS pg_lsn))",
+        (position,))[0][0])
 
 
 def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any]:
@@ -113,7 +114,7 @@ def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any
             ids.append(job_id)
 
     sessions0, services0 = sessions_opened(lab.database_url), service_cpu_s()
-    wal0, _ = wal_written(lab.database_url)
+    wal0 = wal_position(lab.database_url)
     times0, switches0 = user_system_s(orchestrator), context_switches(orchestrator)
     machine0 = harness.machine_cpu()[0]
     meter = CpuMeter(ctx.pids()).start()
@@ -125,7 +126,7 @@ def one_round(ctx: scenarios.Context, n: int, latency_s: float) -> dict[str, Any
     machine1 = harness.machine_cpu()[0]
     times1, switches1 = user_system_s(orchestrator), context_switches(orchestrator)
     services1, sessions1 = service_cpu_s(), sessions_opened(lab.database_url)
-    _, wal_bytes = wal_written(lab.database_url, wal0)
+    wal_bytes = wal_written_since(lab.database_url, wal0)
     ends = [r["finished"] for r in rows if scenarios._ok(r)]
     elapsed = max(ends) - start if ends else 0.0
     own = {k: v for k, v in cpu["cpu_s"].items() if k not in ("model_server", "bench_client")}
@@ -172,8 +173,6 @@ def main(args) -> int:
             rounds.append(result)
             if args.paced:
                 print(ROUND + json.dumps(result), flush=True)
-        if args.paced:  # the stack stays up until told: its teardown would weigh on the
-            sys.stdin.read()  # other stack's last round (backends gone, a database dropped)
             log(f"round {r}: {result['completed']}/{args.jobs} jobs, {result['jobs_per_s']} "
                 f"jobs/s, agentq {result['agentq_cpu_ms_per_job']} ms CPU per job "
                 f"{result['cpu_ms_per_job']}; orchestrator user/system "
@@ -185,6 +184,8 @@ def main(args) -> int:
                 f"{result['machine_busy_ms_per_job']} ms; Postgres sessions opened "
                 f"{result['postgres_sessions_opened']}, WAL {result['postgres_wal_bytes_per_job']} "
                 f"bytes per job")
+        if args.paced:  # the stack stays up until told: its teardown would weigh on the
+            sys.stdin.read()  # other stack's last round (backends gone, a database dropped)
     finally:
         lab.server.set_latency(0)
         ctx.close()

@@ -199,6 +199,7 @@ def test_the_burst_probe_accounts_for_every_process(servers_up, tmp_path):
             "orchestrator_voluntary_switches_per_job", "machine_busy_ms_per_job",
             "postgres_sessions_opened", "jobs_per_s"} <= set(round_)
     assert round_["postgres_wal_bytes_per_job"] > 0  # three jobs wrote their rows
+    assert "round 0: 3/3 jobs" in proc.stderr  # and each round is told as it ends
 
 
 def test_the_compare_probe_runs_both_trees_in_turn(servers_up, tmp_path):
