@@ -91,10 +91,8 @@ def parse(argv: list[str] | None):
                                          "each process, the orchestrator's system time and "
                                          "context switches, Postgres's and Redis's CPU "
                                          "(benchmarks/burst.py)")
-    burst.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
+    _burst_sizes(burst)
     burst.add_argument("--rounds", type=int, default=3)
-    burst.add_argument("--latency", type=float, default=0.0,
-                       help="the model server's seconds per call (10: the in-flight jobs)")
     burst.add_argument("--orchestrator-pool", choices=("threads", "gevent"))
     burst.add_argument("--paced", action="store_true",
                        help="each round waits for a line on stdin; READY and each round's "
@@ -103,18 +101,21 @@ def parse(argv: list[str] | None):
     cmp_ = sub.add_parser("compare", help="this tree against a commit, bursts in turn, the "
                                           "order swapped each pair (benchmarks/compare.py)")
     cmp_.add_argument("base", help="the commit to compare with (HEAD~1, a hash, a branch)")
-    cmp_.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
-    cmp_.add_argument("--latency", type=float, default=0.0,
-                      help="the model server's seconds per call (10: the in-flight jobs)")
+    _burst_sizes(cmp_)
     cmp_.add_argument("--pairs", type=int, default=8,
                       help="bursts of each tree, in turn (default 8)")
-    cmp_.add_argument("--rounds", type=int, default=2,
-                      help="bursts per run, with a base too old to take turns (default 2)")
     cmp_.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")
     rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     return parser.parse_args(argv)
+
+
+def _burst_sizes(parser) -> None:
+    """A burst's size and model latency: `burst`'s options, which `compare` passes on."""
+    parser.add_argument("--jobs", type=int, default=300, help="jobs submitted at once")
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="the model server's seconds per call (10: the in-flight jobs)")
 
 
 def write_docs(path: Path, results: dict) -> None:

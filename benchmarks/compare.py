@@ -8,9 +8,8 @@ little. Here BASE is exported (`git archive`) beside this tree, and each tree's 
 seconds) runs `--paced`: both stacks up at once (the idle one on its own Redis database and
 Postgres database), their bursts taken in turn, the order swapped each pair (base then
 here, here then base), so a drift of the machine's load weighs on both alike within
-seconds. A base older than `--paced` runs whole `burst` runs in turn instead (R rounds
-each). For each measure: both trees' medians and the median of the pairs' ratios (here /
-base), with their range. Postgres's WAL bytes per job is the one figure the machine's
+seconds. BASE must have `burst --paced` (b76396e on). For each measure: both trees'
+medians and the median of the pairs' ratios (here / base), with their range. Postgres's WAL bytes per job is the one figure the machine's
 other load does not move. Both stacks keep at most PACED_DB_POOL_SIZE connections a process
 (two stacks at the default would not fit Postgres's default 100).
 
@@ -31,9 +30,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from benchmarks import harness
+from benchmarks.burst import READY, ROUND
+from benchmarks.harness import BENCH_REDIS_URL, ROOT
 from benchmarks.observability import log
-
-ROOT = Path(__file__).resolve().parents[1]
 MEASURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "jobs/s": lambda r: r.get("jobs_per_s"),
     "agentq CPU ms/job": lambda r: r["agentq_cpu_ms_per_job"],
@@ -57,18 +56,14 @@ def order(pairs: int) -> list[tuple[int, str]]:
     return runs
 
 
-def summarize(rounds: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
-    """`rounds[tree][pair]`: that run's rounds. Per measure: each tree's median over all its
-    rounds, and the pairs' ratios here / base (each pair's mean of its rounds)."""
+def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """`rounds[tree][pair]`: that tree's burst of the pair. Per measure: each tree's median,
+    and the pairs' ratios here / base."""
     out: dict[str, Any] = {}
     for name, read in MEASURES.items():
-        values = {tree: [_value(read, r) for runs in rounds[tree] for r in runs]
-                  for tree in ("base", "here")}
-        ratios = []
-        for base_runs, here_runs in zip(rounds["base"], rounds["here"]):
-            base, here = _mean(read, base_runs), _mean(read, here_runs)
-            if base and here is not None:
-                ratios.append(round(here / base, 3))
+        values = {tree: [_value(read, r) for r in rounds[tree]] for tree in ("base", "here")}
+        ratios = [round(here / base, 3) for base, here in zip(values["base"], values["here"])
+                  if base and here is not None]
         out[name] = {
             "base_median": _median(values["base"]), "here_median": _median(values["here"]),
             "ratio_median": _median(ratios),
@@ -82,11 +77,6 @@ def _value(read, round_: dict[str, Any]) -> float | None:
         return read(round_)
     except (KeyError, TypeError):
         return None
-
-
-def _mean(read, runs: Iterable[dict[str, Any]]) -> float | None:
-    values = [v for v in (_value(read, r) for r in runs) if v is not None]
-    return statistics.fmean(values) if values else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -125,19 +115,6 @@ def _git(*args: str) -> str:
                           check=True).stdout.strip()
 
 
-def run_burst(tree: Path, args, results: Path) -> list[dict[str, Any]]:
-    """One `burst` run in `tree` (its own stack); its rounds."""
-    command = [sys.executable, "-m", "benchmarks", "burst", "--jobs", str(args.jobs),
-               "--rounds", str(args.rounds), "--latency", str(args.latency),
-               "--results-dir", str(results)]
-    # killed with this process (its stack's processes die with it in turn)
-    done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                          capture_output=True, text=True, preexec_fn=harness.die_with_parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"burst in {tree} exited {done.returncode}: {done.stderr[-2000:]}")
-    return json.loads((results / "latest-burst.json").read_text())["rounds"]
-
-
 PACED_DB_POOL_SIZE = 10
 """Connections a process of either stack keeps (AGENTQ_DB_POOL_SIZE, unless set): two stacks
 of the default 30 hold more than Postgres's default 100 between them, and a step that got
@@ -146,7 +123,7 @@ run with the same pool; `burst` alone runs with the default."""
 
 
 def takes_turns(tree: Path) -> bool:
-    """Whether `tree`'s burst runs `--paced` (commits from this file's second form on)."""
+    """Whether `tree`'s burst runs `--paced` (b76396e on)."""
     source = tree / "benchmarks" / "burst.py"
     return source.exists() and "args.paced" in source.read_text()
 
@@ -161,7 +138,6 @@ class PacedBurst:
     """A tree's `burst --paced` in its own process: its stack warm, a round on each `go`."""
 
     def __init__(self, tree: Path, args, redis_offset: int, logs: Path):
-        from benchmarks.harness import BENCH_REDIS_URL
         self.tree = tree
         self.stderr = open(logs, "w")
         env = {**os.environ, "PYTHONPATH": str(tree),
@@ -184,11 +160,9 @@ class PacedBurst:
                            f"{prefix.strip()!r}: see {self.stderr.name}")
 
     def ready(self) -> None:
-        from benchmarks.burst import READY
         self._line(READY)
 
     def round(self) -> dict[str, Any]:
-        from benchmarks.burst import ROUND
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         return json.loads(self._line(ROUND))
@@ -204,9 +178,9 @@ class PacedBurst:
             self.stderr.close()
 
 
-def paced(trees: dict[str, Path], args, scratch: Path,
-          rounds: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Both stacks up, bursts in turn (`order`)."""
+def paced(trees: dict[str, Path], args, scratch: Path) -> dict[str, list[dict[str, Any]]]:
+    """Both stacks up, bursts in turn (`order`): each tree's rounds, a pair's at its index."""
+    rounds: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     bursts = {tree: PacedBurst(path, args, offset, scratch / f"{tree}.log")
               for offset, (tree, path) in enumerate(trees.items())}
     try:
@@ -214,23 +188,13 @@ def paced(trees: dict[str, Path], args, scratch: Path,
             burst.ready()
         for pair, tree in order(args.pairs):
             result = bursts[tree].round()
-            rounds[tree].append([result])
+            rounds[tree].append(result)
             log(f"pair {pair + 1}/{args.pairs}, {tree}: " + ", ".join(
                 f"{name} {_show(_value(read, result))}" for name, read in MEASURES.items()))
     finally:
         for burst in bursts.values():
             burst.stop()
-
-
-def in_turn(trees: dict[str, Path], args, scratch: Path, labels: dict[str, str],
-            rounds: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Whole `burst` runs in turn (a base that cannot take turns round by round)."""
-    for pair, tree in order(args.pairs):
-        log(f"pair {pair + 1}/{args.pairs}: {tree} ({labels[tree]})")
-        runs = run_burst(trees[tree], args, scratch / f"{tree}-{pair}")
-        rounds[tree].append(runs)
-        log("  " + ", ".join(f"{name} {_show(_mean(read, runs))}"
-                             for name, read in MEASURES.items()))
+    return rounds
 
 
 def main(args) -> int:
@@ -239,30 +203,26 @@ def main(args) -> int:
         print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)
         return 3
     scratch = Path(tempfile.mkdtemp(prefix="agentq-compare-"))
-    mode = "runs"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     here = _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
     try:
         base = export(args.base, scratch / "base")
-        trees = {"base": scratch / "base", "here": ROOT}
-        rounds: dict[str, list[list[dict[str, Any]]]] = {"base": [], "here": []}
-        mode = "paced" if takes_turns(trees["base"]) else "runs"
-        if mode == "paced":
-            paced(trees, args, scratch, rounds)
-        else:
-            in_turn(trees, args, scratch, {"base": base, "here": here}, rounds)
+        rounds = (paced({"base": scratch / "base", "here": ROOT}, args, scratch)
+                  if takes_turns(scratch / "base") else None)
     except BaseException:
         log(f"the stacks' logs are kept in {scratch}")
         raise
     shutil.rmtree(scratch, ignore_errors=True)
+    if rounds is None:
+        print(f"cannot compare with {base}: its burst cannot take turns (--paced came with "
+              f"b76396e)", file=sys.stderr)
+        return 2
     summary = summarize(rounds)
     stamp = datetime.now(timezone.utc)
     out = {"meta": {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
                     "command": "python -m benchmarks compare " + " ".join(sys.argv[2:]),
-                    "base": base, "here": here, "mode": mode, "jobs": args.jobs,
-                    "latency_s": args.latency, "pairs": args.pairs,
-                    "rounds": args.rounds if mode == "runs" else 1,
-                    "machine": harness.machine_info()},
+                    "base": base, "here": here, "jobs": args.jobs, "latency_s": args.latency,
+                    "pairs": args.pairs, "machine": harness.machine_info()},
            "summary": summary, "rounds": rounds}
     path = harness.write_results(Path(args.results_dir), "compare", out,
                                  stamp.strftime("%Y%m%dT%H%M%SZ"))

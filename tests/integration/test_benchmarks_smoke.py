@@ -213,10 +213,10 @@ def test_the_compare_probe_runs_both_trees_in_turn(servers_up, tmp_path):
              "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/13"})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-compare.json").read_text())
-    assert result["meta"]["mode"] == "paced"
+    assert result["meta"]["pairs"] == 2
     assert [len(result["rounds"][tree]) for tree in ("base", "here")] == [2, 2]
     for tree in ("base", "here"):
-        for [round_] in result["rounds"][tree]:
+        for round_ in result["rounds"][tree]:
             assert round_["completed"] == 2 and round_["failed"] == 0
     orchestrator = result["summary"]["orchestrator"]
     assert orchestrator["base_median"] > 0 and len(orchestrator["ratios"]) == 2
