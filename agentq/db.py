@@ -42,9 +42,7 @@ def utcnow() -> datetime:
 def make_engine(settings: Settings) -> Engine:
     url = settings.database_url
     if url.startswith("sqlite"):
-        if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-            from pathlib import Path
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        make_sqlite_folder(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -68,6 +66,15 @@ def make_engine(settings: Settings) -> Engine:
     )
     event.listen(engine, "checkout", _closed_by_server_replaced(engine.dialect))
     return engine
+
+
+def make_sqlite_folder(url: str) -> None:
+    """The folder of a SQLite file URL (`sqlite:///…`, or Celery's `db+sqlite:///…`) made:
+    SQLite opens the file, but makes no folder for it. Other URLs: nothing."""
+    path = url.removeprefix("db+").removeprefix("sqlite:///")
+    if path != url.removeprefix("db+") and not path.startswith(":memory:"):
+        from pathlib import Path
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _closed_by_server_replaced(dialect):

@@ -136,7 +136,8 @@ def probe_main(args) -> int:
         return 3
     results = probes.run_probes(args.only or None)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    harness.write_results(Path(args.results_dir), "probe", {"date": stamp, "probes": results}, stamp)
+    harness.write_results(Path(args.results_dir), "probe", {"date": stamp, "probes": results},
+                          stamp)
     print(probes.render(results))
     return 1 if any("error" in r for r in results.values()) else 0
 

@@ -182,8 +182,8 @@ def main(args) -> int:
                 f"{result['orchestrator_involuntary_switches_per_job']} per job; services "
                 f"{result['services_cpu_ms_per_job']} ms; machine "
                 f"{result['machine_busy_ms_per_job']} ms; Postgres sessions opened "
-                f"{result['postgres_sessions_opened']}, WAL {result['postgres_wal_bytes_per_job']} "
-                f"bytes per job")
+                f"{result['postgres_sessions_opened']}, WAL "
+                f"{result['postgres_wal_bytes_per_job']} bytes per job")
         if args.paced:  # the stack stays up until told: its teardown would weigh on the
             sys.stdin.read()  # other stack's last round (backends gone, a database dropped)
     finally:

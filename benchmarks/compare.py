@@ -9,9 +9,10 @@ seconds) runs `--paced`: both stacks up at once (the idle one on its own Redis d
 Postgres database), their bursts taken in turn, the order swapped each pair (base then
 here, here then base), so a drift of the machine's load weighs on both alike within
 seconds. BASE must have `burst --paced` (b76396e on). For each measure: both trees'
-medians and the median of the pairs' ratios (here / base), with their range. Postgres's WAL bytes per job is the one figure the machine's
-other load does not move. Both stacks keep at most PACED_DB_POOL_SIZE connections a process
-(two stacks at the default would not fit Postgres's default 100).
+medians and the median of the pairs' ratios (here / base), with their range. Postgres's
+WAL bytes per job is the one figure the machine's other load does not move. Both stacks
+keep at most PACED_DB_POOL_SIZE connections a process (two stacks at the default would not
+fit Postgres's default 100).
 
 Results: benchmarks/results/<date>-compare.json (and latest-compare.json); the table is
 printed. It is how a change to the hot path shows what it saves (docs/benchmarks.md).

@@ -6,12 +6,11 @@ others hostage in a worker's buffer. Results (chords) kept at least a day.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from celery import Celery, signals
 
 from agentq import logs, metrics, tracing
 from agentq.config import Settings, get_settings
+from agentq.db import make_sqlite_folder
 from tasks import names
 
 ORCHESTRATOR_QUEUE = "orchestrator"
@@ -34,10 +33,7 @@ def make_celery(settings: Settings) -> Celery:
     if settings.embedded_broker:  # the in-memory broker, woken by each put (no 1 s polling)
         from tasks import embedded_transport
         broker = embedded_transport.register()
-    if settings.result_backend_url.startswith("db+sqlite:///"):
-        # the embedded defaults' results file: SQLite opens it, but makes no folder for it
-        Path(settings.result_backend_url.removeprefix("db+sqlite:///")).parent.mkdir(
-            parents=True, exist_ok=True)
+    make_sqlite_folder(settings.result_backend_url)  # the embedded defaults' results file
     app = Celery("agentq", broker=broker, backend=settings.result_backend_url,
                  include=["tasks.orchestrator", "tasks.tools", "tasks.maintenance",
                           "tasks.webhooks"])

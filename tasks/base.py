@@ -89,8 +89,8 @@ class AgentqTask(Task):
     reject_on_worker_lost = True
 
     def on_retry(self, exc, task_id, args, kwargs, einfo) -> None:
-        """Celery tells a retry at INFO on a logger heard from WARNING up (agentq.logs.NOISY):
-        told here instead, with the task bound as in its own lines."""
+        """Celery tells a retry at INFO on a logger heard only from WARNING up
+        (agentq.logs.PER_TASK): told here instead, with the task bound as in its own lines."""
         log.warning("task will be tried again", extra={
             "task": self.name, "task_id": task_id, "error": type(exc).__name__,
             "retries": self.request.retries})

@@ -34,13 +34,9 @@ FILLFACTOR = 80
 
 
 def upgrade() -> None:
-    postgres = op.get_bind().dialect.name == "postgresql"
-    if postgres:
-        op.execute("CREATE INDEX IF NOT EXISTS ix_jobs_status ON jobs (status)")
-    else:
-        op.create_index("ix_jobs_status", "jobs", ["status"])
+    op.create_index("ix_jobs_status", "jobs", ["status"], if_not_exists=True)
     op.drop_index("ix_jobs_sweep", table_name="jobs")
-    if postgres:
+    if op.get_bind().dialect.name == "postgresql":
         for table in ("jobs", "tool_calls"):
             op.execute(f"ALTER TABLE {table} SET (fillfactor = {FILLFACTOR})")
 

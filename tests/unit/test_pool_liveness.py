@@ -7,6 +7,7 @@ one the server spoke to while idle (a notification, a notice) is pinged as befor
 from __future__ import annotations
 
 import select
+import threading
 import time
 
 import psycopg2
@@ -107,7 +108,6 @@ def test_a_connection_the_server_spoke_to_while_idle_is_kept(engine, admin, pg_u
 
 def test_connections_opened_in_a_burst_are_kept_for_the_next(tmp_path, pg_url):
     # given a process allowed 6 connections
-    import threading
     engine = make_engine(Settings.from_env({"AGENTQ_DATABASE_URL": pg_url,
                                             "AGENTQ_HOME": str(tmp_path),
                                             "AGENTQ_DB_POOL_SIZE": "6"}))
@@ -121,7 +121,9 @@ def test_connections_opened_in_a_burst_are_kept_for_the_next(tmp_path, pg_url):
         def hold():
             with engine.connect() as conn:
                 pids.add(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-                together.wait()  # all of them are out of the pool at once
+                # all of them are out of the pool at once (a failure bound, not a margin:
+                # a thread that never got here breaks the barrier instead of hanging it)
+                together.wait(60)
                 conn.commit()
         threads = [threading.Thread(target=hold) for _ in range(most)]
         for thread in threads:
