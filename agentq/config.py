@@ -252,6 +252,10 @@ class Settings:
     db_pool_size: int = 30
     """AGENTQ_DB_POOL_SIZE: the most database connections a process holds; each is kept once
     opened (a thread past the limit waits for one)."""
+    db_prepare_threshold: int = 2
+    """AGENTQ_DB_PREPARE_THRESHOLD: on Postgres, a statement a connection runs this many times
+    is prepared there (parsed and planned once, agentq/prepared.py); 0 never prepares (set it
+    behind PgBouncer in transaction mode)."""
     public_url: str = "http://localhost:5000"
     """AGENTQ_PUBLIC_URL: the API's address as clients see it (file URLs)."""
     port: int = 5000
@@ -421,6 +425,8 @@ class Settings:
             slow_tools_concurrency=num("AGENTQ_SLOW_TOOLS_CONCURRENCY",
                                        cls.slow_tools_concurrency, int, 1),
             db_pool_size=num("AGENTQ_DB_POOL_SIZE", cls.db_pool_size, int, 1),
+            db_prepare_threshold=num("AGENTQ_DB_PREPARE_THRESHOLD", cls.db_prepare_threshold,
+                                     int, 0),
             public_url=(env.get("AGENTQ_PUBLIC_URL")
                         or f"http://localhost:{env.get('PORT') or 5000}").rstrip("/"),
             port=num("PORT", cls.port, int, 1, 65535),

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (DisconnectionError, InterfaceError, InvalidatePoolError,
                             OperationalError)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -23,9 +23,11 @@ from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
 
+from agentq import prepared
 from agentq.config import Settings, get_settings
 
 _lock = threading.Lock()
+RELAXED = "SET LOCAL synchronous_commit = off"
 DATABASE_UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 """The database is away (refused, restarting, a connection cut), or every pooled connection
 stayed busy past the pool's timeout: nothing is wrong with the request, it may be tried
@@ -58,11 +60,14 @@ def make_engine(settings: Settings) -> Engine:
     # pool, a burst of 300 jobs made Postgres open 70-140 connections (each a backend
     # forked and warmed) that were closed again as soon as they were returned; keeping them
     # cut the machine's CPU per job by 2-3 ms (docs/benchmarks.md, the fifth pass).
+    ours = make_url(url).get_driver_name() == "psycopg2"  # the driver agentq installs
     engine = create_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=0,
         pool_recycle=1800,
+        connect_args={"connection_factory": prepared.connection_class(
+            settings.db_prepare_threshold)} if ours else {},
     )
     event.listen(engine, "checkout", _closed_by_server_replaced(engine.dialect))
     return engine
@@ -328,9 +333,16 @@ def _update_statement(model, attributes: frozenset[str], together=None):
 def relax_durability(session: Session) -> None:
     """This transaction may be lost in a database crash without harm: what it records is
     re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
-    disk flush saves a sync per step on Postgres."""
-    if session.bind.dialect.name == "postgresql":
-        session.connection().exec_driver_sql("SET LOCAL synchronous_commit = off")
+    disk flush saves a sync per step on Postgres. On agentq's psycopg2 connections the SET
+    goes with the transaction's next statement, in one round trip (agentq.prepared)."""
+    if session.bind.dialect.name != "postgresql":
+        return
+    connection = session.connection()
+    dbapi_connection = connection.connection.dbapi_connection
+    if isinstance(dbapi_connection, prepared.Connection):
+        dbapi_connection.ahead = RELAXED
+    else:
+        connection.exec_driver_sql(RELAXED)
 
 
 def dispose_engines() -> None:

@@ -1,0 +1,239 @@
+"""Server-side prepared statements on psycopg2: Postgres parses and plans a statement once per
+connection instead of on every execution; and a transaction's SET LOCAL sent with its next
+statement.
+
+psycopg2 sends each statement as text with its values quoted in, so Postgres parses,
+analyses and plans it every time. In a burst of one-tool jobs that was a third of
+Postgres's CPU (perf, docs/benchmarks.md, the seventh pass). psycopg 3 prepares statements
+it sees repeatedly; this does the same for psycopg2, in the connection class agentq's
+engines make (`connection_class`), below SQLAlchemy: its events and logs see the statements
+as written.
+
+- A statement is prepared on a connection when it is executed there for the
+  `threshold`th time (`AGENTQ_DB_PREPARE_THRESHOLD`; 0 turns this off), and from then on
+  sent as `EXECUTE name (values)`, each value still quoted by psycopg2.
+- Only SELECT, INSERT, UPDATE, DELETE and WITH statements with named values, executed one
+  at a time on a client-side cursor, are prepared; with a value of a type `_declared` does
+  not list (a list, say) the statement is sent as it was.
+- A value of a type Postgres reads from its context when quoted (a string, None) is
+  declared `unknown`, so Postgres infers its type as it does for a quoted literal; the other
+  values are declared the type psycopg2 quotes them as (an integer `int8`, an aware
+  datetime `timestamptz`, …). Where Postgres cannot infer a type (`%(x)s IS NULL`), the
+  PREPARE fails inside a savepoint, the transaction goes on, and the statement is never
+  prepared again in this process.
+- A connection holds at most `MAX_PREPARED` statements; the least recently used one is
+  deallocated to make room. A prepared statement outlives a rollback (PREPARE is not
+  transactional) and dies with its connection.
+
+Prepared statements live in a server connection: behind a pooler that hands a client's
+statements to different server connections (PgBouncer in transaction mode) set the
+threshold to 0.
+
+`Connection.ahead` holds a statement for the open transaction (agentq.db's SET LOCAL
+synchronous_commit) that goes out in the same string as the transaction's next statement,
+saving its round trip; it is dropped when the transaction ends."""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import re
+from collections import OrderedDict
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import psycopg2
+import psycopg2.extensions
+from psycopg2.extras import Json
+
+log = logging.getLogger(__name__)
+MAX_PREPARED = 100
+"""Prepared statements kept per connection (psycopg 3's default): each holds its plan in the
+server process's memory."""
+_PREPARABLE = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_INT8 = range(-2 ** 63, 2 ** 63)
+_SAVEPOINT = "agentq_prepare"
+_REFUSED_CLASSES = ("42", "0A", "22")
+"""A PREPARE refused for what the statement is (a type not inferred, a statement that cannot
+be prepared), not for the state of the connection: the statement is then left unprepared."""
+
+
+class _Shape(NamedTuple):
+    """A statement in Postgres's numbered placeholders, and the values' names in their
+    order."""
+    sql: str
+    names: tuple[str, ...]
+    execute_tail: str  # " (%s, %s)" or ""
+
+
+_shapes: dict[str, _Shape | None] = {}
+_SHAPES_KEPT = 4096
+_refused: set[tuple[str, tuple[str, ...]]] = set()
+_names = itertools.count(1)
+
+
+def _shape(statement: str) -> _Shape | None:
+    shape = _shapes.get(statement, False)
+    if shape is not False:
+        return shape  # type: ignore[return-value]
+    shape = None
+    if statement.lstrip()[:6].upper().startswith(_PREPARABLE) and ";" not in statement:
+        order: dict[str, int] = {}
+
+        def number(match: re.Match) -> str:
+            name = match.group(1)
+            if name is None:
+                return "%"
+            return f"${order.setdefault(name, len(order) + 1)}"
+        sql = _PLACEHOLDER.sub(number, statement)
+        tail = f" ({', '.join(['%s'] * len(order))})" if order else ""
+        shape = _Shape(sql, tuple(order), tail)
+    if len(_shapes) >= _SHAPES_KEPT:  # statements built with varying text: forget them all
+        _shapes.clear()
+    _shapes[statement] = shape
+    return shape
+
+
+def _declared(value: Any) -> str | None:
+    """The type a value is declared as in PREPARE, as psycopg2 would quote it; None: a type
+    this does not prepare (the statement goes as it is)."""
+    if value is None or isinstance(value, (str, Json)):
+        return "unknown"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "int8" if value in _INT8 else None
+    if isinstance(value, (float, Decimal)):
+        return "numeric"
+    if isinstance(value, datetime):
+        return "timestamptz" if value.tzinfo is not None else "timestamp"
+    if isinstance(value, date):
+        return "date"
+    if isinstance(value, time):
+        return "timetz" if value.tzinfo is not None else "time"
+    if isinstance(value, timedelta):
+        return "interval"
+    if isinstance(value, UUID):
+        return "uuid"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytea"
+    return None
+
+
+class _Prepared:
+    """One connection's prepared statements, least recently used first."""
+
+    def __init__(self, threshold: int):
+        self.threshold = threshold
+        self.names: OrderedDict[tuple[str, tuple[str, ...]], str] = OrderedDict()
+        self.seen: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def rewrite(self, cursor, statement: str, parameters: Any) -> tuple[str, Any]:
+        if not isinstance(parameters, dict):
+            return statement, parameters
+        shape = _shape(statement)
+        if shape is None:
+            return statement, parameters
+        try:
+            values = tuple(parameters[name] for name in shape.names)
+        except KeyError:
+            return statement, parameters
+        types = tuple(map(_declared, values))
+        if None in types:
+            return statement, parameters
+        key = (statement, types)
+        name = self.names.get(key)
+        if name is not None:
+            self.names.move_to_end(key)
+        else:
+            if key in _refused:
+                return statement, parameters
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            if seen < self.threshold:
+                if len(self.seen) > _SHAPES_KEPT:  # one-off statements: start counting anew
+                    self.seen.clear()
+                return statement, parameters
+            del self.seen[key]
+            name = self._prepare(cursor, key, shape)
+            if name is None:
+                return statement, parameters
+        return f"EXECUTE {name}{shape.execute_tail}", values
+
+    def _prepare(self, cursor, key: tuple[str, tuple[str, ...]], shape: _Shape) -> str | None:
+        name = f"agentq_{next(_names)}"
+        types = key[1]
+        declared = f" ({', '.join(types)})" if types else ""
+        sql = f"PREPARE {name}{declared} AS {shape.sql}"
+        if len(self.names) >= MAX_PREPARED:
+            _, oldest = self.names.popitem(last=False)
+            sql = f"DEALLOCATE {oldest}; {sql}"
+        in_transaction = not cursor.connection.autocommit
+        if in_transaction:  # psycopg2 opens the transaction first, if none is open
+            sql = f"SAVEPOINT {_SAVEPOINT}; {sql}; RELEASE SAVEPOINT {_SAVEPOINT}"
+        try:
+            _PLAIN_EXECUTE(cursor, sql)
+        except psycopg2.Error as exc:
+            if in_transaction:
+                try:
+                    _PLAIN_EXECUTE(cursor, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; "
+                                           f"RELEASE SAVEPOINT {_SAVEPOINT}")
+                except psycopg2.Error:
+                    return None  # the connection is gone: the statement itself says so
+            if (exc.pgcode or "")[:2] in _REFUSED_CLASSES:
+                _refused.add(key)
+                log.debug("statement left unprepared",
+                          extra={"sqlstate": exc.pgcode, "statement": key[0][:200]})
+            return None
+        self.names[key] = name
+        return name
+
+
+_PLAIN_EXECUTE = psycopg2.extensions.cursor.execute
+
+
+class Cursor(psycopg2.extensions.cursor):
+    def execute(self, query, vars=None):
+        conn = self.connection
+        if self.name is None:  # a server-side cursor's DECLARE takes the statement as is
+            prepared = conn.agentq_prepared
+            if prepared is not None:
+                query, vars = prepared.rewrite(self, query, vars)
+            if conn.ahead and isinstance(query, str):
+                query, conn.ahead = f"{conn.ahead}; {query}", None
+        return _PLAIN_EXECUTE(self, query, vars)
+
+    def executemany(self, query, vars_list):
+        conn = self.connection
+        if conn.ahead:
+            _PLAIN_EXECUTE(self, conn.ahead)
+            conn.ahead = None
+        return super().executemany(query, vars_list)
+
+
+class Connection(psycopg2.extensions.connection):
+    """A psycopg2 connection with its prepared statements and its statement ahead."""
+    threshold = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = Cursor
+        self.agentq_prepared = _Prepared(self.threshold) if self.threshold > 0 else None
+        self.ahead: str | None = None
+
+    def commit(self) -> None:
+        self.ahead = None
+        super().commit()
+
+    def rollback(self) -> None:
+        self.ahead = None
+        super().rollback()
+
+
+@functools.cache
+def connection_class(threshold: int) -> type[Connection]:
+    """The connection class for `psycopg2.connect(connection_factory=…)`, preparing a
+    statement on its `threshold`th run (0: never)."""
+    return type("Connection", (Connection,), {"threshold": max(0, threshold)})

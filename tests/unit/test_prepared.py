@@ -1,0 +1,170 @@
+"""Repeated statements are prepared on their connection (agentq/prepared.py), on real
+Postgres: the same rows, counts and types come back as from the statement sent whole, a
+statement Postgres cannot prepare still runs in its transaction, and a connection keeps a
+bounded number of them."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import text
+
+from agentq import prepared
+from agentq.config import Settings
+from agentq.db import make_engine
+from tests.unit.test_sweeper import pg_url  # noqa: F401  (fixture)
+
+ROW = text("INSERT INTO probe (id, n, label, at, amount, doc) "
+           "VALUES (CAST(:id AS UUID), :n, :label, :at, :amount, CAST(:doc AS JSONB)) "
+           "RETURNING id, n, label, at, amount, doc")
+
+
+def _engine(tmp_path, url, threshold):
+    return make_engine(Settings.from_env({
+        "AGENTQ_DATABASE_URL": url, "AGENTQ_HOME": str(tmp_path),
+        "AGENTQ_DB_POOL_SIZE": "1", "AGENTQ_DB_PREPARE_THRESHOLD": str(threshold)}))
+
+
+@pytest.fixture
+def engines(tmp_path, pg_url):
+    made = []
+
+    def make(threshold: int = 2):
+        engine = _engine(tmp_path, pg_url, threshold)
+        made.append(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS probe"))
+            conn.execute(text("CREATE TABLE probe (id uuid PRIMARY KEY, n int, label text, "
+                              "at timestamptz, amount numeric(12, 4), doc jsonb)"))
+        return engine
+    yield make
+    for engine in made:
+        engine.dispose()
+
+
+def _prepared_here(conn) -> list[str]:
+    """The connection's prepared statements, oldest first (read past the engine's events,
+    so this read is not prepared itself)."""
+    cursor = conn.connection.dbapi_connection.cursor()
+    cursor.execute("SELECT statement FROM pg_prepared_statements "
+                   "ORDER BY substring(name FROM '[0-9]+$')::int")
+    return [row[0] for row in cursor.fetchall()]
+
+
+def _rows(engine, count: int) -> list[tuple]:
+    out = []
+    with engine.begin() as conn:
+        for i in range(count):
+            out.append(tuple(conn.execute(ROW, {
+                "id": str(uuid.UUID(int=i + 1)), "n": i, "label": f"it's {i}% done",
+                "at": datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=i),
+                "amount": Decimal("1.25") * i if i % 2 else 0.5 * i,
+                "doc": '{"k": [1, "two"]}' if i % 3 else None}).one()))
+        counted = conn.execute(text("UPDATE probe SET n = n + :step WHERE n >= :low"),
+                               {"step": 10, "low": 2}).rowcount
+    return out + [("updated", counted)]
+
+
+def test_a_repeated_statement_is_prepared_and_answers_as_when_sent_whole(engines):
+    # given an engine that prepares on the second run and one that never prepares
+    whole, preparing = engines(threshold=0), None
+    expected = _rows(whole, 5)
+    with whole.connect() as conn:
+        assert _prepared_here(conn) == []
+    preparing = engines(threshold=2)
+    # when the same statements run on a connection that prepares them
+    got = _rows(preparing, 5)
+    # then the rows, their types and the count are the same
+    assert got == expected
+    assert [type(v) for v in got[1]] == [type(v) for v in expected[1]]
+    # and the insert was prepared once on the connection, its values numbered
+    with preparing.connect() as conn:
+        statements = _prepared_here(conn)
+    inserts = [s for s in statements if "INSERT INTO probe" in s]
+    assert len(inserts) == 1
+    assert "VALUES (CAST($1 AS UUID), $2, $3, $4, $5, CAST($6 AS JSONB))" in inserts[0]
+
+
+def test_a_statement_postgres_cannot_prepare_runs_whole_and_its_transaction_goes_on(engines):
+    # given a statement whose value's type Postgres cannot infer alone
+    engine = engines(threshold=1)
+    untyped = text("SELECT :x IS NULL AS empty")
+    with engine.begin() as conn:
+        # when it runs (its PREPARE refused) inside a transaction, twice
+        answers = [conn.execute(untyped, {"x": None}).scalar_one() for _ in range(2)]
+        # then it answered, and the transaction is still usable
+        conn.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)"),
+                     {"id": str(uuid.uuid4()), "n": 7})
+    assert answers == [True, True]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM probe WHERE n = 7")).scalar_one() == 1
+        assert not [s for s in _prepared_here(conn) if "IS NULL" in s]
+
+
+def test_a_prepared_statement_outlives_a_rollback(engines):
+    engine = engines(threshold=1)
+    count = text("SELECT count(*) FROM probe WHERE n > :n")
+    with engine.connect() as conn:
+        assert conn.execute(count, {"n": 0}).scalar_one() == 0
+        conn.rollback()
+        assert conn.execute(count, {"n": -1}).scalar_one() == 0
+        assert len([s for s in _prepared_here(conn) if "FROM probe" in s]) == 1
+
+
+def test_a_connection_keeps_at_most_max_prepared(engines, monkeypatch):
+    monkeypatch.setattr(prepared, "MAX_PREPARED", 3)
+    engine = engines(threshold=1)
+    with engine.connect() as conn:
+        for i in range(6):  # six different statements, each prepared on first run
+            assert conn.execute(text(f"SELECT :v + {i}"), {"v": 1}).scalar_one() == 1 + i
+        kept = _prepared_here(conn)
+    assert len(kept) == 3
+    assert [s.split(" AS ", 1)[1].split(";")[0] for s in kept] == [
+        "SELECT $1 + 3", "SELECT $1 + 4", "SELECT $1 + 5"]
+
+
+def test_values_of_other_types_and_many_rows_go_as_they_were(engines):
+    engine = engines(threshold=1)
+    with engine.begin() as conn:
+        ids = [str(uuid.uuid4()) for _ in range(3)]
+        conn.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)"),
+                     [{"id": i, "n": k} for k, i in enumerate(ids)])
+        listed = text("SELECT count(*) FROM probe WHERE n = ANY(:ns)")
+        assert [conn.execute(listed, {"ns": [0, 2]}).scalar_one() for _ in range(2)] == [2, 2]
+        assert not [s for s in _prepared_here(conn) if "ANY" in s or "INSERT" in s]
+
+
+def test_never_with_threshold_zero(engines):
+    engine = engines(threshold=0)
+    with engine.connect() as conn:
+        for _ in range(3):
+            conn.execute(text("SELECT count(*) FROM probe WHERE n > :n"), {"n": 1})
+        assert _prepared_here(conn) == []
+
+
+def _setting(session) -> str:
+    return session.execute(text("SELECT current_setting('synchronous_commit')")).scalar_one()
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_a_relaxed_unit_of_work_skips_its_flush_and_the_next_one_does_not(engines, threshold):
+    # given a pool of one connection (prepared statements on or off)
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.uow import UnitOfWork
+    sessions = sessionmaker(bind=engines(threshold=threshold), expire_on_commit=False)
+    # when a unit of work that may be lost in a crash runs, then a durable one
+    for _ in range(2):
+        with UnitOfWork(sessions, durable=False) as relaxed:
+            inside_relaxed = _setting(relaxed.session)
+        with UnitOfWork(sessions) as durable:
+            inside_durable = _setting(durable.session)
+        # then only the first skipped its flush
+        assert (inside_relaxed, inside_durable) == ("off", "on")
+    # and a relaxed one that ran no statement leaves nothing for the next transaction
+    with UnitOfWork(sessions, durable=False):
+        pass
+    with UnitOfWork(sessions) as durable:
+        assert _setting(durable.session) == "on"
