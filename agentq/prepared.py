@@ -131,9 +131,9 @@ class _Prepared:
         self.names: OrderedDict[tuple[str, tuple[str, ...]], str] = OrderedDict()
         self.seen: dict[tuple[str, tuple[str, ...]], int] = {}
 
-    def rewrite(self, cursor, statement: str, parameters: Any) -> tuple[str, Any]:
-        if not isinstance(parameters, dict):
-            return statement, parameters
+    def rewrite(self, cursor, statement: Any, parameters: Any) -> tuple[Any, Any]:
+        if not isinstance(parameters, dict) or not isinstance(statement, str):
+            return statement, parameters  # (bytes or a psycopg2.sql object: as it is)
         shape = _shape(statement)
         if shape is None:
             return statement, parameters

@@ -168,3 +168,17 @@ def test_a_relaxed_unit_of_work_skips_its_flush_and_the_next_one_does_not(engine
         pass
     with UnitOfWork(sessions) as durable:
         assert _setting(durable.session) == "on"
+
+
+def test_a_composed_or_bytes_statement_goes_as_it_is(engines):
+    from psycopg2 import sql
+    engine = engines(threshold=1)
+    with engine.connect() as conn:
+        cursor = conn.connection.dbapi_connection.cursor()
+        for _ in range(2):
+            cursor.execute(sql.SQL("SELECT count(*) FROM {} WHERE n > %(n)s").format(
+                sql.Identifier("probe")), {"n": 0})
+            assert cursor.fetchone() == (0,)
+            cursor.execute(b"SELECT count(*) FROM probe WHERE n > %(n)s", {"n": 0})
+            assert cursor.fetchone() == (0,)
+        assert not [s for s in _prepared_here(conn) if "probe" in s]
