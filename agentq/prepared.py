@@ -24,10 +24,17 @@ as written.
 - A connection holds at most `MAX_PREPARED` statements; the least recently used one is
   deallocated to make room. A prepared statement outlives a rollback (PREPARE is not
   transactional) and dies with its connection.
+- A prepared statement Postgres can no longer run (a migration changed the type of a column
+  it answers: "cached plan must not change result type") is forgotten, deallocated with the
+  connection's next PREPARE, and its execution fails as `StalePlan`, an OperationalError:
+  agentq retries such an error as it retries a database blip (`db.DATABASE_UNREACHABLE`),
+  and the retry sends the statement whole.
 
 Prepared statements live in a server connection: behind a pooler that hands a client's
 statements to different server connections (PgBouncer in transaction mode) set the
-threshold to 0.
+threshold to 0. A connection whose prepared statement vanished (sqlstate 26000: a pooler's
+DEALLOCATE ALL or another server connection) stops preparing, says so in a warning, and the
+execution fails as `StalePlan`.
 
 `Connection.ahead` holds a statement for the open transaction (agentq.db's SET LOCAL
 synchronous_commit) that goes out in the same string as the transaction's next statement,
@@ -45,6 +52,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 from psycopg2.extras import Json
 
@@ -57,6 +65,7 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 _INT8 = range(-2 ** 63, 2 ** 63)
 _SAVEPOINT = "agentq_prepare"
 _REFUSED_CLASSES = ("42", "0A", "22")
+_VANISHED = "26000"  # invalid_sql_statement_name: "prepared statement … does not exist"
 """A PREPARE refused for what the statement is (a type not inferred, a statement that cannot
 be prepared), not for the state of the connection: the statement is then left unprepared."""
 
@@ -123,6 +132,11 @@ def _declared(value: Any) -> str | None:
     return None
 
 
+class StalePlan(psycopg2.OperationalError):
+    """A prepared statement could not run as prepared (see the module's notes); run again in
+    a new transaction, the statement goes whole."""
+
+
 class _Prepared:
     """One connection's prepared statements, least recently used first."""
 
@@ -130,6 +144,9 @@ class _Prepared:
         self.threshold = threshold
         self.names: OrderedDict[tuple[str, tuple[str, ...]], str] = OrderedDict()
         self.seen: dict[tuple[str, tuple[str, ...]], int] = {}
+        self.stale: list[str] = []
+        """Names forgotten while their transaction had failed, deallocated with the next
+        PREPARE."""
 
     def rewrite(self, cursor, statement: Any, parameters: Any) -> tuple[Any, Any]:
         if not isinstance(parameters, dict) or not isinstance(statement, str):
@@ -162,14 +179,26 @@ class _Prepared:
                 return statement, parameters
         return f"EXECUTE {name}{shape.execute_tail}", values
 
+    def forget(self, executed: str) -> None:
+        """`executed` ("EXECUTE name …") failed for what its prepared statement is: the name
+        is dropped, its statement sent whole from now on (and prepared again in time)."""
+        name = executed[len("EXECUTE "):].partition(" ")[0]
+        for key, held in self.names.items():
+            if held == name:
+                del self.names[key]
+                self.stale.append(name)
+                return
+
     def _prepare(self, cursor, key: tuple[str, tuple[str, ...]], shape: _Shape) -> str | None:
         name = f"agentq_{next(_names)}"
         types = key[1]
         declared = f" ({', '.join(types)})" if types else ""
         sql = f"PREPARE {name}{declared} AS {shape.sql}"
         if len(self.names) >= MAX_PREPARED:
-            _, oldest = self.names.popitem(last=False)
-            sql = f"DEALLOCATE {oldest}; {sql}"
+            self.stale.append(self.names.popitem(last=False)[1])
+        if self.stale:
+            sql = "".join(f"DEALLOCATE {old}; " for old in self.stale) + sql
+            self.stale = []
         in_transaction = not cursor.connection.autocommit
         if in_transaction:  # psycopg2 opens the transaction first, if none is open
             sql = f"SAVEPOINT {_SAVEPOINT}; {sql}; RELEASE SAVEPOINT {_SAVEPOINT}"
@@ -197,13 +226,32 @@ _PLAIN_EXECUTE = psycopg2.extensions.cursor.execute
 class Cursor(psycopg2.extensions.cursor):
     def execute(self, query, vars=None):
         conn = self.connection
-        if self.name is None:  # a server-side cursor's DECLARE takes the statement as is
-            prepared = conn.agentq_prepared
-            if prepared is not None:
-                query, vars = prepared.rewrite(self, query, vars)
-            if conn.ahead and isinstance(query, str):
-                query, conn.ahead = f"{conn.ahead}; {query}", None
-        return _PLAIN_EXECUTE(self, query, vars)
+        if self.name is not None:  # a server-side cursor's DECLARE takes the statement as is
+            return _PLAIN_EXECUTE(self, query, vars)
+        prepared = conn.agentq_prepared
+        sent = query
+        if prepared is not None:
+            sent, vars = prepared.rewrite(self, query, vars)
+        executes = sent is not query
+        if conn.ahead and isinstance(sent, str):
+            sent, conn.ahead = f"{conn.ahead}; {sent}", None
+        if not executes:
+            return _PLAIN_EXECUTE(self, sent, vars)
+        try:
+            return _PLAIN_EXECUTE(self, sent, vars)
+        except (psycopg2.errors.FeatureNotSupported,
+                psycopg2.errors.InvalidSqlStatementName) as exc:
+            if exc.pgcode == _VANISHED:
+                conn.agentq_prepared = None
+                log.warning("a prepared statement vanished from its connection: preparing "
+                            "stops on it (behind a pooler in transaction mode, set "
+                            "AGENTQ_DB_PREPARE_THRESHOLD=0)", extra={"sqlstate": exc.pgcode})
+            else:
+                prepared.forget(sent[sent.index("EXECUTE "):])
+                log.info("a prepared statement went stale: it is sent whole from now on",
+                         extra={"sqlstate": exc.pgcode, "statement": query[:200]})
+            raise StalePlan(f"{str(exc).strip()} (a statement prepared on this connection; "
+                            "run again, it goes whole)") from exc
 
     def executemany(self, query, vars_list):
         conn = self.connection

@@ -295,6 +295,16 @@ class FaultLab:
         finally:
             conn.close()
 
+    def ddl(self, statement: str) -> None:
+        """A schema change, committed, as a migration run beside the processes would."""
+        import psycopg2
+        conn = psycopg2.connect(self.database_url)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(statement)
+        finally:
+            conn.close()
+
     def sql(self, query: str, timeout_s: float = 120.0) -> list[tuple]:
         """A query that waits out a Postgres restart."""
         deadline = time.monotonic() + timeout_s
@@ -569,6 +579,15 @@ def postgres_restart(lab: FaultLab) -> None:
     lab.pg.restart(down_s=3.0)
 
 
+def migration_mid_run(lab: FaultLab) -> None:
+    """A migration while jobs flow: the type of a column every job read returns changes, and
+    changes back. Each statement the processes had prepared that answers it can no longer
+    run as prepared ("cached plan must not change result type", agentq.prepared)."""
+    lab.ddl("ALTER TABLE jobs ALTER COLUMN custom_id TYPE text")
+    time.sleep(2.0)
+    lab.ddl("ALTER TABLE jobs ALTER COLUMN custom_id TYPE varchar(255)")
+
+
 def orchestrator_down(seconds: float) -> Callable[[FaultLab], None]:
     return lambda lab: lab.kill9("orchestrator", seconds)
 
@@ -606,6 +625,7 @@ SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "redis_restart": redis_restart,
     "redis_flushall": redis_flushall,
     "postgres_restart": postgres_restart,
+    "migration_mid_run": migration_mid_run,
     "webhook_receiver_down": webhook_receiver_down(
         float(os.environ.get("AGENTQ_FAULT_WEBHOOK_DOWN_S", "20"))),
     "provider_storm": provider_storm(STORM_S),

@@ -12,7 +12,8 @@ from benchmarks.faults import SCENARIOS, provider_storm
 from tests.faults.conftest import STORM_S
 
 FAULTS = ["orchestrator_kill9", "tools_kill9", "tools_slow_kill9", "webhooks_kill9",
-          "web_kill9", "beat_kill9", "redis_flushall", "postgres_restart"]
+          "web_kill9", "beat_kill9", "redis_flushall", "postgres_restart",
+          "migration_mid_run"]
 
 
 @pytest.mark.parametrize("name", FAULTS)

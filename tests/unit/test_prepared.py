@@ -182,3 +182,72 @@ def test_a_composed_or_bytes_statement_goes_as_it_is(engines):
             cursor.execute(b"SELECT count(*) FROM probe WHERE n > %(n)s", {"n": 0})
             assert cursor.fetchone() == (0,)
         assert not [s for s in _prepared_here(conn) if "probe" in s]
+
+
+def _alter(engine, statement: str) -> None:
+    """DDL from another connection, as a migration run beside the workers would."""
+    import psycopg2
+    url = engine.url
+    other = psycopg2.connect(host=url.host, port=url.port, user=url.username,
+                             password=url.password, dbname=url.database)
+    other.autocommit = True
+    try:
+        other.cursor().execute(statement)
+    finally:
+        other.close()
+
+
+def test_a_statement_a_migration_made_stale_fails_once_as_a_blip_then_goes_whole(engines,
+                                                                                caplog):
+    from sqlalchemy.exc import OperationalError
+
+    from agentq.db import DATABASE_UNREACHABLE
+    caplog.set_level("INFO", logger="agentq.prepared")
+    # given a prepared read of a column, on a pool of one connection
+    engine = engines(threshold=1)
+    read = text("SELECT n FROM probe WHERE id = CAST(:id AS UUID)")
+    ident = str(uuid.uuid4())
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), 5)"),
+                     {"id": ident})
+        assert conn.execute(read, {"id": ident}).scalar_one() == 5
+        assert [s for s in _prepared_here(conn) if "SELECT n FROM probe" in s]
+    # when a migration changes the type of the column it answers
+    _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE text")
+    # then its next run fails as an error agentq retries (a database blip), not as a bug
+    with engine.connect() as conn:
+        with pytest.raises(OperationalError) as failed:
+            conn.execute(read, {"id": ident})
+        assert isinstance(failed.value, DATABASE_UNREACHABLE)
+        assert isinstance(failed.value.orig, prepared.StalePlan)
+        assert "cached plan must not change result type" in str(failed.value)
+        conn.rollback()
+        # and the retry answers the new type, the statement sent whole
+        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
+        # and when it is prepared again, the stale one is deallocated with it
+        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
+        assert len([s for s in _prepared_here(conn) if "SELECT n FROM probe" in s]) == 1
+    assert any("went stale" in r.getMessage() for r in caplog.records)
+
+
+def test_a_connection_whose_prepared_statements_vanish_stops_preparing(engines, caplog):
+    from sqlalchemy.exc import OperationalError
+    # given a prepared statement on a pool of one connection
+    engine = engines(threshold=1)
+    count = text("SELECT count(*) FROM probe WHERE n > :n")
+    with engine.connect() as conn:
+        assert conn.execute(count, {"n": 0}).scalar_one() == 0
+        # when it vanishes from the server connection (a pooler's DEALLOCATE ALL)
+        conn.connection.dbapi_connection.cursor().execute(b"DEALLOCATE ALL")
+        conn.commit()
+        # then its next run fails once as a blip, with a warning that says what to set
+        with pytest.raises(OperationalError):
+            conn.execute(count, {"n": 0})
+        conn.rollback()
+        # and from then on the connection sends every statement whole
+        for other in range(3):
+            assert conn.execute(text(f"SELECT count(*) + {other} FROM probe WHERE n > :n"),
+                                {"n": 0}).scalar_one() == other
+            assert conn.execute(count, {"n": 0}).scalar_one() == 0
+        assert _prepared_here(conn) == []
+    assert any("AGENTQ_DB_PREPARE_THRESHOLD=0" in r.getMessage() for r in caplog.records)
