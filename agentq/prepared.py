@@ -44,7 +44,9 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import re
+import secrets
 from collections import OrderedDict
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -82,6 +84,18 @@ _shapes: dict[str, _Shape | None] = {}
 _SHAPES_KEPT = 4096
 _refused: set[tuple[str, tuple[str, ...]]] = set()
 _names = itertools.count(1)
+
+
+def _new_prefix() -> None:
+    global _prefix
+    _prefix = f"agentq_{secrets.token_hex(4)}_"
+
+
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)
+"""Names are this process's own (a forked worker draws its own prefix): a statement sent to
+a server connection it was not prepared on, behind a pooler, finds no statement of that
+name (26000) rather than another process's statement."""
 
 
 def _shape(statement: str) -> _Shape | None:
@@ -190,7 +204,7 @@ class _Prepared:
                 return
 
     def _prepare(self, cursor, key: tuple[str, tuple[str, ...]], shape: _Shape) -> str | None:
-        name = f"agentq_{next(_names)}"
+        name = f"{_prefix}{next(_names)}"
         types = key[1]
         declared = f" ({', '.join(types)})" if types else ""
         sql = f"PREPARE {name}{declared} AS {shape.sql}"

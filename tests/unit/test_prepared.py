@@ -251,3 +251,21 @@ def test_a_connection_whose_prepared_statements_vanish_stops_preparing(engines, 
             assert conn.execute(count, {"n": 0}).scalar_one() == 0
         assert _prepared_here(conn) == []
     assert any("AGENTQ_DB_PREPARE_THRESHOLD=0" in r.getMessage() for r in caplog.records)
+
+
+def _pid_and_prefix(_) -> tuple[int, str]:
+    import os
+    import time
+    time.sleep(0.05)  # so that both workers take a task
+    return os.getpid(), prepared._prefix
+
+
+def test_a_forked_process_names_its_statements_apart():
+    # statement names of two processes never meet on one server connection (a pooler's)
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        seen = dict(pool.map(_pid_and_prefix, range(8), chunksize=1))
+    prefixes = list(seen.values())
+    assert len(prefixes) == len(set(prefixes)) == len(seen)
+    assert prepared._prefix not in prefixes
