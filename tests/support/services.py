@@ -159,3 +159,58 @@ class PrivatePostgres:
     def destroy(self) -> None:
         self.stop(mode="immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+PGBOUNCER = os.environ.get("AGENTQ_PGBOUNCER", "/usr/sbin/pgbouncer")
+
+
+class PgBouncer:
+    """PgBouncer on a free loopback port in front of the shared Postgres (127.0.0.1:5432),
+    in transaction mode: each transaction of a client may run on another server connection
+    (server connections are reused most recently released first). It refuses to run as
+    root, so as root it runs as `postgres`."""
+
+    def __init__(self, scratch: Path, pool_size: int = 2, port: int | None = None):
+        self.dir = Path(scratch) / "pgbouncer"
+        self.port = port or free_port()
+        self.pool_size = pool_size
+        self.proc: subprocess.Popen | None = None
+
+    def url(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> "PgBouncer":
+        from tests.support.stack import die_with_parent
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ini = self.dir / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n* = host=127.0.0.1 port=5432 user=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            "auth_type = any\npool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\nmax_client_conn = 2000\n"
+            "server_round_robin = 0\nignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n")
+        cmd = [PGBOUNCER, str(ini)]
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            for parent in self.dir.parents:  # runuser needs to reach it through its parents
+                if parent == Path("/"):
+                    break
+                mode = os.stat(parent).st_mode
+                if not mode & 0o001:
+                    os.chmod(parent, mode | 0o001)
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+        _wait_port(self.port, True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

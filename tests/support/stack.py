@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import requests
 
@@ -239,9 +240,11 @@ class Stack:
 @contextlib.contextmanager
 def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
               workers=("orchestrator", "tools"), pythonpath: Path | None = None,
-              beat: bool = False):
+              beat: bool = False, database_via: Callable[[str], str] | None = None):
     """A stack of its own: its own Redis server on a free port (so its queues are nobody
-    else's), its own database, the given settings; stopped and dropped after."""
+    else's), its own database, the given settings; stopped and dropped after.
+    `database_via`: the URL its processes reach that database by (through a pooler, say),
+    from the database's own URL."""
     import shutil
     redis_port = free_port()
     redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port",
@@ -250,7 +253,7 @@ def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
                              preexec_fn=die_with_parent)
     database_name = f"agentq_{name}_{os.getpid()}"
     database = create_database(database_name)
-    stack = Stack(database, llm_base_url, scratch,
+    stack = Stack(database_via(database) if database_via else database, llm_base_url, scratch,
                   {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
                   workers=workers, beat=beat)
     if pythonpath is not None:

@@ -269,3 +269,65 @@ def test_a_forked_process_names_its_statements_apart():
     prefixes = list(seen.values())
     assert len(prefixes) == len(set(prefixes)) == len(seen)
     assert prepared._prefix not in prefixes
+
+
+@pytest.fixture
+def bouncer():
+    """PgBouncer in transaction mode, two server connections (tests/support/services.py)."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests.support.services import PGBOUNCER, PgBouncer
+    if not os.access(PGBOUNCER, os.X_OK):
+        message = f"PgBouncer not installed at {PGBOUNCER}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message + " (apt-get install -y pgbouncer, which .ci/run installs)")
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-pgbouncer-"))
+    pooler = PgBouncer(scratch, pool_size=2).start()
+    yield pooler
+    pooler.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_behind_a_transaction_pooler_a_statement_on_another_server_connection_fails_once(
+        tmp_path, pg_url, bouncer, caplog):
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+    # given agentq's engine (statements prepared on their first run) through PgBouncer in
+    # transaction mode, which reuses the server connection released last
+    engine = make_engine(Settings.from_env({
+        "AGENTQ_DATABASE_URL": bouncer.url(make_url(pg_url).database),
+        "AGENTQ_HOME": str(tmp_path), "AGENTQ_DB_POOL_SIZE": "2",
+        "AGENTQ_DB_PREPARE_THRESHOLD": "1"}))
+    count = text("SELECT count(*) FROM pg_class WHERE relpages >= :n")
+    server = text("SELECT pg_backend_pid()")
+    try:
+        with engine.connect() as a, engine.connect() as b:
+            # when client A prepares a statement in its transaction on server connection S1,
+            first = a.execute(count, {"n": 0}).scalar_one()
+            s1 = a.execute(server).scalar_one()
+            a.commit()
+            # client B's transaction takes S1 and holds it,
+            assert b.execute(server).scalar_one() == s1
+            # and A runs the statement again, in a transaction on the other server connection
+            with pytest.raises(OperationalError) as failed:
+                a.execute(count, {"n": 0})
+            # then it failed once as a blip (agentq retries it), naming the setting to change
+            assert isinstance(failed.value.orig, prepared.StalePlan)
+            assert any("AGENTQ_DB_PREPARE_THRESHOLD=0" in r.getMessage()
+                       for r in caplog.records)
+            a.rollback()
+            # and from then on A sends it whole, wherever its transactions run
+            assert a.execute(count, {"n": 0}).scalar_one() == first
+            assert a.execute(server).scalar_one() != s1
+            a.commit()
+            b.commit()
+            for _ in range(3):
+                assert a.execute(count, {"n": 0}).scalar_one() == first
+                a.commit()
+            assert a.connection.dbapi_connection.agentq_prepared is None
+    finally:
+        engine.dispose()
