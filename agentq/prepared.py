@@ -26,15 +26,17 @@ as written.
   transactional) and dies with its connection.
 - A prepared statement Postgres can no longer run (a migration changed the type of a column
   it answers: "cached plan must not change result type") is forgotten, deallocated with the
-  connection's next PREPARE, and its execution fails as `StalePlan`, an OperationalError:
-  agentq retries such an error as it retries a database blip (`db.DATABASE_UNREACHABLE`),
-  and the retry sends the statement whole.
+  connection's next PREPARE, and sent whole from then on. When it was the first statement of
+  its transaction, that transaction is rolled back (it held nothing else) and the statement
+  sent whole in a new one: the caller sees nothing. Otherwise its execution fails as
+  `StalePlan`, an OperationalError: agentq retries such an error as it retries a database
+  blip (`db.DATABASE_UNREACHABLE`).
 
 Prepared statements live in a server connection: behind a pooler that hands a client's
 statements to different server connections (PgBouncer in transaction mode) set the
 threshold to 0. A connection whose prepared statement vanished (sqlstate 26000: a pooler's
-DEALLOCATE ALL or another server connection) stops preparing, says so in a warning, and the
-execution fails as `StalePlan`.
+DEALLOCATE ALL or another server connection) stops preparing and says so in a warning; the
+statement is sent again whole, or fails as `StalePlan`, as above.
 
 `Connection.ahead` holds a statement for the open transaction (agentq.db's SET LOCAL
 synchronous_commit) that goes out in the same string as the transaction's next statement,
@@ -237,22 +239,38 @@ class _Prepared:
 _PLAIN_EXECUTE = psycopg2.extensions.cursor.execute
 
 
+_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
 class Cursor(psycopg2.extensions.cursor):
     def execute(self, query, vars=None):
-        conn = self.connection
         if self.name is not None:  # a server-side cursor's DECLARE takes the statement as is
             return _PLAIN_EXECUTE(self, query, vars)
-        prepared = conn.agentq_prepared
-        sent = query
-        if prepared is not None:
-            sent, vars = prepared.rewrite(self, query, vars)
-        executes = sent is not query
-        if conn.ahead and isinstance(sent, str):
-            sent, conn.ahead = f"{conn.ahead}; {sent}", None
-        if not executes:
-            return _PLAIN_EXECUTE(self, sent, vars)
+        conn = self.connection
+        ahead = conn.ahead
+        opens = conn.autocommit or conn.get_transaction_status() == _IDLE
         try:
-            return _PLAIN_EXECUTE(self, sent, vars)
+            return self._execute(conn, query, vars, ahead)
+        except StalePlan:
+            if not opens:
+                raise
+        # it opened its transaction, which held nothing else: a new one, the statement whole
+        conn.rollback()
+        conn.ahead = ahead
+        return self._execute(conn, query, vars, ahead, whole=True)
+
+    def _execute(self, conn, query, vars, ahead, whole=False):
+        prepared = None if whole else conn.agentq_prepared
+        sent, values = query, vars
+        if prepared is not None:
+            sent, values = prepared.rewrite(self, query, vars)
+        executes = sent is not query
+        if ahead and isinstance(sent, str):
+            sent, conn.ahead = f"{ahead}; {sent}", None
+        if not executes:
+            return _PLAIN_EXECUTE(self, sent, values)
+        try:
+            return _PLAIN_EXECUTE(self, sent, values)
         except (psycopg2.errors.FeatureNotSupported,
                 psycopg2.errors.InvalidSqlStatementName) as exc:
             if exc.pgcode == _VANISHED:

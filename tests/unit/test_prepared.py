@@ -197,11 +197,11 @@ def _alter(engine, statement: str) -> None:
         other.close()
 
 
-def test_a_statement_a_migration_made_stale_fails_once_as_a_blip_then_goes_whole(engines,
-                                                                                caplog):
+def test_a_statement_a_migration_made_stale_goes_whole_and_fails_only_inside_a_transaction(
+        engines, caplog):
     from sqlalchemy.exc import OperationalError
 
-    from agentq.db import DATABASE_UNREACHABLE
+    from agentq.db import DATABASE_UNREACHABLE, RELAXED
     caplog.set_level("INFO", logger="agentq.prepared")
     # given a prepared read of a column, on a pool of one connection
     engine = engines(threshold=1)
@@ -211,27 +211,38 @@ def test_a_statement_a_migration_made_stale_fails_once_as_a_blip_then_goes_whole
         conn.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), 5)"),
                      {"id": ident})
         assert conn.execute(read, {"id": ident}).scalar_one() == 5
-        assert [s for s in _prepared_here(conn) if "SELECT n FROM probe" in s]
     # when a migration changes the type of the column it answers
     _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE text")
-    # then its next run fails as an error agentq retries (a database blip), not as a bug
     with engine.connect() as conn:
+        # then, as the first statement of a relaxed transaction, it answers the new type
+        # (its transaction, which held nothing else, begun again) and the relaxation holds
+        conn.connection.dbapi_connection.ahead = RELAXED
+        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
+        assert conn.execute(text("SELECT current_setting('synchronous_commit')")
+                            ).scalar_one() == "off"
+        conn.commit()
+        assert any("went stale" in r.getMessage() for r in caplog.records)
+        # and prepared again, it answers the new type too
+        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
+        conn.commit()
+    # when the type changes again, and the statement runs after another in its transaction
+    _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE int USING n::int")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM probe")).scalar_one() == 1
+        # then it fails as an error agentq retries (a database blip), not as a bug
         with pytest.raises(OperationalError) as failed:
             conn.execute(read, {"id": ident})
         assert isinstance(failed.value, DATABASE_UNREACHABLE)
         assert isinstance(failed.value.orig, prepared.StalePlan)
         assert "cached plan must not change result type" in str(failed.value)
         conn.rollback()
-        # and the retry answers the new type, the statement sent whole
-        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
-        # and when it is prepared again, the stale one is deallocated with it
-        assert conn.execute(read, {"id": ident}).scalar_one() == "5"
+        # and the retry answers, and the connection keeps one prepared copy of it
+        assert conn.execute(read, {"id": ident}).scalar_one() == 5
+        assert conn.execute(read, {"id": ident}).scalar_one() == 5
         assert len([s for s in _prepared_here(conn) if "SELECT n FROM probe" in s]) == 1
-    assert any("went stale" in r.getMessage() for r in caplog.records)
 
 
 def test_a_connection_whose_prepared_statements_vanish_stops_preparing(engines, caplog):
-    from sqlalchemy.exc import OperationalError
     # given a prepared statement on a pool of one connection
     engine = engines(threshold=1)
     count = text("SELECT count(*) FROM probe WHERE n > :n")
@@ -240,17 +251,17 @@ def test_a_connection_whose_prepared_statements_vanish_stops_preparing(engines, 
         # when it vanishes from the server connection (a pooler's DEALLOCATE ALL)
         conn.connection.dbapi_connection.cursor().execute(b"DEALLOCATE ALL")
         conn.commit()
-        # then its next run fails once as a blip, with a warning that says what to set
-        with pytest.raises(OperationalError):
-            conn.execute(count, {"n": 0})
-        conn.rollback()
+        # then its next run, opening its transaction, answers (begun again, sent whole),
+        # with a warning that says what to set
+        assert conn.execute(count, {"n": 0}).scalar_one() == 0
+        assert any("AGENTQ_DB_PREPARE_THRESHOLD=0" in r.getMessage() for r in caplog.records)
+        conn.commit()
         # and from then on the connection sends every statement whole
         for other in range(3):
             assert conn.execute(text(f"SELECT count(*) + {other} FROM probe WHERE n > :n"),
                                 {"n": 0}).scalar_one() == other
             assert conn.execute(count, {"n": 0}).scalar_one() == 0
         assert _prepared_here(conn) == []
-    assert any("AGENTQ_DB_PREPARE_THRESHOLD=0" in r.getMessage() for r in caplog.records)
 
 
 def _pid_and_prefix(_) -> tuple[int, str]:
@@ -312,7 +323,9 @@ def test_behind_a_transaction_pooler_a_statement_on_another_server_connection_fa
             a.commit()
             # client B's transaction takes S1 and holds it,
             assert b.execute(server).scalar_one() == s1
-            # and A runs the statement again, in a transaction on the other server connection
+            # and A runs the statement again, after another one, in a transaction on the
+            # other server connection
+            assert a.execute(text("SELECT :x + 1"), {"x": 1}).scalar_one() == 2
             with pytest.raises(OperationalError) as failed:
                 a.execute(count, {"n": 0})
             # then it failed once as a blip (agentq retries it), naming the setting to change
