@@ -22,6 +22,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from agentq import prepared
 from agentq.config import Settings, get_settings
@@ -35,6 +36,19 @@ again. The API answers it 503 (api/errors.py), a step or tool task retries it
 (tasks/base.py), a tool's result waits it out (agentq/loop/execute.py)."""
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker] = {}
+
+
+def riding_out(deadline_s: float) -> Retrying:
+    """The attempts of a write whose work is done already (a tool ran, the model answered):
+    retried while the database is away (`DATABASE_UNREACHABLE`), backing off up to 5 s, for
+    `deadline_s`, rather than lost and done again. Each attempt a new unit of work:
+
+        for attempt in riding_out(deadline_s):
+            with attempt, UnitOfWork(sessions) as uow: ...
+    """
+    return Retrying(retry=retry_if_exception_type(DATABASE_UNREACHABLE),
+                    stop=stop_after_delay(deadline_s),
+                    wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
 
 
 def utcnow() -> datetime:

@@ -21,11 +21,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
-from agentq.db import DATABASE_UNREACHABLE, lock_row, utcnow
+from agentq.db import lock_row, riding_out, utcnow
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
@@ -74,9 +73,7 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     record = {**result.to_record(), "attempts": result.attempts}
     # the tool ran: its result is kept through a database outage (retried for a step
     # deadline) rather than lost, which would leave a not idempotent call `interrupted`
-    for attempt in Retrying(retry=retry_if_exception_type(DATABASE_UNREACHABLE),
-                            stop=stop_after_delay(settings.step_deadline_s),
-                            wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
+    for attempt in riding_out(settings.step_deadline_s):
         with attempt, UnitOfWork(sessions) as uow:
             # the job's row before the call's, as everywhere
             lock_row(uow.session, Job, job_id, load=False)

@@ -50,7 +50,7 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq.config import Settings
-from agentq.db import insert_all, utcnow
+from agentq.db import insert_all, riding_out, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
@@ -239,8 +239,14 @@ class Stepper:
                     return self._wait_provider(job_id, iteration, owner, exc)
                 return self._fail_provider(job_id, iteration, owner, exc)
 
-        with UnitOfWork(self.sessions, autoflush=False) as uow:
-            self._persist(uow, uuid.UUID(job_id), iteration, owner, reply, outcome)
+        # the model answered: its reply is kept through a database outage (written when the
+        # database answers, within a step deadline) rather than lost and asked for again
+        for attempt in riding_out(self.settings.step_deadline_s):
+            with attempt, UnitOfWork(self.sessions, autoflush=False) as uow:
+                self._persist(uow, uuid.UUID(job_id), iteration, owner, reply, outcome)
+        if attempt.retry_state.attempt_number > 1:
+            log.info("model reply stored after the database came back",
+                     extra={"job_id": job_id, "tries": attempt.retry_state.attempt_number})
         if self.hooks.loaded:
             self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
                                    "model": reply.model, "content": reply.content,

@@ -96,3 +96,31 @@ def test_a_tool_task_that_could_not_reach_the_database_runs_its_call_on_a_retry(
     (call,) = h.rows(ToolCall, job_id)
     assert call.status == "succeeded" and call.result["result"]["result"] == 42
     assert call.attempts == 1
+
+
+def test_a_reply_whose_write_could_not_reach_the_database_is_written_when_it_answers(
+        make, monkeypatch, caplog):
+    caplog.set_level("INFO", logger="agentq.loop.step")
+    # given a queued job, and a database that goes away while the model answers: the
+    # reply's write fails twice
+    h = make(text("4"))
+    job_id = h.submit()
+    away = OperationalError("BEGIN", {}, Exception("could not connect to server"))
+    failures = [away, away]
+
+    def sessions():
+        if h.router.requests and failures:
+            raise failures.pop(0)
+        return h.sessions()
+    _services(monkeypatch, h, sessions)
+    # when its step task runs
+    result = orchestrator.step.apply(args=(job_id, 0), kwargs={"cause": "start"})
+    # then the reply was kept and written once the database answered: the model was asked
+    # once (not billed twice), and the job completed with its answer
+    assert not failures
+    assert result.successful(), result.traceback
+    assert len(h.router.requests) == 1
+    job = h.job(job_id)
+    assert job.status == "completed" and job.response["content"] == "4"
+    assert any(r.getMessage() == "model reply stored after the database came back"
+               for r in caplog.records)
