@@ -34,6 +34,7 @@ from tests.support import stack as stack_mod  # noqa: E402
 from tests.support.stack import (ROOT, Stack, StackError, answers, create_database,  # noqa: E402
                                  die_with_parent,
                                  drop_database, flush_redis)
+from tests.support.services import terminate  # noqa: E402
 
 TERMINAL = ("completed", "failed", "cancelled")
 SERVER_START_TIMEOUT_S = 15
@@ -256,13 +257,7 @@ class ModelServer(ModelServerClient):
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         if hasattr(self, "http"):

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from tests.integration.conftest import TEST_ENV, uid
 from tests.support.scripted_llm import ScriptedLLM, react_responder
-from tests.support.services import PGBOUNCER, PgBouncer
+from tests.support.services import PgBouncer, require_pgbouncer
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
@@ -31,12 +31,7 @@ JOBS = 12
 
 @pytest.fixture(scope="module")
 def pooled(servers_up, tmp_path_factory):
-    import os
-    if not os.access(PGBOUNCER, os.X_OK):
-        message = f"PgBouncer not installed at {PGBOUNCER}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message + " (apt-get install -y pgbouncer, which .ci/run installs)")
+    require_pgbouncer()
     scratch = Path(tempfile.mkdtemp(prefix="agentq-pgbouncer-"))
     bouncer = PgBouncer(scratch, pool_size=3).start()
     llm = ScriptedLLM(responder=react_responder()).start()

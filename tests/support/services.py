@@ -21,6 +21,18 @@ PG_BIN = Path(os.environ.get("AGENTQ_PG_BIN", "/usr/lib/postgresql/15/bin"))
 START_TIMEOUT_S = 60
 
 
+def terminate(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout_s`; waited for."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _wait_port(port: int, up: bool, timeout_s: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -61,13 +73,7 @@ class PrivateRedis:
         _wait_port(self.port, False)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
     def restart(self, down_s: float = 0.0) -> None:
         """A restart on the same port: every client connection is cut, every key lost."""
@@ -164,6 +170,16 @@ class PrivatePostgres:
 PGBOUNCER = os.environ.get("AGENTQ_PGBOUNCER", "/usr/sbin/pgbouncer")
 
 
+def require_pgbouncer() -> None:
+    """Skip the calling test (fail it under CI) when PgBouncer is not installed."""
+    import pytest
+    if not os.access(PGBOUNCER, os.X_OK):
+        message = f"PgBouncer not installed at {PGBOUNCER}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message + " (apt-get install -y pgbouncer, which .ci/run installs)")
+
+
 class PgBouncer:
     """PgBouncer on a free loopback port in front of the shared Postgres (127.0.0.1:5432),
     in transaction mode: each transaction of a client may run on another server connection
@@ -207,10 +223,4 @@ class PgBouncer:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)

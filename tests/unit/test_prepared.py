@@ -285,17 +285,12 @@ def test_a_forked_process_names_its_statements_apart():
 @pytest.fixture
 def bouncer():
     """PgBouncer in transaction mode, two server connections (tests/support/services.py)."""
-    import os
     import shutil
     import tempfile
     from pathlib import Path
 
-    from tests.support.services import PGBOUNCER, PgBouncer
-    if not os.access(PGBOUNCER, os.X_OK):
-        message = f"PgBouncer not installed at {PGBOUNCER}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message + " (apt-get install -y pgbouncer, which .ci/run installs)")
+    from tests.support.services import PgBouncer, require_pgbouncer
+    require_pgbouncer()
     scratch = Path(tempfile.mkdtemp(prefix="agentq-pgbouncer-"))
     pooler = PgBouncer(scratch, pool_size=2).start()
     yield pooler
