@@ -106,6 +106,10 @@ class Outcome:
     files_made: int = 0
     provider_waits: int = 0
     """jobs that waited for their provider (a `waiting_provider` event)"""
+    model_calls: int = 0
+    """chat requests the model server answered or refused during the scenario: a one-tool
+    job needs two; more are calls asked again (a step re-run after a fault, a storm's
+    refusals)"""
     drain_s: float | None = None
     fault_s: float | None = None
     total_s: float | None = None
@@ -137,7 +141,9 @@ class Outcome:
                 "api": self.api, "api_5xx_not_503": self.api_500,
                 "not_submitted": self.not_submitted, "duplicates": self.duplicates,
                 "webhooks": self.webhooks, "tool_reruns": self.tool_reruns,
-                "provider_waits": self.provider_waits, "tool_calls": self.tool_calls,
+                "provider_waits": self.provider_waits,
+                "model_calls_per_job": round(self.model_calls / self.jobs, 3)
+                if self.jobs else None, "tool_calls": self.tool_calls,
                 "files_made": self.files_made,
                 "fault_s": self.fault_s, "drain_s": self.drain_s, "total_s": self.total_s,
                 "notes": self.notes, "ok": self.ok()}
@@ -514,6 +520,7 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
         if fault is not None and i == int(jobs * 0.4):
             lab.control.submit(inject)
 
+    lab.server.reset()
     t0 = time.monotonic()
     sub.run(jobs, rate, at)
     if fault is not None:
@@ -546,6 +553,7 @@ def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | N
     outcome.files_made = lab.files_made(sub.job_ids)
     outcome.tool_calls = lab.tool_calls(sub.job_ids)
     outcome.provider_waits = lab.provider_waits(sub.job_ids)
+    outcome.model_calls = lab.server.stats()["calls"]
     failed = [j for j, s in statuses.items() if s == "failed"]
     if failed:
         ids = ",".join(f"'{j}'" for j in failed)
