@@ -50,7 +50,7 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq.config import Settings
-from agentq.db import insert_all, riding_out, utcnow
+from agentq.db import DATABASE_UNREACHABLE, insert_all, riding_out, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
@@ -543,6 +543,7 @@ class Stepper:
             self.settings.tool_result_max_chars,
             max_chars=context.summary_chars(turn.budget, layers),
             stub_before=turn.stub_before)
+        failure: dict[str, Any] | None = None
         try:
             reply = self.router.chat(request, [], model=turn.model,
                                      max_tokens=context.summary_max_tokens(turn.budget))
@@ -550,57 +551,80 @@ class Stepper:
             log.warning("summary call failed", extra={"job_id": job_id,
                                                       "error": exc.message})
             reply, failure = None, {"code": exc.code, "message": exc.message}
-        next_round = False
-        with UnitOfWork(self.sessions) as uow:
-            session = uow.session
-            job = _leased(session, job_id, iteration, owner)
-            if job is None:
-                return False
-            if reply is None or not reply.content.strip():
-                failure = (failure if reply is None else
-                           {"code": "empty_summary", "message": "The model gave no summary."})
-                self._compaction_end(uow, job.id, turn, "prune", error=failure)
-            else:
-                now = utcnow()
-                through = plan.summarize[-1].seq
-                cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
-                session.add(ConversationSummary(
-                    conversation_id=job.conversation_id, version=turn.summary_version + 1,
-                    content=reply.content.strip(), through_seq=through,
-                    messages_summarized=len(plan.summarize), job_id=job.id,
-                    model=reply.model, input_tokens=reply.input_tokens,
-                    output_tokens=reply.output_tokens, created_at=now))
-                record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
-                             job_id=job.id, iteration=-(turn.summary_version + 1),
-                             reply=reply, cost=cost, now=now)
-                job.input_tokens += reply.input_tokens
-                job.output_tokens += reply.output_tokens
-                job.cost_estimate += cost
-                turn.layers = context.after_summary(layers, reply.content.strip(), through)
-                if turn.layers.backlog_more and not turn.layers.backlog:
-                    backlog, more = self._backlog(session, turn, through)
-                    turn.layers = dataclasses.replace(turn.layers, backlog=backlog,
-                                                      backlog_more=more)
-                turn.summary_version += 1
-                turn.rounds += 1
-                following = (self._next_round(turn)
-                             if turn.rounds < MAX_COMPACTION_ROUNDS else None)
-                if following is not None and not following.summarize:
-                    turn.stub_before = following.stub_before_seq  # pruning is enough now
-                    following = None
-                self._compaction_end(uow, job.id, turn, "summarize",
-                                     summary_version=turn.summary_version,
-                                     through_seq=through,
-                                     summary_input_tokens=reply.input_tokens,
-                                     summary_output_tokens=reply.output_tokens)
-                if following is not None:  # one more summary call before the model's turn
-                    self._compaction_start(uow, job.id, turn, following)
-                    next_round = True
-            if not next_round:
-                turn.compaction = None
-                if not turn.resumed:
-                    uow.event(job.id, "message_start", role="assistant", turn=iteration + 1)
+        # the summary was made: it is kept through a database outage (written when the
+        # database answers, within a step deadline) rather than lost and asked for again;
+        # a failed try leaves the turn as it found it
+        for attempt in riding_out(self.settings.step_deadline_s):
+            kept = dict(vars(turn))
+            with attempt:
+                try:
+                    with UnitOfWork(self.sessions) as uow:
+                        written = self._write_summary(uow, job_id, iteration, owner, turn,
+                                                      reply, failure)
+                except DATABASE_UNREACHABLE:
+                    vars(turn).update(kept)
+                    raise
+        if not written:
+            return False
         turn.messages = self._assemble(turn)
+        return True
+
+    def _write_summary(self, uow: UnitOfWork, job_id: str, iteration: int, owner: str,
+                       turn: "_Turn", reply: LLMReply | None,
+                       failure: dict[str, Any] | None) -> bool:
+        """`_summarize`'s transaction: the summary (or the prune when there is none), its
+        usage, `compaction_end`, and the next round's start when one is planned; it advances
+        `turn`. False when the job's lease was lost meanwhile."""
+        plan, layers = turn.compaction, turn.layers
+        next_round = False
+        session = uow.session
+        job = _leased(session, job_id, iteration, owner)
+        if job is None:
+            return False
+        if reply is None or not reply.content.strip():
+            failure = (failure if reply is None else
+                       {"code": "empty_summary", "message": "The model gave no summary."})
+            self._compaction_end(uow, job.id, turn, "prune", error=failure)
+        else:
+            now = utcnow()
+            through = plan.summarize[-1].seq
+            cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+            session.add(ConversationSummary(
+                conversation_id=job.conversation_id, version=turn.summary_version + 1,
+                content=reply.content.strip(), through_seq=through,
+                messages_summarized=len(plan.summarize), job_id=job.id,
+                model=reply.model, input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens, created_at=now))
+            record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
+                         job_id=job.id, iteration=-(turn.summary_version + 1),
+                         reply=reply, cost=cost, now=now)
+            job.input_tokens += reply.input_tokens
+            job.output_tokens += reply.output_tokens
+            job.cost_estimate += cost
+            turn.layers = context.after_summary(layers, reply.content.strip(), through)
+            if turn.layers.backlog_more and not turn.layers.backlog:
+                backlog, more = self._backlog(session, turn, through)
+                turn.layers = dataclasses.replace(turn.layers, backlog=backlog,
+                                                  backlog_more=more)
+            turn.summary_version += 1
+            turn.rounds += 1
+            following = (self._next_round(turn)
+                         if turn.rounds < MAX_COMPACTION_ROUNDS else None)
+            if following is not None and not following.summarize:
+                turn.stub_before = following.stub_before_seq  # pruning is enough now
+                following = None
+            self._compaction_end(uow, job.id, turn, "summarize",
+                                 summary_version=turn.summary_version,
+                                 through_seq=through,
+                                 summary_input_tokens=reply.input_tokens,
+                                 summary_output_tokens=reply.output_tokens)
+            if following is not None:  # one more summary call before the model's turn
+                self._compaction_start(uow, job.id, turn, following)
+                next_round = True
+        if not next_round:
+            turn.compaction = None
+            if not turn.resumed:
+                uow.event(job.id, "message_start", role="assistant", turn=iteration + 1)
         return True
 
     def _overflow(self, job_id: str, iteration: int, owner: str,

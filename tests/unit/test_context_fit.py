@@ -220,3 +220,32 @@ def test_recalled_memories_fit_the_room_planned_for_them(harness):
     assert recalled and len(recalled) < 5  # the best that fit 15% of the budget
     assert recalled[0] == "fact-0"  # the most similar first
     assert sum(estimate_tokens(str(m.get("content") or "")) for m in request) <= budget
+
+
+def test_a_summary_whose_write_could_not_reach_the_database_is_written_when_it_answers(
+        harness):
+    from sqlalchemy.exc import OperationalError
+    # given a job whose context needs summary calls, and a database that goes away while
+    # the first summary is asked for: that summary's write fails twice
+    h = harness(AGENTQ_HISTORY_MAX_MESSAGES="40")
+    job_id = h.submit("now what?")
+    _store_history(h, job_id, 300)
+    sessions, failures = h.stepper.sessions, [OperationalError("BEGIN", {}, Exception("gone"))] * 2
+
+    def flaky_sessions():
+        if len(h.router.summaries) == 1 and failures:
+            raise failures.pop()
+        return sessions()
+    h.stepper.sessions = flaky_sessions
+    # when the job runs
+    h.drive(job_id)
+    # then the summary was kept and written once the database answered: each summary call
+    # is stored once, none asked for again, and the job completed
+    assert not failures
+    assert h.job(job_id).status == "completed"
+    with h.sessions() as session:
+        versions = session.execute(select(ConversationSummary.version).order_by(
+            ConversationSummary.version)).scalars().all()
+    assert versions == list(range(1, len(h.router.summaries) + 1))
+    starts = [d for k, d in _events(h, job_id) if k == "compaction_start"]
+    assert [d["round"] for d in starts] == list(range(1, len(versions) + 1))
