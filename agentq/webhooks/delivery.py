@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agentq import batches, metrics
 from agentq.config import Settings, get_settings
-from agentq.db import session_factory, utcnow
+from agentq.db import riding_out, session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
 from agentq.models import TERMINAL_STATUSES, Batch, Job, WebhookDelivery
 from agentq.views import _iso, batch_object, job_object
@@ -392,4 +392,10 @@ def attempt_delivery(delivery_id, *, settings: Settings | None = None,
         log.info("webhook delivery not due or already taken",
                  extra={"delivery_id": str(delivery_id)})
         return Outcome("skipped")
-    return _record(sessions, claimed, _send(claimed, settings, send), settings)
+    result = _send(claimed, settings, send)
+    # the receiver answered: that answer is recorded through a database outage, while the
+    # lease lasts, rather than lost and the event sent again
+    for attempt in riding_out((claimed.lease_until - utcnow()).total_seconds()):
+        with attempt:
+            return _record(sessions, claimed, result, settings)
+    raise AssertionError("unreachable: riding_out re-raises the last error")

@@ -295,3 +295,27 @@ def test_a_batch_event_carries_the_batch_object(settings):
         expected = batch_object(batch, batches.counts(session, batch_id))
     assert payload == {"type": "batch.completed", "timestamp": batch.finished_at.isoformat(),
                        "data": expected}
+
+
+def test_an_attempt_whose_record_could_not_reach_the_database_is_recorded_when_it_answers(
+        settings):
+    from sqlalchemy.exc import OperationalError
+    # given a pending delivery, and a database that goes away while the receiver answers:
+    # the attempt's record fails twice
+    job_id = ended_job(settings)
+    receiver = Receiver(Answer(204))
+    sessions = session_factory(settings)
+    failures = [OperationalError("BEGIN", {}, Exception("gone"))] * 2
+
+    def flaky_sessions():
+        if receiver.requests and failures:
+            raise failures.pop()
+        return sessions()
+    # when its attempt runs
+    outcome = attempt_delivery(str(rows(settings, job_id)[0].id), settings=settings,
+                               sessions=flaky_sessions, send=receiver)
+    # then the answer was recorded once the database answered: sent once, not again
+    assert not failures
+    assert outcome.status == "succeeded" and len(receiver.requests) == 1
+    [row] = rows(settings, job_id)
+    assert (row.status, row.status_code) == ("succeeded", 204)
