@@ -176,3 +176,26 @@ def test_nothing_worth_remembering_is_marked_done_without_a_memory(h):
         assert conversation.memory_summarized_seq == conversation.message_seq
     assert summarize_idle(h.settings, h.sessions, h.router) == 0
     assert len(h.router.digests) == 1
+
+
+def test_a_digest_whose_write_could_not_reach_the_database_is_written_when_it_answers(h):
+    from sqlalchemy.exc import OperationalError
+    # given an idle conversation, and a database that goes away while the model digests
+    # it: the memory's write fails twice
+    job_id = h.submit("I like teal.")
+    h.drive(job_id)
+    conversation_id = _conversation_of(h, job_id)
+    _age(h, conversation_id, 700)
+    failures = [OperationalError("BEGIN", {}, Exception("gone"))] * 2
+
+    def flaky_sessions():
+        if h.router.digests and failures:
+            raise failures.pop()
+        return h.sessions()
+    # when it is digested
+    written = digest(h.settings, flaky_sessions, h.router, conversation_id, utcnow())
+    # then the memory was written once the database answered: the model was asked once
+    assert not failures
+    assert written == 1 and len(h.router.digests) == 1
+    (stored,) = _memories(h)
+    assert stored.content == h.router.answer
