@@ -57,6 +57,16 @@ def page(browser, stack, admin_key):
     context.close()
 
 
+def beside(page, path: str):
+    """`path` opened in a new page of the same signed-in context. A job's page reloads
+    itself 300 ms after its job ends (api/static/ui.js); that reload, landing while the same
+    page navigates elsewhere, aborts the navigation (net::ERR_ABORTED), so a page that may
+    still be due to reload is left alone."""
+    fresh = page.context.new_page()
+    fresh.goto(path)
+    return fresh
+
+
 def check(page, name: str) -> None:
     """A screenshot as a test artefact, and axe-core's serious/critical violations: none."""
     from axe_playwright_python.sync_playwright import Axe
@@ -129,9 +139,9 @@ def test_cancel_from_the_job_page(page, client, script):
     finally:
         gate.close()
     assert client.wait(job["id"])["status"] == "cancelled"
-    page.goto(f"/ui/jobs/{job['id']}")
-    assert page.locator("#job-status").inner_text() == "cancelled"
-    check(page, "cancel")
+    ended = beside(page, f"/ui/jobs/{job['id']}")
+    assert ended.locator("#job-status").inner_text() == "cancelled"
+    check(ended, "cancel")
 
 
 def waiting_for_approval(page, client, script, user: str, expression: str) -> dict:
@@ -218,12 +228,12 @@ def test_replay_and_its_side_by_side_compare(page, client, script):
     replay_id = page.locator("#job").get_attribute("data-job")
     assert replay_id != original["id"]
     assert client.wait(replay_id)["status"] == "completed"
-    page.goto(f"/ui/jobs/{replay_id}/compare")
-    assert page.get_by_role("heading", name="Original", exact=True).is_visible()
-    assert page.get_by_role("heading", name="Replay", exact=True).is_visible()
-    assert page.get_by_text("Same answer: yes").count() == 1
-    assert page.locator(".answer").all_inner_texts() == ["six", "six"]
-    check(page, "compare")
+    compare = beside(page, f"/ui/jobs/{replay_id}/compare")
+    assert compare.get_by_role("heading", name="Original", exact=True).is_visible()
+    assert compare.get_by_role("heading", name="Replay", exact=True).is_visible()
+    assert compare.get_by_text("Same answer: yes").count() == 1
+    assert compare.locator(".answer").all_inner_texts() == ["six", "six"]
+    check(compare, "compare")
 
 
 def test_batches_show_their_progress(page, client, script):
