@@ -69,7 +69,6 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 _INT8 = range(-2 ** 63, 2 ** 63)
 _SAVEPOINT = "agentq_prepare"
 _REFUSED_CLASSES = ("42", "0A", "22")
-_VANISHED = "26000"  # invalid_sql_statement_name: "prepared statement … does not exist"
 """A PREPARE refused for what the statement is (a type not inferred, a statement that cannot
 be prepared), not for the state of the connection: the statement is then left unprepared."""
 
@@ -163,6 +162,8 @@ class _Prepared:
         self.stale: list[str] = []
         """Names forgotten while their transaction had failed, deallocated with the next
         PREPARE."""
+        self.executing: tuple[str, tuple[str, ...]] | None = None
+        """The statement `rewrite` last turned into an EXECUTE."""
 
     def rewrite(self, cursor, statement: Any, parameters: Any) -> tuple[Any, Any]:
         if not isinstance(parameters, dict) or not isinstance(statement, str):
@@ -193,17 +194,15 @@ class _Prepared:
             name = self._prepare(cursor, key, shape)
             if name is None:
                 return statement, parameters
+        self.executing = key
         return f"EXECUTE {name}{shape.execute_tail}", values
 
-    def forget(self, executed: str) -> None:
-        """`executed` ("EXECUTE name …") failed for what its prepared statement is: the name
-        is dropped, its statement sent whole from now on (and prepared again in time)."""
-        name = executed[len("EXECUTE "):].partition(" ")[0]
-        for key, held in self.names.items():
-            if held == name:
-                del self.names[key]
-                self.stale.append(name)
-                return
+    def forget(self) -> None:
+        """The EXECUTE `rewrite` last made failed for what its prepared statement is: the
+        name is dropped, its statement sent whole from now on (and prepared again in time)."""
+        name = self.names.pop(self.executing, None)
+        if name is not None:
+            self.stale.append(name)
 
     def _prepare(self, cursor, key: tuple[str, tuple[str, ...]], shape: _Shape) -> str | None:
         name = f"{_prefix}{next(_names)}"
@@ -271,15 +270,15 @@ class Cursor(psycopg2.extensions.cursor):
             return _PLAIN_EXECUTE(self, sent, values)
         try:
             return _PLAIN_EXECUTE(self, sent, values)
-        except (psycopg2.errors.FeatureNotSupported,
-                psycopg2.errors.InvalidSqlStatementName) as exc:
-            if exc.pgcode == _VANISHED:
+        except (psycopg2.errors.FeatureNotSupported,  # "cached plan must not change …"
+                psycopg2.errors.InvalidSqlStatementName) as exc:  # "… does not exist"
+            if isinstance(exc, psycopg2.errors.InvalidSqlStatementName):
                 conn.agentq_prepared = None
                 log.warning("a prepared statement vanished from its connection: preparing "
                             "stops on it (behind a pooler in transaction mode, set "
                             "AGENTQ_DB_PREPARE_THRESHOLD=0)", extra={"sqlstate": exc.pgcode})
             else:
-                prepared.forget(sent[sent.index("EXECUTE "):])
+                prepared.forget()
                 log.info("a prepared statement went stale: it is sent whole from now on",
                          extra={"sqlstate": exc.pgcode, "statement": query[:200]})
             raise StalePlan(f"{str(exc).strip()} (a statement prepared on this connection; "
