@@ -20,14 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from agentq import memory
 from agentq.config import Settings
 from agentq.db import riding_out, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
-from agentq.llm.types import LLMReply
 from agentq.loop.context import render_tool_result, truncate
 from agentq.loop.store import record_usage
 from agentq.models import Conversation, ConversationSummary, Memory, Message
@@ -117,44 +116,31 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
     # the database answers, within a step deadline) rather than lost and asked for again
     for attempt in riding_out(settings.step_deadline_s):
         with attempt, sessions() as session, session.begin():
-            stored = _write(session, settings, conversation_id, seq, tenant_id, user_id,
-                            reply, content, worth, vector, now)
-    if not stored:
-        return 0
+            advanced = session.execute(
+                update(Conversation).where(Conversation.id == conversation_id,
+                                           Conversation.memory_summarized_seq < seq)
+                .values(memory_summarized_seq=seq)).rowcount
+            if not advanced:  # another delivery wrote it first
+                return 0
+            if reply is not None:
+                cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+                record_usage(session, user_id=user_id, conversation_id=conversation_id,
+                             job_id=None, iteration=0, reply=reply, cost=cost, now=now)
+            if not worth:
+                log.info("idle conversation had nothing to remember",
+                         extra={"conversation_id": str(conversation_id), "through_seq": seq})
+                return 0
+            if session.get(Memory, digest_id(conversation_id, seq)) is not None:
+                return 0
+            stored = memory.remember(session, tenant_id=tenant_id, user_id=user_id,
+                                     content=content, embedding=vector,
+                                     model=settings.embedding_model, source=SOURCE,
+                                     conversation_id=conversation_id)
+            stored.id = digest_id(conversation_id, seq)
     log.info("idle conversation summarised into memory",
              extra={"conversation_id": str(conversation_id), "through_seq": seq,
                     "messages": len(rows)})
     return 1
-
-
-def _write(session: Session, settings: Settings, conversation_id: uuid.UUID, seq: int,
-           tenant_id: uuid.UUID, user_id: uuid.UUID, reply: LLMReply | None, content: str,
-           worth: bool, vector: list[float] | None, now: datetime) -> bool:
-    """`digest`'s transaction: the conversation marked digested through `seq`, the call
-    billed, the memory stored; False when another delivery wrote it first or there was
-    nothing worth remembering."""
-    advanced = session.execute(
-        update(Conversation).where(Conversation.id == conversation_id,
-                                   Conversation.memory_summarized_seq < seq)
-        .values(memory_summarized_seq=seq)).rowcount
-    if not advanced:  # another delivery wrote it first
-        return False
-    if reply is not None:
-        cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
-        record_usage(session, user_id=user_id, conversation_id=conversation_id,
-                     job_id=None, iteration=0, reply=reply, cost=cost, now=now)
-    if not worth:
-        log.info("idle conversation had nothing to remember",
-                 extra={"conversation_id": str(conversation_id), "through_seq": seq})
-        return False
-    if session.get(Memory, digest_id(conversation_id, seq)) is not None:
-        return False
-    stored = memory.remember(session, tenant_id=tenant_id, user_id=user_id,
-                             content=content, embedding=vector,
-                             model=settings.embedding_model, source=SOURCE,
-                             conversation_id=conversation_id)
-    stored.id = digest_id(conversation_id, seq)
-    return True
 
 
 def digest_request(rows, earlier: str | None, max_tool_chars: int) -> list[dict[str, Any]]:

@@ -397,5 +397,5 @@ def attempt_delivery(delivery_id, *, settings: Settings | None = None,
     # lease lasts, rather than lost and the event sent again
     for attempt in riding_out((claimed.lease_until - utcnow()).total_seconds()):
         with attempt:
-            return _record(sessions, claimed, result, settings)
-    raise AssertionError("unreachable: riding_out re-raises the last error")
+            outcome = _record(sessions, claimed, result, settings)
+    return outcome
