@@ -186,18 +186,25 @@ class PgBouncer:
     (server connections are reused most recently released first). It refuses to run as
     root, so as root it runs as `postgres`."""
 
-    def __init__(self, scratch: Path, pool_size: int = 2, port: int | None = None):
-        self.dir = Path(scratch) / "pgbouncer"
+    def __init__(self, pool_size: int = 2, port: int | None = None):
+        import tempfile
+        # its own scratch directory, under /tmp: the `postgres` user must reach it
+        self.dir = Path(tempfile.mkdtemp(prefix="agentq-pgbouncer-"))
         self.port = port or free_port()
         self.pool_size = pool_size
         self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PgBouncer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
 
     def url(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> "PgBouncer":
         from tests.support.stack import die_with_parent
-        self.dir.mkdir(parents=True, exist_ok=True)
         ini = self.dir / "pgbouncer.ini"
         ini.write_text(
             "[databases]\n* = host=127.0.0.1 port=5432 user=postgres\n"
@@ -224,3 +231,4 @@ class PgBouncer:
 
     def stop(self) -> None:
         terminate(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -264,38 +264,31 @@ def test_a_connection_whose_prepared_statements_vanish_stops_preparing(engines, 
         assert _prepared_here(conn) == []
 
 
-def _pid_and_prefix(_) -> tuple[int, str]:
-    import os
-    import time
-    time.sleep(0.05)  # so that both workers take a task
-    return os.getpid(), prepared._prefix
+def _tell_prefix(answers) -> None:
+    answers.put(prepared._prefix)
 
 
 def test_a_forked_process_names_its_statements_apart():
     # statement names of two processes never meet on one server connection (a pooler's)
     import multiprocessing
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(2) as pool:
-        seen = dict(pool.map(_pid_and_prefix, range(8), chunksize=1))
-    prefixes = list(seen.values())
-    assert len(prefixes) == len(set(prefixes)) == len(seen)
-    assert prepared._prefix not in prefixes
+    answers = ctx.Queue()
+    children = [ctx.Process(target=_tell_prefix, args=(answers,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    prefixes = {answers.get(timeout=60) for _ in children}
+    for child in children:
+        child.join()
+    assert len(prefixes) == 2 and prepared._prefix not in prefixes
 
 
 @pytest.fixture
 def bouncer():
     """PgBouncer in transaction mode, two server connections (tests/support/services.py)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     from tests.support.services import PgBouncer, require_pgbouncer
     require_pgbouncer()
-    scratch = Path(tempfile.mkdtemp(prefix="agentq-pgbouncer-"))
-    pooler = PgBouncer(scratch, pool_size=2).start()
-    yield pooler
-    pooler.stop()
-    shutil.rmtree(scratch, ignore_errors=True)
+    with PgBouncer(pool_size=2) as pooler:
+        yield pooler
 
 
 def test_behind_a_transaction_pooler_a_statement_on_another_server_connection_fails_once(
