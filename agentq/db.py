@@ -6,6 +6,7 @@ closes it, calls the model, then opens another to write.
 from __future__ import annotations
 
 import functools
+import logging
 import select as io_select  # sqlalchemy's select is the name used here
 import threading
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import (AttemptManager, RetryCallState, Retrying, retry_if_exception_type,
+                      stop_after_delay, wait_exponential)
 
 from agentq import prepared
 from agentq.config import Settings, get_settings
@@ -34,21 +36,36 @@ DATABASE_UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, Po
 stayed busy past the pool's timeout: nothing is wrong with the request, it may be tried
 again. The API answers it 503 (api/errors.py), a step or tool task retries it
 (tasks/base.py), a tool's result waits it out (agentq/loop/execute.py)."""
+log = logging.getLogger(__name__)
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker] = {}
 
 
-def riding_out(deadline_s: float) -> Retrying:
+def riding_out(deadline_s: float, kept: str, **context: Any) -> Iterator[AttemptManager]:
     """The attempts of a write whose work is done already (a tool ran, the model answered):
     retried while the database is away (`DATABASE_UNREACHABLE`), backing off up to 5 s, for
     `deadline_s`, rather than lost and done again. Each attempt a new unit of work:
 
-        for attempt in riding_out(deadline_s):
+        for attempt in riding_out(deadline_s, "tool result", tool_use_id=...):
             with attempt, UnitOfWork(sessions) as uow: ...
-    """
-    return Retrying(retry=retry_if_exception_type(DATABASE_UNREACHABLE),
-                    stop=stop_after_delay(deadline_s),
-                    wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
+
+    Each wait is logged, and a write that needed more than one attempt when it is done
+    ("<kept> stored after the database came back"), with `context` as the log's fields. A
+    body that returns from inside the loop ends it without that last line."""
+    def waiting(state: RetryCallState) -> None:
+        log.warning(f"database unreachable: the {kept} is written when it answers",
+                    extra={**context, "tries": state.attempt_number,
+                           "retry_in_s": round(state.upcoming_sleep, 2)})
+    retrying = Retrying(retry=retry_if_exception_type(DATABASE_UNREACHABLE),
+                        stop=stop_after_delay(deadline_s),
+                        wait=wait_exponential(multiplier=0.5, max=5), before_sleep=waiting,
+                        reraise=True)
+    for attempt in retrying:
+        tries = attempt.retry_state.attempt_number
+        yield attempt
+    if tries > 1:
+        log.info(f"{kept} stored after the database came back",
+                 extra={**context, "tries": tries})
 
 
 def utcnow() -> datetime:

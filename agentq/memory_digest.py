@@ -114,7 +114,8 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
 
     # the model digested it: the memory is kept through a database outage (written when
     # the database answers, within a step deadline) rather than lost and asked for again
-    for attempt in riding_out(settings.step_deadline_s):
+    for attempt in riding_out(settings.step_deadline_s, "memory",
+                              conversation_id=str(conversation_id)):
         with attempt, sessions() as session, session.begin():
             advanced = session.execute(
                 update(Conversation).where(Conversation.id == conversation_id,

@@ -73,7 +73,8 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     record = {**result.to_record(), "attempts": result.attempts}
     # the tool ran: its result is kept through a database outage (retried for a step
     # deadline) rather than lost, which would leave a not idempotent call `interrupted`
-    for attempt in riding_out(settings.step_deadline_s):
+    for attempt in riding_out(settings.step_deadline_s, "tool result",
+                              tool_use_id=tool_use_id):
         with attempt, UnitOfWork(sessions) as uow:
             # the job's row before the call's, as everywhere
             lock_row(uow.session, Job, job_id, load=False)
@@ -83,10 +84,6 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
                     else None)
             if join is not None:  # this call was the turn's last: the next step goes out
                 uow.effect(NextStep(join[0], join[1], "callback"))
-        if attempt.retry_state.attempt_number > 1:
-            log.info("tool result stored after the database came back",
-                     extra={"tool_use_id": tool_use_id,
-                            "tries": attempt.retry_state.attempt_number})
     return {"tool_use_id": tool_use_id,
             "status": status if iteration is not None else "duplicate", "next_step": join}
 

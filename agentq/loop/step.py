@@ -50,7 +50,7 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq.config import Settings
-from agentq.db import DATABASE_UNREACHABLE, insert_all, riding_out, utcnow
+from agentq.db import insert_all, riding_out, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
@@ -241,12 +241,9 @@ class Stepper:
 
         # the model answered: its reply is kept through a database outage (written when the
         # database answers, within a step deadline) rather than lost and asked for again
-        for attempt in riding_out(self.settings.step_deadline_s):
+        for attempt in riding_out(self.settings.step_deadline_s, "model reply", job_id=job_id):
             with attempt, UnitOfWork(self.sessions, autoflush=False) as uow:
                 self._persist(uow, uuid.UUID(job_id), iteration, owner, reply, outcome)
-        if attempt.retry_state.attempt_number > 1:
-            log.info("model reply stored after the database came back",
-                     extra={"job_id": job_id, "tries": attempt.retry_state.attempt_number})
         if self.hooks.loaded:
             self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
                                    "model": reply.model, "content": reply.content,
@@ -553,17 +550,13 @@ class Stepper:
             reply, failure = None, {"code": exc.code, "message": exc.message}
         # the summary was made: it is kept through a database outage (written when the
         # database answers, within a step deadline) rather than lost and asked for again;
-        # a failed try leaves the turn as it found it
-        for attempt in riding_out(self.settings.step_deadline_s):
-            kept = dict(vars(turn))
-            with attempt:
-                try:
-                    with UnitOfWork(self.sessions) as uow:
-                        written = self._write_summary(uow, job_id, iteration, owner, turn,
-                                                      reply, failure)
-                except DATABASE_UNREACHABLE:
-                    vars(turn).update(kept)
-                    raise
+        # each try starts from the turn as it was before the first
+        before = dict(vars(turn))
+        for attempt in riding_out(self.settings.step_deadline_s, "summary", job_id=job_id):
+            vars(turn).update(before)
+            with attempt, UnitOfWork(self.sessions) as uow:
+                written = self._write_summary(uow, job_id, iteration, owner, turn, reply,
+                                              failure)
         if not written:
             return False
         turn.messages = self._assemble(turn)

@@ -395,7 +395,8 @@ def attempt_delivery(delivery_id, *, settings: Settings | None = None,
     result = _send(claimed, settings, send)
     # the receiver answered: that answer is recorded through a database outage, while the
     # lease lasts, rather than lost and the event sent again
-    for attempt in riding_out((claimed.lease_until - utcnow()).total_seconds()):
+    for attempt in riding_out((claimed.lease_until - utcnow()).total_seconds(),
+                              "delivery attempt", delivery_id=str(claimed.delivery_id)):
         with attempt:
             outcome = _record(sessions, claimed, result, settings)
     return outcome

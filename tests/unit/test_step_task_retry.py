@@ -100,7 +100,7 @@ def test_a_tool_task_that_could_not_reach_the_database_runs_its_call_on_a_retry(
 
 def test_a_reply_whose_write_could_not_reach_the_database_is_written_when_it_answers(
         make, monkeypatch, caplog):
-    caplog.set_level("INFO", logger="agentq.loop.step")
+    caplog.set_level("INFO", logger="agentq.db")  # riding_out logs the retried write
     # given a queued job, and a database that goes away while the model answers: the
     # reply's write fails twice
     h = make(text("4"))
