@@ -69,6 +69,16 @@ class Tenant(Base):
     id: Mapped[uuid.UUID] = _id()
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    quotas: Mapped[dict[str, Any] | None]
+    """Quotas and rate limits set by an operator (API.md 1.2); a missing one is the
+    settings' default."""
+    webhook_secret: Mapped[str | None] = mapped_column(Text)
+    """`whsec_…` this tenant's webhooks are signed with; None: AGENTQ_WEBHOOK_SECRET for
+    the default tenant. Never logged nor returned but once, when rotated."""
+    webhook_secret_previous: Mapped[str | None] = mapped_column(Text)
+    """The secret before the last rotation: it signs too until
+    webhook_secret_previous_until."""
+    webhook_secret_previous_until: Mapped[datetime | None]
 
 
 class User(Base):
@@ -179,6 +189,11 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    """An admin of its tenant: its keys, personas, users, modules, webhook secret."""
+    is_operator: Mapped[bool] = mapped_column(Boolean, default=False,
+                                              server_default=text("false"))
+    """An operator acts across tenants (the tenants' own routes); made only on the server.
+    Always an admin too."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
@@ -461,6 +476,9 @@ class ToolModuleRow(Base):
     """`whsec_…`; signs every request to the module; never logged nor returned."""
     defaults: Mapped[dict[str, Any] | None]
     """Per-module defaults for its tools: {permission?, requires_approval?, timeout_s?}."""
+    tenant_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    """The tenant that registered it; None: global (an operator's, or AGENTQ_TOOL_MODULES)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 SCHEDULE_KINDS = ("once", "cron")
 SCHEDULE_STATUSES = ("active", "completed", "cancelled")

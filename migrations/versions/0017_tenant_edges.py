@@ -1,0 +1,23 @@
+"""per-tenant webhook secrets and modules (issue 30), reserved
+
+A slot in the history kept for one piece of work in progress; it changes nothing until
+that work fills it in.
+
+Revision ID: 0017_tenant_edges
+Revises: 0016_tenant_admins
+Create Date: 2026-11-26 20:50:00
+"""
+from __future__ import annotations
+
+revision = '0017_tenant_edges'
+down_revision = '0016_tenant_admins'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
