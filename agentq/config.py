@@ -225,6 +225,26 @@ class Settings:
     batch_max_concurrency: int = 50
     """AGENTQ_BATCH_MAX_CONCURRENCY: a batch's jobs running at once, unless it says less."""
 
+    # --- tenant quotas (API.md 1.2; an operator overrides them per tenant) ------------------
+    quota_requests_per_second: int = 50
+    """AGENTQ_QUOTA_REQUESTS_PER_SECOND: requests per second one key may make (429
+    `rate_limited` past it); 0: no limit."""
+    quota_streams_per_key: int = 16
+    """AGENTQ_QUOTA_STREAMS_PER_KEY: event streams and `?wait` holds one key may have open at
+    once (429 past it); 0: no limit."""
+    quota_running_jobs: int = 200
+    """AGENTQ_QUOTA_RUNNING_JOBS: jobs of one tenant running at once; further ones stay
+    `queued` with `waiting_for: "quota"`; 0: no limit."""
+    quota_schedules: int = 100
+    """AGENTQ_QUOTA_SCHEDULES: active schedules one tenant may hold (422 `quota_exceeded`
+    past it); 0: no limit."""
+    quota_modules: int = 20
+    """AGENTQ_QUOTA_MODULES: tool modules one tenant may register (422 `quota_exceeded` past
+    it; global modules do not count); 0: no limit."""
+    quota_tool_calls_per_turn: int = 32
+    """AGENTQ_QUOTA_TOOL_CALLS_PER_TURN: tool calls one model reply may make; the calls past
+    it get the tool error `too_many_tool_calls`; 0: no limit."""
+
     # --- bad input (api/limits.py) --------------------------------------------------------
     max_body_bytes: int = 32 * 1024 * 1024
     """AGENTQ_MAX_BODY_BYTES: a request body larger than this is refused (413) unread."""
@@ -383,6 +403,15 @@ class Settings:
             in ("1", "true", "yes"),
             batch_max_concurrency=num("AGENTQ_BATCH_MAX_CONCURRENCY",
                                       cls.batch_max_concurrency, int, 1, 10000),
+            quota_requests_per_second=num("AGENTQ_QUOTA_REQUESTS_PER_SECOND",
+                                          cls.quota_requests_per_second, int, 0),
+            quota_streams_per_key=num("AGENTQ_QUOTA_STREAMS_PER_KEY",
+                                      cls.quota_streams_per_key, int, 0),
+            quota_running_jobs=num("AGENTQ_QUOTA_RUNNING_JOBS", cls.quota_running_jobs, int, 0),
+            quota_schedules=num("AGENTQ_QUOTA_SCHEDULES", cls.quota_schedules, int, 0),
+            quota_modules=num("AGENTQ_QUOTA_MODULES", cls.quota_modules, int, 0),
+            quota_tool_calls_per_turn=num("AGENTQ_QUOTA_TOOL_CALLS_PER_TURN",
+                                          cls.quota_tool_calls_per_turn, int, 0),
             max_body_bytes=num("AGENTQ_MAX_BODY_BYTES", cls.max_body_bytes, int, 1024),
             max_json_depth=num("AGENTQ_MAX_JSON_DEPTH", cls.max_json_depth, int, 2, 200),
             max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", cls.max_header_bytes, int, 256,

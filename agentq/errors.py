@@ -75,6 +75,16 @@ class Conflict(ClientError):
     code = "conflict"
 
 
+class QuotaExceeded(ClientError):
+    """A tenant's quota (agentq.tenants.Quotas) would be passed by this request."""
+    status = 422
+    code = "quota_exceeded"
+
+    def __init__(self, quota: str, limit: int, used: int):
+        super().__init__(f"This tenant's {quota} quota is {limit}, and {used} are in use.",
+                         quota=quota, limit=limit, used=used)
+
+
 class BadJson(ClientError):
     """A body (or a JSONL line) that is not JSON, or is nested deeper than allowed."""
     status = 400

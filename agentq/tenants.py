@@ -3,17 +3,27 @@
 idempotency keys) carries its tenant, and a key sees only its own tenant's rows.
 
 Admin keys belong to a tenant too. On the ordinary routes they act like any key of their
-tenant (and see every key's rows there); only the `/v1/admin/` routes (tenants and keys)
-reach across tenants.
+tenant (and see every key's rows there). A *tenant admin* (`is_admin`) acts only inside its
+tenant, on the admin routes too; an *operator* (`is_operator`, made only on the server)
+also reaches across tenants: the tenants' own routes, keys of any tenant.
+
+Each tenant has quotas (API.md 1.2): `quotas_for` is what the rest of agentq reads; an
+operator sets them (`update_quotas`, `PATCH /v1/admin/tenants/<id>`), a quota not set is
+the settings' default (`AGENTQ_QUOTA_*`), and 0 means no limit.
 """
 from __future__ import annotations
 
+import dataclasses
+import threading
+import time
 import uuid
+from typing import Any, Mapping
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from agentq.config import Settings, get_settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
 from agentq.models import Tenant
@@ -59,6 +69,104 @@ def find_tenant(session: Session, ref: str | uuid.UUID | None) -> Tenant:
     return tenant
 
 
-def tenant_object(tenant: Tenant) -> dict:
+def tenant_object(tenant: Tenant, settings: Settings | None = None) -> dict:
+    """The tenant as the admin routes show it, with its quotas (each the tenant's own or
+    the settings' default: `quotas_set` names the ones an operator set)."""
     return {"id": str(tenant.id), "name": tenant.name,
-            "created_at": tenant.created_at.isoformat() if tenant.created_at else None}
+            "created_at": tenant.created_at.isoformat() if tenant.created_at else None,
+            "quotas": dataclasses.asdict(_quotas(tenant.quotas, settings or get_settings())),
+            "quotas_set": sorted(k for k in (tenant.quotas or {}) if k in QUOTA_NAMES)}
+
+
+# --- quotas -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Quotas:
+    """One tenant's quotas and rate limits (API.md 1.2); 0 is no limit."""
+    requests_per_second: int
+    """Requests per second per key (429 `rate_limited` past it)."""
+    streams_per_key: int
+    """Open event streams and `?wait` holds per key (429 past it)."""
+    running_jobs: int
+    """Jobs of the tenant running at once; more stay `queued`, `waiting_for: "quota"`."""
+    schedules: int
+    """Active schedules of the tenant (422 `quota_exceeded` past it)."""
+    modules: int
+    """Tool modules the tenant registered (422 `quota_exceeded` past it)."""
+    tool_calls_per_turn: int
+    """Tool calls one model reply may make; calls past it get `too_many_tool_calls`."""
+
+
+QUOTA_NAMES = tuple(f.name for f in dataclasses.fields(Quotas))
+MAX_QUOTA = 1_000_000
+
+
+def default_quotas(settings: Settings) -> Quotas:
+    return Quotas(**{name: getattr(settings, f"quota_{name}") for name in QUOTA_NAMES})
+
+
+def _quotas(stored: Mapping[str, Any] | None, settings: Settings) -> Quotas:
+    defaults = default_quotas(settings)
+    own = {k: v for k, v in (stored or {}).items()
+           if k in QUOTA_NAMES and isinstance(v, int) and not isinstance(v, bool)}
+    return dataclasses.replace(defaults, **own)
+
+
+def quotas_for(session: Session, tenant_id: uuid.UUID,
+               settings: Settings | None = None) -> Quotas:
+    """The tenant's quotas: those an operator set, the settings' defaults for the rest (an
+    unknown tenant gets the defaults). One small query; `cached_quotas` for hot paths."""
+    stored = session.execute(select(Tenant.quotas).where(Tenant.id == tenant_id)
+                             ).scalar_one_or_none()
+    return _quotas(stored, settings or get_settings())
+
+
+_CACHE_TTL_S = 5.0
+_cache: dict[uuid.UUID, tuple[float, Quotas]] = {}
+_cache_lock = threading.Lock()
+
+
+def cached_quotas(session: Session, tenant_id: uuid.UUID,
+                  settings: Settings | None = None) -> Quotas:
+    """`quotas_for`, remembered by this process for up to 5 s (a change by an operator
+    takes effect within that)."""
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(tenant_id)
+    if hit is not None and now - hit[0] < _CACHE_TTL_S:
+        return hit[1]
+    quotas = quotas_for(session, tenant_id, settings)
+    with _cache_lock:
+        _cache[tenant_id] = (now, quotas)
+    return quotas
+
+
+def forget_cached_quotas() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def update_quotas(session: Session, tenant: Tenant, changes: Mapping[str, Any]) -> Tenant:
+    """Set (a whole number 0..1,000,000) or clear (null: back to the default) some of a
+    tenant's quotas; the others stay as they were."""
+    unknown = sorted(set(changes) - set(QUOTA_NAMES))
+    if unknown:
+        raise ValidationFailed({name: [f"Unknown quota; known: {', '.join(QUOTA_NAMES)}."]
+                                for name in unknown}, "Unknown quota(s).")
+    bad = {name: [f"Must be a whole number from 0 (no limit) to {MAX_QUOTA}, or null."]
+           for name, value in changes.items()
+           if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                     or not 0 <= value <= MAX_QUOTA)}
+    if bad:
+        raise ValidationFailed(bad, "Invalid quota(s).")
+    stored = dict(tenant.quotas or {})
+    for name, value in changes.items():
+        if value is None:
+            stored.pop(name, None)
+        else:
+            stored[name] = value
+    tenant.quotas = stored or None
+    session.flush()
+    with _cache_lock:
+        _cache.pop(tenant.id, None)
+    return tenant
