@@ -91,6 +91,13 @@ class BadJson(ClientError):
     code = "bad_json"
 
 
+class BadEncoding(ClientError):
+    """A body (or a JSONL line) that is not valid UTF-8: refused, never stored with
+    replacement characters."""
+    status = 400
+    code = "bad_encoding"
+
+
 class UnknownQueryParameter(ClientError):
     status = 400
     code = "unknown_query_parameter"

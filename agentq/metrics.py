@@ -91,6 +91,40 @@ REDRIVES = Counter("agentq_sweeper_redrives_total",
                    "Steps the sweeper sent again because their job made no progress.")
 
 
+OTHER = "other"
+"""The label of a tool or model that is not registered or configured: a name a model made
+up, or one a request picked, never becomes a series of its own (each is kept in every
+process's files and every scrape for good)."""
+
+
+def tool_label(name: str | None) -> str:
+    """`name` when it is a tool registered in this process's view (in-process modules and
+    the HTTP/MCP modules offered now), else `other`."""
+    try:
+        from agentq.config import get_settings
+        from agentq.tools.registry import get_registry
+        known = get_registry(get_settings()).known_tool_names()
+    except Exception:  # noqa: BLE001 - no registry here (no tool packages): nothing known
+        return OTHER
+    return name if name and name in known else OTHER
+
+
+def model_label(model: str | None) -> str:
+    """`model` when it is configured (AGENTQ_MODEL, AGENTQ_FALLBACK_MODELS,
+    AGENTQ_EMBEDDING_MODEL, the model catalogue) or a name of the price table, else
+    `other`."""
+    if not model:
+        return OTHER
+    from agentq.config import get_settings
+    from agentq.llm.pricing import prices
+    settings = get_settings()
+    if model in (settings.model, settings.embedding_model) or \
+            model in settings.fallback_models or model.lower() in prices() or \
+            model in (getattr(settings, "models", None) or ()):
+        return model
+    return OTHER
+
+
 def observe_events(_job_id: str, events: list[dict[str, Any]]) -> None:
     """Count what a committed transaction's events say happened (an `on_events` hook: called
     once per job after the commit; a failure is logged there and never fails the job)."""
@@ -118,15 +152,16 @@ def _observe(kind: str, data: dict[str, Any]) -> None:
         JOBS_ENDED.labels(data.get("status") or "unknown",
                           data.get("finish_reason") or "none").inc()
     elif kind == "tool_execution_end":
-        TOOL_EXECUTIONS.labels(data.get("name") or "unknown",
+        TOOL_EXECUTIONS.labels(tool_label(data.get("name")),
                                "ok" if data.get("ok") else "error").inc()
     elif kind == "message_end" and data.get("role") == "assistant" and data.get("model"):
         from agentq.llm.pricing import estimate_cost
         model = data["model"]
+        label = model_label(model)
         inputs, outputs = int(data.get("input_tokens") or 0), int(data.get("output_tokens") or 0)
-        TOKENS.labels(model, "input").inc(inputs)
-        TOKENS.labels(model, "output").inc(outputs)
-        COST.labels(model).inc(estimate_cost(model, inputs, outputs))
+        TOKENS.labels(label, "input").inc(inputs)
+        TOKENS.labels(label, "output").inc(outputs)
+        COST.labels(label).inc(estimate_cost(model, inputs, outputs))
     elif kind == "job_redriven":
         REDRIVES.inc()
 
@@ -138,6 +173,7 @@ def model_call(model: str) -> Iterator[None]:
         yield
         return
     started, outcome = time.perf_counter(), "error"
+    model = model_label(model)
     MODEL_IN_FLIGHT.labels(model).inc()
     try:
         yield
@@ -149,12 +185,13 @@ def model_call(model: str) -> Iterator[None]:
 
 def provider_error(model: str, status: Any) -> None:
     if ENABLED:
-        PROVIDER_ERRORS.labels(model, str(status if status is not None else "connection")).inc()
+        PROVIDER_ERRORS.labels(model_label(model),
+                               str(status if status is not None else "connection")).inc()
 
 
 def provider_retry(model: str) -> None:
     if ENABLED:
-        PROVIDER_RETRIES.labels(model).inc()
+        PROVIDER_RETRIES.labels(model_label(model)).inc()
 
 
 def webhook_attempt(outcome: str) -> None:

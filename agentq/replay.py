@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -26,6 +26,34 @@ from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCal
 from agentq.uow import UnitOfWork
 
 MODES = ("recorded", "live")
+
+
+def allowed_models(settings: Settings, persona: Persona | None) -> list[str]:
+    """The models a live replay by a non-admin key may pick: the persona's default model
+    and the configured ones (AGENTQ_MODEL, AGENTQ_FALLBACK_MODELS, the model catalogue)."""
+    names = [persona.default_model] if persona is not None and persona.default_model else []
+    names += [settings.model, *settings.fallback_models,
+              *(getattr(settings, "models", None) or ())]
+    return list(dict.fromkeys(names))
+
+
+def check_model(session, settings: Settings, model: str | None,
+                persona_ids: Iterable[uuid.UUID | None], tenant_id: uuid.UUID) -> None:
+    """Raise ValidationFailed unless `model` (None: the original's) is one a non-admin key
+    may pick for a replay under each of the personas: an admin key may pick any."""
+    if model is None:
+        return
+    for persona_id in set(persona_ids):
+        persona = session.get(Persona, persona_id) if persona_id is not None else None
+        if persona is not None and persona.tenant_id != tenant_id:
+            persona = None  # another tenant's: absent (create_replay answers 404)
+        allowed = allowed_models(settings, persona)
+        if model not in allowed:
+            raise ValidationFailed(
+                {"model": [f"This key may replay with {', '.join(allowed)} only (the "
+                           "persona's default model and the configured ones); an admin key "
+                           "may pick any model."]},
+                "The model is not one this key may pick.")
 
 
 def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str, *,

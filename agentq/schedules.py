@@ -142,7 +142,14 @@ def timing(run_at: datetime | None = None, delay_s: float | None = None,
     expr = check_cron(cron)
     name = tz or "UTC"
     zone(name)
-    return Timing("cron", None, expr, name, next_tick(expr, name, now))
+    try:
+        first = next_tick(expr, name, now)
+    except (ValueError, OverflowError):  # croniter's CroniterBadDateError is a ValueError
+        # a valid expression with no date to fire on (`0 0 30 2 *`: 30 February)
+        raise ValidationFailed({"cron": ["This expression never fires (no date matches it, "
+                                         "e.g. 30 February)."]},
+                               "The cron expression never fires.") from None
+    return Timing("cron", None, expr, name, first)
 
 
 def create_schedule(session: Session, conversation: Conversation, content: str, when: Timing,

@@ -92,9 +92,11 @@ def post_rotate(key_id: str):
 
 def _check_persona(data: dict) -> None:
     from agentq.tools.registry import get_registry
-    registry = get_registry(g.settings)
-    admin.check_modules(data.get("allowed_modules"), registry.modules)
-    admin.check_tools(data.get("requires_approval"), registry.tools)
+    # the tenant's own modules and the global ones: another tenant's is unknown here (422)
+    modules = get_registry(g.settings).modules_for(g.tenant_id)
+    admin.check_modules(data.get("allowed_modules"), modules)
+    admin.check_tools(data.get("requires_approval"),
+                      [t.name for m in modules.values() for t in m.tools])
 
 
 @bp.post("/v1/personas")

@@ -20,7 +20,7 @@ from agentq.models import Batch, Conversation, Job
 from agentq.uow import UnitOfWork
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
-from api.limits import parse_json
+from api.limits import parse_json, utf8
 from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
                          ReplaySchema)
 from api.views import accepted, job_object
@@ -38,7 +38,9 @@ def _lines() -> tuple[list[Any], dict[str, Any]]:
     if mimetype in NDJSON:
         options = BatchOptionsSchema().load(request.args.to_dict())
         lines = []
-        for number, raw in enumerate(request.get_data(as_text=True).splitlines(), start=1):
+        # each line decoded by itself, strictly: a bad byte is a 400 naming its line
+        for number, raw_bytes in enumerate(request.get_data().splitlines(), start=1):
+            raw = utf8(raw_bytes, f"Line {number}", line=number)
             if not raw.strip():
                 continue
             lines.append(parse_json(raw, g.settings.max_json_depth, f"Line {number}",
@@ -175,6 +177,10 @@ def replay_job(job_id: str):
         if original.status not in ("completed", "failed", "cancelled"):
             raise Conflict(f"Job {job_id} has not ended; replay it once it has.",
                            status=original.status)
+        if not g.is_admin:  # a non-admin key picks only a model the persona allows
+            replay.check_model(uow.session, g.settings, data.get("model"),
+                               [data.get("persona_id") or original.persona_id],
+                               g.tenant_id)
         job = replay.create_replay(
             uow, g.settings, original, data["mode"], model=data.get("model"),
             persona_id=data.get("persona_id"), api_key_id=g.api_key_id)
@@ -191,6 +197,10 @@ def replay_batch():
         if not originals:
             raise ValidationFailed({"filter": ["No ended job matches."]},
                                    "No job to replay: nothing matched.")
+        if not g.is_admin:
+            replay.check_model(uow.session, g.settings, data.get("model"),
+                               [data.get("persona_id") or o.persona_id for o in originals],
+                               g.tenant_id)
         batch = batches.create(
             uow, kind="replay", tenant_id=g.tenant_id, api_key_id=g.api_key_id,
             total=len(originals),

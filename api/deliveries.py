@@ -1,5 +1,7 @@
 """A job's webhook deliveries: GET /v1/jobs/<id>/deliveries (every attempt, oldest first)
-and POST /v1/jobs/<id>/deliveries/redeliver (send the job's event again)."""
+and POST /v1/jobs/<id>/deliveries/redeliver (send the job's event again); and the tenant's
+signing secret: POST /v1/admin/webhook-secret/rotate (an admin of the tenant, for its own
+tenant: agentq.webhooks.secrets)."""
 from __future__ import annotations
 
 from flask import Blueprint, g, jsonify
@@ -10,6 +12,7 @@ from agentq.loop.effects import SendWebhooks
 from agentq.models import Job
 from agentq.uow import UnitOfWork
 from agentq.views import delivery_object
+from agentq.webhooks import secrets
 from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
 from api.jobs import load_job
@@ -39,3 +42,15 @@ def redeliver(job_id: str):
         body = delivery_object(delivery)
         uow.effect(SendWebhooks((body["id"],)))
     return accepted(body)
+
+
+@bp.post("/v1/admin/webhook-secret/rotate")
+@require_key(admin=True)
+def rotate_webhook_secret():
+    """A new secret for the key's own tenant, shown this once; the one before it keeps
+    signing for 24 h (both signatures are sent)."""
+    with session_scope(g.settings) as session:
+        secret = secrets.rotate(session, g.tenant_id, g.settings)
+    response = jsonify({"secret": secret})
+    response.headers["Cache-Control"] = "no-store"
+    return response

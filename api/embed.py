@@ -1,11 +1,31 @@
-"""POST /v1/embed: an embedding through the router's provider."""
+"""POST /v1/embed: an embedding through the router's provider, paid from a user's monthly
+token budget (API.md 1.2) as a job's model calls are.
+
+The user is the one the body names (`platform`, `platform_user_id`: the same user a message
+from there is), or else the key's own (platform `api_key`, its key id), made a guest with the
+guest budget at first use like any new user. The text's tokens are counted before the call
+(the tokenizer of AGENTQ_TOKENIZER, or characters / 4) and taken from the budget at once,
+under the user's row lock, so concurrent requests cannot overspend it: a request that would
+pass the budget is refused `429 budget_exceeded` (with `Retry-After`: when the period
+resets) and no provider is called. A call that fails gives its tokens back. Each paid call
+is a `token_logs` row (no job), so GET /v1/usage shows it under the embedding model.
+"""
 from __future__ import annotations
 
+import math
 import threading
+import uuid
 
 from flask import Blueprint, g, jsonify
+from sqlalchemy import delete, update
 
+from agentq.db import session_scope, utcnow
 from agentq.errors import ProviderError
+from agentq.llm.pricing import estimate_cost
+from agentq.llm.tokens import count_tokens
+from agentq.loop.budget import roll_period
+from agentq.loop.identity import Incoming, resolve_user
+from agentq.models import TokenLog, User
 from api.auth import require_key
 from api.errors import error_response
 from api.jobs import json_body
@@ -14,6 +34,8 @@ from api.schemas import EmbedRequestSchema
 bp = Blueprint("embed", __name__)
 _router = None
 _lock = threading.Lock()
+KEY_PLATFORM = "api_key"
+"""The platform of a key's own user (its platform_user_id is the key's id)."""
 
 
 def router(settings):
@@ -25,13 +47,63 @@ def router(settings):
         return _router
 
 
+def _charge(settings, data: dict, model: str, tokens: int):
+    """Take `tokens` from the user's budget and log them; a refusal (a response) when they
+    do not fit. Returns (the token log's id, the user's id) or the refusal."""
+    platform, who = data.get("platform"), data.get("platform_user_id")
+    if platform is None:
+        platform, who = KEY_PLATFORM, str(g.api_key_id)
+    incoming = Incoming(platform=platform, platform_user_id=who, platform_channel_id="embed")
+    with session_scope(settings) as session:
+        user = resolve_user(session, g.tenant_id, incoming, settings)
+        session.flush()
+        user = session.get(User, user.id, with_for_update=True, populate_existing=True)
+        now = utcnow()
+        roll_period(user, now, settings.budget_period_days)
+        budget = user.token_budget_monthly
+        if budget is not None and user.tokens_used_this_month + tokens > budget:
+            left = max(0, budget - user.tokens_used_this_month)
+            response = error_response(
+                429, "budget_exceeded",
+                f"The user's monthly token budget cannot pay for this text ({tokens} "
+                f"tokens; {left} left until {user.budget_reset_at.isoformat()}).",
+                {"tokens": tokens, "tokens_left": left, "budget": budget,
+                 "resets_at": user.budget_reset_at.isoformat()})
+            response.headers["Retry-After"] = str(max(1, math.ceil(
+                (user.budget_reset_at - now).total_seconds())))
+            return response
+        user.tokens_used_this_month += tokens
+        log = TokenLog(id=uuid.uuid4(), user_id=user.id, conversation_id=None, job_id=None,
+                       iteration=0, model=model, input_tokens=tokens, output_tokens=0,
+                       cost_estimate=estimate_cost(model, tokens, 0), usage_estimated=True,
+                       created_at=now)
+        session.add(log)
+        return log.id, user.id
+
+
+def _refund(settings, log_id, user_id, tokens: int) -> None:
+    with session_scope(settings) as session:
+        session.execute(update(User).where(User.id == user_id).values(
+            tokens_used_this_month=User.tokens_used_this_month - tokens))
+        session.execute(delete(TokenLog).where(TokenLog.id == log_id))
+
+
 @bp.post("/v1/embed")
 @require_key()
 def embed():
     data = EmbedRequestSchema().load(json_body())
+    settings = g.settings
+    model = settings.embedding_model
+    tokens = max(1, count_tokens(settings.tokenizer, [data["text"]]))
+    charged = _charge(settings, data, model, tokens)
+    if not isinstance(charged, tuple):
+        return charged
     try:
-        vector = router(g.settings).embed(data["text"])
-    except ProviderError as exc:
-        return error_response(502, exc.code, "The embedding provider failed.",
-                              {"attempts": exc.attempts})
+        vector = router(settings).embed(data["text"])
+    except BaseException as exc:
+        _refund(settings, *charged, tokens)
+        if isinstance(exc, ProviderError):
+            return error_response(502, exc.code, "The embedding provider failed.",
+                                  {"attempts": exc.attempts})
+        raise
     return jsonify({"embedding": vector})

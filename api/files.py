@@ -1,7 +1,21 @@
-"""GET /v1/files/<id>: a stored document's bytes."""
+"""GET /v1/files/<id>: a stored document's bytes.
+
+A file's name and type come from whoever made it (an attachment's sender, a model's tool
+call), and it is served from the API's (and the dashboard's) origin, so:
+
+- the name goes in `Content-Disposition` by werkzeug's RFC 6266/5987 encoding (`filename`
+  ASCII, `filename*=UTF-8''…` for any other name), control characters (CR, LF, …) taken out
+  first: no name can split the headers or fail the response;
+- `X-Content-Type-Options: nosniff` and a CSP that allows nothing (`sandbox`) on every file;
+- `inline` only for types a browser shows without running anything (raster images, plain
+  text); every other type (HTML, SVG, XML, PDF, …) is an `attachment`.
+"""
 from __future__ import annotations
 
-from flask import Blueprint, Response, g
+import io
+import re
+
+from flask import Blueprint, g, send_file
 
 from agentq.db import session_scope
 from agentq.errors import NotFound
@@ -10,6 +24,25 @@ from api.auth import can_see, require_key
 from api.jobs import parse_uuid
 
 bp = Blueprint("files", __name__)
+
+INLINE_TYPES = frozenset({"text/plain", "image/png", "image/jpeg", "image/gif",
+                          "image/webp"})
+"""Shown in the browser (`inline`); anything else is downloaded (`attachment`). Never
+text/html nor image/svg+xml (both run scripts)."""
+FILE_CSP = "default-src 'none'; sandbox"
+"""No script, style, frame or fetch from a file, even one a browser renders."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+FALLBACK_NAME = "file"
+
+
+def download_name(name: str | None) -> str:
+    """The file's name without control characters (CR/LF could split headers)."""
+    cleaned = _CONTROL.sub("_", name or "").strip()
+    return cleaned or FALLBACK_NAME
+
+
+def _base_type(mime_type: str | None) -> str:
+    return (mime_type or "").split(";", 1)[0].strip().lower()
 
 
 @bp.get("/v1/files/<file_id>")
@@ -22,8 +55,17 @@ def get_file(file_id: str):
             raise NotFound("file", file_id)
         if record.content is None:
             raise NotFound("file content", file_id)
-        response = Response(record.content, mimetype=record.mime_type or
-                            "application/octet-stream")
-        safe_name = record.filename.replace('"', "")
-        response.headers["Content-Disposition"] = f'inline; filename="{safe_name}"'
-        return response
+        content, name = bytes(record.content), record.filename
+        base = _base_type(record.mime_type)
+    # a type as stored is whatever its sender said: only its base type is sent, and one
+    # that is not a plain `type/subtype` is sent as bytes
+    mimetype = base if re.fullmatch(r"[a-z0-9!#$&^_.+-]+/[a-z0-9!#$&^_.+-]+", base) \
+        else "application/octet-stream"
+    response = send_file(io.BytesIO(content), mimetype=mimetype,
+                         as_attachment=base not in INLINE_TYPES,
+                         download_name=download_name(name), conditional=False, etag=False,
+                         max_age=0)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Content-Security-Policy"] = FILE_CSP
+    response.headers["Cache-Control"] = "private, no-store"
+    return response

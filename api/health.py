@@ -79,5 +79,7 @@ def _modules() -> dict[str, dict]:
     except Exception as exc:  # the database is down: reported above
         log.warning("module health not read", extra={"error": type(exc).__name__})
         return {}
+    # global modules only: this route has no key, and a tenant's module is its own
     return {name: {"kind": k.spec.kind, "status": k.health.get("status", "unknown"),
-                   "error": k.health.get("error")} for name, k in sorted(known.items())}
+                   "error": k.health.get("error")} for name, k in sorted(known.items())
+            if k.spec.tenant_id is None}

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from flask import Flask, g, request
 
-from agentq.errors import (BadJson, ClientError, HeaderTooLarge, PayloadTooLarge,
-                           UnknownQueryParameter)
+from agentq.errors import (BadEncoding, BadJson, ClientError, HeaderTooLarge,
+                           PayloadTooLarge, UnknownQueryParameter)
 
 MAX_HEADERS = 100
 """Headers one request may have (gunicorn.conf.py lets up to 150 through to be refused
@@ -75,9 +76,26 @@ def parse_json(text: str, limit: int, where: str = "The body", **details: Any) -
         raise BadJson(f"{where} is nested too deep.", limit=limit) from None
 
 
+def utf8(data: bytes, where: str = "The body", **details: Any) -> str:
+    """`data` decoded as UTF-8, strictly: invalid bytes are a 400 `bad_encoding` naming
+    where they are, never text with U+FFFD in their place (Flask's `get_data(as_text=True)`
+    replaces them)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadEncoding(f"{where} is not valid UTF-8 (byte {exc.start}: {exc.reason}); "
+                          "send UTF-8 text.", encoding="utf-8", position=exc.start,
+                          **details) from None
+
+
+def request_text() -> str:
+    """The request body as text: UTF-8, strictly (`utf8`)."""
+    return utf8(request.get_data())
+
+
 def request_json() -> Any:
     """The request body as JSON, within the limits."""
-    return parse_json(request.get_data(as_text=True), g.settings.max_json_depth)
+    return parse_json(request_text(), g.settings.max_json_depth)
 
 
 def _allowed_query(rule: str, method: str) -> set[str]:
@@ -105,6 +123,8 @@ def check_request() -> None:
     length = request.content_length
     if length is not None and length > settings.max_body_bytes:
         raise PayloadTooLarge(length, settings.max_body_bytes)
+    if request.query_string:  # werkzeug decodes it with replacement: check it first
+        utf8(unquote_to_bytes(request.query_string), "The query string")
     if request.url_rule is not None and request.method != "OPTIONS" and request.args:
         allowed = _allowed_query(request.url_rule.rule, request.method)
         unknown = sorted(set(request.args) - allowed)

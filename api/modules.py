@@ -1,11 +1,16 @@
 """The tool modules' admin routes (admin keys): GET|POST /v1/modules,
-POST /v1/modules/<name>/refresh, DELETE /v1/modules/<name>."""
+POST /v1/modules/<name>/refresh, DELETE /v1/modules/<name>.
+
+Per tenant (API.md 1.2, agentq.modules): a tenant admin registers modules of its own
+tenant, sees its own and the global ones, and another tenant's is 404 to it; only an
+operator registers a global one (`"global": true`; a tenant admin asking gets 403) or
+removes one, and sees every module."""
 from __future__ import annotations
 
 from flask import Blueprint, g, jsonify
 
 from agentq.db import session_scope
-from agentq.errors import ValidationFailed
+from agentq.errors import Forbidden, ValidationFailed
 from agentq.modules import add_module, list_modules, refresh_module, remove_module
 from agentq.tools.registry import get_registry
 from agentq.tools.remote import ModuleSpec
@@ -16,10 +21,15 @@ from api.schemas import ModuleRequestSchema
 bp = Blueprint("modules", __name__)
 
 
+def _reach():
+    """The tenant whose modules the key may reach: None (all) for an operator."""
+    return None if getattr(g, "is_operator", False) else g.tenant_id
+
+
 @bp.get("/v1/modules")
 @require_key(admin=True)
 def get_modules():
-    return jsonify({"data": list_modules(get_registry(g.settings))})
+    return jsonify({"data": list_modules(get_registry(g.settings), _reach())})
 
 
 @bp.post("/v1/modules")
@@ -31,12 +41,16 @@ def post_module():
                                             "add --command` on the machine, or through the "
                                             "API when AGENTQ_MODULE_ALLOW_COMMANDS=1."]},
                                "This deployment does not take MCP commands over the API.")
+    if data.get("is_global") and not getattr(g, "is_operator", False):
+        raise Forbidden("Only an operator registers a global module; leave out `global` "
+                        "to register one for this tenant.", scope="operator")
     spec = ModuleSpec(name=data["name"], kind=data["kind"], url=data.get("url"),
                       command=tuple(data["command"]) if data.get("command") else None,
                       slow=data.get("slow", False), secret=data.get("secret"),
                       permission=data.get("permission"),
                       requires_approval=approval_of(data.get("requires_approval", False)),
-                      timeout_s=data.get("timeout_s"))
+                      timeout_s=data.get("timeout_s"),
+                      tenant_id=None if data.get("is_global") else str(g.tenant_id))
     with session_scope(g.settings) as session:
         body = add_module(session, get_registry(g.settings), spec)
     response = jsonify(body)
@@ -54,12 +68,12 @@ def approval_of(value):
 @require_key(admin=True)
 def post_refresh(name: str):
     with session_scope(g.settings) as session:
-        return jsonify(refresh_module(session, get_registry(g.settings), name))
+        return jsonify(refresh_module(session, get_registry(g.settings), name, _reach()))
 
 
 @bp.delete("/v1/modules/<name>")
 @require_key(admin=True)
 def delete_module(name: str):
     with session_scope(g.settings) as session:
-        remove_module(session, get_registry(g.settings), name)
+        remove_module(session, get_registry(g.settings), name, _reach())
     return "", 204

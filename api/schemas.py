@@ -138,6 +138,24 @@ class ContinueRequestSchema(_DeliveryFields):
 
 class EmbedRequestSchema(StrictSchema):
     text = fields.String(required=True, validate=[validate.Length(1, 100_000), _not_blank])
+    platform = fields.String(load_default=None, allow_none=True,
+                             validate=validate.Length(1, 64), metadata={
+                                 "description": "With platform_user_id: the user whose "
+                                                "token budget pays (else the key's own "
+                                                "user, platform `api_key`)."})
+    platform_user_id = fields.String(load_default=None, allow_none=True,
+                                     validate=validate.Length(1, 255))
+
+    @validates_schema
+    def _user_whole(self, data: dict[str, Any], **_kw) -> None:
+        if (data.get("platform") is None) != (data.get("platform_user_id") is None):
+            raise ValidationError("Give platform and platform_user_id together, or neither.",
+                                  "platform_user_id")
+
+
+class WebhookSecretSchema(Schema):
+    secret = fields.String(required=True, metadata={
+        "description": "`whsec_` + base64: shown this once."})
 
 
 class EmbedResponseSchema(Schema):
@@ -469,6 +487,9 @@ class ModuleRequestSchema(StrictSchema):
     timeout_s = fields.Float(validate=validate.Range(min=0.1, max=86400),
                              allow_nan=False,
                              metadata={"description": "Each call's time limit in seconds."})
+    is_global = fields.Boolean(data_key="global", load_default=False, metadata={
+        "description": "An operator's module offered to every tenant (a tenant admin "
+                       "asking gets 403); otherwise the module is the key's tenant's."})
 
 
 class ModuleToolSchema(Schema):
@@ -496,6 +517,9 @@ class ModuleSchema(Schema):
     requires_approval = fields.Raw(metadata={"oneOf": [
         {"type": "boolean"}, {"type": "array", "items": {"type": "string"}}]})
     timeout_s = fields.Float(allow_none=True)
+    is_global = fields.Boolean(data_key="global", required=True, metadata={
+        "description": "Offered to every tenant; else only to the tenant `tenant_id`."})
+    tenant_id = fields.String(allow_none=True, required=True)
     health = fields.Nested(ModuleHealthSchema, required=True)
     tools = fields.List(fields.Nested(ModuleToolSchema), required=True)
 

@@ -237,7 +237,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         log.info("idempotent tool call delivered again; running it again",
                  extra={"event": "tool.rerun", "tool": call.name,
                         "tool_use_id": tool_use_id, "delivery": attempts})
-    allowed = registry.allowed_modules(call.allowed_modules)
+    allowed = registry.allowed_modules(call.allowed_modules, call.tenant_id)
     ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job_id), user_id=str(call.user_id),
                       conversation_id=str(call.conversation_id),
                       permission_level=call.permission_level,

@@ -365,7 +365,8 @@ class Stepper:
             self._stop(uow, job, stop)
             return None
 
-        allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None)
+        allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None,
+                                                job.tenant_id)
         offered = self.registry.offered(user.permission_level, allowed)
         model = job.model or (persona.default_model if persona else None) or self.settings.model
         if recorded is not None:  # answered from the recording: no context to build

@@ -115,6 +115,11 @@ class ToolRegistry:
     def tools(self) -> dict[str, ToolDef]:
         return self._current()[1]
 
+    def known_tool_names(self):
+        """The tools of this process's last view, without looking again (cheap: metrics
+        labels use it on every tool result)."""
+        return self._state[1].keys()
+
     @property
     def local_module_names(self) -> set[str]:
         return set(self._local)
@@ -154,10 +159,31 @@ class ToolRegistry:
         return sorted(queues)
 
     # --- who may use what -------------------------------------------------------------
-    def allowed_modules(self, persona_modules: list[str] | None) -> tuple[str, ...]:
-        if persona_modules is None:
-            return self.settings.default_guest_modules
-        return tuple(persona_modules)
+    def foreign_modules(self, tenant_id) -> set[str]:
+        """The registered modules of tenants other than `tenant_id` (API.md 1.2: a module
+        registered by a tenant admin is its tenant's alone): never offered to, run for, nor
+        sent the context of a job of `tenant_id`. Global and in-process modules are
+        nobody's."""
+        if self.remote is None:
+            return set()
+        return {name for name, known in self.remote.known().items()
+                if name not in self._local and not known.spec.visible_to(tenant_id)}
+
+    def modules_for(self, tenant_id) -> dict[str, ToolModule]:
+        """The modules offered now that a persona of `tenant_id` may enable."""
+        foreign = self.foreign_modules(tenant_id)
+        return {name: m for name, m in self.modules.items() if name not in foreign}
+
+    def allowed_modules(self, persona_modules: list[str] | None,
+                        tenant_id=None) -> tuple[str, ...]:
+        """The modules a persona (None: the configured defaults) enables for a job of
+        `tenant_id`: another tenant's are dropped, whatever the persona names."""
+        names = (self.settings.default_guest_modules if persona_modules is None
+                 else tuple(persona_modules))
+        if tenant_id is None:
+            return names
+        foreign = self.foreign_modules(tenant_id)
+        return tuple(name for name in names if name not in foreign)
 
     def offered(self, level: str, allowed_modules: Iterable[str]) -> list[ToolDef]:
         """Tools the caller's level allows ∩ the persona's modules, in a stable order."""
@@ -202,6 +228,9 @@ class ToolRegistry:
                 allowed_modules: Iterable[str]) -> ToolResult:
         """Check, validate and run one call; retry once on a retryable failure."""
         try:
+            # another tenant's module is not there for this job, whatever was allowed
+            if name.partition(".")[0] in self.foreign_modules(ctx.tenant_id):
+                raise ToolNotFound(name)
             tool = self.check(name, ctx.permission_level, allowed_modules)
             self.validate(tool, arguments)
         except ToolError as exc:

@@ -83,6 +83,13 @@ class ModuleSpec:
     named (`tool` or `module.tool`). An HTTP manifest's own `requires_approval` wins."""
     timeout_s: float | None = None
     """Each call's time limit (an HTTP manifest's own `time_limit_s` wins)."""
+    tenant_id: str | None = None
+    """The tenant whose module it is (registered by its admin): offered to, run for, and
+    shown to that tenant only. None: global (an operator's, or AGENTQ_TOOL_MODULES)."""
+
+    def visible_to(self, tenant_id) -> bool:
+        """Whether a job or key of `tenant_id` may see, enable and run this module."""
+        return self.tenant_id is None or self.tenant_id == str(tenant_id)
 
     def public(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "url": self.url,
@@ -92,7 +99,8 @@ class ModuleSpec:
                 "requires_approval": (list(self.requires_approval)
                                       if isinstance(self.requires_approval, tuple)
                                       else self.requires_approval),
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "global": self.tenant_id is None,
+                "tenant_id": self.tenant_id}
 
     def defaults(self) -> dict[str, Any] | None:
         """The per-module defaults as stored (tool_modules.defaults), or None."""
@@ -679,7 +687,9 @@ def spec_of(row) -> ModuleSpec:
                       secret=row.secret, permission=defaults.get("permission"),
                       requires_approval=tuple(approval) if isinstance(approval, list)
                       else bool(approval),
-                      timeout_s=defaults.get("timeout_s"))
+                      timeout_s=defaults.get("timeout_s"),
+                      tenant_id=str(row.tenant_id) if getattr(row, "tenant_id", None)
+                      else None)
 
 
 def tools_of(module: ToolModule | None) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import logging
 import ssl
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -40,6 +40,7 @@ from agentq.db import riding_out, session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
 from agentq.models import TERMINAL_STATUSES, Batch, Job, WebhookDelivery
 from agentq.views import _iso, batch_object, job_object
+from agentq.webhooks.secrets import signing_secrets
 from agentq.webhooks.signing import new_event_id, signed_headers
 from agentq.webhooks.urls import FIELD, Target, resolve_and_check
 
@@ -219,6 +220,8 @@ class _Claimed:
     batch_id: uuid.UUID | None
     body: str | None
     lease_until: datetime
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    """The event's tenant's signing secrets (agentq.webhooks.secrets), never shown."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,8 @@ def _claim(sessions: sessionmaker, delivery_id: uuid.UUID,
         delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
         return _Claimed(delivery.id, delivery.event_id, delivery.event_type, delivery.url,
                         delivery.attempt, delivery.job_id, delivery.batch_id,
-                        event_body(session, delivery), lease_until)
+                        event_body(session, delivery), lease_until,
+                        signing_secrets(session, delivery.tenant_id, settings, now))
 
 
 def _clip(text: str) -> str:
@@ -299,7 +303,8 @@ def _send(claimed: _Claimed, settings: Settings, send: Sender) -> _Result:
     if claimed.body is None:
         return _Result(error="The job or batch of this event no longer exists.", final=True)
     try:
-        headers = signed_headers(settings.webhook_secrets, claimed.event_id, claimed.body)
+        # the event's own tenant's secrets: no tenant can sign what another's receiver takes
+        headers = signed_headers(claimed.secrets, claimed.event_id, claimed.body)
         target = resolve_and_check(claimed.url, settings.webhook_allow_private)
     except ConfigError as exc:
         log.error("webhook not signed: secret misconfigured",

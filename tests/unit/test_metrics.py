@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
                                multiprocess)
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +40,18 @@ def own(metric, name: str, **labels: str) -> float:
     return _sample(metric.collect(), name, labels)
 
 
+@pytest.fixture(autouse=True)
+def configured_models():
+    """The models these tests label by are configured ones (a name that is not becomes
+    `other`: test_unknown_names_are_counted_as_other)."""
+    from agentq.config import Settings, get_settings, set_settings
+    before = get_settings()
+    set_settings(Settings.from_env({"AGENTQ_MODEL": "unit-model",
+                                    "AGENTQ_FALLBACK_MODELS": "unit-flight"}))
+    yield
+    set_settings(before)
+
+
 def test_events_are_counted_by_their_labels():
     def counts():
         return (own(metrics.JOBS_ENDED, "agentq_jobs_ended_total",
@@ -60,6 +73,35 @@ def test_events_are_counted_by_their_labels():
     assert [a - b for a, b in zip(counts(), before)] == [1, 1, 7, 1]
     # and the scrape (every process's files) holds at least this process's counts
     assert value("agentq_tokens_total", model="unit-model", direction="output") >= 7
+
+
+def test_unknown_names_are_counted_as_other():
+    """A tool name the model made up, or a model nobody configured, is `other`: such names
+    never become series of their own (issue 30)."""
+    def series() -> set:
+        return {(name, tuple(sorted(labels.items())))
+                for metric in (metrics.TOOL_EXECUTIONS, metrics.TOKENS)
+                for family in metric.collect() for name, labels, _v, *_ in
+                [(s.name, s.labels, s.value) for s in family.samples]}
+    metrics.observe_events("j3", [
+        {"type": "tool_execution_end", "data": {"name": "made_up.warmup", "ok": False}},
+        {"type": "message_end", "data": {"role": "assistant", "model": "made-up-model-0",
+                                         "input_tokens": 1, "output_tokens": 1}}])
+    before = series()
+    other = own(metrics.TOOL_EXECUTIONS, "agentq_tool_executions_total", tool="other",
+                outcome="error")
+    metrics.observe_events("j4", [
+        *({"type": "tool_execution_end", "data": {"name": f"made_up_{i}.tool", "ok": False}}
+          for i in range(50)),
+        *({"type": "message_end", "data": {"role": "assistant", "model": f"made-up-{i}",
+                                           "input_tokens": 1, "output_tokens": 1}}
+          for i in range(50))])
+    assert series() == before
+    assert own(metrics.TOOL_EXECUTIONS, "agentq_tool_executions_total", tool="other",
+               outcome="error") == other + 50
+    assert metrics.tool_label("math.evaluate") == "math.evaluate"
+    assert metrics.model_label("unit-model") == "unit-model"
+    assert metrics.model_label("gpt-4o-mini") == "gpt-4o-mini"  # a priced model's name
 
 
 def test_a_model_call_is_in_flight_only_while_it_runs():
