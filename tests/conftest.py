@@ -20,6 +20,15 @@ import pytest
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR",
                       tempfile.mkdtemp(prefix="agentq-test-metrics-"))
 
+# The code sandbox's per-run cgroups (agentq.tools.cgroups) where this machine can delegate
+# cgroup v2; where it cannot (a hybrid cgroup v1 host: memory/pids/cpu bound to v1), the
+# tests run it as such a host must be configured, AGENTQ_SANDBOX_CGROUP=off (its default,
+# `required`, refuses to run code there: tests/security/test_sandbox_stack.py shows it).
+from agentq.tools import cgroups as _cgroups
+
+if _cgroups.check() is not None:
+    os.environ.setdefault("AGENTQ_SANDBOX_CGROUP", "off")
+
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,

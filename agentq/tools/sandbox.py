@@ -52,10 +52,12 @@ what remains ours is the uid drop, the limits and the reporting.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -67,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from agentq.errors import ToolError
+from agentq.tools import cgroups, seccomp
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,25 @@ CPU_ACCOUNTING_SLACK_S = 0.05
 PROBE_TIMEOUT_S = 20
 PROBE_CACHE_S = 30
 CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
+CGROUP_ENV = "AGENTQ_SANDBOX_CGROUP"
+"""`required` (default): every run in a cgroup v2 group of its own (agentq.tools.cgroups),
+and no run where that cannot be set up. `off`: for hosts without cgroup v2 delegation (a
+hybrid v1 host): the run's CPU time and private memory are summed from outside and the run
+killed past them (polled, so not exact), memfd_create is denied (nothing would count it)."""
+STATUS_MAX_BYTES = 4096
+"""The supervisor writes two short lines; more on the status channel is not it: the run is
+killed and what came is ignored."""
+OUTPUT_KILL_BYTES = 64 * 1024 * 1024
+"""stdout and stderr together: past this the run is killed (its answer keeps the start)."""
+RUN_MEMORY_OVERHEAD_BYTES = 64 * 1024 * 1024
+"""The run's memory (memory.max, or the summed private memory without cgroups) is the code's
+memory_mb plus this: the supervisor's interpreter, bwrap, the run's tmpfs files."""
+RUN_CPU_SLACK_S = 0.5
+"""The whole run's CPU budget is the code's CPU limit plus this (two interpreters start)."""
+METER_INTERVAL_S = 0.05
+START_TIMEOUT_S = 10
+"""How long bwrap may take to say its sandbox's pid."""
+PR_SET_DUMPABLE = 4
 
 
 class SandboxUnavailable(ToolError):
@@ -122,6 +144,10 @@ def report(**fields):
     except OSError:
         pass
 report(started=True)
+import ctypes
+if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+    report(error=f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
+    os._exit(1)
 try:
     for name, soft, hard in cfg["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -243,7 +269,8 @@ def _tools() -> tuple[str, str]:
 
 
 def _bwrap_command(bwrap: str, python: str, workdir: str, bind_workdir: bool = True,
-                   files: dict[str, str] | None = None) -> list[str]:
+                   files: dict[str, str] | None = None,
+                   control: list[str] | None = None) -> list[str]:
     """bwrap's arguments. The scratch `workdir` is the host directory bound in
     (`bind_workdir`), or a fresh tmpfs of SCRATCH_SIZE_BYTES holding `files` ({name: host
     path}, bound read-only)."""
@@ -257,20 +284,42 @@ def _bwrap_command(bwrap: str, python: str, workdir: str, bind_workdir: bool = T
             command += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             command += ["--ro-bind", path, path]
-    command += ["--proc", "/proc", "--dev", "/dev",
-                "--size", str(TMP_SIZE_BYTES), "--perms", "1777", "--tmpfs", "/tmp"]
+    command += ["--proc", "/proc", "--ro-bind", "/dev/null", "/proc/cmdline"]
+    command += _dev_args()
+    command += ["--size", str(TMP_SIZE_BYTES), "--perms", "1777", "--tmpfs", "/tmp"]
     if bind_workdir:
         command += ["--bind", workdir, workdir]
     else:
         command += ["--size", str(SCRATCH_SIZE_BYTES), "--perms", "0700", "--tmpfs", workdir]
         for name, path in (files or {}).items():
             command += ["--ro-bind", path, os.path.join(workdir, name)]
-    command += ["--remount-ro", "/", "--chdir", workdir, "--clearenv"]
+    command += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir, "--clearenv"]
     env = {"PATH": CHILD_PATH, "HOME": workdir, "TMPDIR": workdir,
            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     for name, value in env.items():
         command += ["--setenv", name, value]
-    return command + ["--", python, "-I", "-S", "-B", "-c", SUPERVISOR]
+    return command + list(control or ()) + ["--", python, "-I", "-S", "-B", "-c", SUPERVISOR]
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_SIZE_BYTES = 64 * 1024
+SHM_SIZE_BYTES = 16 * 1024 * 1024
+"""/dev/shm (POSIX shared memory, multiprocessing's semaphores): a tmpfs of this size."""
+
+
+def _dev_args() -> list[str]:
+    """A minimal /dev: a tiny read-only tmpfs holding the host's null, zero, full, random
+    and urandom, the fd/stdin/stdout/stderr links, and a sized /dev/shm. No devpts (so no
+    pseudo-terminal: a run cannot use up the host's ptys, which a new devpts instance
+    shares with every other), no tty, no unsized tmpfs (bwrap's --dev is one, /dev/shm in
+    it too: a run could fill the host's memory there)."""
+    args = ["--size", str(DEV_SIZE_BYTES), "--perms", "0755", "--tmpfs", "/dev"]
+    for name in DEVICES:
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for target, name in (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"),
+                         ("/proc/self/fd/1", "stdout"), ("/proc/self/fd/2", "stderr")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    return args + ["--size", str(SHM_SIZE_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
 
 
 USR_DIRS = ("bin", "lib", "lib32", "lib64", "libx32", "share")
@@ -524,45 +573,75 @@ def _rlimits(cpu_s: float, memory_mb: int) -> list[tuple[str, int, int]]:
 def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_chars: int,
          max_output_total_chars: int | None, workdir: str, bind_workdir: bool,
          files: dict[str, str], identity: _Identity, bwrap: str, python: str) -> dict[str, Any]:
+    hierarchy = _hierarchy()
+    try:
+        seccomp_fd = seccomp.program_fd(deny_memfd=hierarchy is None)
+    except seccomp.SeccompUnavailable as exc:
+        raise SandboxUnavailable(f"the sandbox's seccomp filter cannot be loaded: {exc}. "
+                                 f"The code was not run.") from None
+    _not_dumpable()
+    memory_bytes = _run_memory_bytes(memory_mb)
     status_r, status_w = os.pipe()
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    ours, theirs = [status_r, info_r, block_w], [status_w, info_w, block_r, seccomp_fd]
     config = {"status_fd": status_w, "rlimits": _rlimits(cpu_s, memory_mb),
               "wrapper": WRAPPER}
-    command = _bwrap_command(bwrap, python, workdir, bind_workdir, files) + [
+    control = ["--seccomp", str(seccomp_fd), "--info-fd", str(info_w),
+               "--block-fd", str(block_r)]
+    command = _bwrap_command(bwrap, python, workdir, bind_workdir, files, control) + [
         json.dumps(config), code]
     user_args: dict[str, Any] = {}
     if identity.switch:
         user_args = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+    group: cgroups.RunGroup | None = None
     started = time.monotonic()
     try:
+        if hierarchy is not None:
+            group = cgroups.RunGroup(hierarchy, memory_bytes=memory_bytes,
+                                     max_pids=MAX_PROCESSES)
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd="/", env={"PATH": CHILD_PATH}, start_new_session=True,
-            pass_fds=(status_w,), **user_args)
-    except OSError as exc:
-        os.close(status_r)
-        raise SandboxUnavailable(f"the sandbox cannot start bwrap: {exc}") from None
+            cwd="/", env={"PATH": CHILD_PATH}, start_new_session=True, close_fds=True,
+            pass_fds=tuple(theirs), **user_args)
+    except (OSError, cgroups.CgroupUnavailable) as exc:
+        for fd in ours:
+            os.close(fd)
+        if group is not None:
+            group.remove()
+        raise SandboxUnavailable(f"the sandbox cannot start: {exc}. The code was not run.") \
+            from None
     finally:
-        os.close(status_w)
+        for fd in theirs:
+            os.close(fd)
     child = _Child(proc)
     reports: list[dict[str, Any]] = []
     try:
-        captures, timed_out = _collect(child, status_r, reports, started + wall_s,
-                                       max_output_chars)
+        meter = _start(child, group, info_r, block_w, memory_bytes,
+                       started + min(wall_s, START_TIMEOUT_S))
+        captures, ended = _collect(child, status_r, reports, started + wall_s,
+                                   max_output_chars, meter,
+                                   _cpu_limit(cpu_s) + RUN_CPU_SLACK_S)
     finally:
-        os.close(status_r)
+        for fd in ours:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         child.kill()
         child.reap()
         child.close()
+        if group is not None:
+            group.remove()
+    timed_out = ended.timed_out
     duration_s = time.monotonic() - started
-    if not any(r.get("started") for r in reports) and not timed_out:
+    if not any(r.get("started") for r in reports) and not timed_out and not ended.killed:
         raise _start_failure(child, captures["stderr"])
     setup_error = next((r["error"] for r in reports if "error" in r), None)
     if setup_error:
         raise SandboxUnavailable(f"the sandbox could not be set up: {setup_error}")
     final = next((r for r in reports if "exit_code" in r), None)
-    if final is not None and not timed_out:
+    if final is not None and not timed_out and not ended.killed:
         exit_code = int(final["exit_code"])
-    elif timed_out:
+    elif timed_out or ended.killed:
         exit_code = -signal.SIGKILL
     else:  # the supervisor was killed (by the code itself): bwrap says 128+signal
         code_ = child.exit_code if child.exit_code is not None else -signal.SIGKILL
@@ -571,23 +650,178 @@ def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_c
     exit_signal = signal.Signals(-exit_code).name if exit_code < 0 and -exit_code in set(
         signal.Signals) else None
     cpu_limited = not timed_out and (
-        exit_code == -signal.SIGXCPU
+        ended.cpu_limited or exit_code == -signal.SIGXCPU
         or (exit_code == -signal.SIGKILL
             and cpu_used >= _cpu_limit(cpu_s) - CPU_ACCOUNTING_SLACK_S))
-    memory_limited = not timed_out and bool(final and final.get("memory_error"))
+    memory_limited = not timed_out and (
+        ended.memory_limited or bool(final and final.get("memory_error"))
+        or (group is not None and group.oom_killed()))
     budgets = _share(captures, max_output_total_chars)
     stdout, stdout_cut = captures["stdout"].text(budgets["stdout"])
     stderr, stderr_cut = captures["stderr"].text(budgets["stderr"])
     log.info("sandbox run finished", extra={
         "uid": identity.uid, "exit_code": exit_code, "timed_out": timed_out,
         "cpu_limited": cpu_limited, "memory_limited": memory_limited,
+        "output_limited": ended.output_limited, "status_overflow": ended.status_overflow,
         "duration_ms": round(duration_s * 1000), "cpu_ms": round(cpu_used * 1000),
+        "run_cpu_ms": round(ended.run_cpu_s * 1000), "cgroup": group is not None,
         "code_bytes": len(code.encode()), "stdout_bytes": captures["stdout"].total,
         "stderr_bytes": captures["stderr"].total})
     return {"stdout": stdout, "stderr": stderr, "exit_code": exit_code,
             "exit_signal": exit_signal, "timed_out": timed_out, "cpu_limited": cpu_limited,
             "memory_limited": memory_limited, "duration_s": round(duration_s, 3),
-            "truncated": stdout_cut or stderr_cut}
+            "truncated": stdout_cut or stderr_cut or ended.output_limited}
+
+
+def _hierarchy() -> cgroups.Hierarchy | None:
+    """The cgroup v2 delegation the runs' groups are made in; None when CGROUP_ENV is off.
+    SandboxUnavailable (the code is not run) when it is required and impossible here."""
+    mode = (os.environ.get(CGROUP_ENV) or "required").strip().lower()
+    if mode == "off":
+        return None
+    if mode != "required":
+        raise SandboxUnavailable(f"{CGROUP_ENV} must be `required` or `off`, not {mode!r}. "
+                                 f"The code was not run.")
+    try:
+        return cgroups.setup()
+    except cgroups.CgroupUnavailable as exc:
+        raise SandboxUnavailable(
+            f"per-run cgroup limits cannot be set up here: {exc}. The code was not run "
+            f"(set {CGROUP_ENV}=off to run with the weaker limits that hold without "
+            f"cgroups, see docs/security.md)") from None
+
+
+def _run_memory_bytes(memory_mb: int) -> int:
+    return int(memory_mb * 1024 * 1024) + RUN_MEMORY_OVERHEAD_BYTES
+
+
+_libc: Any = None
+
+
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0) on the process that starts the sandbox: no process of the
+    same uid may ptrace it, open its /proc/<pid>/fd or copy its descriptors."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        raise SandboxUnavailable(f"cannot make the worker non-dumpable: {exc}. "
+                                 f"The code was not run.") from None
+
+
+def _start(child: _Child, group: cgroups.RunGroup | None, info_fd: int, block_fd: int,
+           memory_bytes: int, deadline: float) -> "_Meter | None":
+    """bwrap says its sandbox's pid (--info-fd) and waits (--block-fd) before it starts
+    anything in it: both go into the run's cgroup, then it may go on. None if bwrap failed
+    before that (its stderr says why)."""
+    data = bytearray()
+    while time.monotonic() < deadline and len(data) < 65536:
+        ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        ns_pid = int(json.loads(bytes(data))["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        child.kill()  # nothing may run in it unless it is counted
+        return None
+    if group is not None:
+        try:
+            group.add(child.proc.pid)
+            group.add(ns_pid)
+        except cgroups.CgroupUnavailable as exc:
+            child.kill()
+            raise SandboxUnavailable(f"the sandbox cannot be limited: {exc}. "
+                                     f"The code was not run.") from None
+    with contextlib.suppress(OSError):
+        os.write(block_fd, b"1")
+    if group is not None:
+        return _CgroupMeter(group)
+    return _ProcMeter(ns_pid, memory_bytes)
+
+
+class _Meter:
+    def sample(self) -> tuple[float, bool]:
+        """(CPU seconds the whole run used so far, whether it is over its memory)."""
+        raise NotImplementedError
+
+
+@dataclass
+class _CgroupMeter(_Meter):
+    """The kernel counts and caps the run's memory; its CPU time is cpu.stat's."""
+    group: cgroups.RunGroup
+
+    def sample(self) -> tuple[float, bool]:
+        return self.group.cpu_s(), False
+
+
+@dataclass
+class _ProcMeter(_Meter):
+    """Without cgroups (CGROUP_ENV=off): the run's CPU time and private memory summed over
+    its processes from outside, through the sandbox's own /proc (its pid namespace). CPU:
+    each process's user+system time plus what it reaped (cutime/cstime: the code, orphans
+    reaped by pid 1). Memory: resident minus shared pages (the interpreter's libraries are
+    counted once, not per process)."""
+    ns_pid: int
+    memory_bytes: int
+    cpu_max: float = 0.0
+    ready: bool = False
+    """Whether the sandbox's /proc is mounted yet (bwrap sets it up after saying its pid):
+    before, /proc/<pid>/root/proc may be the host's."""
+
+    def sample(self) -> tuple[float, bool]:
+        root = f"/proc/{self.ns_pid}/root/proc"
+        cpu_ticks = private_pages = 0
+        try:
+            if not self.ready:
+                self.ready = (os.readlink(f"{root}/1/ns/pid")
+                              == os.readlink(f"/proc/{self.ns_pid}/ns/pid"))
+                if not self.ready:
+                    return self.cpu_max, False
+            names = os.listdir(root)
+        except OSError:
+            return self.cpu_max, False
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"{root}/{name}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+                with open(f"{root}/{name}/statm", "rb") as f:
+                    statm = f.read().split()
+            except OSError:
+                continue  # gone meanwhile: its time is in its reaper's cutime
+            cpu_ticks += sum(int(v) for v in fields[11:15])
+            private_pages += max(0, int(statm[1]) - int(statm[2]))
+        self.cpu_max = max(self.cpu_max, cpu_ticks / _CLOCK_TICKS)
+        return self.cpu_max, private_pages * _PAGE_SIZE > self.memory_bytes
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class _Ended:
+    """How the collection ended: the wall deadline, or the run killed by us for its CPU
+    budget, its memory, its output or a flooded status channel."""
+    timed_out: bool = False
+    cpu_limited: bool = False
+    memory_limited: bool = False
+    output_limited: bool = False
+    status_overflow: bool = False
+    run_cpu_s: float = 0.0
+
+    @property
+    def killed(self) -> bool:
+        return (self.cpu_limited or self.memory_limited or self.output_limited
+                or self.status_overflow)
 
 
 def _start_failure(child: _Child, stderr: _Capture) -> SandboxUnavailable:
@@ -599,13 +833,23 @@ def _start_failure(child: _Child, stderr: _Capture) -> SandboxUnavailable:
 
 
 def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadline: float,
-             max_chars: int) -> tuple[dict[str, _Capture], bool]:
-    """Read the pipes and the status lines until EOF and bwrap's exit; at the wall
-    deadline kill the sandbox."""
+             max_chars: int, meter: _Meter | None = None,
+             cpu_budget_s: float = math.inf) -> tuple[dict[str, _Capture], _Ended]:
+    """Read the pipes and the status lines until EOF and bwrap's exit; kill the sandbox at
+    the wall deadline, when the whole run's CPU time passes `cpu_budget_s` or its memory
+    its limit (`meter`), past OUTPUT_KILL_BYTES of output or STATUS_MAX_BYTES of status."""
     captures = {"stdout": _Capture(max_chars), "stderr": _Capture(max_chars)}
     status_data = bytearray()
-    timed_out = False
+    ended = _Ended()
     stop_at: float | None = None
+    next_sample = time.monotonic()
+
+    def stop(now: float) -> None:
+        nonlocal stop_at
+        child.kill()
+        if stop_at is None:
+            stop_at = now + DRAIN_GRACE_S
+
     with selectors.DefaultSelector() as sel, _exit_watch(child.proc.pid) as pidfd:
         for name in captures:
             pipe = getattr(child.proc, name)
@@ -623,10 +867,18 @@ def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadl
             pipes_open = any(key.data != "exit" for key in sel.get_map().values())
             if exited and not pipes_open:
                 break
+            if meter is not None and stop_at is None and now >= next_sample:
+                ended.run_cpu_s, over_memory = meter.sample()
+                next_sample = now + METER_INTERVAL_S
+                if ended.run_cpu_s >= cpu_budget_s:
+                    ended.cpu_limited = True
+                    stop(now)
+                elif over_memory:
+                    ended.memory_limited = True
+                    stop(now)
             if stop_at is None and now >= deadline:
-                timed_out = not exited
-                child.kill()
-                stop_at = now + DRAIN_GRACE_S
+                ended.timed_out = not exited
+                stop(now)
             elif stop_at is None and exited:
                 stop_at = now + DRAIN_GRACE_S
             if stop_at is not None and now >= stop_at:
@@ -634,6 +886,8 @@ def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadl
             wait = max(0.0, (stop_at or deadline) - now)
             if pidfd is None:
                 wait = min(wait, POLL_INTERVAL_S)
+            if meter is not None and stop_at is None:
+                wait = min(wait, max(0.0, next_sample - now))
             for key, _ in sel.select(wait):
                 if key.data == "exit":
                     continue
@@ -644,9 +898,18 @@ def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadl
                 if not chunk:
                     sel.unregister(key.fileobj)
                 elif key.data == "status":
-                    status_data += chunk[:65536]
+                    room = STATUS_MAX_BYTES - len(status_data)
+                    status_data += chunk[:max(room, 0)]
+                    if len(chunk) > room and not ended.status_overflow:
+                        ended.status_overflow = True  # not the supervisor's few lines
+                        log.warning("sandbox status channel flooded; run killed")
+                        stop(time.monotonic())
                 else:
                     captures[key.data].feed(chunk)
+                    if (captures["stdout"].total + captures["stderr"].total
+                            > OUTPUT_KILL_BYTES and not ended.output_limited):
+                        ended.output_limited = True
+                        stop(time.monotonic())
     for line in bytes(status_data).splitlines():
         try:
             item = json.loads(line)
@@ -654,7 +917,7 @@ def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadl
             continue
         if isinstance(item, dict):
             reports.append(item)
-    return captures, timed_out
+    return captures, ended
 
 
 @contextlib.contextmanager

@@ -37,6 +37,8 @@ TEST_ENV = {
     "AGENTQ_PROVIDER_BREAKER_WINDOW_S": "5", "AGENTQ_PROVIDER_BREAKER_OPEN_S": "1.5",
     "AGENTQ_MODULE_ALLOW_PRIVATE": "1", "AGENTQ_MODULE_SYNC_S": "0.5",
     "AGENTQ_MODULE_RETRY_S": "1",
+    # the code sandbox's cgroups as this machine allows (tests/conftest.py)
+    "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", "required"),
     # the suite on the orchestrator's other pool: AGENTQ_TEST_ORCHESTRATOR_POOL=gevent
     "AGENTQ_ORCHESTRATOR_POOL": os.environ.get("AGENTQ_TEST_ORCHESTRATOR_POOL", "threads"),
 }
