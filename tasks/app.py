@@ -90,6 +90,17 @@ def _gevent_pool(sender=None, **_kwargs) -> None:
         pools.cooperate(sender.app)
 
 
+@signals.worker_init.connect
+def _sandbox_at_start(sender=None, **_kwargs) -> None:
+    """The tools-slow worker sets up the code sandbox before its pool forks: itself not
+    dumpable, the cgroup v2 delegation its runs' groups are made in (agentq.tools.cgroups).
+    Where that cannot be done it says why and runs no code (`sandbox_unavailable`)."""
+    kind = (getattr(sender, "hostname", "") or "").partition("@")[0]
+    if kind == "tools-slow":
+        from agentq.tools import sandbox
+        sandbox.prepare()
+
+
 @signals.worker_ready.connect
 def _describe_pool(sender=None, **_kwargs) -> None:
     import logging

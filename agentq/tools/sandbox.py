@@ -673,6 +673,22 @@ def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_c
             "truncated": stdout_cut or stderr_cut or ended.output_limited}
 
 
+def prepare() -> str | None:
+    """At a worker's start, before its pool forks: the process made non-dumpable and the
+    cgroup delegation set up (its pool processes start in the worker's leaf group). Returns
+    why the sandbox cannot run code here (logged), or None."""
+    try:
+        _not_dumpable()
+        hierarchy = _hierarchy()
+        seccomp.program(deny_memfd=hierarchy is None)
+    except (SandboxUnavailable, seccomp.SeccompUnavailable) as exc:
+        log.error("sandbox unavailable at start", extra={"problem": str(exc)})
+        return str(exc)
+    log.info("sandbox ready", extra={
+        "cgroup": hierarchy.base if hierarchy is not None else None})
+    return None
+
+
 def _hierarchy() -> cgroups.Hierarchy | None:
     """The cgroup v2 delegation the runs' groups are made in; None when CGROUP_ENV is off.
     SandboxUnavailable (the code is not run) when it is required and impossible here."""

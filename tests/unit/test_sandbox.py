@@ -8,9 +8,11 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -467,3 +469,127 @@ def test_what_the_code_left_running_is_gone_when_the_run_answers(scratch_dir):
     # then, the moment the run has answered, its holder is dead: the lock is free at once
     with open(scratch_dir / "held") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+# --- per-run cgroups (agentq.tools.cgroups) on a cgroup v2 tree laid out as the kernel's ---
+
+def _fake_cgroupfs(root, *, controllers="cpuset cpu io memory hugetlb pids rdma",
+                   procs=(101, 102)):
+    """A directory shaped like a delegated cgroup v2 group (`/svc`) at the start: the
+    controllers offered, none enabled for children, the service's processes in it."""
+    base = root / "svc"
+    base.mkdir(parents=True)
+    (base / "cgroup.controllers").write_text(controllers + "\n")
+    (base / "cgroup.subtree_control").write_text("")
+    (base / "cgroup.procs").write_text("".join(f"{p}\n" for p in procs))
+    return base
+
+
+def test_cgroup_setup_moves_the_service_to_a_leaf_then_enables_the_controllers(
+        tmp_path, monkeypatch):
+    from agentq.tools import cgroups
+    base = _fake_cgroupfs(tmp_path)
+    written: list[tuple[str, str]] = []
+    real_write = cgroups._write
+
+    def write(path, value):
+        written.append((os.path.relpath(path, tmp_path), value))
+        if path.endswith("cgroup.procs"):        # the kernel moves the pid out of the base
+            procs = (base / "cgroup.procs").read_text().split()
+            (base / "cgroup.procs").write_text("".join(f"{p}\n" for p in procs
+                                                       if p != value))
+        real_write(path, value)
+    monkeypatch.setattr(cgroups, "_write", write)
+    found = cgroups.setup(mount=str(tmp_path), path="/svc")
+    assert found == cgroups.Hierarchy(str(tmp_path), str(base))
+    assert written == [("svc/agentq-worker/cgroup.procs", "101"),
+                       ("svc/agentq-worker/cgroup.procs", "102"),
+                       ("svc/cgroup.subtree_control", "+memory +pids +cpu")]
+    # a pool process started later, already in the leaf, finds it done
+    (base / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    written.clear()
+    assert cgroups.setup(mount=str(tmp_path), path="/svc/agentq-worker") == found
+    assert written == []
+
+
+def test_a_runs_group_gets_its_limits_and_reports_cpu_and_oom(tmp_path):
+    from agentq.tools import cgroups
+    base = _fake_cgroupfs(tmp_path)
+    group = cgroups.RunGroup(cgroups.Hierarchy(str(tmp_path), str(base)),
+                             memory_bytes=320 * 2 ** 20, max_pids=64)
+    path = Path(group.path)
+    assert path.parent == base and path.name.startswith("agentq-run-")
+    assert {f.name: f.read_text() for f in path.iterdir()} == {
+        "memory.max": str(320 * 2 ** 20), "memory.swap.max": "0", "memory.oom.group": "1",
+        "pids.max": "64", "cpu.max": "100000 100000"}
+    (path / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2400000\n")
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    assert group.cpu_s() == 2.5 and group.oom_killed() is True
+    group.add(4242)
+    assert (path / "cgroup.procs").read_text() == "4242"
+
+
+@pytest.mark.parametrize("controllers, reason", [
+    ("hugetlb", "no memory/pids/cpu controller (it offers hugetlb): on a hybrid host"),
+    ("cpu memory", "no pids controller"),
+])
+def test_the_sandbox_refuses_to_run_without_its_cgroups(tmp_path, monkeypatch, scratch_dir,
+                                                        controllers, reason):
+    from agentq.tools import cgroups
+    _fake_cgroupfs(tmp_path, controllers=controllers)
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: str(tmp_path))
+    monkeypatch.setattr(cgroups, "own_path", lambda: "/svc")
+    monkeypatch.setattr(cgroups, "_ready", {})
+    monkeypatch.setenv(sandbox.CGROUP_ENV, "required")
+    with pytest.raises(SandboxUnavailable, match=re.escape(reason)) as info:
+        run("open('ran', 'w')", scratch_dir=str(scratch_dir))
+    assert "The code was not run" in str(info.value)
+    assert not (scratch_dir / "ran").exists()
+    assert cgroups.check() is not None
+
+
+def test_this_machines_cgroups_are_used_where_it_has_them():
+    # the suite runs with AGENTQ_SANDBOX_CGROUP=off only where cgroup v2 cannot be delegated
+    # (tests/conftest.py); there the default refuses, and says why
+    from agentq.tools import cgroups
+    problem = cgroups.check()
+    assert (os.environ.get(sandbox.CGROUP_ENV) == "off") == (problem is not None)
+
+
+def test_an_unknown_cgroup_mode_is_refused(monkeypatch):
+    monkeypatch.setenv(sandbox.CGROUP_ENV, "sometimes")
+    with pytest.raises(SandboxUnavailable, match="`required` or `off`"):
+        run("print(1)")
+
+
+def test_the_seccomp_filter_is_required(monkeypatch, scratch_dir):
+    from agentq.tools import seccomp
+
+    def missing(deny_memfd):
+        raise seccomp.SeccompUnavailable("libseccomp's Python binding cannot be loaded")
+    monkeypatch.setattr(seccomp, "program", missing)
+    with pytest.raises(SandboxUnavailable, match="seccomp filter cannot be loaded"):
+        run("open('ran', 'w')", scratch_dir=str(scratch_dir))
+    assert not (scratch_dir / "ran").exists()
+
+
+def test_the_seccomp_program_is_a_bpf_program_denying_the_list():
+    from agentq.tools import seccomp
+    for deny_memfd in (False, True):
+        program = seccomp.program(deny_memfd)
+        assert len(program) % 8 == 0 and len(program) > 8 * len(seccomp.DENIED)
+    assert "memfd_create" in seccomp.denied(True)
+    assert "memfd_create" not in seccomp.denied(False)
+
+
+def test_the_process_that_starts_the_sandbox_is_not_dumpable():
+    # no process of the sandbox's uid (or of ours, when we are not root) may ptrace it or
+    # open its descriptors through /proc/<pid>/fd
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 1, 0, 0, 0)                         # PR_SET_DUMPABLE 1, as a fresh process
+    try:
+        run("print(1)")
+        assert libc.prctl(3, 0, 0, 0, 0) == 0         # PR_GET_DUMPABLE
+    finally:
+        libc.prctl(4, 1, 0, 0, 0)
