@@ -4,11 +4,9 @@ subcommands: personas, users (levels, budgets, platform identities), key rotatio
 Everything here acts inside one tenant (the admin key's, or the CLI's `--tenant`): another
 tenant's persona or user is absent (NotFound).
 
-A tenant has at most one default persona: the first one made is the default unless it is
-made with `is_default: false` (then the tenant has none, and a job that no persona matches
-runs with none: the settings' defaults), making another the default moves the flag, and
-deleting the default hands it to the oldest remaining persona. A partial unique index
-holds it in the database too.
+A tenant has exactly one default persona once it has any: the first one made is the
+default, making another the default moves the flag, and deleting the default hands it to
+the oldest remaining persona. A partial unique index holds it in the database too.
 """
 from __future__ import annotations
 
@@ -22,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.keys import create_key
+from agentq.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from agentq.keys import create_key, find_key, hand_over
 from agentq.models import ApiKey, Job, Persona, TokenLog, User, UserPlatformLink
 from agentq.tools.manifest import PERMISSION_LEVELS
 
@@ -117,16 +115,15 @@ def _columns(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_persona(session: Session, tenant_id: uuid.UUID, data: dict[str, Any]) -> Persona:
-    _lock_defaults(session, tenant_id)
+    current = _lock_defaults(session, tenant_id)
     make_default = data.get("is_default")
-    if make_default is None:  # unsaid: the tenant's first persona is its default
-        make_default = session.execute(select(Persona.id).where(
-            Persona.tenant_id == tenant_id).limit(1)).first() is None
+    if make_default is None:
+        make_default = current is None
     persona = Persona(id=uuid.uuid4(), tenant_id=tenant_id, created_at=utcnow(),
                       **_columns(data), is_default=False)
     session.add(persona)
     session.flush()
-    if make_default:  # `is_default: false` is honoured, on a first persona too
+    if make_default or current is None:
         _unset_default(session, tenant_id, persona.id)
         persona.is_default = True
         session.flush()
@@ -300,16 +297,24 @@ def link_identity(session: Session, user: User, platform: str, platform_user_id:
 
 # --- keys -------------------------------------------------------------------------------
 
-def rotate_key(session: Session, key_id: uuid.UUID) -> tuple[ApiKey, str]:
-    """Revoke a live key and make its successor (same name, tenant and scope)."""
-    old = session.get(ApiKey, key_id, with_for_update=True)
+def rotate_key(session: Session, key_id: uuid.UUID,
+               tenant_id: uuid.UUID | None = None) -> tuple[ApiKey, str]:
+    """Revoke a live key and make its successor (same name, tenant and scope). With
+    `tenant_id` (a tenant admin asking) another tenant's key is absent, and an operator's
+    key is not its to rotate."""
+    old = find_key(session, key_id, tenant_id, lock=True)
     if old is None:
         raise NotFound("key", str(key_id))
+    if tenant_id is not None and old.is_operator:
+        raise Forbidden("An operator's key is rotated by an operator.", scope="operator")
     if old.revoked_at is not None:
         raise Conflict(f"Key {key_id} is revoked; make a new one instead.",
                        key_id=str(key_id))
     old.revoked_at = utcnow()
-    return create_key(session, old.name, old.is_admin, old.tenant_id)
+    new, key = create_key(session, old.name, old.is_admin, old.tenant_id,
+                          operator=bool(old.is_operator))
+    hand_over(session, old, new)
+    return new, key
 
 
 # --- usage ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.models import Memory
+from agentq.models import ApiKey, Job, Memory
 
 RECALL_K = 5
 MAX_MEMORY_CHARS = 2000
@@ -125,14 +125,15 @@ def _version(text_version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text_version)[:3])
 
 
-def pgvector_query(dims: int) -> str:
+def pgvector_query(dims: int, owned: str = "") -> str:
     """The pgvector search of one user's memories of a model and dimension count (through
     the HNSW index when the dimensions are the index's). Parameters: u (user id), m (model),
-    d (dimensions), k, q (the query, `vector_literal`)."""
+    d (dimensions), k, q (the query, `vector_literal`); `owned` a further condition (the
+    key's own memories, parameter `key`)."""
     vector = f"vector({int(dims)})"
     return (f"SELECT memory_id, 1 - (embedding::{vector} <=> CAST(:q AS {vector})) AS score "
             f"FROM {VECTOR_SCHEMA}.memory_vectors "
-            "WHERE user_id = :u AND model = :m AND dims = :d "
+            "WHERE user_id = :u AND model = :m AND dims = :d " + owned +
             f"ORDER BY embedding::{vector} <=> CAST(:q AS {vector}) LIMIT :k")
 
 
@@ -153,20 +154,50 @@ def _hnsw_settings(session: Session, ef_search: int, iterative_scan: bool) -> No
            if iterative_scan else "")), {"ef": str(int(ef_search))})
 
 
+def recall_scope(session: Session, api_key_id: uuid.UUID | None) -> uuid.UUID | None:
+    """Whose memories a job of `api_key_id` may recall: None (all the user's) for an admin
+    key or no key (the CLI); the key itself for another key, which recalls only what was
+    remembered in its own conversations (README "Tenants": a non-admin key sees the rows
+    it created)."""
+    if api_key_id is None:
+        return None
+    is_admin = session.execute(select(ApiKey.is_admin).where(ApiKey.id == api_key_id)
+                               ).scalar_one_or_none()
+    return None if is_admin else api_key_id
+
+
+def _of_key(api_key_id: uuid.UUID):
+    """Memories remembered in a conversation where the key has a job."""
+    return exists().where(Job.conversation_id == Memory.conversation_id,
+                          Job.api_key_id == api_key_id)
+
+
+_OF_KEY_SQL = ("AND memory_id IN (SELECT m.id FROM memories m WHERE m.user_id = :u AND "
+               "EXISTS (SELECT 1 FROM jobs j WHERE j.conversation_id = m.conversation_id "
+               "AND j.api_key_id = :key)) ")
+
+
 def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
            k: int = RECALL_K, touch: bool = True,
-           ef_search: int = DEFAULT_EF_SEARCH) -> list[tuple[Memory, float]]:
+           ef_search: int = DEFAULT_EF_SEARCH,
+           api_key_id: uuid.UUID | None = None) -> list[tuple[Memory, float]]:
     """The user's `k` memories most similar to `query` (embedded with `model`); on pgvector
-    the HNSW search looks at `ef_search` candidates (AGENTQ_MEMORY_EF_SEARCH)."""
+    the HNSW search looks at `ef_search` candidates (AGENTQ_MEMORY_EF_SEARCH).
+    `api_key_id` (`recall_scope`'s answer): only those remembered in that key's
+    conversations."""
     backend = _backend(session)
     if backend.name == IN_PROCESS or not query:
-        rows = session.execute(
-            select(Memory).where(Memory.user_id == user_id, Memory.embedding_model == model)
-            .order_by(Memory.created_at.desc()).limit(MAX_SCAN)).scalars().all()
+        query_rows = select(Memory).where(Memory.user_id == user_id,
+                                          Memory.embedding_model == model)
+        if api_key_id is not None:
+            query_rows = query_rows.where(_of_key(api_key_id))
+        rows = session.execute(query_rows.order_by(Memory.created_at.desc())
+                               .limit(MAX_SCAN)).scalars().all()
         scored = sorted(((m, cosine(m.embedding, query)) for m in rows),
                         key=lambda pair: pair[1], reverse=True)[:k]
     else:
-        scored = _search_sql(session, backend, user_id, query, model, k, ef_search)
+        scored = _search_sql(session, backend, user_id, query, model, k, ef_search,
+                             api_key_id)
     if touch and scored:
         session.execute(update(Memory).where(Memory.id.in_([m.id for m, _ in scored]))
                         .values(last_recalled_at=utcnow()))
@@ -174,16 +205,20 @@ def recall(session: Session, user_id: uuid.UUID, query: list[float], model: str,
 
 
 def _search_sql(session: Session, backend: _Backend, user_id: uuid.UUID, query: list[float],
-                model: str, k: int, ef_search: int) -> list[tuple[Memory, float]]:
+                model: str, k: int, ef_search: int,
+                api_key_id: uuid.UUID | None = None) -> list[tuple[Memory, float]]:
     """Nearest neighbours in Postgres: by pgvector's cosine distance (through the HNSW index
     when the dimensions are the index's), else the exact dot product of unit vectors in SQL
     (the stored ones are, migration 0013; the query is made one here)."""
     dims = len(query)
     params = {"u": user_id, "m": model, "d": dims, "k": k}
+    owned = ""
+    if api_key_id is not None:
+        params["key"], owned = api_key_id, _OF_KEY_SQL
     if backend.name == "pgvector":
         _hnsw_settings(session, ef_search, backend.iterative_scan)
         params["q"] = vector_literal(query)
-        sql = pgvector_query(dims)
+        sql = pgvector_query(dims, owned)
     else:
         norm = math.sqrt(sum(x * x for x in query))
         if not norm:
@@ -192,9 +227,12 @@ def _search_sql(session: Session, backend: _Backend, user_id: uuid.UUID, query: 
         sql = (f"SELECT memory_id, {VECTOR_SCHEMA}.dot(embedding, "
                "CAST(:q AS double precision[])) AS score "
                f"FROM {VECTOR_SCHEMA}.memory_vectors "
-               "WHERE user_id = :u AND model = :m AND dims = :d "
+               "WHERE user_id = :u AND model = :m AND dims = :d " + owned +
                "ORDER BY score DESC NULLS LAST, memory_id LIMIT :k")
-    statement = (text(sql).bindparams(bindparam("u", type_=Uuid))
+    statement = text(sql).bindparams(bindparam("u", type_=Uuid))
+    if api_key_id is not None:
+        statement = statement.bindparams(bindparam("key", type_=Uuid))
+    statement = (statement
                  .columns(column("memory_id", Uuid), column("score", Float)))
     ranked = [(memory_id, float(score) if score is not None else -1.0)
               for memory_id, score in session.execute(statement, params).all()]

@@ -15,7 +15,9 @@ latest tick that is due, and records how many it skipped (`missed`); then it wai
 next tick after now. A one-off fires once however late.
 
 Cancelled schedules are never selected; a deleted tenant or conversation deletes its
-schedules (ON DELETE CASCADE), so they cannot fire either.
+schedules (ON DELETE CASCADE), so they cannot fire either. A revoked key's schedules are
+cancelled when it is revoked (`agentq.keys.revoke_key`); one found due all the same (its key
+revoked some other way) is cancelled here instead of firing.
 
 Cron expressions are parsed by croniter: five fields, or six with the sixth being seconds
 (croniter's convention), e.g. `* * * * * */2` is every two seconds.
@@ -39,7 +41,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.models import Conversation, Schedule, ScheduleFiring
+from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring, Tenant
 from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,11 @@ def timing(run_at: datetime | None = None, delay_s: float | None = None,
 def create_schedule(session: Session, conversation: Conversation, content: str, when: Timing,
                     api_key_id: uuid.UUID | None, created_by: str = "api",
                     tool_use_id: str | None = None, callback_url: str | None = None,
-                    metadata: dict[str, Any] | None = None) -> Schedule:
+                    metadata: dict[str, Any] | None = None,
+                    settings: Settings | None = None) -> Schedule:
+    """A new active schedule; `QuotaExceeded` (422) when the tenant holds its quota of
+    active schedules already (`agentq.tenants.Quotas.schedules`)."""
+    check_schedule_quota(session, conversation.tenant_id, settings)
     now = utcnow()
     schedule = Schedule(id=uuid.uuid4(), tenant_id=conversation.tenant_id,
                         api_key_id=api_key_id, conversation_id=conversation.id,
@@ -170,10 +176,25 @@ def create_schedule(session: Session, conversation: Conversation, content: str, 
     return schedule
 
 
+def check_schedule_quota(session: Session, tenant_id: uuid.UUID,
+                         settings: Settings | None = None) -> None:
+    """Refuse one more active schedule past the tenant's quota. The tenant's row is locked
+    first, so concurrent creations of one tenant count one after another."""
+    from agentq.errors import QuotaExceeded
+    from agentq.tenants import quotas_for
+    limit = quotas_for(session, tenant_id, settings).schedules
+    if not limit:
+        return
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    active = session.execute(select(func.count()).select_from(Schedule).where(
+        Schedule.tenant_id == tenant_id, Schedule.status == "active")).scalar_one()
+    if active >= limit:
+        raise QuotaExceeded("schedules", limit, active)
+
+
 def cancel_schedule(session: Session, schedule: Schedule) -> Schedule:
-    """DELETE: an active schedule is cancelled (never fires again; shown `cancelled`),
-    one that was done stays done; either keeps its firings and shows `cancelled_at`. A
-    second DELETE changes nothing."""
+    """DELETE: an active schedule is cancelled (never fires again); any schedule is gone
+    from the API from now on (`cancelled_at`), its firings kept for the record."""
     session.refresh(schedule, with_for_update=True)
     now = utcnow()
     if schedule.status == "active":
@@ -263,7 +284,7 @@ def fire_due(settings: Settings, sessions: Callable[[], Session],
                 # advance together: the tick is still due after recovery and fires then,
                 # once. So the transaction need not wait for its disk flush.
                 with UnitOfWork(sessions, durable=False) as uow:
-                    _fire_one(uow, settings, schedule_id, now())
+                    fired = _fire_one(uow, settings, schedule_id, now())
             except _NothingToFire:
                 continue
             except (NotFound, Conflict, OperationalError):
@@ -272,16 +293,17 @@ def fire_due(settings: Settings, sessions: Callable[[], Session],
                 log.warning("schedule firing rolled back", exc_info=True,
                             extra={"schedule_id": str(schedule_id)})
                 continue
-            total += 1
+            total += int(fired)
         if len(due) < batch:
             return total
     return total
 
 
 def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
-              now: datetime) -> None:
+              now: datetime) -> bool:
     """Claim the schedule, make its continue job and the firing row, advance it: one
-    unit of work (`_NothingToFire` rolls it back)."""
+    unit of work (`_NothingToFire` rolls it back). False: not fired, but cancelled (its
+    key is revoked)."""
     from agentq.loop.submit import Submission, submit
     session = uow.session
     schedule = session.execute(
@@ -290,6 +312,13 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
         .with_for_update(skip_locked=True)).scalar_one_or_none()
     if schedule is None:
         raise _NothingToFire
+    if schedule.api_key_id is not None and session.execute(
+            select(ApiKey.revoked_at).where(ApiKey.id == schedule.api_key_id)
+    ).scalar_one_or_none() is not None:
+        log.info("schedule of a revoked key cancelled", extra={"schedule_id": str(schedule.id)})
+        schedule.status, schedule.next_run_at = "cancelled", None
+        schedule.cancelled_at = schedule.cancelled_at or now
+        return False
     if schedule.kind == "cron":
         fire_at, missed, upcoming = latest_due(schedule.cron, schedule.timezone,
                                                schedule.next_run_at, now)
@@ -316,6 +345,7 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
         schedule.status = "completed"
     schedule.fire_count += 1
     schedule.last_fired_at = now
+    return True
 
 
 def due_count(session: Session, now: datetime | None = None) -> int:

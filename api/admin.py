@@ -1,7 +1,13 @@
 """The admin routes (admin keys only; any other key gets 403).
 
-Across tenants: POST|GET /v1/admin/tenants, POST|GET /v1/admin/keys,
-POST /v1/admin/keys/<id>/revoke, POST /v1/admin/keys/<id>/rotate.
+Operators only (a tenant admin gets 403): POST|GET /v1/admin/tenants,
+PATCH /v1/admin/tenants/<id> (quotas).
+
+Any admin key, each inside what it reaches (`api.auth.admin_reach`: every tenant for an
+operator, its own for a tenant admin; another tenant's key or tenant is 404 as if absent):
+GET /v1/admin/tenants/<id> (a tenant admin: its own, to read its quotas),
+POST|GET /v1/admin/keys, POST /v1/admin/keys/<id>/revoke, POST /v1/admin/keys/<id>/rotate.
+Operators are never made here: an admin key made through the API is its tenant's admin.
 
 In the admin key's tenant (API.md 1.1 "Admin of the tenant"; agentq.admin, the same as
 the `agentq` subcommands): personas (GET|POST /v1/personas, GET|PATCH|DELETE
@@ -14,14 +20,15 @@ from datetime import timedelta
 from flask import Blueprint, g, jsonify, request
 
 from agentq.db import session_scope
-from agentq.errors import NotFound, ValidationFailed
-from agentq.keys import create_key, key_object, list_keys, revoke_key
-from agentq.tenants import create_tenant, find_tenant, list_tenants, tenant_object
-from api.auth import require_key
+from agentq.errors import Forbidden, NotFound, ValidationFailed
+from agentq.keys import create_key, find_key, key_object, list_keys, revoke_key
+from agentq.tenants import (create_tenant, find_tenant, list_tenants, tenant_object,
+                            update_quotas)
+from api.auth import admin_reach, require_key
 from api.jobs import json_body, parse_uuid
 from api.schemas import (IdentityRequestSchema, KeyRequestSchema, PageQuerySchema,
                          PersonaRequestSchema, PersonaUpdateSchema, TenantRequestSchema,
-                         UsageQuerySchema, UserUpdateSchema)
+                         TenantUpdateSchema, UsageQuerySchema, UserUpdateSchema)
 from agentq import admin
 from agentq.db import utcnow
 
@@ -35,24 +42,56 @@ def _created(body: dict):
 
 
 @bp.post("/v1/admin/tenants")
-@require_key(admin=True)
+@require_key(operator=True)
 def post_tenant():
     data = TenantRequestSchema().load(json_body())
     with session_scope(g.settings) as session:
-        return _created(tenant_object(create_tenant(session, data["name"])))
+        return _created(tenant_object(create_tenant(session, data["name"]), g.settings))
 
 
 @bp.get("/v1/admin/tenants")
-@require_key(admin=True)
+@require_key(operator=True)
 def get_tenants():
     with session_scope(g.settings) as session:
-        return jsonify({"data": [tenant_object(t) for t in list_tenants(session)]})
+        return jsonify({"data": [tenant_object(t, g.settings) for t in list_tenants(session)]})
+
+
+def _reachable_tenant(session, tenant_id: str):
+    """The tenant by id, if this admin key reaches it; else 404 as if absent."""
+    ident = parse_uuid(tenant_id, "tenant")
+    reach = admin_reach()
+    if reach is not None and ident != reach:
+        raise NotFound("tenant", tenant_id)
+    try:
+        return find_tenant(session, ident)
+    except NotFound:
+        raise NotFound("tenant", tenant_id) from None
+
+
+@bp.get("/v1/admin/tenants/<tenant_id>")
+@require_key(admin=True)
+def get_tenant(tenant_id: str):
+    with session_scope(g.settings) as session:
+        return jsonify(tenant_object(_reachable_tenant(session, tenant_id), g.settings))
+
+
+@bp.patch("/v1/admin/tenants/<tenant_id>")
+@require_key(operator=True)
+def patch_tenant(tenant_id: str):
+    data = TenantUpdateSchema().load(json_body())
+    with session_scope(g.settings) as session:
+        tenant = update_quotas(session, _reachable_tenant(session, tenant_id), data["quotas"])
+        return jsonify(tenant_object(tenant, g.settings))
 
 
 @bp.post("/v1/admin/keys")
 @require_key(admin=True)
 def post_key():
     data = KeyRequestSchema().load(json_body())
+    reach = admin_reach()
+    if reach is not None and data["tenant_id"] != reach:
+        # a tenant admin names only its own tenant: any other is absent, existing or not
+        raise NotFound("tenant", str(data["tenant_id"]))
     with session_scope(g.settings) as session:
         try:
             tenant = find_tenant(session, data["tenant_id"])
@@ -67,16 +106,21 @@ def post_key():
 @require_key(admin=True)
 def get_keys():
     with session_scope(g.settings) as session:
-        return jsonify({"data": [key_object(k) for k in list_keys(session)]})
+        return jsonify({"data": [key_object(k) for k in list_keys(session, admin_reach())]})
 
 
 @bp.post("/v1/admin/keys/<key_id>/revoke")
 @require_key(admin=True)
 def post_revoke(key_id: str):
+    reach = admin_reach()
     with session_scope(g.settings) as session:
-        row = revoke_key(session, parse_uuid(key_id, "key"))
+        ident = parse_uuid(key_id, "key")
+        row = find_key(session, ident, reach)
         if row is None:
             raise NotFound("key", key_id)
+        if reach is not None and row.is_operator:
+            raise Forbidden("An operator's key is revoked by an operator.", scope="operator")
+        revoke_key(session, ident, reach)
         return jsonify(key_object(row))
 
 
@@ -84,7 +128,7 @@ def post_revoke(key_id: str):
 @require_key(admin=True)
 def post_rotate(key_id: str):
     with session_scope(g.settings) as session:
-        row, key = admin.rotate_key(session, parse_uuid(key_id, "key"))
+        row, key = admin.rotate_key(session, parse_uuid(key_id, "key"), admin_reach())
         return _created({**key_object(row), "key": key})
 
 

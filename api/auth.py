@@ -3,7 +3,10 @@
 A key belongs to a tenant (agentq.tenants). Every row a route reads or changes must be of
 the key's tenant: another tenant's row is absent (404), admin key or not. Inside its
 tenant a non-admin key sees the rows it created; an admin key sees every key's rows there.
-Only the /v1/admin/ routes (api/admin.py) reach across tenants."""
+
+Admin keys are of two kinds (API.md 1.2): a tenant admin acts only inside its tenant, on
+the admin routes too; an operator (`require_key(operator=True)`, made only on the server)
+also reaches across tenants, and only on the /v1/admin/ routes (api/admin.py)."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +20,7 @@ from agentq.errors import Forbidden, Unauthorized
 from agentq.keys import hash_key
 from agentq.models import ApiKey
 
-_LIVE_KEY = select(ApiKey.id, ApiKey.is_admin, ApiKey.tenant_id).where(
+_LIVE_KEY = select(ApiKey.id, ApiKey.is_admin, ApiKey.tenant_id, ApiKey.is_operator).where(
     ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
 """`keys.lookup`'s answer as one Core statement, built once: every request reads it, and
 through an ORM session (its transaction, the statement built and compiled anew, an ApiKey
@@ -34,18 +37,30 @@ def _authenticate() -> None:
     if row is None:
         raise Unauthorized("Invalid API key.")
     g.api_key_id, g.is_admin, g.tenant_id = row.id, row.is_admin, row.tenant_id
+    g.is_operator = bool(row.is_operator)
 
 
-def require_key(admin: bool = False) -> Callable:
+def require_key(admin: bool = False, operator: bool = False) -> Callable:
+    """`admin`: a tenant admin or an operator; `operator`: an operator only (a tenant
+    admin gets 403 too)."""
     def wrap(view: Callable) -> Callable:
         @functools.wraps(view)
         def inner(*args, **kwargs):
             _authenticate()
-            if admin and not g.is_admin:
+            if (admin or operator) and not g.is_admin:
                 raise Forbidden("This route needs an admin key.", scope="admin")
+            if operator and not g.is_operator:
+                raise Forbidden("This route needs an operator key (made on the server with "
+                                "`agentq keys create NAME --admin`).", scope="operator")
             return view(*args, **kwargs)
         return inner
     return wrap
+
+
+def admin_reach():
+    """The tenant an admin route may act in: None (every tenant) for an operator, the
+    key's own tenant for a tenant admin."""
+    return None if getattr(g, "is_operator", False) else g.tenant_id
 
 
 def can_see(row) -> bool:

@@ -99,7 +99,8 @@ def create_batch():
             content=data["content"], attachments=data["attachments"],
             metadata=data["metadata"], callback_url=data["callback_url"],
             limits=data["limits"], persona_id=data["persona_id"], stream=data["stream"],
-            api_key_id=g.api_key_id, tenant_id=g.tenant_id), data.get("custom_id"))
+            api_key_id=g.api_key_id, tenant_id=g.tenant_id,
+            own_conversations=not g.is_admin), data.get("custom_id"))
             for data in loaded])
         body = _admitted(uow, batch)
     return _answer(body)

@@ -75,17 +75,30 @@ def load_job(session, job_id: str) -> Job:
 
 
 def load_conversation(session, conversation_id: uuid.UUID) -> Conversation:
-    """A conversation of the key's tenant with a job the key may see (any, for an admin
-    key); else 404, as if absent."""
+    """A conversation of the key's tenant (any, for an admin key); for another key, one it
+    owns (`agentq.loop.identity.scope_key`: a conversation made at a place by a non-admin
+    key is that key's alone) or, where it has no owner, one with a job the key made; else
+    404, as if absent."""
     conversation = session.get(Conversation, conversation_id)
-    visible = conversation is not None and conversation.tenant_id == g.tenant_id and (
-        g.is_admin or session.execute(
-            select(Job.id).where(Job.conversation_id == conversation_id,
-                                 Job.tenant_id == g.tenant_id,
-                                 Job.api_key_id == g.api_key_id).limit(1)).first())
+    if conversation is None or conversation.tenant_id != g.tenant_id:
+        raise NotFound("conversation", str(conversation_id))
+    owner = owner_of(conversation)
+    visible = g.is_admin or owner == str(g.api_key_id) or (owner is None and session.execute(
+        select(Job.id).where(Job.conversation_id == conversation_id,
+                             Job.tenant_id == g.tenant_id,
+                             Job.api_key_id == g.api_key_id).limit(1)).first())
     if not visible:
         raise NotFound("conversation", str(conversation_id))
     return conversation
+
+
+def owner_of(conversation: Conversation) -> str | None:
+    """The API key id a conversation belongs to (its scope key's fifth part), if any."""
+    try:
+        parts = json.loads(conversation.scope_key or "[]")
+    except ValueError:
+        return None
+    return parts[4] if isinstance(parts, list) and len(parts) > 4 else None
 
 
 def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: bool = False,
@@ -175,7 +188,8 @@ def submit_message():
         incoming=incoming, content=data["content"], attachments=data["attachments"],
         metadata=data["metadata"], callback_url=data["callback_url"],
         on_busy=data["on_busy"], limits=data["limits"], persona_id=data["persona_id"],
-        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
+        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id,
+        own_conversations=not g.is_admin))
 
 
 @bp.post("/v1/continue")
@@ -190,7 +204,8 @@ def continue_conversation():
         incoming=None, conversation_id=conversation_id, content=data["content"],
         metadata=data["metadata"], callback_url=data["callback_url"],
         on_busy=data["on_busy"], limits=data["limits"], persona_id=data["persona_id"],
-        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id))
+        stream=data["stream"], api_key_id=g.api_key_id, tenant_id=g.tenant_id,
+        own_conversations=not g.is_admin))
 
 
 @bp.get("/v1/jobs/<job_id>")

@@ -57,6 +57,9 @@ SCHEMAS = {
     "TenantRequest": schemas.TenantRequestSchema,
     "Tenant": schemas.TenantSchema,
     "TenantPage": schemas.TenantPageSchema,
+    "TenantUpdate": schemas.TenantUpdateSchema,
+    "Quotas": schemas.QuotasSchema,
+    "QuotasUpdate": schemas.QuotasUpdateSchema,
     "KeyRequest": schemas.KeyRequestSchema,
     "ApiKey": schemas.ApiKeySchema,
     "NewApiKey": schemas.NewApiKeySchema,
@@ -97,7 +100,8 @@ SCHEMAS["BatchRequest"] = BatchRequestSchema
 # marks all their properties required, so a response missing one breaks conformance.
 ALWAYS_COMPLETE = ("Job", "Usage", "JobResponse", "ResponseMetadata", "ToolCallSummary",
                    "FileRef", "Message", "MessagePage", "EmbedResponse", "Error", "ErrorBody",
-                   "Batch", "BatchCounts", "Tenant", "TenantPage", "ApiKey", "NewApiKey",
+                   "Batch", "BatchCounts", "Tenant", "Quotas", "TenantPage", "ApiKey",
+                   "NewApiKey",
                    "ApiKeyPage", "Persona", "PersonaPage", "Deleted", "User", "UserPage",
                    "UserDetail", "Identity", "PeriodUsage", "TokenLog", "UsageReport",
                    "UsageRow", "Schedule", "ScheduleDetail", "ScheduleFiring", "SchedulePage")
@@ -165,10 +169,8 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                               "description": "Only this conversation's schedules.",
                               "schema": {"type": "string", "format": "uuid"}},
     "schedule_status": {"in": "query", "name": "status", "required": False,
-                        "description": "Only schedules in this status (default: all, "
-                                       "cancelled ones too).",
-                        "schema": {"type": "string",
-                                   "enum": ["active", "done", "cancelled"]}},
+                        "description": "Only schedules in this status.",
+                        "schema": {"type": "string", "enum": ["active", "done"]}},
     "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
                       "description": "Resume after this `seq` (overrides `after`).",
                       "schema": {"type": "string", "pattern": "^[0-9]+$"}},
@@ -413,23 +415,45 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "description": "`404` when the job is not a replay.",
         "responses": {"200": _json("Compare", "Answers, tool calls and usage side by side."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
-    # --- admin: across tenants, admin keys only ------------------------------------------
+    # --- admin: tenants (operators) and keys (operators: any tenant; tenant admins: their
+    # own) -----------------------------------------------------------------------------------
     ("POST", "/v1/admin/tenants"): {
         "operationId": "createTenant", "summary": "Make a tenant", "tags": ["admin"],
-        "description": "Admin keys only. `409` when the name is taken.",
+        "description": "Operator keys only (a tenant admin gets `403`). `409` when the name "
+                       "is taken.",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "TenantRequest"}}},
         "responses": {"201": _json("Tenant", "The new tenant."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 409, 415, 422)}}},
     ("GET", "/v1/admin/tenants"): {
         "operationId": "listTenants", "summary": "Every tenant", "tags": ["admin"],
+        "description": "Operator keys only (a tenant admin gets `403`).",
         "responses": {"200": _json("TenantPage", "Every tenant, oldest first."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+    ("GET", "/v1/admin/tenants/{}"): {
+        "operationId": "getTenant", "summary": "A tenant and its quotas", "tags": ["admin"],
+        "description": "An operator: any tenant; a tenant admin: its own (another tenant is "
+                       "`404`). Each quota is the tenant's own or the settings' default "
+                       "(`quotas_set` names those set); 0 is no limit.",
+        "responses": {"200": _json("Tenant", "The tenant."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("PATCH", "/v1/admin/tenants/{}"): {
+        "operationId": "updateTenant", "summary": "Set a tenant's quotas", "tags": ["admin"],
+        "description": "Operator keys only (a tenant admin gets `403`, even for its own "
+                       "tenant). Each quota given is set (a whole number 0..1,000,000; 0 is "
+                       "no limit) or, with `null`, back to the settings' default "
+                       "(`AGENTQ_QUOTA_*`); the others stay.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "TenantUpdate"}}},
+        "responses": {"200": _json("Tenant", "The tenant, with its quotas now."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
     ("POST", "/v1/admin/keys"): {
         "operationId": "createKey", "summary": "Make an API key of a tenant",
         "tags": ["admin"],
         "description": "Admin keys only. The answer holds the key itself, the only time it "
-                       "is shown; only its hash is stored.",
+                       "is shown; only its hash is stored. `admin: true` makes an admin of "
+                       "that tenant (never an operator: those are made on the server). A "
+                       "tenant admin names only its own tenant: another is `404`.",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "KeyRequest"}}},
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
@@ -437,11 +461,14 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/v1/admin/keys"): {
         "operationId": "listKeys", "summary": "Every API key (never the key itself)",
         "tags": ["admin"],
+        "description": "An operator: every tenant's keys; a tenant admin: its tenant's.",
         "responses": {"200": _json("ApiKeyPage", "Every key, oldest first."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
     ("POST", "/v1/admin/keys/{}/revoke"): {
         "operationId": "revokeKey", "summary": "Revoke an API key", "tags": ["admin"],
-        "description": "From now on the key answers `401`.",
+        "description": "From now on the key answers `401`, and its schedules stop firing. "
+                       "Another tenant's key is `404` to a tenant admin; an operator's key "
+                       "is `403` to it.",
         "responses": {"200": _json("ApiKey", "The key, revoked."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
     # --- tool modules: admin keys only ----------------------------------------------------
@@ -483,7 +510,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "rotateKey", "summary": "Rotate an API key", "tags": ["admin"],
         "description": "Revokes the key and makes its successor (same name, tenant and "
                        "scope); the answer holds the new key, the only time it is shown. "
-                       "`409` when the key is revoked already.",
+                       "`409` when the key is revoked already. Another tenant's key is `404` "
+                       "to a tenant admin; an operator's key is `403` to it.",
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
     # --- admin: in the admin key's tenant -------------------------------------------------
@@ -602,9 +630,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("DELETE", "/v1/schedules/{}"): {
         "operationId": "deleteSchedule", "summary": "Cancel a schedule",
         "tags": ["schedules"],
-        "description": "It never fires again; it stays readable (GET, the list) with "
-                       "`status: cancelled` (a schedule that was done stays `done`) and "
-                       "`cancelled_at`. Deleting it again changes nothing (204).",
+        "description": "It never fires again, and is gone from these routes.",
         "responses": {"204": {"description": "Cancelled; no body."},
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
 }

@@ -268,12 +268,9 @@ class JobSchema(Schema):
     id = fields.String()
     status = fields.String(validate=validate.OneOf(JOB_STATUSES))
     waiting_for = fields.String(allow_none=True, validate=validate.OneOf(
-        ("provider", "approval", "conversation", "batch", "quota")), metadata={
+        ("provider", "approval")), metadata={
         "description": "What a job with status `waiting` waits for: its model provider to "
-                       "answer again (API.md 1.1), or a person's approval of a tool call; "
-                       "what a `queued` job waits for before its start: its conversation "
-                       "(another job of it runs), its batch's admission, or its tenant's "
-                       "running-jobs quota. Else null."})
+                       "answer again (API.md 1.1), or a person's approval of a tool call."})
     finish_reason = fields.String(allow_none=True, validate=validate.OneOf(FINISH_REASONS))
     conversation_id = fields.String()
     created_at = fields.String()
@@ -285,14 +282,7 @@ class JobSchema(Schema):
     replay_of = fields.String(allow_none=True)
     batch_id = fields.String(allow_none=True)
     follow_up_job_id = fields.String(allow_none=True)
-    limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
-        "description": "The limits the request asked for, as sent (null: none); "
-                       "`limits_applied` has the ones that apply."})
-    limits_applied = fields.Nested(LimitsSchema, allow_none=True, metadata={
-        "description": "The limits that apply to this job: for each, the smallest of the "
-                       "request's, the persona's and the settings' (null where none sets "
-                       "it), fixed when the job is made. Null until its first step for a "
-                       "job made without them (before agentq recorded them; a follow-up)."})
+    limits = fields.Nested(LimitsSchema, allow_none=True)
     metadata = fields.Dict()
     steering = fields.Nested(SteeringSchema, metadata={
         "description": "Only in the answer to a message that steered this running job "
@@ -440,10 +430,53 @@ class TenantRequestSchema(StrictSchema):
     name = fields.String(required=True, validate=[validate.Length(1, 200), _not_blank])
 
 
+class QuotasSchema(Schema):
+    """A tenant's quotas (API.md 1.2); 0 is no limit."""
+    requests_per_second = fields.Integer(required=True, metadata={
+        "description": "Requests per second per key (429 `rate_limited` past it)."})
+    streams_per_key = fields.Integer(required=True, metadata={
+        "description": "Open event streams and `?wait` holds per key (429 past it)."})
+    running_jobs = fields.Integer(required=True, metadata={
+        "description": "Jobs of the tenant running at once; more stay `queued` with "
+                       "`waiting_for: quota`."})
+    schedules = fields.Integer(required=True, metadata={
+        "description": "Active schedules of the tenant (422 `quota_exceeded` past it)."})
+    modules = fields.Integer(required=True, metadata={
+        "description": "Tool modules the tenant registered (422 `quota_exceeded` past it)."})
+    tool_calls_per_turn = fields.Integer(required=True, metadata={
+        "description": "Tool calls one model reply may make; the calls past it get the tool "
+                       "error `too_many_tool_calls`."})
+
+
+class _QuotaValue(fields.Integer):
+    def __init__(self, **kwargs):
+        super().__init__(strict=True, allow_none=True, validate=validate.Range(0, 1_000_000),
+                         **kwargs)
+
+
+class QuotasUpdateSchema(StrictSchema):
+    """Quotas to set (a whole number, 0 = no limit) or reset to the default (null)."""
+    requests_per_second = _QuotaValue()
+    streams_per_key = _QuotaValue()
+    running_jobs = _QuotaValue()
+    schedules = _QuotaValue()
+    modules = _QuotaValue()
+    tool_calls_per_turn = _QuotaValue()
+
+
+class TenantUpdateSchema(StrictSchema):
+    quotas = fields.Nested(QuotasUpdateSchema, required=True)
+
+
 class TenantSchema(Schema):
     id = fields.String(required=True)
     name = fields.String(required=True)
     created_at = fields.String(required=True)
+    quotas = fields.Nested(QuotasSchema, required=True, metadata={
+        "description": "Each the tenant's own, or the settings' default."})
+    quotas_set = fields.List(fields.String(), required=True, metadata={
+        "description": "The quotas an operator set for this tenant (the others are the "
+                       "defaults)."})
 
 
 class TenantPageSchema(Schema):
@@ -462,6 +495,8 @@ class ApiKeySchema(Schema):
     prefix = fields.String(required=True)
     tenant_id = fields.String(required=True)
     admin = fields.Boolean(required=True)
+    operator = fields.Boolean(required=True, metadata={
+        "description": "An operator key (across tenants; made only on the server)."})
     created_at = fields.String(required=True)
     last_used_at = fields.String(allow_none=True, required=True)
     revoked_at = fields.String(allow_none=True, required=True)
@@ -767,7 +802,7 @@ class SchedulePageSchema(Schema):
 
 class ScheduleQuerySchema(StrictSchema):
     conversation_id = fields.UUID()
-    status = fields.String(validate=validate.OneOf(("active", "done", "cancelled")))
+    status = fields.String(validate=validate.OneOf(("active", "done")))
     limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
 
 

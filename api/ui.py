@@ -59,6 +59,7 @@ def _signed_in():
         if row is None:
             return redirect(url_for("ui.sign_in", next=request.full_path))
         g.api_key_id, g.is_admin, g.tenant_id = row.id, row.is_admin, row.tenant_id
+        g.is_operator = bool(row.is_operator)  # the pages act in the key's tenant all the same
     return None
 
 

@@ -217,7 +217,7 @@ def _dev_key(settings) -> str:
             if lookup(session, key):
                 return key
     with session_scope(settings) as session:
-        _row, key = create_key(session, "dev", admin=True)
+        _row, key = create_key(session, "dev", admin=True, operator=True)
     path.write_text(key + "\n")
     path.chmod(0o600)
     return key

@@ -90,15 +90,18 @@ def keys() -> None:
 @click.option("--tenant", "tenant_ref", default=None,
               help="The key's tenant, by id or name (default: the default tenant).")
 @click.option("--admin", is_flag=True,
-              help="The key may use the admin routes (tenants, keys) and sees every key's "
-                   "rows in its tenant.")
+              help="An admin key: with --tenant, that tenant's admin (its keys, personas, "
+                   "users, usage, modules, schedules; every key's rows there); without "
+                   "--tenant, an operator (every tenant: the tenants' routes, keys of any "
+                   "tenant). Operators are made only here, never through the API.")
 def keys_create(name: str, tenant_ref: str | None, admin: bool) -> None:
     """Make a key; it is printed once on stdout, only its hash is stored."""
     from agentq.db import session_scope
     from agentq.keys import create_key
     from agentq.tenants import find_tenant
     with _client_errors(), session_scope() as session:
-        _row, key = create_key(session, name, admin, find_tenant(session, tenant_ref).id)
+        _row, key = create_key(session, name, admin, find_tenant(session, tenant_ref).id,
+                               operator=admin and tenant_ref is None)
     click.echo(key)
 
 

@@ -87,14 +87,6 @@ def effective_limits(settings_iterations: int, settings_tokens: int | None,
     return out
 
 
-def applied_limits(settings, persona_limits: dict[str, Any] | None,
-                   requested: dict[str, Any] | None) -> dict[str, Any]:
-    """The limits that apply to a new job (the job object's `limits_applied`): the
-    smallest of the settings', the persona's and the request's."""
-    return effective_limits(settings.max_iterations, settings.max_job_tokens,
-                            settings.max_seconds, persona_limits, requested)
-
-
 def check_limits(limits: Limits) -> Stop | None:
     """Before every model call: cancel, then the iteration guard, the job's token and time
     limits, then the budget."""
@@ -125,15 +117,22 @@ def check_limits(limits: Limits) -> Stop | None:
     return None
 
 
-def decide(reply: LLMReply, offered: Iterable[str]) -> Decision:
-    """The turn's decision from the model's reply and the names of the tools offered."""
+def decide(reply: LLMReply, offered: Iterable[str], max_calls: int = 0) -> Decision:
+    """The turn's decision from the model's reply and the names of the tools offered.
+    `max_calls` (the tenant's `tool_calls_per_turn`; 0: no cap): the calls past it are
+    answered with the error `too_many_tool_calls`, never run."""
     if not reply.tool_calls:
         return Finish(reply.content)
     offered = set(offered)
     planned = []
-    for call in reply.tool_calls:
+    for position, call in enumerate(reply.tool_calls):
         error = None
-        if call.arguments is None:
+        if max_calls and position >= max_calls:
+            error = {"code": "too_many_tool_calls",
+                     "message": f"Only {max_calls} tool calls are run per reply; this one "
+                                f"(call {position + 1} of {len(reply.tool_calls)}) was not. "
+                                "Make fewer calls at a time."}
+        elif call.arguments is None:
             error = {"code": "invalid_arguments",
                      "message": f"Arguments for {call.name} are not a JSON object: "
                                 f"{call.arguments_error or 'unreadable'}"}

@@ -31,12 +31,18 @@ class Incoming:
     platform_server_id: str | None = None
 
 
-def scope_key(tenant_id: uuid.UUID, platform: str, channel: str, thread: str | None) -> str:
+def scope_key(tenant_id: uuid.UUID, platform: str, channel: str, thread: str | None,
+              owner: uuid.UUID | None = None) -> str:
     """One conversation per (tenant, platform, channel, thread); a thread is its own.
+    `owner`: the non-admin API key whose conversation it is (each such key has its own
+    conversation at a place, README "Tenants"); None for admin keys and the CLI, whose
+    conversation at a place is the tenant's.
 
     JSON-encoded, so no id can contain a separator that makes two places one."""
-    return json.dumps([str(tenant_id), platform, channel, thread], ensure_ascii=False,
-                      separators=(",", ":"))
+    parts = [str(tenant_id), platform, channel, thread]
+    if owner is not None:
+        parts.append(str(owner))
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
 
 # The lookups are built once, with bind parameters: a statement made per request costs
@@ -78,19 +84,21 @@ def _find_all(with_server: bool):
 _FIND_ALL = {True: _find_all(True), False: _find_all(False)}
 
 
-def _params(tenant_id: uuid.UUID, incoming: Incoming) -> dict:
+def _params(tenant_id: uuid.UUID, incoming: Incoming, owner: uuid.UUID | None = None) -> dict:
     return {"tenant_id": tenant_id, "platform": incoming.platform,
             "platform_user_id": incoming.platform_user_id,
             "server_id": incoming.platform_server_id,
             "scope_key": scope_key(tenant_id, incoming.platform, incoming.platform_channel_id,
-                                   incoming.platform_thread_id)}
+                                   incoming.platform_thread_id, owner)}
 
 
 def resolve(session: Session, tenant_id: uuid.UUID, incoming: Incoming, settings: Settings,
-            now: datetime | None = None) -> tuple[User, Persona | None, Conversation]:
+            now: datetime | None = None, owner: uuid.UUID | None = None
+            ) -> tuple[User, Persona | None, Conversation]:
     """User, persona and conversation of a message: one query when the user and the
-    conversation exist (the usual case); a missing one is made as below."""
-    params = _params(tenant_id, incoming)
+    conversation exist (the usual case); a missing one is made as below. `owner`: see
+    `scope_key`."""
+    params = _params(tenant_id, incoming, owner)
     user, persona, conversation = session.execute(
         _FIND_ALL[bool(incoming.platform_server_id)], params).one()
     if user is None:  # not there a moment ago: made now (a racing writer's row wins)
@@ -135,9 +143,10 @@ def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
 
 
 def resolve_conversation(session: Session, user: User, incoming: Incoming,
-                         persona: Persona | None, now: datetime | None = None) -> Conversation:
+                         persona: Persona | None, now: datetime | None = None,
+                         owner: uuid.UUID | None = None) -> Conversation:
     key = scope_key(user.tenant_id, incoming.platform, incoming.platform_channel_id,
-                    incoming.platform_thread_id)
+                    incoming.platform_thread_id, owner)
     # last_active_at moves when a job lets the conversation go (agentq.lifecycle), under the
     # lock order of the writer; touching the row here would lock it before the job it waits
     # for.

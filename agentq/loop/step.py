@@ -69,6 +69,7 @@ from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, 
 from agentq.loop.submit import describe_attachments
 from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
                            Persona, ToolCall, User)
+from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
 from agentq.uow import UnitOfWork
 
@@ -178,6 +179,8 @@ class _Turn:
     """The turn was announced by an earlier run of its step (its provider was waited for)."""
     recall_user: uuid.UUID | None = None
     """Set when the user has memories: the top matches for the question join the context."""
+    recall_key: uuid.UUID | None = None
+    """The job's API key: a non-admin key recalls only its own conversations' memories."""
     stream: bool = False
     """Stream the reply: message_delta events through the hub as the text arrives."""
     turn: int = 0
@@ -340,14 +343,9 @@ class Stepper:
         if budget.roll_period(user, now, self.settings.budget_period_days):
             log.info("budget period reset", extra={"user_id": str(user.id)})
         recorded_replay = job.replay_mode == "recorded"  # costs nothing: no budget applies
-        # the limits fixed when the job was made (the job object's `limits_applied`); a
-        # job made before they were recorded gets them now
         own = effective_limits(self.settings.max_iterations, self.settings.max_job_tokens,
                                self.settings.max_seconds,
-                               *((job.limits_applied,) if job.limits_applied else
-                                 (persona.limits if persona else None, job.limits)))
-        if job.limits_applied is None:
-            job.limits_applied = own
+                               persona.limits if persona else None, job.limits)
         limits = Limits(iteration=job.iteration, max_iterations=own["max_iterations"],
                         cancel_requested=job.cancel_requested_at is not None,
                         budget_limit=None if recorded_replay else user.token_budget_monthly,
@@ -436,7 +434,7 @@ class Stepper:
         turn.layers, turn.budget = layers, budget
         turn.summary_version = summary.version if summary else 0
         if recalls:
-            turn.recall_user = job.user_id
+            turn.recall_user, turn.recall_key = job.user_id, job.api_key_id
         if self.hooks.loaded:
             stopped = self.hooks.before_turn({**_hook_ctx(job, job.iteration + 1),
                                               "messages": self._assemble(turn)})
@@ -526,7 +524,9 @@ class Stepper:
         with UnitOfWork(self.sessions) as uow:
             found = memory.recall(uow.session, turn.recall_user, vector,
                                   self.settings.embedding_model,
-                                  ef_search=self.settings.memory_ef_search)
+                                  ef_search=self.settings.memory_ef_search,
+                                  api_key_id=memory.recall_scope(uow.session,
+                                                                 turn.recall_key))
             if found:
                 uow.event(uuid.UUID(job_id), "memory_recalled", count=len(found),
                           similarities=[round(score, 4) for _, score in found])
@@ -730,7 +730,9 @@ class Stepper:
             uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="cancelled")
             self._stop(uow, job, Stop("cancelled", "The job was cancelled."))
             return
-        decision = decide(reply, [t.name for t in turn.tools])
+        decision = decide(reply, [t.name for t in turn.tools],
+                          cached_quotas(session, job.tenant_id,
+                                        self.settings).tool_calls_per_turn)
         match decision:
             case Finish(content=content):
                 append_messages(session, job.conversation_id, job.id,

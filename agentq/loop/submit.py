@@ -19,7 +19,6 @@ from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
 from agentq.lifecycle import StopReason, WaitingFor, end_job, new_job
-from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
@@ -48,6 +47,9 @@ class Submission:
     tenant_id: uuid.UUID = DEFAULT_TENANT_ID
     """Whose rows these are: the API key's tenant (the CLI's embedded runs: the default).
     Users, conversations and personas are looked up in it only."""
+    own_conversations: bool = False
+    """A non-admin key's message: the conversation at its place is the key's own
+    (`agentq.loop.identity.scope_key`), never another key's."""
 
 
 @dataclass
@@ -68,7 +70,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     session, now = uow.session, utcnow()
     user, persona, conversation = _resolve(session, settings, sub, now, cache)
     if batch_id is not None:
-        job = _new_job(session, settings, sub, user, persona, conversation, now,
+        job = _new_job(session, sub, user, persona, conversation, now,
                        waiting_for=WaitingFor.BATCH, flush=False)
         job.batch_id = batch_id
         return Submitted(job, True)
@@ -81,7 +83,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
                       now)
         return Submitted(owner, False, entry.id)
 
-    job = _new_job(session, settings, sub, user, persona, conversation, now,
+    job = _new_job(session, sub, user, persona, conversation, now,
                    waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
     if owner is None:
         conversation.active_job_id = job.id
@@ -104,14 +106,15 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
                    if conversation.persona_id else None)
     else:
         incoming = sub.incoming
+        owner = sub.api_key_id if sub.own_conversations else None
         key = (sub.tenant_id, incoming.platform, incoming.platform_user_id,
                incoming.platform_channel_id, incoming.platform_thread_id,
-               incoming.platform_server_id)
+               incoming.platform_server_id, owner)
         if cache is not None and key in cache:
             user, persona, conversation = cache[key]
         else:
             user, persona, conversation = resolve(session, sub.tenant_id, incoming,
-                                                  settings, now)
+                                                  settings, now, owner)
             if cache is not None:
                 cache[key] = (user, persona, conversation)
     if sub.persona_id is not None:
@@ -181,17 +184,15 @@ def cancel(uow: UnitOfWork, job: Job) -> None:
     interrupt(uow, job)
 
 
-def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
-             persona: Persona | None, conversation: Conversation, now,
-             waiting_for: WaitingFor | None, flush: bool = True) -> Job:
-    asked = {k: v for k, v in (sub.limits or {}).items() if v is not None}
+def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
+             conversation: Conversation, now, waiting_for: WaitingFor | None,
+             flush: bool = True) -> Job:
     job = new_job(tenant_id=sub.tenant_id, conversation_id=conversation.id,
                   user_id=user.id, persona_id=persona.id if persona else None,
                   api_key_id=sub.api_key_id, content=sub.content, meta=sub.metadata,
                   callback_url=sub.callback_url, on_busy=sub.on_busy, model=sub.model,
-                  stream=sub.stream, waiting_for=waiting_for, now=now, limits=asked,
-                  limits_applied=applied_limits(settings, persona.limits if persona else None,
-                                                asked))
+                  stream=sub.stream, waiting_for=waiting_for, now=now,
+                  limits={k: v for k, v in (sub.limits or {}).items() if v is not None})
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     if flush:
         insert_new(session, job)  # written now: its files and the conversation refer to it

@@ -221,12 +221,14 @@ class Stack:
                    tenant: str | None = None) -> str:
         """A new key, made as `agentq keys create` makes it (the same functions, in this
         process: a CLI process a key cost 1-8 s; tests/integration/test_cli_admin.py runs
-        the command itself)."""
+        the command itself): an admin key without a tenant is an operator, with one that
+        tenant's admin."""
         from agentq.db import session_scope
         from agentq.keys import create_key
         from agentq.tenants import find_tenant
         with session_scope(self.settings()) as session:
-            _row, key = create_key(session, name, admin, find_tenant(session, tenant).id)
+            _row, key = create_key(session, name, admin, find_tenant(session, tenant).id,
+                                   operator=admin and tenant is None)
         return key
 
     def create_tenant(self, name: str) -> str:

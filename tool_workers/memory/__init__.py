@@ -62,8 +62,11 @@ def recall(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     k = int(args.get("k", memory.RECALL_K))
     vector, model = _embed(ctx, args["query"])
     with ctx.session_factory() as session, session.begin():
+        key = session.execute(select(Job.api_key_id).where(
+            Job.id == uuid.UUID(ctx.job_id))).scalar_one_or_none()
         found = memory.recall(session, uuid.UUID(ctx.user_id), vector, model, k,
-                              ef_search=_settings(ctx).memory_ef_search)
+                              ef_search=_settings(ctx).memory_ef_search,
+                              api_key_id=memory.recall_scope(session, key))
         return {"memories": [{"content": m.content, "similarity": round(score, 4),
                               "created_at": m.created_at.isoformat()} for m, score in found]}
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from agentq.errors import ClientError, ToolError
+from agentq.errors import ClientError, QuotaExceeded, ToolError
 from agentq.models import Conversation, Job, Schedule
 from agentq.schedules import cancel_schedule, create_schedule, schedule_object, timing
 from agentq.tools.manifest import ToolContext, define_module
@@ -28,6 +28,11 @@ MAX_LISTED = 50
 class SchedulerError(ToolError):
     code = "scheduler_error"
     retryable = False
+
+
+class ScheduleQuotaExceeded(SchedulerError):
+    """The tenant holds its quota of active schedules (`agentq.tenants.Quotas`)."""
+    code = "quota_exceeded"
 
 
 def _sessions(ctx: ToolContext):
@@ -65,10 +70,14 @@ def add_job(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                 conversation = session.get(Conversation, uuid.UUID(ctx.conversation_id))
                 api_key_id = session.execute(select(Job.api_key_id).where(
                     Job.id == uuid.UUID(ctx.job_id))).scalar_one()
-                made = create_schedule(session, conversation, args["content"], when,
-                                       api_key_id, created_by="tool",
-                                       tool_use_id=ctx.tool_use_id,
-                                       metadata={"job_id": ctx.job_id})
+                try:
+                    made = create_schedule(session, conversation, args["content"], when,
+                                           api_key_id, created_by="tool",
+                                           tool_use_id=ctx.tool_use_id,
+                                           metadata={"job_id": ctx.job_id},
+                                           settings=ctx.extra.get("settings"))
+                except QuotaExceeded as exc:
+                    raise ScheduleQuotaExceeded(exc.message, **exc.details) from None
             return {"scheduled": True, "job": _brief(made)}
     except IntegrityError:  # a concurrent run of this call made it
         with sessions() as session:
