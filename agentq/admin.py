@@ -4,9 +4,11 @@ subcommands: personas, users (levels, budgets, platform identities), key rotatio
 Everything here acts inside one tenant (the admin key's, or the CLI's `--tenant`): another
 tenant's persona or user is absent (NotFound).
 
-A tenant has exactly one default persona once it has any: the first one made is the
-default, making another the default moves the flag, and deleting the default hands it to
-the oldest remaining persona. A partial unique index holds it in the database too.
+A tenant has at most one default persona: the first one made is the default unless it is
+made with `is_default: false` (then the tenant has none, and a job that no persona matches
+runs with none: the settings' defaults), making another the default moves the flag, and
+deleting the default hands it to the oldest remaining persona. A partial unique index
+holds it in the database too.
 """
 from __future__ import annotations
 
@@ -115,15 +117,16 @@ def _columns(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_persona(session: Session, tenant_id: uuid.UUID, data: dict[str, Any]) -> Persona:
-    current = _lock_defaults(session, tenant_id)
+    _lock_defaults(session, tenant_id)
     make_default = data.get("is_default")
-    if make_default is None:
-        make_default = current is None
+    if make_default is None:  # unsaid: the tenant's first persona is its default
+        make_default = session.execute(select(Persona.id).where(
+            Persona.tenant_id == tenant_id).limit(1)).first() is None
     persona = Persona(id=uuid.uuid4(), tenant_id=tenant_id, created_at=utcnow(),
                       **_columns(data), is_default=False)
     session.add(persona)
     session.flush()
-    if make_default or current is None:
+    if make_default:  # `is_default: false` is honoured, on a first persona too
         _unset_default(session, tenant_id, persona.id)
         persona.is_default = True
         session.flush()

@@ -21,6 +21,7 @@ from agentq.db import utcnow
 from agentq.errors import NotFound, ValidationFailed
 from agentq.llm.types import LLMReply
 from agentq.lifecycle import ReplayMode, WaitingFor, new_job
+from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep
 from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
 from agentq.uow import UnitOfWork
@@ -74,11 +75,15 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
         raise NotFound("persona", str(persona_id))
     now = utcnow()
     source = session.get(Conversation, original.conversation_id)
+    answers_as = persona or (session.get(Persona, original.persona_id)
+                             if original.persona_id else None)
     job = new_job(tenant_id=original.tenant_id, conversation_id=uuid.uuid4(),
                   user_id=original.user_id, persona_id=persona_id or original.persona_id,
                   api_key_id=api_key_id, content=original.content,
                   attachments=original.attachments, meta=dict(original.meta or {}),
                   model=model or original.model, limits=original.limits, now=now,
+                  limits_applied=applied_limits(
+                      settings, answers_as.limits if answers_as else None, original.limits),
                   waiting_for=WaitingFor.BATCH if batch_id else None,
                   replay_of=original.id, replay_mode=ReplayMode(mode).value,
                   batch_id=batch_id)

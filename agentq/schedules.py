@@ -193,8 +193,9 @@ def check_schedule_quota(session: Session, tenant_id: uuid.UUID,
 
 
 def cancel_schedule(session: Session, schedule: Schedule) -> Schedule:
-    """DELETE: an active schedule is cancelled (never fires again); any schedule is gone
-    from the API from now on (`cancelled_at`), its firings kept for the record."""
+    """DELETE: an active schedule is cancelled (never fires again; shown `cancelled`),
+    one that was done stays done; either keeps its firings and shows `cancelled_at`. A
+    second DELETE changes nothing."""
     session.refresh(schedule, with_for_update=True)
     now = utcnow()
     if schedule.status == "active":

@@ -18,13 +18,16 @@ def _id(value) -> str | None:
 
 SHOWN_WAITS = frozenset({"provider", "approval"})
 """What a live job may wait for, as API.md 1.1 shows it (`status: waiting`); a queued job
-waiting for its conversation or batch stays `queued`."""
+waiting for its conversation or batch stays `queued`, with `waiting_for` saying which
+(docs/api-admin.md)."""
 
 
 def job_status(job: Job) -> tuple[str, str | None]:
     """(status, waiting_for) as the API shows them."""
     if job.status in ("queued", "running", "waiting") and job.waiting_for in SHOWN_WAITS:
         return "waiting", job.waiting_for
+    if job.status == "queued" and job.waiting_for:  # its conversation, its batch, ...
+        return "queued", job.waiting_for
     return job.status, None
 
 
@@ -47,6 +50,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "batch_id": _id(job.batch_id),
         "follow_up_job_id": _id(job.follow_up_job_id),
         "limits": job.limits,
+        "limits_applied": job.limits_applied,
         "metadata": job.meta or {},
     }
 

@@ -169,8 +169,10 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                               "description": "Only this conversation's schedules.",
                               "schema": {"type": "string", "format": "uuid"}},
     "schedule_status": {"in": "query", "name": "status", "required": False,
-                        "description": "Only schedules in this status.",
-                        "schema": {"type": "string", "enum": ["active", "done"]}},
+                        "description": "Only schedules in this status (default: all, "
+                                       "cancelled ones too).",
+                        "schema": {"type": "string",
+                                   "enum": ["active", "done", "cancelled"]}},
     "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
                       "description": "Resume after this `seq` (overrides `after`).",
                       "schema": {"type": "string", "pattern": "^[0-9]+$"}},
@@ -630,7 +632,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("DELETE", "/v1/schedules/{}"): {
         "operationId": "deleteSchedule", "summary": "Cancel a schedule",
         "tags": ["schedules"],
-        "description": "It never fires again, and is gone from these routes.",
+        "description": "It never fires again; it stays readable (GET, the list) with "
+                       "`status: cancelled` (a schedule that was done stays `done`) and "
+                       "`cancelled_at`. Deleting it again changes nothing (204).",
         "responses": {"204": {"description": "Cancelled; no body."},
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
 }

@@ -1,8 +1,8 @@
 """Schedules (agentq.schedules): POST /v1/schedules, GET /v1/schedules,
 GET /v1/schedules/<id>, DELETE /v1/schedules/<id> (204; cancel: it never fires again and
-is gone from these routes; its firings stay recorded). A schedule continues one of the
-key's conversations later, as a POST /v1/continue would; a key sees the schedules it made
-(an admin key every one of its tenant)."""
+stays readable with `status: cancelled`; its firings stay recorded). A schedule continues
+one of the key's conversations later, as a POST /v1/continue would; a key sees the
+schedules it made (an admin key every one of its tenant)."""
 from __future__ import annotations
 
 from flask import Blueprint, g, jsonify, request
@@ -22,7 +22,7 @@ bp = Blueprint("schedules", __name__)
 
 def load_schedule(session, schedule_id: str) -> Schedule:
     schedule = session.get(Schedule, parse_uuid(schedule_id, "schedule"))
-    if not can_see(schedule) or schedule.cancelled_at is not None:
+    if not can_see(schedule):
         raise NotFound("schedule", schedule_id)
     return schedule
 
@@ -48,8 +48,7 @@ def post_schedule():
 @require_key()
 def list_schedules():
     query = ScheduleQuerySchema().load(request.args.to_dict())
-    stmt = select(Schedule).where(Schedule.tenant_id == g.tenant_id,
-                                  Schedule.cancelled_at.is_(None))
+    stmt = select(Schedule).where(Schedule.tenant_id == g.tenant_id)
     if not g.is_admin:
         stmt = stmt.where(Schedule.api_key_id == g.api_key_id)
     if "conversation_id" in query:

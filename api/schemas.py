@@ -268,9 +268,12 @@ class JobSchema(Schema):
     id = fields.String()
     status = fields.String(validate=validate.OneOf(JOB_STATUSES))
     waiting_for = fields.String(allow_none=True, validate=validate.OneOf(
-        ("provider", "approval")), metadata={
+        ("provider", "approval", "conversation", "batch", "quota")), metadata={
         "description": "What a job with status `waiting` waits for: its model provider to "
-                       "answer again (API.md 1.1), or a person's approval of a tool call."})
+                       "answer again (API.md 1.1), or a person's approval of a tool call; "
+                       "what a `queued` job waits for before its start: its conversation "
+                       "(another job of it runs), its batch's admission, or its tenant's "
+                       "running-jobs quota. Else null."})
     finish_reason = fields.String(allow_none=True, validate=validate.OneOf(FINISH_REASONS))
     conversation_id = fields.String()
     created_at = fields.String()
@@ -282,7 +285,14 @@ class JobSchema(Schema):
     replay_of = fields.String(allow_none=True)
     batch_id = fields.String(allow_none=True)
     follow_up_job_id = fields.String(allow_none=True)
-    limits = fields.Nested(LimitsSchema, allow_none=True)
+    limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
+        "description": "The limits the request asked for, as sent (null: none); "
+                       "`limits_applied` has the ones that apply."})
+    limits_applied = fields.Nested(LimitsSchema, allow_none=True, metadata={
+        "description": "The limits that apply to this job: for each, the smallest of the "
+                       "request's, the persona's and the settings' (null where none sets "
+                       "it), fixed when the job is made. Null until its first step for a "
+                       "job made without them (before agentq recorded them; a follow-up)."})
     metadata = fields.Dict()
     steering = fields.Nested(SteeringSchema, metadata={
         "description": "Only in the answer to a message that steered this running job "
@@ -802,7 +812,7 @@ class SchedulePageSchema(Schema):
 
 class ScheduleQuerySchema(StrictSchema):
     conversation_id = fields.UUID()
-    status = fields.String(validate=validate.OneOf(("active", "done")))
+    status = fields.String(validate=validate.OneOf(("active", "done", "cancelled")))
     limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import click
@@ -69,11 +70,34 @@ def _print_ending(job_id, status: str, finish_reason: str | None, response: dict
 
 SERVICE_COMMANDS = ("worker", "beat")
 """The Procfile's processes: their JSON logs go to stderr, where a process manager reads them.
-Every other command is for a person: its JSON logs go to $AGENTQ_HOME/agentq.log (and to
-stderr too with -v)."""
+Every other command is for a person: its JSON logs go to a file, `log_path` (and to stderr
+too with -v)."""
+
+REMOTE_MARK = "agentq_remote"
+"""Set on the function of a command that talks to a running API over HTTP (`--url`,
+AGENTQ_URL): it uses no local database, so it leaves no ./.agentq behind (`log_path`)."""
+
+
+def _runs_remote(ctx: click.Context, command: click.Command | None,
+                 args: list[str]) -> bool:
+    """Whether the command line resolves to a command that talks to a remote API: the
+    subcommand, or within a group (`jobs show`) the first word of the rest that is not an
+    option (no group of ours takes an option with a value)."""
+    while isinstance(command, click.Group):
+        name = next((a for a in args if not a.startswith("-")), None)
+        if name is None:
+            return False
+        args = args[args.index(name) + 1:]
+        command = command.get_command(ctx, name)
+    return command is not None and bool(getattr(command.callback, REMOTE_MARK, False))
 
 
 class _Main(click.Group):
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, command, rest = super().resolve_command(ctx, args)
+        ctx.meta[REMOTE_MARK] = _runs_remote(ctx, command, list(rest))
+        return name, command, rest
+
     def invoke(self, ctx: click.Context):
         from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -123,22 +147,33 @@ def _database_error(exc: BaseException, orig: BaseException | None) -> click.Cli
                       message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print the JSON logs on stderr (they always go to "
-                   "$AGENTQ_HOME/agentq.log).")
+                   "agentq.log: in $AGENTQ_HOME, ./.agentq with the embedded database, "
+                   "else in $XDG_STATE_HOME/agentq or ~/.local/state/agentq).")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """agentq: durable LLM agent loops on Celery."""
     ctx.obj = {"verbose": verbose}
     if ctx.invoked_subcommand not in SERVICE_COMMANDS:
-        _person_logging(verbose)
+        _person_logging(verbose, remote=ctx.meta.get(REMOTE_MARK, False))
 
 
-def _person_logging(verbose: bool) -> None:
+def _person_logging(verbose: bool, remote: bool = False) -> None:
     settings = get_settings()
-    logs.configure(settings.log_level, path=log_path(settings), to_stderr=verbose)
+    logs.configure(settings.log_level, path=log_path(settings, remote), to_stderr=verbose)
 
 
-def log_path(settings):
-    return settings.home / "agentq.log"
+def log_path(settings, remote: bool = False) -> Path:
+    """Where a person's command writes its log. In AGENTQ_HOME when that is set, or when
+    the command uses the embedded database (SQLite: ./.agentq/agentq.log by default, beside
+    the database); else — a command talking to a remote API (`--url`, AGENTQ_URL), or a
+    server's database — in the user's state directory ($XDG_STATE_HOME/agentq, by default
+    ~/.local/state/agentq: platformdirs), so that no ./.agentq is left wherever it ran."""
+    import os
+    if os.environ.get("AGENTQ_HOME") or (
+            not remote and settings.database_url.startswith("sqlite")):
+        return settings.home / "agentq.log"
+    from platformdirs import user_state_dir
+    return Path(user_state_dir("agentq", appauthor=False)) / "agentq.log"
 
 
 def _safe_url(url: str) -> str:

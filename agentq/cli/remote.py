@@ -9,8 +9,8 @@ import time
 import click
 
 from agentq.config import get_settings
-from agentq.cli.core import (EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TIMEOUT, _client_errors,
-                        _error_line, _print_ending, main)
+from agentq.cli.core import (EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TIMEOUT, REMOTE_MARK,
+                        _client_errors, _error_line, _print_ending, main)
 from agentq.cli.local import _describe
 
 
@@ -21,6 +21,7 @@ SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
 def _api_options(command):
+    setattr(command, REMOTE_MARK, True)  # its log goes to the user's state directory
     command = click.option("--key", default=None,
                            help="API key. Default: $AGENTQ_API_KEY, else the key `agentq dev` "
                                 "wrote to $AGENTQ_HOME/dev-key.")(command)

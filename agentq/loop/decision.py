@@ -87,6 +87,14 @@ def effective_limits(settings_iterations: int, settings_tokens: int | None,
     return out
 
 
+def applied_limits(settings, persona_limits: dict[str, Any] | None,
+                   requested: dict[str, Any] | None) -> dict[str, Any]:
+    """The limits that apply to a new job (the job object's `limits_applied`): the
+    smallest of the settings', the persona's and the request's."""
+    return effective_limits(settings.max_iterations, settings.max_job_tokens,
+                            settings.max_seconds, persona_limits, requested)
+
+
 def check_limits(limits: Limits) -> Stop | None:
     """Before every model call: cancel, then the iteration guard, the job's token and time
     limits, then the budget."""

@@ -343,9 +343,14 @@ class Stepper:
         if budget.roll_period(user, now, self.settings.budget_period_days):
             log.info("budget period reset", extra={"user_id": str(user.id)})
         recorded_replay = job.replay_mode == "recorded"  # costs nothing: no budget applies
+        # the limits fixed when the job was made (the job object's `limits_applied`); a
+        # job made before they were recorded gets them now
         own = effective_limits(self.settings.max_iterations, self.settings.max_job_tokens,
                                self.settings.max_seconds,
-                               persona.limits if persona else None, job.limits)
+                               *((job.limits_applied,) if job.limits_applied else
+                                 (persona.limits if persona else None, job.limits)))
+        if job.limits_applied is None:
+            job.limits_applied = own
         limits = Limits(iteration=job.iteration, max_iterations=own["max_iterations"],
                         cancel_requested=job.cancel_requested_at is not None,
                         budget_limit=None if recorded_replay else user.token_budget_monthly,

@@ -19,6 +19,7 @@ from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
 from agentq.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
@@ -70,7 +71,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     session, now = uow.session, utcnow()
     user, persona, conversation = _resolve(session, settings, sub, now, cache)
     if batch_id is not None:
-        job = _new_job(session, sub, user, persona, conversation, now,
+        job = _new_job(session, settings, sub, user, persona, conversation, now,
                        waiting_for=WaitingFor.BATCH, flush=False)
         job.batch_id = batch_id
         return Submitted(job, True)
@@ -83,7 +84,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
                       now)
         return Submitted(owner, False, entry.id)
 
-    job = _new_job(session, sub, user, persona, conversation, now,
+    job = _new_job(session, settings, sub, user, persona, conversation, now,
                    waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
     if owner is None:
         conversation.active_job_id = job.id
@@ -184,15 +185,17 @@ def cancel(uow: UnitOfWork, job: Job) -> None:
     interrupt(uow, job)
 
 
-def _new_job(session: Session, sub: Submission, user: User, persona: Persona | None,
-             conversation: Conversation, now, waiting_for: WaitingFor | None,
-             flush: bool = True) -> Job:
+def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
+             persona: Persona | None, conversation: Conversation, now,
+             waiting_for: WaitingFor | None, flush: bool = True) -> Job:
+    asked = {k: v for k, v in (sub.limits or {}).items() if v is not None}
     job = new_job(tenant_id=sub.tenant_id, conversation_id=conversation.id,
                   user_id=user.id, persona_id=persona.id if persona else None,
                   api_key_id=sub.api_key_id, content=sub.content, meta=sub.metadata,
                   callback_url=sub.callback_url, on_busy=sub.on_busy, model=sub.model,
-                  stream=sub.stream, waiting_for=waiting_for, now=now,
-                  limits={k: v for k, v in (sub.limits or {}).items() if v is not None})
+                  stream=sub.stream, waiting_for=waiting_for, now=now, limits=asked,
+                  limits_applied=applied_limits(settings, persona.limits if persona else None,
+                                                asked))
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     if flush:
         insert_new(session, job)  # written now: its files and the conversation refer to it

@@ -7,7 +7,8 @@ A module's manifest is fetched through the webhooks' SSRF guard, checked by the 
 (AGENTQ_MODULE_MANIFEST_TTL_S): every process reads the cache, and only one of them (a Redis
 lock) fetches when it is missing or stale. A module whose manifest cannot be fetched, or that
 does not answer a call, is unhealthy: its tools are not offered until a probe (every
-AGENTQ_MODULE_RETRY_S) fetches its manifest again.
+AGENTQ_MODULE_RETRY_S) fetches its manifest again. The failure is cached like a manifest:
+one process probes at that interval (the lock), every other reads the result.
 
 A call is `POST <url>/execute` with `{tool, arguments, context, tool_use_id, time_limit_s}`,
 signed per Standard Webhooks with the module's secret (`webhook-id` is the tool_use_id, the
@@ -592,15 +593,29 @@ class RemoteModules:
                 if k.module is not None and k.health.get("status") == "ok"]
 
     # the cache
+    def _cached(self, spec: ModuleSpec) -> tuple[dict | None, dict]:
+        return (self.store.get(f"{spec.name}:manifest"),
+                self.store.get(f"{spec.name}:health") or {})
+
+    def probe_due(self, cached: dict | None, health: dict) -> bool:
+        """Whether the module's manifest is to be fetched now: an unhealthy module once
+        AGENTQ_MODULE_RETRY_S has passed since its last probe (its failure is cached: it is
+        not probed at every look, nor when its manifest is gone); any other module when no
+        manifest is cached (never fetched, or its hour ran out)."""
+        if health.get("status") == "unhealthy":
+            return time.time() - float(health.get("checked_at") or 0) >= \
+                self.settings.module_retry_s
+        return cached is None
+
     def _load(self, spec: ModuleSpec) -> Known:
-        cached = self.store.get(f"{spec.name}:manifest")
-        health = self.store.get(f"{spec.name}:health") or {}
-        unhealthy = health.get("status") == "unhealthy"
-        probe_due = unhealthy and time.time() - float(health.get("checked_at", 0)) >= \
-            self.settings.module_retry_s
-        if (cached is None or probe_due) and self.store.try_lock(f"{spec.name}:lock"):
+        cached, health = self._cached(spec)
+        # one process probes (a Redis lock); it reads the cache again under the lock, so
+        # one that read it just before another's probe ended does not probe once more
+        if self.probe_due(cached, health) and self.store.try_lock(f"{spec.name}:lock"):
             try:
-                cached, health = self.refresh(spec)
+                cached, health = self._cached(spec)
+                if self.probe_due(cached, health):
+                    cached, health = self.refresh(spec)
             finally:
                 self.store.delete(f"{spec.name}:lock")
         module = None
@@ -625,16 +640,22 @@ class RemoteModules:
     def refresh(self, spec: ModuleSpec) -> tuple[dict | None, dict]:
         """Fetch now and cache; a failure marks the module unhealthy (and keeps no old
         manifest: its tools are hidden)."""
-        now = time.time()
         try:
             manifest = self.fetch(spec)
         except ManifestError as exc:
-            health = {"status": "unhealthy", "error": exc.message, "checked_at": now}
+            before = self.store.get(f"{spec.name}:health") or {}
+            health = {"status": "unhealthy", "error": exc.message, "checked_at": time.time()}
             self.store.set(f"{spec.name}:health", health)
             self.store.delete(f"{spec.name}:manifest")
-            self.store.bump()
-            log.warning("tool module unhealthy", extra={"tool_module": spec.name,
-                                                        "error": exc.message})
+            if (before.get("status"), before.get("error")) != ("unhealthy", exc.message):
+                # a change the other processes must see now; the same failure again is
+                # not (a bump would make each of them read everything again)
+                self.store.bump()
+                log.warning("tool module unhealthy", extra={"tool_module": spec.name,
+                                                            "error": exc.message})
+            else:
+                log.info("tool module still unhealthy", extra={"tool_module": spec.name,
+                                                               "error": exc.message})
             return None, health
         cached, health = self.cache(spec, manifest)
         log.info("tool module manifest fetched", extra={"tool_module": spec.name,

@@ -194,6 +194,35 @@ def test_a_module_that_does_not_answer_is_unhealthy_then_probed_again():
     assert sorted(registry.tools) == ["demo.add"]
 
 
+def test_a_module_that_is_down_is_probed_by_one_process_once_per_interval():
+    """Issue 31: a failed probe deleted the manifest and bumped the version, and a missing
+    manifest was fetched at every look, so every process probed a down module again and
+    again. Now its failure is cached: the processes read it, and it is probed again once
+    AGENTQ_MODULE_RETRY_S has passed, by one of them."""
+    store = Store(None)  # one store, as Redis is for every process
+    spec = ModuleSpec("demo", url="http://x")
+    processes = [Fetcher(store, spec, None) for _ in range(3)]
+    for fetcher in processes:
+        fetcher.remote.settings = _settings(AGENTQ_MODULE_RETRY_S="3600")
+    registries = [ToolRegistry(f.remote.settings, modules=[], remote=f.remote)
+                  for f in processes]
+    for _ in range(20):  # many looks, each process re-reading (the version moved)
+        for registry in registries:
+            assert registry.tools == {}
+    assert sum(f.count for f in processes) == 1
+    assert {f.remote.known()["demo"].health["status"] for f in processes} == {"unhealthy"}
+
+    # the interval has passed: the next look probes, once, whichever process it is
+    health = store.get("demo:health")
+    store.set("demo:health", {**health, "checked_at": health["checked_at"] - 3600})
+    for fetcher in processes:
+        fetcher.manifest = _manifest()
+    for _ in range(5):
+        for registry in registries:
+            assert sorted(registry.tools) == ["demo.add"]
+    assert sum(f.count for f in processes) == 2
+
+
 @pytest.fixture(scope="module")
 def example_module():
     port = free_port()
