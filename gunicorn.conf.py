@@ -1,5 +1,20 @@
 """gunicorn's settings for the web process (read from the working directory).
 
+A front that slow clients cannot stop (docs/security.md, "The web front"):
+
+* gevent workers: each connection is a greenlet, not a thread, so thousands of slow or
+  half-open connections, event streams and `?wait` holds cost memory, not the request
+  threads everyone else needs (with gthread's 2 x 8 threads, 100 connections sending half a
+  request head left /health unanswered for as long as they were held). psycopg2 is made to
+  wait through gevent (api/wsgi.py); Redis and the broker go through patched sockets.
+* each request head must arrive whole within AGENTQ_HEADER_TIMEOUT_S: the gevent worker
+  reads every head (a new connection's first too) under `gevent.Timeout(keepalive)`
+  (gunicorn/workers/base_async.py `handle`, ggevent `timeout_ctx`), so `keepalive` IS the
+  header timeout there, and is never 0 (which would turn it off). A body must arrive
+  within AGENTQ_BODY_TIMEOUT_S (api/limits.py).
+* AGENTQ_WEB_CONNECTIONS connections per worker (gunicorn's default is 1,000), and the
+  open-files limit raised to its hard limit so that many sockets can be held.
+
 Oversize or malformed requests get the API's error shape, whoever refuses them:
 
 * gunicorn's own limits are set above the app's, so that what a client normally sends too
@@ -14,8 +29,19 @@ Oversize or malformed requests get the API's error shape, whoever refuses them:
   below in the same JSON shape, not gunicorn's HTML page.
 """
 import json
+import resource
 
 from gunicorn import util
+
+from agentq.config import Settings
+
+_settings = Settings.from_env()
+
+worker_class = "gevent"
+worker_connections = _settings.web_connections
+keepalive = _settings.header_timeout_s
+timeout = 30  # a worker whose event loop is blocked this long is restarted (the heartbeat)
+graceful_timeout = 10  # on a stop or restart, open streams are cut after this
 
 limit_request_line = 8190
 limit_request_field_size = 128 * 1024
@@ -45,3 +71,14 @@ def child_exit(_server, worker):
     """A web worker that ended leaves no live gauge behind (prometheus multiprocess mode)."""
     from agentq import metrics
     metrics.mark_process_dead(worker.pid)
+
+
+def on_starting(_server):
+    """Every connection is a file descriptor: raise the soft open-files limit to the hard
+    one (the web process may hold workers x AGENTQ_WEB_CONNECTIONS sockets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # e.g. an infinite hard limit the kernel caps lower
+            pass

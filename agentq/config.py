@@ -256,6 +256,20 @@ class Settings:
     API's error shape; gunicorn is started with a larger limit (`gunicorn.conf.py`), so the
     app, not gunicorn's HTML page, answers."""
 
+    # --- the web front (gunicorn.conf.py: gevent workers; docs/security.md) -------------
+    header_timeout_s: int = 5
+    """AGENTQ_HEADER_TIMEOUT_S: a connection's request head (the first, or the next on a
+    kept-alive connection) must arrive whole within this many seconds, else the connection
+    is closed. It is gunicorn's `keepalive`, which the gevent worker applies to each request
+    head it reads; at least 1 (0 would turn the bound off)."""
+    body_timeout_s: float = 30.0
+    """AGENTQ_BODY_TIMEOUT_S: a request body must arrive whole within this many seconds of
+    its head, else `408 request_timeout` (gevent workers; api/limits.py)."""
+    web_connections: int = 4096
+    """AGENTQ_WEB_CONNECTIONS: connections one web worker holds at once (gunicorn's
+    `worker_connections`: slow clients, event streams and `?wait` holds included; each costs
+    a greenlet, not a thread). Past it, new connections wait in the listen backlog."""
+
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 1000
     """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads (or greenlets) per orchestrator process (model
@@ -416,6 +430,10 @@ class Settings:
             max_json_depth=num("AGENTQ_MAX_JSON_DEPTH", cls.max_json_depth, int, 2, 200),
             max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", cls.max_header_bytes, int, 256,
                                  60000),
+            header_timeout_s=num("AGENTQ_HEADER_TIMEOUT_S", cls.header_timeout_s, int, 1, 3600),
+            body_timeout_s=num("AGENTQ_BODY_TIMEOUT_S", cls.body_timeout_s, float, 0.1),
+            web_connections=num("AGENTQ_WEB_CONNECTIONS", cls.web_connections, int, 16,
+                                1_000_000),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
             tool_modules=_static_modules(env),
             module_allow_private=(env.get("AGENTQ_MODULE_ALLOW_PRIVATE") or "0").lower()

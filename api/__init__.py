@@ -18,8 +18,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _bind_settings() -> None:
         g.settings = settings
 
-    from api import limits
+    from api import limits, ratelimit
     limits.register(app, settings.max_body_bytes)
+    ratelimit.register(app, settings)
 
     from agentq.notify import hub_for
     from agentq import metrics as recording

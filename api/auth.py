@@ -19,6 +19,7 @@ from agentq.db import engine_for
 from agentq.errors import Forbidden, Unauthorized
 from agentq.keys import hash_key
 from agentq.models import ApiKey
+from api.ratelimit import check_rate
 
 _LIVE_KEY = select(ApiKey.id, ApiKey.is_admin, ApiKey.tenant_id, ApiKey.is_operator).where(
     ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
@@ -47,6 +48,7 @@ def require_key(admin: bool = False, operator: bool = False) -> Callable:
         @functools.wraps(view)
         def inner(*args, **kwargs):
             _authenticate()
+            check_rate()  # the key's requests per second: 429 past them (api/ratelimit.py)
             if (admin or operator) and not g.is_admin:
                 raise Forbidden("This route needs an admin key.", scope="admin")
             if operator and not g.is_operator:

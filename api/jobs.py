@@ -24,6 +24,7 @@ from agentq.uow import UnitOfWork
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
+from api.ratelimit import hold_request, take_hold
 from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
                          MessageRequestSchema)
 from api.views import accepted, job_object
@@ -146,6 +147,7 @@ def steering_status(session, job_id: uuid.UUID, input_id: uuid.UUID) -> dict:
 def _submit(route: str, body: dict, sub: Submission):
     """Create (or steer) under the request's Idempotency-Key, commit, then enqueue."""
     wait = wait_seconds()
+    hold_request(wait)  # before anything is written: a 429 creates no job
     key = request.headers.get("Idempotency-Key")
     key = idempotency.check_key(key) if key is not None else None
     digest = idempotency.request_hash(route, body)
@@ -214,6 +216,7 @@ def get_job(job_id: str):
     wait = wait_seconds()
     with session_scope(g.settings) as session:
         ident = load_job(session, job_id).id
+    hold_request(wait)
     return answer_job(ident, wait, created=False)
 
 
@@ -314,8 +317,10 @@ def _stream(job_id: uuid.UUID, after: int) -> Response:
     """The backlog from Postgres, then live events pushed through the hub, until job_end.
 
     The stream holds no database connection while idle: it waits on the hub and reads
-    Postgres only to fill a gap or on a keep-alive tick.
+    Postgres only to fill a gap or on a keep-alive tick. It holds a slot of its key's
+    holds (api/ratelimit.py) until it ends or its client goes away.
     """
+    hold = take_hold()
     sessions = session_factory(g.settings)
     sub = hub_for(g.settings).subscribe(str(job_id))
 
@@ -334,6 +339,7 @@ def _stream(job_id: uuid.UUID, after: int) -> Response:
                     break
             while True:
                 pushed = sub.get(KEEPALIVE_S)
+                hold.renew()
                 deltas = [e for e in pushed if e.get("type") == DELTA]
                 if deltas:  # streamed text: passed on as it comes, never stored
                     for delta in deltas:
@@ -355,6 +361,9 @@ def _stream(job_id: uuid.UUID, after: int) -> Response:
                         return
         finally:
             sub.close()
+            hold.release()
 
-    return Response(generate(), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response = Response(generate(), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response.call_on_close(hold.release)  # also when the stream never started
+    return response

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -112,6 +113,33 @@ def _allowed_query(rule: str, method: str) -> set[str]:
     return allowed
 
 
+class RequestTimeout(ClientError):
+    status = 408
+    code = "request_timeout"
+
+
+def read_body_within(seconds: float) -> None:
+    """Under gevent (the web process: gunicorn.conf.py), the body must arrive whole within
+    `seconds` of the head, else 408 (the connection is then closed): a client sending it a
+    byte at a time would otherwise keep its connection, and a slot of the worker's
+    AGENTQ_WEB_CONNECTIONS, for as long as it likes. The body is read into the request's
+    cache, which everything after reads. Elsewhere (`agentq dev`'s threads) nothing is
+    done here."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("socket"):
+        return
+    import gevent
+    deadline = gevent.Timeout(seconds)
+    try:
+        with deadline:
+            request.get_data(cache=True)
+    except gevent.Timeout as exc:
+        if exc is not deadline:
+            raise
+        raise RequestTimeout(f"The request body did not arrive whole within {seconds:g} s.",
+                             timeout_s=seconds) from None
+
+
 def check_request() -> None:
     settings = g.settings
     count = len(request.headers)
@@ -123,6 +151,8 @@ def check_request() -> None:
     length = request.content_length
     if length is not None and length > settings.max_body_bytes:
         raise PayloadTooLarge(length, settings.max_body_bytes)
+    if length or request.headers.get("Transfer-Encoding"):
+        read_body_within(settings.body_timeout_s)
     if request.query_string:  # werkzeug decodes it with replacement: check it first
         utf8(unquote_to_bytes(request.query_string), "The query string")
     if request.url_rule is not None and request.method != "OPTIONS" and request.args:

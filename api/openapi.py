@@ -120,6 +120,10 @@ ERROR_STATUSES = {
                              "`details.fields` names each problem."),
     431: ("HeadersTooLarge", "A request header is larger than the deployment allows "
                              "(`AGENTQ_MAX_HEADER_BYTES`)."),
+    429: ("RateLimited", "`rate_limited`: the key made more requests a second than its "
+                         "tenant's `requests_per_second`, or holds `streams_per_key` event "
+                         "streams and `?wait` answers open already (`details.limit` says "
+                         "which); nothing was done. `Retry-After` says when to try again."),
     502: ("ProviderFailed", "The model provider failed."),
     503: ("Unavailable", "`unavailable`: the database or the broker cannot be reached for a "
                          "moment; nothing was done. `Retry-After` says when to send the same "
@@ -695,7 +699,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
             "content": {"application/json": {"schema": "Error"}},
             **({"headers": {"Retry-After": {
                 "description": "Seconds to wait before sending the request again.",
-                "schema": {"type": "integer"}}}} if status == 503 else {})})
+                "schema": {"type": "integer"}}}} if status in (429, 503) else {})})
     for name, parameter in PARAMETERS.items():
         spec.components.parameter(name, parameter["in"],
                                   {k: v for k, v in parameter.items() if k != "in"})
@@ -711,6 +715,8 @@ def build_spec(app: Flask) -> dict[str, Any]:
                                   **{str(s): ERROR_STATUSES[s][0] for s in extra}}
         if path not in ("/health", "/openapi.json"):  # every route that reads a dependency
             operation["responses"].setdefault("503", ERROR_STATUSES[503][0])
+        if path.startswith("/v1/"):  # every route that takes a key (api/ratelimit.py)
+            operation["responses"].setdefault("429", ERROR_STATUSES[429][0])
         arguments = _RULE_ARG.findall(rule)
         if arguments:
             operation["parameters"] = [

@@ -21,14 +21,16 @@ from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
 from agentq import replay
-from agentq.db import session_factory, session_scope, snapshot_scope
+from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
-from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, ToolCall,
+from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, TokenLog, ToolCall,
                            UserPlatformLink, WebhookDelivery)
 from agentq.uow import UnitOfWork
 from agentq.views import SHOWN_WAITS, batch_object, delivery_object, job_object
+from api import ui_overview
+from api import ui_timeline as timeline
 from api.auth import can_see
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
@@ -38,12 +40,15 @@ PAGE = 50
 STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
 """As the API shows them: `waiting` is a live job waiting for approval or its provider."""
 LIVE = ("queued", "running", "waiting")
+OVERVIEW_REFRESH_S = 10
+"""The overview page reads itself again this often (api/static/ui.js)."""
 QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
     "/ui/sign-in": {"next"},
     "/ui/schedules": {"message"},
     "/ui/jobs": {"status", "finish_reason", "user", "since", "until", "rows"},
     "/ui/jobs/<job_id>": {"message"},
     "/ui/jobs/<job_id>/events": {"after"},
+    "/ui/overview": {"part"},
 }
 
 
@@ -142,13 +147,35 @@ def _job_rows(filters: dict[str, str], errors: list[str]) -> list[dict[str, Any]
         query = query.where(Job.created_at < until)
     with session_scope(g.settings) as session:
         rows = session.execute(query.order_by(Job.created_at.desc()).limit(PAGE)).all()
+        models = _models_of(session, [job.id for job, _ in rows])
+        now = utcnow()
         seen, out = set(), []
         for job, user in rows:
             if job.id in seen:  # a user with two platform links: one row
                 continue
             seen.add(job.id)
-            out.append({**job_object(job), "user": user})
+            out.append({**job_object(job), "user": user, "question": _first_line(job.content),
+                        "model": ", ".join(models.get(job.id, ())) or job.model or "",
+                        "duration_s": ((job.finished_at or now) - job.created_at
+                                       ).total_seconds()})
+        longest = max((row["duration_s"] for row in out), default=0.0)
+        for row in out:
+            row["bar"] = round(100.0 * row["duration_s"] / longest, 2) if longest else 0.0
         return out
+
+
+def _models_of(session, job_ids: list) -> dict[Any, list[str]]:
+    """The models that answered each job (its turns' token logs), in the order they did."""
+    if not job_ids:
+        return {}
+    out: dict[Any, list[str]] = {}
+    for job_id, model in session.execute(
+            select(TokenLog.job_id, TokenLog.model)
+            .where(TokenLog.job_id.in_(job_ids), TokenLog.iteration > 0)
+            .order_by(TokenLog.job_id, TokenLog.iteration)):
+        if model and model not in out.setdefault(job_id, []):
+            out[job_id].append(model)
+    return out
 
 
 @bp.get("/jobs")
@@ -159,7 +186,8 @@ def jobs():
     rows = _job_rows(filters, errors)
     template = "ui/job_rows.html" if request.args.get("rows") else "ui/jobs.html"
     return render_template(template, jobs=rows, filters=filters, errors=errors,
-                           statuses=STATUSES, finish_reasons=FINISH_REASONS)
+                           statuses=STATUSES, finish_reasons=FINISH_REASONS,
+                           duration=timeline.duration, live=LIVE)
 
 
 def _load_job(session, job_id: str) -> Job:
@@ -178,14 +206,21 @@ def job(job_id: str):
     # follows from must be of one moment (tests/unit/test_ui_snapshot.py)
     with snapshot_scope(g.settings) as session:
         row = _load_job(session, job_id)
-        events = [event_dict(e) for e in session.execute(
+        event_rows = session.execute(
             select(JobEvent).where(JobEvent.job_id == row.id).order_by(JobEvent.seq)
-        ).scalars()]
+        ).scalars().all()
+        events = [event_dict(e) for e in event_rows]
+        call_rows = session.execute(select(ToolCall).where(ToolCall.job_id == row.id)
+                                    .order_by(ToolCall.created_at, ToolCall.position)
+                                    ).scalars().all()
         calls = {c.tool_use_id: {"name": c.name, "arguments": c.arguments,
                                  "result": c.result, "status": c.status,
-                                 "tool_use_id": c.tool_use_id}
-                 for c in session.execute(select(ToolCall).where(ToolCall.job_id == row.id)
-                                          .order_by(ToolCall.created_at)).scalars()}
+                                 "tool_use_id": c.tool_use_id} for c in call_rows}
+        usage = session.execute(select(TokenLog).where(TokenLog.job_id == row.id)
+                                .order_by(TokenLog.iteration)).scalars().all()
+        waterfall = timeline.build(row, event_rows, call_rows, usage, utcnow())
+        question = _first_line(row.content)
+        models = ", ".join(_used_models(usage)) or row.model or ""
         deliveries = [delivery_object(d) for d in session.execute(
             select(WebhookDelivery).where(WebhookDelivery.job_id == row.id)
             .order_by(WebhookDelivery.created_at)).scalars()]
@@ -197,7 +232,8 @@ def job(job_id: str):
     awaiting = [c for c in calls.values() if c["status"] == AWAITING]
     return render_template("ui/job.html", job=body, events=events, calls=calls,
                            awaiting=awaiting, live=LIVE, deliveries=deliveries,
-                           replays=replays,
+                           replays=replays, waterfall=waterfall, kinds=timeline.KINDS,
+                           duration=timeline.duration, question=question, models=models,
                            last_seq=events[-1]["seq"] if events else 0,
                            pretty=_pretty, message=request.args.get("message"))
 
@@ -273,6 +309,32 @@ def compare(job_id: str):
     return render_template("ui/compare.html", job_id=job_id, compare=sides, pretty=_pretty)
 
 
+# --- overview ------------------------------------------------------------------------------
+def _overview_scope() -> tuple[Any, str]:
+    """(what the overview counts, said in words): an operator every tenant's jobs, a tenant
+    admin its tenant's, another key its own (as the API shows jobs)."""
+    if g.get("is_operator"):
+        return (lambda query: query), "every tenant's jobs (an operator key)"
+    if g.is_admin:
+        return (lambda query: query.where(Job.tenant_id == g.tenant_id)), \
+            "this tenant's jobs (an admin key)"
+    return (lambda query: query.where(Job.tenant_id == g.tenant_id,
+                                      Job.api_key_id == g.api_key_id)), \
+        "the jobs of this key"
+
+
+@bp.get("/overview")
+def overview():
+    visible, scope = _overview_scope()
+    with snapshot_scope(g.settings) as session:
+        view = ui_overview.read(session, utcnow(), visible, scope)
+    view.queues = ui_overview.queue_depths(g.settings)
+    view.workers = ui_overview.workers(g.settings)
+    template = "ui/overview_live.html" if request.args.get("part") else "ui/overview.html"
+    return render_template(template, o=view, duration=timeline.duration,
+                           refresh_s=OVERVIEW_REFRESH_S)
+
+
 # --- batches -------------------------------------------------------------------------------
 @bp.get("/batches")
 def batches():
@@ -324,12 +386,24 @@ def _refused(_exc):
                     mimetype="text/plain")
 
 
+def _first_line(text: str | None, most: int = 120) -> str:
+    """The first non-blank line of `text`, cut at `most` characters."""
+    line = next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
 def _pretty(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return json.dumps(value, indent=2, ensure_ascii=False,
+                      default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v))
+
+
+def _used_models(token_logs) -> list[str]:
+    """The models that answered, in the order they first did (each once)."""
+    return list(dict.fromkeys(t.model for t in token_logs if t.model))
 
 
 @bp.after_request

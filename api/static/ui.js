@@ -95,6 +95,34 @@ function followList(table) {
   window.setInterval(refresh, 5000);
 }
 
+function followOverview(root) {
+  // The overview: its numbers read again every few seconds (a fragment of the page, as the
+  // server renders it), unless paused.
+  const pause = document.getElementById("overview-pause");
+  const said = document.getElementById("overview-refresh");
+  const every = Number(root.dataset.refreshS || "10") * 1000;
+  const refresh = async () => {
+    if (pause && pause.checked) return;
+    try {
+      const response = await fetch(root.dataset.partUrl, {credentials: "same-origin"});
+      if (response.ok) {
+        root.innerHTML = await response.text();
+        said.textContent = "Refreshed " + new Date().toLocaleTimeString();
+      } else {
+        said.textContent = "Not refreshed (HTTP " + response.status + ")";
+      }
+    } catch (error) {
+      said.textContent = "Not refreshed (the server did not answer)";
+    }
+  };
+  window.setInterval(refresh, every);
+  if (pause) {
+    pause.addEventListener("change", () => {
+      said.textContent = pause.checked ? "Paused" : "Refreshes every " + every / 1000 + " s";
+    });
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const job = document.getElementById("job");
   if (job && LIVE.includes(job.dataset.status)) {
@@ -102,4 +130,6 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   const jobs = document.getElementById("jobs");
   if (jobs) followList(jobs);
+  const overview = document.getElementById("overview");
+  if (overview) followOverview(overview);
 });

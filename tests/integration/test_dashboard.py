@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import uid
-from tests.support.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid
+from tests.support.scripted_llm import call, error, text, tool_calls
 from tests.support.stack import REDIS_URL
 from tests.support.tool_gate import ToolGate
 
@@ -101,7 +101,10 @@ def test_a_running_job_updates_live_then_shows_its_answer(page, client, script):
     page.wait_for_load_state()
     assert page.locator("#job-status").inner_text() == "completed"
     assert page.locator("#timeline").get_by_text("job_end").count() == 1
-    # the tool call with its arguments and result
+    # the waterfall has its tool call; the events, folded once the job has ended, have its
+    # arguments and result
+    assert page.locator("#waterfall li[data-label='Tool: math.evaluate']").count() == 1
+    page.get_by_text("Events", exact=True).click()
     timeline = page.locator("#timeline").inner_text()
     assert "math.evaluate" in timeline and "6*7" in timeline and "42" in timeline
     check(page, "job")
@@ -215,7 +218,9 @@ def test_the_schedules_page_lists_and_cancels(page, client, script):
     row.get_by_role("button", name=f"Cancel schedule {schedule['id'][:8]}").click()
     page.get_by_role("status").get_by_text("cancelled").wait_for()
     assert page.locator(f"tr[data-schedule='{schedule['id']}']").count() == 0
-    assert client.get(f"/v1/schedules/{schedule['id']}").status_code == 404
+    # the API still reads it, as cancelled (issue 31)
+    shown = client.get(f"/v1/schedules/{schedule['id']}")
+    assert shown.status_code == 200 and shown.json()["status"] == "cancelled"
 
 
 def test_replay_and_its_side_by_side_compare(page, client, script):
@@ -294,3 +299,268 @@ def test_changes_from_another_origin_are_refused(stack, client, script, admin_ke
                             allow_redirects=False)  # no Origin, no Referer
     assert unsigned.status_code == 403
     assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "completed"
+
+
+def rows_shown(page, selector: str) -> list[dict]:
+    """Each matching element's data-* attributes and its text."""
+    return page.locator(selector).evaluate_all(
+        "els => els.map(e => ({...e.dataset, text: e.innerText}))")
+
+
+def db_rows(stack, job_id: str):
+    """(the job, its events by type, its tool calls by name, its token logs by turn) as
+    stored."""
+    import uuid as _uuid
+
+    from sqlalchemy import select
+
+    from agentq.models import Job, JobEvent, TokenLog, ToolCall
+    ident = _uuid.UUID(job_id)
+    with stack.sessions()() as session:
+        job = session.get(Job, ident)
+        events: dict[str, list] = {}
+        for e in session.execute(select(JobEvent).where(JobEvent.job_id == ident)
+                                 .order_by(JobEvent.seq)).scalars():
+            events.setdefault(e.type, []).append(e)
+        calls = {c.name: c for c in session.execute(
+            select(ToolCall).where(ToolCall.job_id == ident)).scalars()}
+        logs = {t.iteration: t for t in session.execute(
+            select(TokenLog).where(TokenLog.job_id == ident)).scalars()}
+        session.expunge_all()
+    return job, events, calls, logs
+
+
+def ms(later, earlier) -> float:
+    return (later - earlier).total_seconds() * 1000
+
+
+def test_the_job_page_draws_its_steps_as_a_waterfall(page, client, script, stack):
+    from tests.integration.conftest import wait_until
+    marker = script([
+        tool_calls(call("math.evaluate", {"expression": "6*7"}),
+                   call("flaky.sleep", {"seconds": 0.4}),
+                   call("flaky.guarded", {"text": "show the work"}),
+                   delay_s=0.6, model="gpt-4o-mini", input_tokens=1200, output_tokens=60),
+        text("It is 42.", delay_s=0.4, model="gpt-4o-mini", input_tokens=1500,
+             output_tokens=20)])
+    job = client.submit(f"{marker} what is 6*7?\nShow your work.", user=uid("ui"))
+    # the guarded call waits for a person, who approves it through the API
+    asked = wait_until(lambda: next((e for e in client.events(job["id"])
+                                     if e["type"] == "approval_required"), None),
+                       what="approval asked")
+    approved = client.post(f"/v1/jobs/{job['id']}/tool_calls/"
+                           f"{asked['data']['tool_use_id']}/approve")
+    assert approved.status_code == 202, approved.text
+    assert client.wait(job["id"])["status"] == "completed"
+    stored, events, calls, logs = db_rows(stack, job["id"])
+
+    page.goto(f"/ui/jobs/{job['id']}")
+    bars = rows_shown(page, "#waterfall li.wf-row")
+    # a bar for the job, its queue, each turn, model call, approval and tool call
+    assert sorted(b["kind"] for b in bars) == sorted(
+        ["job", "queued", "turn", "model", "approval", "tool", "tool", "tool", "turn", "model"])
+    assert [b["kind"] for b in bars][:4] == ["job", "queued", "turn", "model"]
+    assert [b["kind"] for b in bars][-2:] == ["turn", "model"]
+    labels = {b["label"] for b in bars}
+    assert {"Tool: math.evaluate", "Tool: flaky.sleep", "Tool: flaky.guarded",
+            "Approval: flaky.guarded", "Model call: gpt-4o-mini", "Turn 1", "Turn 2"} <= labels
+
+    def bar(label: str, nth: int = 0) -> dict:
+        return [b for b in bars if b["label"] == label][nth]
+
+    def same(shown: dict, expected_ms: float) -> None:
+        assert abs(float(shown["durationMs"]) - expected_ms) < 0.01, (shown, expected_ms)
+
+    # each bar lasts what its rows say
+    same(bar("Job"), ms(stored.finished_at, stored.created_at))
+    same(bar("Queued"), ms(events["job_start"][0].created_at, stored.created_at))
+    for name in ("math.evaluate", "flaky.sleep", "flaky.guarded"):
+        row = calls[name]
+        same(bar(f"Tool: {name}"), ms(row.finished_at, row.started_at))
+        assert bar(f"Tool: {name}")["start"] == row.started_at.isoformat()
+    assert float(bar("Tool: flaky.sleep")["durationMs"]) >= 400  # it slept 0.4 s
+    same(bar("Approval: flaky.guarded"), ms(events["approval_resolved"][0].created_at,
+                                            events["approval_required"][0].created_at))
+    turn_starts, turn_ends = events["turn_start"], events["turn_end"]
+    for n in (1, 2):
+        same(bar(f"Turn {n}"), ms(turn_ends[n - 1].created_at, turn_starts[n - 1].created_at))
+        model = bar("Model call: gpt-4o-mini", n - 1)
+        began, ended = ([e for e in events[kind] if e.data.get("role") == "assistant"]
+                        for kind in ("message_start", "message_end"))
+        same(model, ms(ended[n - 1].created_at, began[n - 1].created_at))
+        assert float(model["durationMs"]) > 0
+        # its tokens and cost, as logged
+        log = logs[n]
+        assert f"{log.input_tokens} in / {log.output_tokens} out" in model["text"]
+        assert f"${log.cost_estimate:.6f}" in model["text"] and log.cost_estimate > 0
+    assert (logs[1].input_tokens, logs[2].output_tokens) == (1200, 20)
+    # the axis starts at 0 and the facts name the model and the question's first line
+    assert page.locator("#waterfall .wf-tick-label").first.text_content() == "0"
+    assert page.locator("#job-model").inner_text() == "gpt-4o-mini"
+    assert page.locator("#job-question").inner_text() == f"{marker} what is 6*7?"
+    # the JSON is one click away
+    row = page.locator("#waterfall li.wf-row[data-label='Tool: flaky.guarded']")
+    assert not row.locator("pre").is_visible()
+    row.locator("summary").click()
+    assert calls["flaky.guarded"].tool_use_id in row.locator("pre").inner_text()
+    assert '"show the work"' in row.locator("pre").inner_text()
+    row.locator("summary").click()
+    check(page, "job-waterfall")
+
+
+def test_the_jobs_list_shows_each_job_s_question_model_and_duration(page, client, script,
+                                                                    stack):
+    user = uid("ui")
+    marker = script([text("done", delay_s=0.3)])
+    job = client.wait(client.submit(f"{marker} first line\nsecond line", user=user)["id"])
+    stored = db_rows(stack, job["id"])[0]
+    page.goto(f"/ui/jobs?user={user}")
+    row = page.locator(f"tr[data-job='{job['id']}']")
+    assert row.locator("td.question").inner_text() == f"{marker} first line"
+    assert row.locator("td.model").inner_text() == "primary-model"
+    shown = float(row.get_attribute("data-duration-ms"))
+    assert abs(shown - ms(stored.finished_at, stored.created_at)) < 0.01
+    assert row.locator("td.duration").inner_text().endswith(" s") or \
+        row.locator("td.duration").inner_text().endswith(" ms")
+
+
+def overview_expected(stack, tenant_id: str | None = None, api_key_id=None) -> dict:
+    """The last hour's numbers as the database has them (computed here, not by the page's
+    code): ended jobs by status, the p50/p95 duration, tokens and cost per model."""
+    import statistics
+    import uuid as _uuid
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select
+
+    from agentq.models import Job, TokenLog
+    since = datetime.now(timezone.utc) - timedelta(hours=1)
+    query = select(Job).where(Job.finished_at >= since)
+    usage = select(TokenLog, Job).join(Job, Job.id == TokenLog.job_id).where(
+        TokenLog.created_at >= since)
+    if tenant_id:
+        query = query.where(Job.tenant_id == _uuid.UUID(tenant_id))
+        usage = usage.where(Job.tenant_id == _uuid.UUID(tenant_id))
+    if api_key_id:
+        query = query.where(Job.api_key_id == api_key_id)
+        usage = usage.where(Job.api_key_id == api_key_id)
+    with stack.sessions()() as session:
+        jobs = session.execute(query).scalars().all()
+        logs = [t for t, _ in session.execute(usage).all()]
+        durations = sorted((j.finished_at - j.created_at).total_seconds() for j in jobs)
+        ended = {s: sum(1 for j in jobs if j.status == s)
+                 for s in ("completed", "failed", "cancelled")}
+    models: dict[str, list] = {}
+    for t in logs:
+        m = models.setdefault(t.model, [0, 0, 0, 0.0])
+        m[0] += 1
+        m[1] += t.input_tokens
+        m[2] += t.output_tokens
+        m[3] += t.cost_estimate
+    quantiles = (statistics.quantiles(durations, n=20, method="inclusive")
+                 if len(durations) > 1 else durations * 19)
+    return {"ended": ended, "total": len(jobs), "durations": durations,
+            "p50": statistics.median(durations) if durations else None,
+            "p95": quantiles[18] if durations else None, "models": models,
+            "tokens": sum(m[1] + m[2] for m in models.values()),
+            "cost": sum(m[3] for m in models.values())}
+
+
+def shown_value(page, ident: str) -> float:
+    return float(page.locator(f"#{ident}").get_attribute("data-value"))
+
+
+def assert_overview_matches(page, expected: dict) -> None:
+    assert int(page.locator("#ov-ended").inner_text()) == expected["total"]
+    assert int(page.locator("#ov-failed").inner_text()) == expected["ended"]["failed"]
+    assert int(page.locator("#ov-cancelled").inner_text()) == expected["ended"]["cancelled"]
+    assert abs(shown_value(page, "ov-jobs-per-s") - expected["total"] / 3600) < 1e-6
+    assert abs(shown_value(page, "ov-failure-rate")
+               - expected["ended"]["failed"] / expected["total"]) < 1e-6
+    assert abs(shown_value(page, "ov-p50") - expected["p50"]) < 1e-5
+    assert abs(shown_value(page, "ov-p95") - expected["p95"]) < 1e-5
+    assert int(shown_value(page, "ov-tokens")) == expected["tokens"]
+    assert abs(shown_value(page, "ov-cost") - expected["cost"]) < 1e-7
+    rows = rows_shown(page, "#models tbody tr[data-model]")
+    assert {r["model"] for r in rows} == set(expected["models"])
+    for r in rows:
+        calls, inp, out, _cost = expected["models"][r["model"]]
+        assert r["text"].split("\t")[1:4] == [str(calls), str(inp), str(out)], r
+
+
+def test_the_overview_shows_the_last_hour_by_the_tenant_rules(browser, stack, llm):
+    from sqlalchemy import update
+
+    from agentq.keys import lookup
+    from agentq.models import ApiKey
+    # a tenant of its own: two jobs of its admin key (one fails), one of another key
+    tenant = stack.create_tenant(uid("ov"))
+    admin = stack.create_key("ov-admin", admin=True, tenant=tenant)
+    member = stack.create_key("ov-member", admin=False, tenant=tenant)
+    admins, members = Client(stack, admin), Client(stack, member)
+    keys = [uid("s").replace("-", "_") for _ in range(4)]  # a script per job
+    ok = llm.script(keys[0], [text("fine", model="gpt-4o-mini", input_tokens=900,
+                                   output_tokens=40, delay_s=0.2)])
+    bad = llm.script(keys[1], [error(400, "bad request"), error(400, "bad request")])
+    mine = llm.script(keys[2], [text("mine", input_tokens=50, output_tokens=7)])
+    jobs = [admins.submit(f"{ok} one", user=uid("ov")), admins.submit(f"{bad} two"),
+            members.submit(f"{mine} three", user=uid("ov"))]
+    assert [admins.wait(j["id"])["status"] for j in jobs] == ["completed", "failed",
+                                                              "completed"]
+    expected = overview_expected(stack, tenant)
+    assert (expected["total"], expected["ended"]["failed"]) == (3, 1)
+
+    # its admin sees the tenant's jobs: the numbers are the database's
+    context = browser.new_context(base_url=stack.base, bypass_csp=True)
+    context.set_default_timeout(WAIT_MS)
+    page = context.new_page()
+    page.goto("/ui/jobs")
+    page.get_by_label("API key").fill(admin)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r"/ui/jobs"))
+    page.get_by_role("link", name="Overview").click()
+    page.wait_for_url(re.compile(r"/ui/overview"))
+    assert "this tenant's jobs" in page.locator("#overview-scope").inner_text()
+    assert_overview_matches(page, expected)
+    assert page.locator("#ov-failure-rate").inner_text() == "33.3%"
+    assert "gpt-4o-mini" in {r["model"] for r in rows_shown(page, "#models tbody tr[data-model]")}
+    # the per-minute chart: one column part per status, as many jobs as ended
+    minutes = page.locator("#per-minute rect[data-minute]")
+    assert minutes.count() >= 2
+    # queues and workers, from the broker
+    import redis
+    broker = redis.Redis.from_url(stack.env["AGENTQ_BROKER_URL"])
+    queues = rows_shown(page, "#queues tbody tr[data-queue]")
+    assert {"orchestrator", "webhooks", "maintenance"} <= {q["queue"] for q in queues}
+    for q in queues:
+        assert q["depth"] != "" and int(q["depth"]) >= 0
+    assert broker.llen("orchestrator") == 0 == int(
+        [q for q in queues if q["queue"] == "orchestrator"][0]["depth"])
+    broker.close()
+    workers = [w["hostname"] for w in rows_shown(page, "#workers li")]
+    assert {w.partition("@")[0] for w in workers} >= set(stack.workers)
+    assert int(page.locator("#workers-count").inner_text()) == len(workers)
+    check(page, "overview")
+
+    # it refreshes itself: a job that ends meanwhile is counted without a reload
+    more = llm.script(keys[3], [text("later")])
+    admins.wait(admins.submit(f"{more} four", user=uid("ov"))["id"])
+    page.locator("#ov-ended").get_by_text("4", exact=True).wait_for(timeout=30_000)
+    assert page.locator("#overview-refresh").inner_text().startswith("Refreshed")
+    context.close()
+
+    # a key that is not an admin sees its own jobs; an operator every tenant's
+    session = ui_session(stack, member)
+    own = session.get(f"{stack.base}/ui/overview?part=1")
+    assert own.status_code == 200
+    assert re.search(r'id="ov-ended">1<', own.text) and 'id="ov-failed">0<' in own.text
+    with stack.sessions()() as db:
+        row = lookup(db, admin)
+        db.execute(update(ApiKey).where(ApiKey.id == row.id).values(is_operator=True))
+        db.commit()
+    everyone = ui_session(stack, admin).get(f"{stack.base}/ui/overview")
+    ended = int(re.search(r'id="ov-ended">(\d+)<', everyone.text).group(1))
+    assert "every tenant" in everyone.text
+    assert ended == overview_expected(stack)["total"] >= 4
+    for key in keys:
+        llm.assert_done(key)

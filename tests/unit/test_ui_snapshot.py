@@ -40,7 +40,7 @@ def _shown(page: str) -> tuple[str, int, list[str]]:
     """(the status, data-last-seq, the timeline's event types) of a job page."""
     status = re.search(r'id="job-status"[^>]*>([a-z]+)<', page).group(1)
     last_seq = int(re.search(r'data-last-seq="(\d+)"', page).group(1))
-    timeline = page.split("<h2>Timeline</h2>", 1)[1].split("</table>", 1)[0]
+    timeline = page.split("<h2>Events</h2>", 1)[1].split("</table>", 1)[0]
     types = re.findall(r"<td>([a-z_]+)</td>", timeline)
     return status, last_seq, types
 

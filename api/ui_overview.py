@@ -1,0 +1,244 @@
+"""The dashboard's overview (/ui/overview): the last hour of the system at a glance.
+
+From the database: jobs ended per second and per minute, the failure rate, the p50/p95
+duration (submitted → ended), live jobs now, and tokens and cost per model; from the broker:
+its queues' depths and the workers that answer a ping. No Prometheus needed.
+
+What a key sees follows the API's rules: a non-admin key its own jobs, a tenant admin its
+tenant's, an operator every tenant's. Queue depths and workers are the deployment's (as
+/metrics and /health/ready show them to anyone).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+from sqlalchemy import func, select
+
+from agentq.models import Job, TokenLog
+from agentq.views import SHOWN_WAITS
+
+log = logging.getLogger(__name__)
+WINDOW = timedelta(hours=1)
+BUCKET = timedelta(minutes=1)
+ENDED = ("completed", "failed", "cancelled")
+LIVE = ("queued", "running", "waiting")
+BROKER_TIMEOUT_S = 1.0
+"""How long the page waits for the broker (its queues) and for the workers' pongs."""
+BROKER_CACHE_S = 5.0
+"""Broker reads are kept this long: several open pages ping the workers once."""
+
+
+def percentile(ordered: list[float], p: float) -> float | None:
+    """The `p` percentile of sorted values, interpolated linearly between the two nearest
+    (as Postgres's percentile_cont does)."""
+    if not ordered:
+        return None
+    k = (len(ordered) - 1) * p
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+@dataclass
+class Overview:
+    now: datetime
+    since: datetime
+    scope: str
+    ended: dict[str, int]
+    submitted: int
+    durations: list[float]
+    minutes: list[dict[str, int]]
+    """Jobs ended in each minute of the window, oldest first: {status: count}."""
+    live: dict[str, int]
+    models: list[dict[str, Any]]
+    queues: list[dict[str, Any]] | None = None
+    workers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ended_total(self) -> int:
+        return sum(self.ended.values())
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.ended_total / WINDOW.total_seconds()
+
+    @property
+    def failure_rate(self) -> float | None:
+        total = self.ended_total
+        return self.ended.get("failed", 0) / total if total else None
+
+    @property
+    def p50_s(self) -> float | None:
+        return percentile(self.durations, 0.5)
+
+    @property
+    def p95_s(self) -> float | None:
+        return percentile(self.durations, 0.95)
+
+    @property
+    def tokens(self) -> int:
+        return sum(m["input_tokens"] + m["output_tokens"] for m in self.models)
+
+    @property
+    def cost(self) -> float:
+        return sum(m["cost"] for m in self.models)
+
+    @property
+    def busiest_minute(self) -> int:
+        return max((sum(m.values()) for m in self.minutes), default=0)
+
+
+def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
+    """The database's part of the overview, at `now`, of the jobs `visible(query)` keeps."""
+    since = now - WINDOW
+    rows = session.execute(visible(
+        select(Job.status, Job.created_at, Job.finished_at)
+        .where(Job.finished_at >= since, Job.finished_at <= now,
+               Job.status.in_(ENDED)))).all()
+    ended = {status: 0 for status in ENDED}
+    buckets = int(WINDOW / BUCKET)
+    minutes = [{status: 0 for status in ENDED} for _ in range(buckets)]
+    durations = []
+    for status, created_at, finished_at in rows:
+        ended[status] += 1
+        durations.append((finished_at - created_at).total_seconds())
+        ago = int((now - finished_at) / BUCKET)
+        minutes[buckets - 1 - min(max(ago, 0), buckets - 1)][status] += 1
+    durations.sort()
+    submitted = session.execute(visible(
+        select(func.count()).select_from(Job).where(Job.created_at >= since,
+                                                    Job.created_at <= now))).scalar_one()
+    live = {status: 0 for status in LIVE}
+    for status, waiting_for, count in session.execute(visible(
+            select(Job.status, Job.waiting_for, func.count())
+            .where(Job.status.in_(LIVE)).group_by(Job.status, Job.waiting_for))).all():
+        shown = "waiting" if waiting_for in SHOWN_WAITS else status  # as the API shows it
+        live[shown] = live.get(shown, 0) + count
+    models = [{"model": model, "calls": calls, "input_tokens": int(inp or 0),
+               "output_tokens": int(out or 0), "cost": float(cost or 0.0)}
+              for model, calls, inp, out, cost in session.execute(visible(
+                  select(TokenLog.model, func.count(), func.sum(TokenLog.input_tokens),
+                         func.sum(TokenLog.output_tokens), func.sum(TokenLog.cost_estimate))
+                  .join(Job, Job.id == TokenLog.job_id)
+                  .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
+                  .group_by(TokenLog.model))).all()]
+    models.sort(key=lambda m: (-(m["input_tokens"] + m["output_tokens"]), m["model"]))
+    return Overview(now, since, scope, ended, submitted, durations, minutes, live, models)
+
+
+# --- the broker ----------------------------------------------------------------------------
+_cache: dict[str, tuple[float, Any]] = {}
+_cache_lock = threading.Lock()
+
+
+def _cached(name: str, compute: Callable[[], Any]) -> Any:
+    with _cache_lock:
+        hit = _cache.get(name)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+    value = compute()
+    with _cache_lock:
+        _cache[name] = (time.monotonic() + BROKER_CACHE_S, value)
+    return value
+
+
+def queue_names(settings) -> list[str]:
+    from agentq.tools.registry import get_registry
+    from tasks.app import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
+    registry = get_registry(settings)
+    names = [ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE, MAINTENANCE_QUEUE,
+             *registry.all_queues(slow=False), *registry.all_queues(slow=True)]
+    return list(dict.fromkeys(names))
+
+
+def queue_depths(settings) -> list[dict[str, Any]]:
+    """[{queue, depth}] (depth None: unreadable) from the broker, kept a few seconds."""
+    return _cached("queues", lambda: _read_queue_depths(settings))
+
+
+def _read_queue_depths(settings) -> list[dict[str, Any]]:
+    try:
+        names = queue_names(settings)
+    except Exception:  # noqa: BLE001 - the database or the registry is down: nothing to show
+        log.warning("overview: queue names unreadable", exc_info=True)
+        return []
+    if settings.broker_url.startswith(("redis://", "rediss://")) \
+            and not settings.embedded_broker:
+        import redis
+        client = redis.Redis.from_url(settings.broker_url, socket_timeout=BROKER_TIMEOUT_S,
+                                      socket_connect_timeout=BROKER_TIMEOUT_S)
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.llen(name)
+                depths = [int(n) for n in pipe.execute()]
+            return [{"queue": n, "depth": d} for n, d in zip(names, depths)]
+        except Exception as exc:  # noqa: BLE001 - shown as unknown on the page
+            log.warning("overview: queue depths unreadable", extra={"error": repr(exc)})
+            return [{"queue": n, "depth": None} for n in names]
+        finally:
+            client.close()
+    return [{"queue": n, "depth": d} for n, d in zip(names, _declared_depths(names))]
+
+
+def _declared_depths(names: list[str]) -> list[int | None]:
+    """Any other broker (RabbitMQ, the embedded one): each queue declared passively, which
+    answers its message count without changing it."""
+    from tasks.app import app
+    out: list[int | None] = []
+    try:
+        with app.connection_for_read(connect_timeout=BROKER_TIMEOUT_S) as conn:
+            conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
+            for name in names:
+                channel = conn.channel()
+                try:
+                    out.append(int(channel.queue_declare(queue=name, passive=True)
+                                   .message_count))
+                except Exception:  # noqa: BLE001 - not declared yet: nothing waits in it
+                    out.append(0)
+                finally:
+                    try:
+                        channel.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+    except Exception as exc:  # noqa: BLE001
+        log.warning("overview: queue depths unreadable", extra={"error": repr(exc)})
+        return [None] * len(names)
+    return out
+
+
+def workers(settings) -> dict[str, Any]:
+    """{"mode", "alive": [{hostname, kind}], "error"} – the workers that answered a ping
+    within BROKER_TIMEOUT_S; in embedded mode the worker thread of this process."""
+    return _cached("workers", lambda: _ping(settings))
+
+
+def _ping(settings) -> dict[str, Any]:
+    if settings.embedded_broker:
+        running = any(t.name == "agentq-worker" and t.is_alive()
+                      for t in threading.enumerate())
+        return {"mode": "embedded",
+                "alive": [{"hostname": "embedded@localhost", "kind": "every queue"}]
+                if running else [], "error": None}
+    from tasks.app import app
+    try:
+        replies = app.control.ping(timeout=BROKER_TIMEOUT_S) or []
+    except Exception as exc:  # noqa: BLE001 - the broker is down: said on the page
+        log.warning("overview: workers not pinged", extra={"error": repr(exc)})
+        return {"mode": "broker", "alive": [], "error": type(exc).__name__}
+    alive = sorted({hostname for reply in replies for hostname in reply})
+    return {"mode": "broker", "error": None,
+            "alive": [{"hostname": h, "kind": _kind(h)} for h in alive]}
+
+
+def _kind(hostname: str) -> str:
+    """The worker's kind from its name (`agentq worker KIND` names it KIND@host; beat's
+    worker is beat-PID@host)."""
+    name = hostname.partition("@")[0]
+    return "beat" if name.startswith("beat-") else name
