@@ -57,3 +57,86 @@ def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
     assert len(lines) == 2 and all(line.startswith("blocked:") for line in lines), seen
     assert not {f"escape_socket_{tag}", f"escape_tcp_{tag}"} & _tables(stack)
     assert _keys(stack) == keys_before
+
+
+SUPERVISOR_ATTACK = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr!r}
+sup = os.getppid()
+def err():
+    return os.strerror(ctypes.get_errno())
+fd = libc.syscall(NR["pidfd_open"], sup, 0)
+print("pidfd_open", "ok" if fd >= 0 else err())
+opened = []
+for n in range(64):
+    try:
+        opened.append(os.open(f"/proc/{{sup}}/fd/{{n}}", os.O_WRONLY))
+    except OSError as exc:
+        last = exc.strerror
+print("proc_fd", opened or last)
+for n in opened:
+    os.write(n, b'{{"exit_code": 0, "cpu_s": 0, "memory_error": false}}\\n')
+print("ptrace", "ok" if libc.ptrace(16, sup, 0, 0) == 0 else err())
+raise SystemExit(3)
+"""
+
+
+def _tool_result(request) -> dict:
+    return json.loads([m for m in request["messages"] if m["role"] == "tool"][-1]["content"])
+
+
+def test_the_code_cannot_reach_its_supervisor_through_the_stack(client, script, stack):
+    # issue 30: the code copied the supervisor's descriptors and forged how the run ended
+    from tests.security.test_sandbox_attacks import SYSCALLS
+    user = uid("u")
+    assert stack.agentq("users", "set", "api", user, "--level", "user").returncode == 0
+    seen = {}
+    marker = script([tool_calls(call("code.run_python",
+                                     {"code": SUPERVISOR_ATTACK.format(nr=SYSCALLS)})),
+                     text("no luck", check=lambda r: seen.update(_tool_result(r)))])
+    job = client.wait(client.submit(f"{marker} take over", user=user)["id"],
+                      timeout_s=120)
+    assert job["status"] == "completed", job
+    assert "stdout" in seen, seen
+    assert seen["stdout"].splitlines() == ["pidfd_open Operation not permitted",
+                                           "proc_fd Permission denied",
+                                           "ptrace Operation not permitted"], seen
+    assert seen["exit_code"] == 3, seen       # the code's own end, as the model reads it
+
+
+def test_the_tools_worker_runs_no_code_without_its_cgroups(llm, script, tmp_path_factory):
+    """With the default (`required`): on a host that cannot delegate cgroup v2 (this one, if
+    a hybrid v1 host) the model reads `sandbox_unavailable` naming why and /health/ready
+    says `sandbox` is down; on one that can, the run works and the tools-slow worker has
+    moved itself into its leaf group, the runs' groups beside it."""
+    from agentq.tools import cgroups
+    from tests.integration.conftest import TEST_ENV, Client
+    from tests.support.stack import own_stack
+    problem = cgroups.check()
+    env = {**TEST_ENV, "AGENTQ_SANDBOX_CGROUP": "required"}
+    with own_stack("cgroups", llm.base_url, tmp_path_factory.mktemp("cgroups"), env,
+                   workers=("orchestrator", "tools-slow")) as stack:
+        client = Client(stack, stack.create_key("cgroups", admin=True))
+        user = uid("u")
+        assert stack.agentq("users", "set", "api", user, "--level", "user").returncode == 0
+        seen = {}
+        marker = script([tool_calls(call("code.run_python",
+                                         {"code": "open('ran', 'w'); print('ran')"})),
+                         text("done", check=lambda r: seen.update(_tool_result(r)))])
+        job = client.wait(client.submit(f"{marker} run it", user=user)["id"],
+                          timeout_s=120)
+        assert job["status"] == "completed", job
+        ready = client.get("/health/ready")
+        if problem is not None:
+            assert seen["error"]["code"] == "sandbox_unavailable", seen
+            assert "cgroup" in seen["error"]["message"], seen
+            assert "The code was not run" in seen["error"]["message"], seen
+            assert ready.status_code == 503, ready.text
+            assert "sandbox" in ready.json()["down"]
+            assert "cgroup" in ready.json()["error"]["details"]["sandbox"]
+        else:
+            assert seen["stdout"] == "ran\n", seen
+            assert ready.status_code == 200, ready.text
+            with open(f"/proc/{stack.procs['tools-slow'].pid}/cgroup") as f:
+                assert f.read().rstrip().endswith(f"/{cgroups.LEAF}")
