@@ -19,6 +19,7 @@ The columns stay strings (the API and old rows speak them); the enums are `StrEn
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, assert_never
@@ -29,6 +30,7 @@ from sqlalchemy.orm import Session
 from agentq.db import utcnow
 from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
 from agentq.models import Conversation, Job, ToolCall
+from agentq.tenants import admit_quota_waiters, may_start
 
 if TYPE_CHECKING:
     from agentq.uow import UnitOfWork
@@ -72,6 +74,8 @@ class ReplayMode(enum.StrEnum):
 class StopReason(enum.StrEnum):
     """Why a job ended (its `finish_reason`)."""
     END_TURN = "end_turn"
+    LENGTH = "length"
+    """The model's reply was cut at its output limit: an answer, but not a whole one."""
     MAX_ITERATIONS = "max_iterations"
     MAX_TOKENS = "max_tokens"
     MAX_TIME = "max_time"
@@ -90,8 +94,8 @@ EXECUTION_LIMITS = (StopReason.MAX_ITERATIONS, StopReason.MAX_TOKENS, StopReason
 def end_status(reason: StopReason | str) -> JobStatus:
     """The status a job ends in for `reason`: every reason named, none falls through."""
     match StopReason(reason):
-        case (StopReason.END_TURN | StopReason.MAX_ITERATIONS | StopReason.MAX_TOKENS
-              | StopReason.MAX_TIME | StopReason.HOOK):
+        case (StopReason.END_TURN | StopReason.LENGTH | StopReason.MAX_ITERATIONS
+              | StopReason.MAX_TOKENS | StopReason.MAX_TIME | StopReason.HOOK):
             return JobStatus.COMPLETED
         case StopReason.BUDGET_EXCEEDED | StopReason.ERROR:
             return JobStatus.FAILED
@@ -119,14 +123,42 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
                created_at=now, last_progress_at=now, limits=limits or None, **extra)
 
 
+SHOWN_BYTES = 2048
+"""A tool call's `arguments` and `result` in a job's response are cut at this many bytes
+of their JSON (API.md 1.2, "Responses say what was done"); the events keep them whole."""
+
+
 def response_object(content: str, error: dict[str, Any] | None,
                     calls: list) -> dict[str, Any]:
-    """A job's `response`: its answer, the files its tools made, each call's success."""
+    """A job's `response`: its answer, the files its tools made, and what each call did:
+    its name, arguments, result (or error), status and success."""
     ok_results = [c.result.get("result") for c in calls if tool_succeeded(c)]
     return {"content": content, "files": extract_files(ok_results), "error": error,
-            "metadata": {"tool_calls": [
-                {"name": c.name, "success": tool_succeeded(c), "tool_use_id": c.tool_use_id}
-                for c in calls]}}
+            "metadata": {"tool_calls": [_call_shown(c) for c in calls]}}
+
+
+def _call_shown(call) -> dict[str, Any]:
+    """One call as the response lists it: `arguments` and `result` as sent and returned,
+    each cut at SHOWN_BYTES of JSON (then a string, and `truncated: true`)."""
+    record = call.result or {}
+    arguments, cut_arguments = _cut(call.arguments)
+    result, cut_result = _cut(record.get("result"))
+    return {"name": call.name, "tool_use_id": call.tool_use_id,
+            "status": call.status, "success": tool_succeeded(call),
+            "arguments": arguments, "result": result, "error": record.get("error"),
+            "truncated": cut_arguments or cut_result}
+
+
+def _cut(value: Any) -> tuple[Any, bool]:
+    """`value` whole when it takes at most SHOWN_BYTES (UTF-8; an object or a list: its
+    JSON), else its first SHOWN_BYTES as a string (never half a character), and True."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value, False
+    encoded = (value if isinstance(value, str)
+               else json.dumps(value, ensure_ascii=False, default=str)).encode()
+    if len(encoded) <= SHOWN_BYTES:
+        return value, False
+    return encoded[:SHOWN_BYTES].decode("utf-8", "ignore"), True
 
 
 def tool_succeeded(call) -> bool:
@@ -156,7 +188,8 @@ def extract_files(results: list[Any]) -> list[dict[str, str]]:
 
 
 _conversations = Conversation.__table__
-_CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result)
+_CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result,
+                    ToolCall.arguments, ToolCall.status)
              .where(ToolCall.job_id == bindparam("job_id"))
              .order_by(ToolCall.iteration, ToolCall.position))
 """A job's calls: the columns its response needs, not the calls' objects."""
@@ -194,6 +227,7 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     # The conversation is handed on first, so a follow-up made from late steering is named
     # (`steering_deferred`, the job's `follow_up_job_id`) before `job_end` closes streams.
     release_conversation(uow, job)
+    admit_quota_waiters(uow, job.tenant_id)  # its place in the tenant's running jobs
     uow.event(job.id, "job_end", status=status, finish_reason=reason,
               **({"follow_up_job_id": str(job.follow_up_job_id)}
                  if job.follow_up_job_id else {}))
@@ -256,5 +290,6 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     nxt.last_progress_at = now
     session.execute(_HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
-    uow.effect(NextStep(str(nxt.id), 0, "start"))
+    if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
+        uow.effect(NextStep(str(nxt.id), 0, "start"))
 

@@ -48,8 +48,9 @@ JOB_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelle
 """`waiting`: paused for a person's approval of a tool call (waiting_for = approval),
 holding no worker slot. (A job waiting for its model provider stays `running` here and is
 shown as `waiting`, waiting_for = provider, by the API.)"""
-FINISH_REASONS = ("end_turn", "max_iterations", "max_tokens", "max_time", "budget_exceeded",
-                  "cancelled", "error", "hook")
+FINISH_REASONS = ("end_turn", "length", "max_iterations", "max_tokens", "max_time",
+                  "budget_exceeded", "cancelled", "error", "hook")
+"""`length`: the model's reply was cut at its output limit (API.md 1.2)."""
 MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 

@@ -244,6 +244,20 @@ class ToolCallSummarySchema(Schema):
     name = fields.String()
     success = fields.Boolean()
     tool_use_id = fields.String()
+    status = fields.String(metadata={
+        "description": "`succeeded`, `failed` or `cancelled` (`pending` or `awaiting` only "
+                       "if the job ended while the call was out or held for approval)."})
+    arguments = fields.Raw(allow_none=True, metadata={
+        "description": "The arguments the tool was called with; over 2 KB of JSON: its "
+                       "first 2 KB as a string, with `truncated: true`."})
+    result = fields.Raw(allow_none=True, metadata={
+        "description": "What the tool returned (null when it failed); over 2 KB: its first "
+                       "2 KB as a string, with `truncated: true`."})
+    error = fields.Raw(allow_none=True, metadata={
+        "description": "The tool's error `{code, message}` when it failed, else null."})
+    truncated = fields.Boolean(metadata={
+        "description": "`arguments` or `result` was cut at 2 KB (the job's events keep "
+                       "them whole)."})
 
 
 class ResponseMetadataSchema(Schema):

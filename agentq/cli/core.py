@@ -25,8 +25,10 @@ EXIT_FAILED = 5
 EXIT_CANCELLED = 6
 EXIT_TIMEOUT = 7
 EXIT_INTERRUPTED = 130
-EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped without an answer at a limit "
-                   "(max_iterations, max_tokens, max_time) or by a hook; 4 budget used up; 5 failed; 6 cancelled; 7 still running "
+EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped without a whole answer: at a limit "
+                   "(max_iterations, max_tokens, max_time), by a hook, or the reply cut at "
+                   "the model's output limit (length); 4 budget used up; 5 failed; "
+                   "6 cancelled; 7 still running "
                    "after --timeout; 1 an error before the job ended (configuration, the API).")
 
 
@@ -56,6 +58,8 @@ def _print_ending(job_id, status: str, finish_reason: str | None, response: dict
     """The answer on stdout (and its files); a job that ended without one: one line on
     stderr saying why. Returns the exit status."""
     code = exit_code_for(status, finish_reason)
+    if finish_reason == "length" and response.get("content"):
+        click.echo(response["content"])  # what there is of the answer, said to be cut below
     if code == EXIT_ANSWERED:
         click.echo(response.get("content") or "")
         for f in response.get("files") or []:

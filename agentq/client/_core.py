@@ -99,9 +99,16 @@ class File:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One tool call of a job's response (API.md 1.2): `arguments` and `result` are cut at
+    2 KB (then a string, and `truncated` is True)."""
     name: str
     success: bool
     tool_use_id: str
+    status: str | None = None
+    arguments: Any = None
+    result: Any = None
+    error: dict | None = None
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,9 @@ class Job:
                 content=response.get("content"),
                 files=[File(f["filename"], f["url"]) for f in response.get("files") or []],
                 error=response.get("error"),
-                tool_calls=[ToolCall(c["name"], bool(c["success"]), c["tool_use_id"])
+                tool_calls=[ToolCall(c["name"], bool(c["success"]), c["tool_use_id"],
+                                     c.get("status"), c.get("arguments"), c.get("result"),
+                                     c.get("error"), bool(c.get("truncated")))
                             for c in calls])
         usage = raw.get("usage") or {}
         return cls(id=raw["id"], status=raw["status"], finish_reason=raw.get("finish_reason"),

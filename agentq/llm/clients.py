@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import socket
+import ssl
 import threading
-from typing import Callable
+from typing import Any, Callable, Iterable
 
+import httpcore2
+import httpx2
 import openai
+
+from agentq.llm import cancel
 
 THREADS_PER_CLIENT = 64
 
@@ -68,3 +74,82 @@ class ClientShards:
         for client in made:
             if client is not None:
                 client.close()
+
+
+# --- calls aborted on cancel ------------------------------------------------------------
+
+class _AbortableStream(httpcore2.NetworkStream):
+    """A connection whose reads and writes, made while a cancel token is current
+    (`agentq.llm.cancel.cancellable`), end when the token is set: its socket is shut down,
+    so the thread blocked on it wakes and the server sees the client go away."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        token = cancel.current()
+        if token is None:
+            return self._inner.read(max_bytes, timeout)
+        with token.aborting(self.abort):
+            return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        token = cancel.current()
+        if token is None:
+            return self._inner.write(buffer, timeout)
+        with token.aborting(self.abort):
+            return self._inner.write(buffer, timeout)
+
+    def abort(self) -> None:
+        sock = self._inner.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore2.NetworkStream:
+        return _AbortableStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class AbortableBackend(httpcore2.NetworkBackend):
+    """httpcore's blocking backend, its connections `_AbortableStream`s."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend | None = None) -> None:
+        self._inner = inner or httpcore2.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore2.NetworkStream:
+        return _AbortableStream(self._inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address,
+            socket_options=socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None
+                            ) -> httpcore2.NetworkStream:
+        return _AbortableStream(self._inner.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def abortable_http_client() -> httpx2.Client:
+    """The SDK's default HTTP client (its connection limits, redirects followed), its
+    connections abortable by a cancel (`agentq.llm.cancel`)."""
+    transport = httpx2.HTTPTransport(limits=openai.DEFAULT_CONNECTION_LIMITS)
+    pool = transport._pool  # httpx builds the pool; its network backend is httpcore's option
+    if not isinstance(pool, httpcore2.ConnectionPool) or not hasattr(
+            pool, "_network_backend"):
+        raise RuntimeError("httpx's transport has changed: no connection pool to wrap")
+    pool._network_backend = AbortableBackend(pool._network_backend)
+    return openai.DefaultHttpxClient(transport=transport)

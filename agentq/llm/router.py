@@ -24,7 +24,9 @@ from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_a
 from agentq import metrics, tracing
 from agentq.config import Settings
 from agentq.errors import ProviderError, ProviderTimeout
-from agentq.llm.clients import ClientShards, clients_for
+from agentq.llm import cancel
+from agentq.llm.cancel import CallCancelled, CancelToken
+from agentq.llm.clients import ClientShards, abortable_http_client, clients_for
 from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate
 from agentq.llm.names import NameMap
 from agentq.llm.types import LLMReply, ToolSpec
@@ -88,6 +90,18 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
+def _check_cancel(token: CancelToken | None = None) -> None:
+    """`CallCancelled` when the job of the calls made now was cancelled."""
+    token = token if token is not None else cancel.current()
+    if token is not None:
+        token.check()
+
+
+def _abortable_client(**options: Any) -> openai.OpenAI:
+    """An SDK client whose calls a cancel aborts (`agentq.llm.clients`)."""
+    return openai.OpenAI(http_client=abortable_http_client(), **options)
+
+
 # --- the router -------------------------------------------------------------------------
 
 class LLMRouter:
@@ -102,7 +116,7 @@ class LLMRouter:
             self._client: Callable[[], openai.OpenAI] = lambda: client
         else:  # a client per group of the orchestrator's threads (agentq.llm.clients)
             self._shards = ClientShards(partial(
-                openai.OpenAI, api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
+                _abortable_client, api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
                 base_url=os.environ.get("OPENAI_BASE_URL") or None, max_retries=0,
                 timeout=settings.llm_timeout_s), clients_for(settings.orchestrator_concurrency))
             self._client = self._shards.client
@@ -136,7 +150,11 @@ class LLMRouter:
         reply is streamed: `on_delta(text, attempt)` gets each piece of its text as it
         arrives (`attempt` counts the calls made, so a client can drop the pieces of a
         stream that was cut: such a call is retried as a whole). The reply returned is the
-        same as without streaming."""
+        same as without streaming.
+
+        Made inside `agentq.llm.cancel.cancellable(token)`: once the token is set, no
+        further attempt is made (no retry, no fallback), a backoff ends, the call in
+        flight is aborted, and `CallCancelled` is raised."""
         chain = self.chain(model)
         names, params = chat_request(messages, tools,
                                      tool_results_as=self._settings.tool_results_as,
@@ -147,6 +165,7 @@ class LLMRouter:
         transient: list[bool] = []
         retry_after: list[float] = []
         for name in chain:
+            _check_cancel()
             started = time.monotonic()
             post = (partial(self._post_chat, name, params) if on_delta is None else
                     partial(self._stream_chat, name, params, on_delta, attempts))
@@ -262,17 +281,21 @@ class LLMRouter:
 
     def _with_retries(self, model: str, what: str, op: Callable[[], T],
                       attempts: list[dict[str, Any]]) -> T:
-        """`op()` with up to `llm_retries` retries; each failure is appended to `attempts`."""
+        """`op()` with up to `llm_retries` retries; each failure is appended to `attempts`.
+        A cancel (`agentq.llm.cancel`) ends it before an attempt, during a backoff, or
+        by aborting the attempt in flight: `CallCancelled`."""
+        token = cancel.current()
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.llm_retries + 1),
             wait=self._wait,
             retry=retry_if_exception(_is_retryable),
             before_sleep=partial(self._log_retry, model, what),
-            sleep=self._sleep,
+            sleep=self._sleep if token is None else token.wait,
             reraise=True,
         )
         for attempt in retrying:
             with attempt:
+                _check_cancel(token)
                 try:
                     with self._gate.call(model) as permit:
                         try:
@@ -280,6 +303,15 @@ class LLMRouter:
                                     "llm.request", model=model, call=what):
                                 result = op()
                         except _FAILURES as exc:
+                            if token is not None and token.is_set():
+                                # aborted by the cancel: not the provider's failure
+                                permit.failed(False)
+                                log.info("llm.cancelled call=%s model=%s", what, model,
+                                         extra={"event": "llm.cancelled", "call": what,
+                                                "model": model})
+                                raise CallCancelled(f"the {what} call to {model} was "
+                                                    "aborted: its job was cancelled"
+                                                    ) from exc
                             permit.failed(is_transient(exc))
                             raise
                         permit.succeeded()

@@ -273,9 +273,10 @@ def parse_chat(data: dict[str, Any], requested_model: str, names: NameMap,
                   if isinstance(c, dict))
     if not calls and isinstance(message.get("function_call"), dict):
         calls = (_tool_call({"function": message["function_call"]}, names),)
-    stop: StopReason = ("tool_use" if calls
-                        else "max_tokens" if choice.get("finish_reason") == "length"
-                        else "end_turn")
+    # a reply cut at its output limit says so even when it asked for tools: the last of
+    # its calls may be cut too (agentq.loop.decision runs none of them)
+    stop: StopReason = ("max_tokens" if choice.get("finish_reason") == "length"
+                        else "tool_use" if calls else "end_turn")
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))

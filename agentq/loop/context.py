@@ -506,6 +506,21 @@ def summary_max_tokens(budget: int) -> int:
     return min(2048, max(256, budget // 4))
 
 
+def cut_summary(text: str, max_tokens: int) -> tuple[str, bool]:
+    """A summary as stored: at most `max_tokens` (as the context counts them), cut at the
+    last whitespace before that when there is one near it. A server may ignore the
+    call's `max_tokens`; were its summary stored whole, each round's summary (which folds
+    the previous one in) could grow until the context no longer fits. True when cut."""
+    limit = max(1, max_tokens - MESSAGE_OVERHEAD_TOKENS) * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return text, False
+    cut = text[:limit]
+    space = max(cut.rfind(" "), cut.rfind("\n"))
+    if space >= limit * 9 // 10:
+        cut = cut[:space]
+    return cut.rstrip(), True
+
+
 def summary_chars(budget: int, layers: Layers | None = None) -> int:
     """Most transcript one summary call reads: what the budget leaves once the call's
     instructions, the previous summary, the question and the new summary's room are

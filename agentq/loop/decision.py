@@ -5,7 +5,8 @@ A turn of a job (see `agentq.loop.step` for the whole contract):
   1. limits: cancelled? model calls used up (max_iterations)? budget used up?  → `Stop`
   2. context: system prompt + history window (the step builds it)
   3. model call (the step makes it)
-  4. decide: no tool calls → `Finish(content)`; tool calls → `RunTools(calls)`
+  4. decide: no tool calls → `Finish(content)`; tool calls → `RunTools(calls)`; a reply
+     cut at its output limit → `Finish(content, cut=True)`, its calls not run
 
 `decide` never raises for anything the model sends: a call to a tool that does not exist,
 was not offered, or has arguments that are not JSON becomes a `PlannedCall` that is already
@@ -25,6 +26,12 @@ from agentq.lifecycle import StopReason
 @dataclass(frozen=True)
 class Finish:
     content: str
+    cut: bool = False
+    """The reply was cut at its output limit (finish_reason `length`): the job ends with
+    what there is, `completed` with finish_reason `length`, never `end_turn`."""
+    not_run: tuple[str, ...] = ()
+    """A cut reply's tool calls, by name: none is run (the last one's arguments are cut
+    short; a call is never run on part of what the model meant to send)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,9 @@ def decide(reply: LLMReply, offered: Iterable[str], max_calls: int = 0) -> Decis
     """The turn's decision from the model's reply and the names of the tools offered.
     `max_calls` (the tenant's `tool_calls_per_turn`; 0: no cap): the calls past it are
     answered with the error `too_many_tool_calls`, never run."""
+    if reply.stop_reason == "max_tokens":
+        return Finish(reply.content, cut=True,
+                      not_run=tuple(call.name for call in reply.tool_calls))
     if not reply.tool_calls:
         return Finish(reply.content)
     offered = set(offered)

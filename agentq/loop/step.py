@@ -23,16 +23,20 @@ model calls already made. `run_step(job_id, k)` does, in order:
                 fails `provider_unavailable`. Any other provider error fails it at once.
                 While the model thinks, this process renews the step's lease
                 (`agentq.loop.leases`): a call longer than a step deadline is not taken
-                for a dead worker's and made a second time.
+                for a dead worker's and made a second time. A cancel recorded
+                meanwhile stops the call (`agentq.loop.cancel_watch`): no further
+                attempt or fallback, the call in flight aborted, the job `cancelled`.
   7. persist    compare-and-set again (iteration k → k+1, our lease), usage to token_logs
                 and the user's monthly count, the reply as messages, then decide:
-                  Finish(content)  → the job completes (end_turn)
+                  Finish(content)  → the job completes (end_turn; `length` when the
+                                     reply was cut at its output limit: its tool
+                                     calls, if any, are not run)
                   RunTools(calls)  → tool_call rows; the calls go out as a chord whose
                                      callback is step k+1
                   Stop(reason)     → the job ends with that finish_reason
   8. effects    returned to the caller, who dispatches them only after the commit.
 
-A job ends `completed` (end_turn, max_iterations), `failed` (budget_exceeded, error) or
+A job ends `completed` (end_turn, length, max_iterations), `failed` (budget_exceeded, error) or
 `cancelled`. Nothing here knows Celery: effects are plain values.
 """
 from __future__ import annotations
@@ -52,6 +56,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from agentq.config import Settings
 from agentq.db import insert_all, riding_out, utcnow
 from agentq.errors import ProviderError
+from agentq.llm.cancel import CallCancelled, cancellable
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq import approvals, memory, replay
@@ -63,6 +68,7 @@ from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvide
                                   check_limits, decide, effective_limits,
                                   remaining_output_budget, wait_for_provider)
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
+from agentq.loop.cancel_watch import CancelWatch
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.busy import CANCELLED_TOOL_RESULT, pending_inputs
 from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
@@ -194,13 +200,14 @@ class _Turn:
 class Stepper:
     def __init__(self, settings: Settings, router, registry: ToolRegistry,
                  sessions: sessionmaker, hooks: Hooks | None = None,
-                 leases: LeaseKeeper | None = None):
+                 leases: LeaseKeeper | None = None, cancels: CancelWatch | None = None):
         self.settings = settings
         self.router = router
         self.registry = registry
         self.sessions = sessions
         self.hooks = hooks if hooks is not None else Hooks.load(settings.hooks_enabled)
         self.leases = leases or LeaseKeeper(sessions, settings.step_deadline_s)
+        self.cancels = cancels or CancelWatch(sessions)
         self._question_vectors: dict[tuple[str, str], list[float]] = {}
 
     # -- the step ---------------------------------------------------------------------
@@ -220,27 +227,20 @@ class Stepper:
         if outcome is None:
             return uow.sent
 
-        # the model may outlast one step deadline: the lease is renewed meanwhile
-        with self.leases.hold(job_id, owner, lease_until):
-            if outcome.recall_user is not None:
-                self._recall(job_id, outcome)
-            while outcome.compaction is not None and outcome.compaction.summarize:
-                if not self._summarize(job_id, iteration, owner, outcome):
-                    return []
-            if outcome.layers is not None and not context.fits(
-                    outcome.layers, outcome.budget, self.settings.tool_result_max_chars,
-                    outcome.stub_before):
-                return self._overflow(job_id, iteration, owner, outcome)
-            on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
+        # the model may outlast one step deadline: the lease is renewed meanwhile; a
+        # cancel recorded meanwhile stops the model calls (agentq.loop.cancel_watch)
+        with self.leases.hold(job_id, owner, lease_until), \
+                self.cancels.watch(job_id) as token, cancellable(token):
             try:
-                reply = outcome.recorded or self.router.chat(
-                    outcome.messages, outcome.tools, model=outcome.model,
-                    max_tokens=outcome.max_tokens,
-                    **({"on_delta": on_delta} if on_delta else {}))
+                reply = self._think(job_id, iteration, owner, outcome)
+            except CallCancelled:
+                return self._cancelled(job_id, iteration, owner)
             except ProviderError as exc:
                 if exc.transient:
                     return self._wait_provider(job_id, iteration, owner, exc)
                 return self._fail_provider(job_id, iteration, owner, exc)
+            if not isinstance(reply, LLMReply):
+                return reply  # the step ended before the model's call: its effects
 
         # the model answered: its reply is kept through a database outage (written when the
         # database answers, within a step deadline) rather than lost and asked for again
@@ -253,6 +253,37 @@ class Stepper:
                                    "tool_calls": [c.name for c in reply.tool_calls],
                                    "usage": {"input_tokens": reply.input_tokens,
                                              "output_tokens": reply.output_tokens}})
+        return uow.sent
+
+    def _think(self, job_id: str, iteration: int, owner: str,
+               outcome: _Turn) -> LLMReply | list[Effect]:
+        """Steps 5-6 outside any transaction: the memories recalled, the summaries asked
+        for, then the model's reply; or the effects of a step that ended before it."""
+        if outcome.recall_user is not None:
+            self._recall(job_id, outcome)
+        while outcome.compaction is not None and outcome.compaction.summarize:
+            if not self._summarize(job_id, iteration, owner, outcome):
+                return []
+        if outcome.layers is not None and not context.fits(
+                outcome.layers, outcome.budget, self.settings.tool_result_max_chars,
+                outcome.stub_before):
+            return self._overflow(job_id, iteration, owner, outcome)
+        on_delta = self._deltas(job_id, outcome.turn) if outcome.stream else None
+        return outcome.recorded or self.router.chat(
+            outcome.messages, outcome.tools, model=outcome.model,
+            max_tokens=outcome.max_tokens, **({"on_delta": on_delta} if on_delta else {}))
+
+    def _cancelled(self, job_id: str, iteration: int, owner: str) -> list[Effect]:
+        """The job was cancelled while its model (or its summary) was asked: the call was
+        aborted, or never made; the job ends `cancelled` now."""
+        with UnitOfWork(self.sessions) as uow:
+            job = _leased(uow.session, job_id, iteration, owner)
+            if job is None:
+                return []
+            log.info("model call stopped by a cancel", extra={"job_id": job_id})
+            uow.event(job.id, "turn_end", turn=iteration + 1, tool_results=[],
+                      stopped="cancelled")
+            self._stop(uow, job, Stop("cancelled", "The job was cancelled."))
         return uow.sent
 
     def _deltas(self, job_id: str, turn: int):
@@ -440,7 +471,9 @@ class Stepper:
         turn.summary_version = summary.version if summary else 0
         if recalls:
             turn.recall_user, turn.recall_key = job.user_id, job.api_key_id
-        if self.hooks.loaded:
+        # once per turn: not again when its step runs again (after waiting for the
+        # provider, or re-driven), since an earlier run of it already asked the hook
+        if self.hooks.loaded and not turn.resumed:
             stopped = self.hooks.before_turn({**_hook_ctx(job, job.iteration + 1),
                                               "messages": self._assemble(turn)})
             if stopped is not None:
@@ -593,9 +626,12 @@ class Stepper:
             now = utcnow()
             through = plan.summarize[-1].seq
             cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+            # what is stored is cut to the summary's budget, whatever the server sent
+            summary, cut = context.cut_summary(reply.content.strip(),
+                                               context.summary_max_tokens(turn.budget))
             session.add(ConversationSummary(
                 conversation_id=job.conversation_id, version=turn.summary_version + 1,
-                content=reply.content.strip(), through_seq=through,
+                content=summary, through_seq=through,
                 messages_summarized=len(plan.summarize), job_id=job.id,
                 model=reply.model, input_tokens=reply.input_tokens,
                 output_tokens=reply.output_tokens, created_at=now))
@@ -605,7 +641,7 @@ class Stepper:
             job.input_tokens += reply.input_tokens
             job.output_tokens += reply.output_tokens
             job.cost_estimate += cost
-            turn.layers = context.after_summary(layers, reply.content.strip(), through)
+            turn.layers = context.after_summary(layers, summary, through)
             if turn.layers.backlog_more and not turn.layers.backlog:
                 backlog, more = self._backlog(session, turn, through)
                 turn.layers = dataclasses.replace(turn.layers, backlog=backlog,
@@ -621,7 +657,8 @@ class Stepper:
                                  summary_version=turn.summary_version,
                                  through_seq=through,
                                  summary_input_tokens=reply.input_tokens,
-                                 summary_output_tokens=reply.output_tokens)
+                                 summary_output_tokens=reply.output_tokens,
+                                 **({"summary_truncated": True} if cut else {}))
             if following is not None:  # one more summary call before the model's turn
                 self._compaction_start(uow, job.id, turn, following)
                 next_round = True
@@ -739,6 +776,8 @@ class Stepper:
                           cached_quotas(session, job.tenant_id,
                                         self.settings).tool_calls_per_turn)
         match decision:
+            case Finish(content=content, cut=True, not_run=not_run):
+                self._cut_short(uow, job, turn_no, reply, content, not_run, turn, now)
             case Finish(content=content):
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", content, reply.model)], now)
@@ -755,6 +794,28 @@ class Stepper:
                 self._stop(uow, job, stop)
             case _:
                 raise TypeError(f"unknown decision {decision!r}")
+
+    def _cut_short(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
+                   content: str, not_run: tuple[str, ...], turn: _Turn,
+                   now: datetime) -> None:
+        """The reply was cut at its output limit: the job ends `completed` with
+        finish_reason `length` and the text there is; a cut reply's tool calls are not run
+        (the last one's arguments are cut short), and the error says which were dropped."""
+        if content:
+            append_messages(uow.session, job.conversation_id, job.id,
+                            [("assistant", content, reply.model)], now)
+        limit = f" of {turn.max_tokens} tokens" if turn.max_tokens else ""
+        message = (f"The reply of model {reply.model} was cut at its output limit{limit}: "
+                   "the answer is incomplete.")
+        if not_run:
+            message += f" Its tool calls were not run ({', '.join(not_run)})."
+        error: dict[str, Any] = {"code": "length", "message": message,
+                                 "output_tokens": reply.output_tokens,
+                                 "max_tokens": turn.max_tokens}
+        if not_run:
+            error["tool_calls_not_run"] = list(not_run)
+        uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="length")
+        end_job(uow, job, StopReason.LENGTH, content or message, error)
 
     def _plan_tools(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
                     calls, content: str, now: datetime) -> None:

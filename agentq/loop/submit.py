@@ -23,7 +23,7 @@ from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
-from agentq.tenants import DEFAULT_TENANT_ID
+from agentq.tenants import DEFAULT_TENANT_ID, may_start
 from agentq.uow import UnitOfWork
 
 
@@ -40,7 +40,7 @@ class Submission:
     conversation_id: uuid.UUID | None = None
     """Set instead of `incoming` to continue an existing conversation (POST /v1/continue)."""
     persona_id: uuid.UUID | None = None
-    """Overrides the persona cascade (replays)."""
+    """The persona to answer as: it becomes the conversation's (see `_resolve`)."""
     limits: dict[str, Any] | None = None
     """Per-job limits {max_iterations, max_tokens, max_seconds} (None values: no limit)."""
     stream: bool = False
@@ -74,6 +74,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
         job = _new_job(session, settings, sub, user, persona, conversation, now,
                        waiting_for=WaitingFor.BATCH, flush=False)
         job.batch_id = batch_id
+        _keep_persona(conversation, persona)
         return Submitted(job, True)
 
     conversation, owner = lock_owner_then_conversation(session, conversation.id)
@@ -86,18 +87,28 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
 
     job = _new_job(session, settings, sub, user, persona, conversation, now,
                    waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
+    _keep_persona(conversation, persona)
     if owner is None:
         conversation.active_job_id = job.id
-        write_changes(session, conversation)  # its row is locked: one UPDATE, no flush
+    write_changes(session, conversation)  # its row is locked: one UPDATE (if any), no flush
+    if owner is None and may_start(session, job, settings):
         uow.effect(NextStep(str(job.id), 0, "start"))
-    elif sub.on_busy == "interrupt":
+    elif owner is not None and sub.on_busy == "interrupt":
         interrupt(uow, owner)
     return Submitted(job, True)
 
 
 def _resolve(session: Session, settings: Settings, sub: Submission, now,
              cache: dict | None) -> tuple[User, Persona | None, Conversation]:
-    """The user, persona and conversation a submission goes to."""
+    """The user, persona and conversation a submission goes to.
+
+    A conversation keeps its persona (`conversations.persona_id`): every job made on it — a
+    message to its place, `/v1/continue`, a schedule's firing (a wake-up the model asked
+    for with `scheduler.add_job` included), a follow-up — answers as that persona. A new
+    conversation's persona is the request's `persona_id`, else the cascade's (server,
+    platform, default); so is that of a conversation left without one (its persona was
+    deleted). A request that names a persona answers as it, and from then on it is the
+    conversation's (`_keep_persona`)."""
     if sub.conversation_id is not None:
         conversation = session.get(Conversation, sub.conversation_id)
         if conversation is None or conversation.tenant_id != sub.tenant_id:
@@ -116,6 +127,9 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
         else:
             user, persona, conversation = resolve(session, sub.tenant_id, incoming,
                                                   settings, now, owner)
+            if (conversation.persona_id is not None
+                    and conversation.persona_id != (persona.id if persona else None)):
+                persona = session.get(Persona, conversation.persona_id)  # it sticks
             if cache is not None:
                 cache[key] = (user, persona, conversation)
     if sub.persona_id is not None:
@@ -123,6 +137,13 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
         if persona is None or persona.tenant_id != sub.tenant_id:
             raise NotFound("persona", str(sub.persona_id))
     return user, persona, conversation
+
+
+def _keep_persona(conversation: Conversation, persona: Persona | None) -> None:
+    """The persona a job was made with is its conversation's from now on (a request
+    named it, or the conversation had none)."""
+    if persona is not None and conversation.persona_id != persona.id:
+        conversation.persona_id = persona.id
 
 
 LOCK_ATTEMPTS = 5
@@ -153,7 +174,8 @@ def admit(uow: UnitOfWork, job: Job) -> None:
         job.waiting_for = None
         job.last_progress_at = utcnow()
         conversation.active_job_id = job.id
-        uow.effect(NextStep(str(job.id), 0, "start"))
+        if may_start(uow.session, job):
+            uow.effect(NextStep(str(job.id), 0, "start"))
     else:
         job.waiting_for = WaitingFor.CONVERSATION.value
 

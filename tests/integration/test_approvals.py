@@ -117,8 +117,10 @@ def test_deny_gives_the_model_a_denied_error(client, script):
     assert ended["status"] == "completed"
     [result] = seen["results"]
     assert result["error"]["code"] == "denied" and "not today" in result["error"]["message"]
-    assert ended["response"]["metadata"]["tool_calls"] == [
-        {"name": "flaky.guarded", "success": False, "tool_use_id": tool_use_id}]
+    [shown] = ended["response"]["metadata"]["tool_calls"]
+    assert (shown["name"], shown["success"], shown["tool_use_id"], shown["status"],
+            shown["arguments"], shown["error"]["code"]) == (
+        "flaky.guarded", False, tool_use_id, "failed", {"text": "x"}, "denied")
     events = client.events(job["id"])
     assert [(e["data"]["decision"], e["data"]["reason"]) for e in events
             if e["type"] == "approval_resolved"] == [("denied", "not today")]

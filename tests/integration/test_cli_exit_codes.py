@@ -1,6 +1,7 @@
 """`agentq run` — the README's first command, as written there — against the scripted model:
-its exit status says how the job ended (0 answered, 3 max_iterations, 4 budget, 5 failed,
-6 cancelled, 7 still running after --timeout), and only an answer goes to stdout.
+its exit status says how the job ended (0 answered, 3 max_iterations or a cut reply,
+4 budget, 5 failed, 6 cancelled, 7 still running after --timeout), and only an answer goes
+to stdout.
 
 Each run is a fresh process in the embedded mode (SQLite in its own AGENTQ_HOME, the
 in-process broker and worker), pointed at the scripted server by OPENAI_BASE_URL; the
@@ -96,6 +97,15 @@ def test_the_iteration_limit_exits_3(llm, script, tmp_path):
     assert code == 3, err
     assert out == ""
     assert "completed (max_iterations)" in err.splitlines()[-1]
+
+
+def test_a_reply_cut_at_the_output_limit_exits_3_with_what_there_is(llm, script, tmp_path):
+    """Issue 31 item 2: a cut reply is no whole answer (finish_reason `length`)."""
+    marker = script([text("It is 4", finish_reason="length")])
+    code, out, err = finish(agentq_run(tmp_path, marker, llm))
+    assert code == 3, err
+    assert out == "It is 4\n"
+    assert "completed (length)" in err.splitlines()[-1]
 
 
 def test_a_used_up_budget_exits_4(llm, script, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TEST_ENV, Client
+from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from tests.support.scripted_llm import call, error, text, tool_calls
 from tests.support.stack import ROOT, own_stack
 
@@ -87,3 +87,24 @@ def test_on_error_and_after_turn_hear_a_failed_model_call(hooked, script):
     assert kinds.count("turn_start") == kinds.count("turn_end") == 1
     assert kinds.index("turn_end") < kinds.index("job_end")
     assert next(e["data"] for e in events if e["type"] == "turn_end")["error"]["code"]
+
+
+def test_before_turn_runs_once_a_turn_however_often_its_provider_is_tried(hooked, llm):
+    """Issue 31 item 5: during a provider outage the turn's step runs again at each
+    attempt (the job waits for its provider between them); the turn is still one turn."""
+    stack, client, hook_log = hooked
+    key = uid("outage").replace("-", "_")
+    llm.script(key, [text("back again")])
+    llm.storm(key, [error(503, "overloaded")])
+    try:
+        job = client.submit(f"script:{key} hello")
+        wait_until(lambda: sum(e["type"] == "waiting_provider"
+                               for e in client.events(job["id"])) >= 3,
+                   what="the turn's step ran three times, waiting for its provider between")
+    finally:
+        llm.calm(key)
+    ended = client.wait(job["id"])
+    assert (ended["status"], ended["response"]["content"]) == ("completed", "back again")
+    calls = [c["hook"] for c in _calls(hook_log, job["id"], expect=2)]
+    assert calls == ["before_turn", "after_turn"]
+    llm.assert_done(key)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.db import utcnow
-from agentq.loop.context import SUMMARY_SYSTEM_PROMPT, estimate_tokens
+from agentq.loop.context import SUMMARY_SYSTEM_PROMPT, estimate_tokens, summary_max_tokens
 from agentq.models import Conversation, ConversationSummary, Message, TokenLog
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import Reply, ScriptedLLM, call, text, tool_calls
@@ -19,6 +19,7 @@ from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
 WINDOW = 4000
+GROWING = "GROWING-SUMMARY"
 LONG_JOB_TIMEOUT_S = 900
 
 
@@ -31,6 +32,12 @@ def _respond(request: dict) -> Reply:
     """Summaries when asked for one; else per the question: `calls:N` tool calls per turn
     forever, or `answer` a text. A request without the question gets the text LOST."""
     if _is_summary(request):
+        asked = request["messages"][-1]["content"]
+        if GROWING in asked:  # a server that ignores max_tokens: the summary only grows
+            previous = asked.split("The summary so far:\n", 1)[-1].split("\n\n")[0] \
+                if "The summary so far:\n" in asked else ""
+            return text(f"{previous} and more, " + "fact " * 1000,
+                        input_tokens=50, output_tokens=20)
         return text("Summary: the user asked for sums; every sum was computed as 2.",
                     input_tokens=50, output_tokens=20)
     users = [m.get("content") or "" for m in request["messages"] if m.get("role") == "user"]
@@ -149,6 +156,28 @@ def test_a_500_turn_conversation_stays_under_a_small_window(long_stack, long_llm
     summaries = [r["messages"][-1]["content"] for r in long_llm.requests() if _is_summary(r)]
     assert any("turn 0: what is 0+1?" in text_ for text_ in summaries)
     assert any("turn 150: what is 300+1?" in text_ for text_ in summaries)
+
+
+def test_a_summary_is_cut_to_its_budget_when_the_server_sends_more(long_stack, long_llm):
+    """Issue 31 item 10: the server ignores the summary call's max_tokens and sends each
+    round's summary longer than the last; what is stored stays within the summary's budget,
+    so the job goes on instead of failing `context_overflow`."""
+    stack, client = long_stack
+    marker = f"QUESTION-{uuid.uuid4().hex[:8]}"
+    job = client.wait(client.submit(f"{marker} {GROWING} add, calls:10 times",
+                                    limits={"max_iterations": 24})["id"],
+                      timeout_s=LONG_JOB_TIMEOUT_S)
+    assert (job["status"], job["finish_reason"]) == ("completed", "max_iterations"), job
+    with stack.sessions()() as s:
+        stored = s.execute(select(ConversationSummary.content).where(
+            ConversationSummary.job_id == uuid.UUID(job["id"]))
+            .order_by(ConversationSummary.version)).scalars().all()
+    sent = [r for r in _requests_of(long_llm, marker) if _is_summary(r)]
+    assert len(stored) == len(sent) >= 3
+    cap = summary_max_tokens(WINDOW)  # the budget of a summary is at most this
+    assert all(estimate_tokens(summary) <= cap for summary in stored)
+    ends = [e["data"] for e in client.events(job["id"]) if e["type"] == "compaction_end"]
+    assert all(end.get("summary_truncated") for end in ends if end["strategy"] == "summarize")
 
 
 def test_a_question_larger_than_the_window_fails_the_job_saying_so(long_stack, long_llm):

@@ -239,10 +239,12 @@ HOLD_MAX_S = 600.0
 
 async def _send_when_let_go(writer: asyncio.StreamWriter, response: bytes,
                             hold: threading.Event, streamed: bool,
-                            keepalive_s: float = HOLD_KEEPALIVE_S) -> None:
+                            keepalive_s: float = HOLD_KEEPALIVE_S,
+                            gone: Callable[[], bool] | None = None) -> bool:
     """Send a held response: its head at once (its body then ends with the connection: no
     Content-Length), a blank every `keepalive_s` until `hold` is set, then the body. A
-    client that went away meanwhile spent the reply, as with any reply a client drops."""
+    client that went away meanwhile spent the reply, as with any reply a client drops:
+    True then (`gone()` says whether the client closed its side)."""
     head, _, body = response.partition(b"\r\n\r\n")
     head = b"\r\n".join(line for line in head.split(b"\r\n")
                          if not line.lower().startswith((b"content-length:", b"connection:")))
@@ -253,6 +255,8 @@ async def _send_when_let_go(writer: asyncio.StreamWriter, response: bytes,
         since = last = time.monotonic()
         while not hold.is_set() and time.monotonic() - since < HOLD_MAX_S:
             await asyncio.sleep(HOLD_POLL_S)
+            if gone is not None and gone():
+                return True
             if time.monotonic() - last >= keepalive_s:
                 last = time.monotonic()
                 writer.write(blank)
@@ -260,7 +264,8 @@ async def _send_when_let_go(writer: asyncio.StreamWriter, response: bytes,
         writer.write(body)
         await writer.drain()
     except ConnectionError:
-        pass
+        return True
+    return False
 
 
 def _encode(status: int, payload: dict, headers: dict[str, str], keep_alive: bool) -> bytes:
@@ -290,6 +295,9 @@ class ScriptedLLM:
         """{"key", "index", "problem"}: failed checks, wrong models, server errors."""
         self.calls = 0
         self.embedding_calls = 0
+        self.abandoned = 0
+        """Held replies whose client went away (closed the connection) before they were
+        let go: a call the client aborted."""
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -512,8 +520,10 @@ class ScriptedLLM:
                 else:
                     data = _encode(status, payload, extra, keep_alive and hold is None)
                 if hold is not None:  # its body ends with the connection
-                    await _send_when_let_go(writer, data, hold, streamed is not None,
-                                            self.hold_keepalive_s)
+                    if await _send_when_let_go(writer, data, hold, streamed is not None,
+                                               self.hold_keepalive_s, reader.at_eof):
+                        with self._lock:
+                            self.abandoned += 1
                     break
                 writer.write(data)
                 await writer.drain()

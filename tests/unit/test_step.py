@@ -228,7 +228,9 @@ def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
     assert (job.status, job.finish_reason, job.response["content"]) == ("completed",
                                                                        "end_turn", "4")
     assert job.response["metadata"]["tool_calls"] == [
-        {"name": "math.evaluate", "success": True, "tool_use_id": tool_use_id}]
+        {"name": "math.evaluate", "success": True, "tool_use_id": tool_use_id,
+         "status": "succeeded", "arguments": {"expression": "2+2"},
+         "result": {"expression": "2+2", "result": 4}, "error": None, "truncated": False}]
     roles = [m.role for m in h.rows(Message, job_id, Message.seq)]
     assert roles == ["user", "assistant", "tool_call", "tool_result", "assistant"]
     result = json.loads(h.rows(Message, job_id, Message.seq)[3].content)
