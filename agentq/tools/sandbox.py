@@ -16,8 +16,9 @@ The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without se
   * the file system is a fresh tmpfs root holding only /usr/bin, /usr/lib*, /usr/share
     (read-only: the Python runtime, its shared libraries and standard library; /bin, /lib,
     /lib64 are the usual symlinks into them; not /usr/local, /usr/src), a fresh
-    /proc of the sandbox's pid namespace, bwrap's minimal /dev (null, zero, full, random,
-    urandom, tty), a private /tmp (a tmpfs of TMP_SIZE_BYTES), and the run's own scratch
+    /proc of the sandbox's pid namespace (/proc/cmdline masked), a minimal read-only /dev
+    (null, zero, full, random, urandom, a /dev/shm of SHM_SIZE_BYTES; no devpts, so no
+    pty), a private /tmp (a tmpfs of TMP_SIZE_BYTES), and the run's own scratch
     directory, the cwd: a tmpfs of SCRATCH_SIZE_BYTES (with the caller's input files bound
     read-only) that ends with the run, or a host directory the caller shares with the run.
     Writing past a tmpfs's size fails with ENOSPC inside the code: a run cannot fill the
@@ -43,6 +44,20 @@ The sandbox is bubblewrap (`bwrap`, Debian package `bubblewrap`), run without se
     so a chatty child cannot fill our memory or block on a full pipe. Output is cut once,
     here, by its length as a JSON string (a control character takes 6 characters there),
     so a caller can size the caps to make its whole result fit its JSON budget.
+
+The second line (issue 30):
+  * a seccomp filter (agentq.tools.seccomp, bwrap's --seccomp) denies with EPERM what could
+    reach another process (ptrace, pidfd_*, process_vm_*) and the kernel's riskier
+    surfaces (io_uring, keyrings, bpf, mounts, new namespaces, ...); no filter, no run;
+  * each run gets a cgroup v2 group of its own (agentq.tools.cgroups: memory.max counting
+    tmpfs and memfd, pids.max, cpu.max) and the whole run's CPU time is held to its limit;
+    bwrap's two processes are moved into it before anything runs inside (--info-fd and
+    --block-fd). Without cgroup v2 delegation the code is not run, unless CGROUP_ENV is
+    `off` (a hybrid host): then the run's CPU time and private memory are summed from
+    outside (_ProcMeter) and memfd_create is denied;
+  * the supervisor and the process that starts bwrap are not dumpable; bwrap inherits only
+    its pipes; the status channel takes STATUS_MAX_BYTES, the output OUTPUT_KILL_BYTES,
+    and more kills the run.
 
 Why bubblewrap and not the hand-written namespaces we had: it is packaged by every major
 distribution, maintained (Flatpak's sandbox), needs no daemon or setuid bit when user
