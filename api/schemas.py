@@ -89,6 +89,15 @@ class LimitsSchema(StrictSchema):
                                allow_nan=False)
 
 
+class AppliedLimitsSchema(Schema):
+    """The limits that apply to a job (the job object's `limits_applied`): each the
+    smallest of the request's, the persona's and the settings' (the settings' may lie
+    outside a request's ranges), null where none sets it."""
+    max_iterations = fields.Integer(allow_none=True)
+    max_tokens = fields.Integer(allow_none=True)
+    max_seconds = fields.Float(allow_none=True)
+
+
 class _CallbackAndMetadata(StrictSchema):
     """A webhook on the job's end, and metadata echoed back (messages, schedules)."""
     callback_url = fields.Url(load_default=None, allow_none=True, schemes={"http", "https"})
@@ -302,7 +311,7 @@ class JobSchema(Schema):
     limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
         "description": "The limits the request asked for, as sent (null: none); "
                        "`limits_applied` has the ones that apply."})
-    limits_applied = fields.Nested(LimitsSchema, allow_none=True, metadata={
+    limits_applied = fields.Nested(AppliedLimitsSchema, allow_none=True, metadata={
         "description": "The limits that apply to this job: for each, the smallest of the "
                        "request's, the persona's and the settings' (null where none sets "
                        "it), fixed when the job is made. Null until its first step for a "
