@@ -241,7 +241,8 @@ class AgentQ:
         return self._json(_core.schedules_call(conversation_id, status, limit))["data"]
 
     def cancel_schedule(self, schedule_id: str) -> None:
-        """DELETE /v1/schedules/<id> (204): it never fires again."""
+        """DELETE /v1/schedules/<id> (204): it never fires again, and stays readable with
+        `status: cancelled`."""
         self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
 
     # batches

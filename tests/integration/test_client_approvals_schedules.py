@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agentq.client import AgentQ, AsyncAgentQ, Conflict, NotFound
+from agentq.client import AgentQ, AsyncAgentQ, Conflict
 from tests.integration.conftest import uid, wait_until
 from tests.support.scripted_llm import call, text, tool_calls
 
@@ -58,8 +58,7 @@ def test_schedules_with_the_sync_and_async_clients(stack, aq, admin_key, script)
     assert [s["id"] for s in aq.schedules(conversation_id=job.conversation_id)] == [made["id"]]
     assert aq.schedules(conversation_id=job.conversation_id, status="done") == []
     aq.cancel_schedule(made["id"])
-    with pytest.raises(NotFound):
-        aq.schedule(made["id"])
+    assert aq.schedule(made["id"])["status"] == "cancelled"  # readable, never fires
 
     async def scenario():
         async with AsyncAgentQ(stack.base, api_key=admin_key) as client:
@@ -68,11 +67,13 @@ def test_schedules_with_the_sync_and_async_clients(stack, aq, admin_key, script)
             listed = await client.schedules(conversation_id=job.conversation_id)
             shown = await client.schedule(cron["id"])
             await client.cancel_schedule(cron["id"])
-            with pytest.raises(NotFound):
-                await client.cancel_schedule(cron["id"])
+            await client.cancel_schedule(cron["id"])  # again: nothing changes
             return cron, listed, shown
 
     cron, listed, shown = asyncio.run(scenario())
     assert cron["cron"] == "0 9 * * *" and cron["status"] == "active" and cron["next_run_at"]
-    assert [s["id"] for s in listed] == [cron["id"]] and shown["firings"] == []
-    assert aq.schedules(conversation_id=job.conversation_id) == []
+    assert [s["id"] for s in listed] == [cron["id"], made["id"]] and shown["firings"] == []
+    assert aq.schedules(conversation_id=job.conversation_id, status="active") == []
+    assert [(s["id"], s["status"]) for s in aq.schedules(
+        conversation_id=job.conversation_id, status="cancelled")] == [
+        (cron["id"], "cancelled"), (made["id"], "cancelled")]
