@@ -185,6 +185,21 @@ def _move_all(source: str, leaf: str, only: int | None = None) -> None:
                 raise CgroupUnavailable(f"cannot move pid {pid} to {leaf}: {exc}") from None
 
 
+def remove_stale(hierarchy: Hierarchy) -> int:
+    """Remove the empty runs' groups a worker that died left behind (its runs died with it:
+    bwrap dies with its parent). A group still holding processes may be another worker's
+    run, in the same base group: it is left alone. Returns how many were removed."""
+    removed = 0
+    for entry in os.scandir(hierarchy.base):
+        if entry.name.startswith(RUN_PREFIX) and entry.is_dir(follow_symlinks=False):
+            try:
+                os.rmdir(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 class RunGroup:
     """One run's cgroup: made with its limits, the run's processes moved in, its CPU time
     and OOM kills read, and removed (its processes killed) at the end."""

@@ -353,6 +353,9 @@ def _runtime_dirs(python: str) -> list[str]:
 
 
 _probe_lock = threading.Lock()
+_probing = threading.local()
+"""Set while problem() runs its own `print(1)`: the cgroups are checked, not set up (the
+probe runs in the API's process, whose cgroup is not ours to rearrange)."""
 _probe_cache: tuple[float, str | None] | None = None
 
 
@@ -364,6 +367,7 @@ def problem() -> str | None:
         now = time.monotonic()
         if _probe_cache is not None and now - _probe_cache[0] < PROBE_CACHE_S:
             return _probe_cache[1]
+        _probing.active = True
         try:
             result = run_python("print(1)", cpu_s=5, memory_mb=256, wall_s=PROBE_TIMEOUT_S,
                                 max_output_chars=100)
@@ -371,6 +375,8 @@ def problem() -> str | None:
                 f"the sandbox's test run failed: {result['stderr'][-300:]}")
         except SandboxUnavailable as exc:
             found = str(exc)
+        finally:
+            _probing.active = False
         _probe_cache = (now, found)
         return found
 
@@ -696,6 +702,8 @@ def prepare() -> str | None:
         _not_dumpable()
         hierarchy = _hierarchy()
         seccomp.program(deny_memfd=hierarchy is None)
+        if hierarchy is not None:
+            cgroups.remove_stale(hierarchy)
     except (SandboxUnavailable, seccomp.SeccompUnavailable) as exc:
         log.error("sandbox unavailable at start", extra={"problem": str(exc)})
         return str(exc)
@@ -714,6 +722,11 @@ def _hierarchy() -> cgroups.Hierarchy | None:
         raise SandboxUnavailable(f"{CGROUP_ENV} must be `required` or `off`, not {mode!r}. "
                                  f"The code was not run.")
     try:
+        if getattr(_probing, "active", False):
+            why = cgroups.check()
+            if why is not None:
+                raise cgroups.CgroupUnavailable(why)
+            return None
         return cgroups.setup()
     except cgroups.CgroupUnavailable as exc:
         raise SandboxUnavailable(

@@ -681,3 +681,48 @@ def test_a_flooded_stdout_is_bounded_and_the_run_killed():
     assert result["truncated"] is True and result["exit_signal"] == "SIGKILL", result
     assert "all written" not in result["stdout"]
     assert grew < 32 * 2 ** 20, grew
+
+
+def test_an_unprivileged_worker_runs_the_code_as_itself_out_of_its_reach():
+    # a worker that is not root cannot switch uids: the code runs as the worker's own uid,
+    # and the namespaces, the filter and the non-dumpable supervisor must hold all the same
+    if os.getuid() != 0:
+        pytest.skip("this suite runs unprivileged: every test here is that case")
+    import pyseccomp
+    import agentq
+    home = Path(tempfile.mkdtemp(prefix="agentq-unprivileged-"))
+    try:
+        shutil.copytree(os.path.dirname(agentq.__file__), home / "agentq",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(pyseccomp.__file__, home)
+        for path in [home, *home.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        worker = textwrap.dedent(r'''
+            import json, os
+            from agentq.tools import sandbox
+            result = sandbox.run_python("""
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            sup = os.getppid()
+            print(os.getuid())
+            print("ptrace", libc.ptrace(16, sup, 0, 0), os.strerror(ctypes.get_errno()))
+            try:
+                os.open(f"/proc/{sup}/fd/0", os.O_RDONLY)
+                print("proc_fd ok")
+            except OSError as exc:
+                print("proc_fd", exc.strerror)
+            """, cpu_s=5, memory_mb=256, wall_s=60, max_output_chars=2000)
+            print(json.dumps({"worker_uid": os.getuid(), **result}))
+        ''')
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", worker], capture_output=True, text=True, timeout=120,
+            cwd=home, user=65534, group=65534, extra_groups=[],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(home),
+                 sandbox.CGROUP_ENV: "off"})
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout.splitlines()[-1])
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert result["worker_uid"] == 65534
+    assert result["stdout"].splitlines() == ["65534", "ptrace -1 Operation not permitted",
+                                             "proc_fd Permission denied"], result

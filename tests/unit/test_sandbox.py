@@ -593,3 +593,29 @@ def test_the_process_that_starts_the_sandbox_is_not_dumpable():
         assert libc.prctl(3, 0, 0, 0, 0) == 0         # PR_GET_DUMPABLE
     finally:
         libc.prctl(4, 1, 0, 0, 0)
+
+
+def test_a_dead_workers_empty_run_groups_are_removed_at_start(tmp_path):
+    from agentq.tools import cgroups
+    base = _fake_cgroupfs(tmp_path)
+    (base / "agentq-run-dead").mkdir()                  # empty: its run died with its worker
+    busy = base / "agentq-run-busy"
+    busy.mkdir()
+    (busy / "cgroup.procs").write_text("4242\n")        # a directory rmdir cannot remove
+    (base / "agentq-worker").mkdir()
+    assert cgroups.remove_stale(cgroups.Hierarchy(str(tmp_path), str(base))) == 1
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["agentq-run-busy",
+                                                                     "agentq-worker"]
+
+
+def test_the_readiness_probe_checks_the_cgroups_without_rearranging_them(monkeypatch,
+                                                                          tmp_path):
+    # the probe runs in the API's process: its cgroup is not the worker's to set up
+    from agentq.tools import cgroups
+    monkeypatch.setattr(sandbox, "_probe_cache", None)
+    monkeypatch.setenv(sandbox.CGROUP_ENV, "required")
+    calls = []
+    monkeypatch.setattr(cgroups, "setup", lambda *a, **k: calls.append("setup"))
+    monkeypatch.setattr(cgroups, "check", lambda *a, **k: "no memory controller (test)")
+    assert "no memory controller (test)" in sandbox.problem()
+    assert calls == []
