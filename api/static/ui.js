@@ -32,8 +32,23 @@ function followJob(root) {
   const status = document.getElementById("job-status");
   const url = root.dataset.eventsUrl + "?after=" + encodeURIComponent(root.dataset.lastSeq);
   const source = new EventSource(url);
+  let redraw = null;
+  const redrawWaterfall = () => {
+    // the waterfall is drawn by the server: read the page again, take its new waterfall
+    if (redraw) return;
+    redraw = window.setTimeout(async () => {
+      redraw = null;
+      const response = await fetch(window.location.href, {credentials: "same-origin"});
+      if (!response.ok) return;
+      const fresh = new DOMParser().parseFromString(await response.text(), "text/html")
+        .getElementById("waterfall");
+      const shown = document.getElementById("waterfall");
+      if (fresh && shown && !shown.querySelector("details[open]")) shown.replaceWith(fresh);
+    }, 500);
+  };
   onEvents(source, (message) => {
     const event = JSON.parse(message.data);
+    if (event.type !== "message_delta") redrawWaterfall();
     const row = document.createElement("tr");
     row.append(cell(String(event.seq), "num"), cell(event.created_at.slice(11, 23)),
                cell(event.type));

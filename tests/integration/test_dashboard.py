@@ -575,3 +575,23 @@ def test_the_overview_shows_the_last_hour_by_the_tenant_rules(browser, stack, ll
     context.close()
     for key in keys:
         llm.assert_done(key)
+
+
+def test_a_live_job_s_waterfall_grows_as_it_runs(page, client, script):
+    # the job waits in a gated tool call (it stays running however slow the page is)
+    gate = ToolGate(REDIS_URL)
+    marker = script([tool_calls(call("flaky.gated", gate.args()), delay_s=1.0),
+                     text("through the gate")])
+    job = client.submit(f"{marker} go", user=uid("ui"))
+    try:
+        page.goto(f"/ui/jobs/{job['id']}")
+        # drawn by the server after the events the page followed: the tool's bar, still open
+        tool = page.locator("#waterfall li[data-label='Tool: flaky.gated'][data-open='true']")
+        tool.wait_for()
+        assert page.locator("#waterfall li[data-kind='job']").get_attribute("data-open") == \
+            "true"
+        assert page.locator("#job-status").inner_text() == "running"
+        assert tool.locator(".wf-duration").inner_text().endswith("so far")
+    finally:
+        gate.close()
+    assert client.wait(job["id"])["status"] == "completed"
