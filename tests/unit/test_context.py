@@ -409,3 +409,14 @@ def test_context_window_table_and_overrides():
     assert context_window("unknown-model", settings) == 2048
     assert context_window("anything", Settings.from_env({"AGENTQ_CONTEXT_WINDOW": "999"})) == 999
     assert input_budget(4000, None) == 3000 and input_budget(100_000, 500) == 99_500
+
+
+def test_a_summary_is_cut_to_its_budget_at_a_word():
+    """Issue 31 item 10: what the server sent past the summary's budget is not stored."""
+    from agentq.loop.context import cut_summary, estimate_tokens
+    short = "the user asked for sums"
+    assert cut_summary(short, 256) == (short, False)
+    long = "fact " * 2000
+    kept, cut = cut_summary(long, 256)
+    assert cut and estimate_tokens(kept) <= 256 and kept.endswith("fact")
+    assert long.startswith(kept)

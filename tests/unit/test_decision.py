@@ -175,3 +175,15 @@ def test_token_and_time_limits_stop_with_their_own_reasons():
     assert stop.reason == "max_time"
     assert check_limits(Limits(iteration=2, max_iterations=10, max_tokens=40, tokens_used=39,
                                max_seconds=1.0, elapsed_s=0.5)) is None
+
+
+def test_a_reply_cut_at_its_output_limit_finishes_cut_and_runs_none_of_its_calls():
+    """Issue 31 item 2: finish_reason `length` (stop_reason max_tokens)."""
+    from agentq.llm.types import LLMReply, ToolCallRequest
+    from agentq.loop.decision import Finish, decide
+    cut_text = LLMReply("Once upon a", (), "max_tokens", "m", 10, 5)
+    assert decide(cut_text, []) == Finish("Once upon a", cut=True)
+    cut_call = LLMReply("Let me", (ToolCallRequest("c1", "math.evaluate", None, '{"expr',
+                                                   "cut short"),), "max_tokens", "m", 10, 5)
+    assert decide(cut_call, ["math.evaluate"]) == Finish("Let me", cut=True,
+                                                          not_run=("math.evaluate",))

@@ -277,3 +277,78 @@ def test_a_non_transient_error_anywhere_in_the_chain_is_not_transient(llm, make_
         make_router().chat(user(marker), [])
     assert info.value.transient is False
     llm.assert_done()
+
+
+# --- a cancel (issue 31 item 3) ----------------------------------------------------------------
+
+def _length_with_tools():
+    import dataclasses
+    return dataclasses.replace(tool_calls(call("math.evaluate", '{"expression": "1+')),
+                               finish_reason="length")
+
+
+def test_a_reply_cut_while_asking_for_tools_says_it_was_cut(llm, make_router):
+    marker = llm.script("cut", [_length_with_tools()])
+    reply = make_router().chat(user(marker), [EVALUATE])
+    assert reply.stop_reason == "max_tokens"
+    assert [c.arguments for c in reply.tool_calls] == [None]  # its JSON was cut short
+
+
+def test_a_call_whose_job_is_cancelled_already_is_not_made(llm, make_router):
+    from agentq.llm.cancel import CallCancelled, CancelToken, cancellable
+    marker = llm.script("before", [text("never")])
+    token = CancelToken()
+    token.cancel()
+    with cancellable(token), pytest.raises(CallCancelled):
+        make_router().chat(user(marker), [])
+    assert llm.requests("before") == []
+
+
+def test_a_cancel_after_a_failed_attempt_stops_the_retries_and_fallbacks(llm, make_router):
+    from agentq.llm.cancel import CallCancelled, CancelToken, cancellable
+    token = CancelToken()
+    # the server fails the first attempt, and the job is cancelled while it does
+    marker = llm.script("between", [error(500, check=lambda _request: token.cancel())])
+    with cancellable(token), pytest.raises(CallCancelled):
+        make_router().chat(user(marker), [])
+    assert len(llm.requests("between")) == 1  # no retry, no fallback model
+
+
+def test_a_cancel_aborts_the_call_in_flight(llm, monkeypatch):
+    """The router's own clients (agentq.llm.clients): the blocked read ends at once and
+    the server sees its client go away."""
+    import threading
+
+    from agentq.llm.cancel import CallCancelled, CancelToken, cancellable
+    monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+    never = threading.Event()
+    marker = llm.script("inflight", [text("late", hold=never)])
+    token, outcome = CancelToken(), {}
+
+    def ask(router):
+        with cancellable(token):
+            try:
+                outcome["reply"] = router.chat(user(marker), [])
+            except CallCancelled as exc:
+                outcome["cancelled"] = exc
+
+    try:
+        with LLMRouter(Settings.from_env({"AGENTQ_MODEL": "m1",
+                                          "AGENTQ_LLM_TIMEOUT_S": "30"})) as router:
+            asking = threading.Thread(target=ask, args=(router,))
+            asking.start()
+            deadline = time.monotonic() + 30
+            while not llm.requests("inflight") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            token.cancel()
+            asking.join(30)
+            assert not asking.is_alive() and "cancelled" in outcome, outcome
+            while llm.abandoned == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert llm.abandoned == 1 and len(llm.requests("inflight")) == 1
+            # the client goes on: the next call is made on a connection of its own
+            again = llm.script("after", [text("fine")])
+            assert router.chat(user(again), []).content == "fine"
+    finally:
+        never.set()
+    llm.assert_done()

@@ -20,7 +20,7 @@ from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep
-from agentq.models import FileRecord, Job, Message, TokenLog, ToolCall, User
+from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall, User
 from agentq.runner import InProcessRunner
 from agentq.tools.registry import ToolRegistry, discover
 from tests.support import sqlite_template
@@ -611,3 +611,34 @@ def test_an_empty_final_answer_still_ends_with_readable_text(make):
     assert (job.status, job.finish_reason) == ("completed", "end_turn")
     assert job.response["content"].strip()
     assert job.response["error"]["code"] == "empty_answer"
+
+
+def test_a_cancel_recorded_while_the_model_thinks_stops_its_call(make):
+    """Issue 31 item 3: the cancel watch sees the cancel while the model call runs and sets
+    the call's token (the real router then aborts it and raises CallCancelled, as here);
+    the job ends cancelled at once, nothing of the call stored or billed."""
+    from agentq.llm import cancel as llm_cancel
+    from agentq.loop.cancel_watch import CancelWatch
+    from agentq.loop.submit import cancel as cancel_job
+
+    def thinking():
+        token = llm_cancel.current()
+        assert token is not None and not token.is_set()
+        with uow.UnitOfWork(h.sessions) as unit:  # POST /v1/jobs/<id>/cancel meanwhile
+            cancel_job(unit, unit.session.get(Job, uuid.UUID(job_id)))
+        assert token.wait(30), "the cancel watch never set the token"
+        raise llm_cancel.CallCancelled("aborted")
+
+    h = make(thinking)
+    h.stepper.cancels = CancelWatch(h.sessions, poll_s=0.05)
+    job_id = h.submit()
+    effects = h.stepper.run(job_id, 0, "start")
+    assert effects == [JobEnded(job_id, "cancelled")]
+    job = h.job(job_id)
+    assert (job.status, job.finish_reason, job.iteration) == ("cancelled", "cancelled", 0)
+    assert (job.input_tokens, job.output_tokens) == (0, 0)
+    assert h.rows(TokenLog, job_id) == []
+    with h.sessions() as session:
+        kinds = list(session.execute(select(JobEvent.type).where(
+            JobEvent.job_id == uuid.UUID(job_id)).order_by(JobEvent.seq)).scalars())
+    assert kinds[-3:] == ["cancel_requested", "turn_end", "job_end"]
