@@ -810,8 +810,10 @@ class _ProcMeter(_Meter):
     """Without cgroups (CGROUP_ENV=off): the run's CPU time and private memory summed over
     its processes from outside, through the sandbox's own /proc (its pid namespace). CPU:
     each process's user+system time plus what it reaped (cutime/cstime: the code, orphans
-    reaped by pid 1). Memory: resident minus shared pages (the interpreter's libraries are
-    counted once, not per process)."""
+    reaped by pid 1). Memory: resident minus file-backed and shared memory pages (the
+    interpreter's libraries are not counted per process), summed; only when that sum is
+    over the limit is it measured exactly (each process's anonymous PSS, smaps_rollup: the
+    pages a fork still shares with its parent counted once), which is slower."""
     ns_pid: int
     memory_bytes: int
     cpu_max: float = 0.0
@@ -831,6 +833,7 @@ class _ProcMeter(_Meter):
             names = os.listdir(root)
         except OSError:
             return self.cpu_max, False
+        private: dict[str, int] = {}
         for name in names:
             if not name.isdigit():
                 continue
@@ -842,9 +845,26 @@ class _ProcMeter(_Meter):
             except OSError:
                 continue  # gone meanwhile: its time is in its reaper's cutime
             cpu_ticks += sum(int(v) for v in fields[11:15])
-            private_pages += max(0, int(statm[1]) - int(statm[2]))
+            private[name] = max(0, int(statm[1]) - int(statm[2])) * _PAGE_SIZE
         self.cpu_max = max(self.cpu_max, cpu_ticks / _CLOCK_TICKS)
-        return self.cpu_max, private_pages * _PAGE_SIZE > self.memory_bytes
+        over = sum(private.values()) > self.memory_bytes
+        if over:  # an upper bound: a fork's pages shared with its parent count twice there
+            over = sum(_anon_pss(root, name, bound)
+                       for name, bound in private.items()) > self.memory_bytes
+        return self.cpu_max, over
+
+
+def _anon_pss(root: str, pid: str, bound: int) -> int:
+    """A process's anonymous memory, each page shared by n processes counted 1/n (PSS);
+    `bound` (its resident private pages) where smaps_rollup cannot be read."""
+    try:
+        with open(f"{root}/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss_Anon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return bound
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

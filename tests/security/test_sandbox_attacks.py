@@ -726,3 +726,25 @@ def test_an_unprivileged_worker_runs_the_code_as_itself_out_of_its_reach():
     assert result["worker_uid"] == 65534
     assert result["stdout"].splitlines() == ["65534", "ptrace -1 Operation not permitted",
                                              "proc_fd Permission denied"], result
+
+
+def test_forks_sharing_their_parents_memory_count_it_once():
+    # 200 MiB, then three forks that only read it: the pages are shared (copy on write), the
+    # run holds 200 MiB, not 800
+    result = run("""
+        import os, time
+        b = bytearray(200 * 2 ** 20)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(1.5)
+                os._exit(sum(b[::4096]) // (50 * 1024))   # reads it all: 1
+            children.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        print("done", codes)
+    """, memory_mb=256, wall_s=60)
+    assert result["stdout"] == "done [1, 1, 1]\n", result
+    assert result["memory_limited"] is False
