@@ -58,3 +58,39 @@ def test_jobs_list_reads_the_database(tmp_path, monkeypatch):
     finally:
         set_settings(None)
         dispose_engines()
+
+
+@pytest.mark.parametrize("argv, remote", [
+    (["submit", "hi", "--url", "http://api.example"], True),
+    (["jobs", "show", "some-id"], True),
+    (["batch", "submit", "lines.jsonl"], True),
+    (["jobs", "list"], False),
+    (["run", "hi"], False),
+    (["db", "upgrade"], False),
+    (["keys", "list"], False),
+])
+def test_which_commands_talk_to_a_remote_api(argv, remote):
+    """Resolved as `agentq` does before configuring its log (issue 31): a command that
+    talks to a remote API keeps no log in ./.agentq."""
+    from agentq.cli.core import _runs_remote
+    ctx = click.Context(cli.main)
+    _name, command, rest = click.Group.resolve_command(cli.main, ctx, argv)
+    assert _runs_remote(ctx, command, rest) is remote
+
+
+def test_the_log_is_in_the_state_directory_unless_a_local_database_is_used(tmp_path,
+                                                                          monkeypatch):
+    from agentq.cli.core import log_path
+    from agentq.config import Settings
+    monkeypatch.delenv("AGENTQ_HOME", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    state_log = tmp_path / "state" / "agentq" / "agentq.log"
+    embedded = Settings.from_env({})
+    server = Settings.from_env({"AGENTQ_DATABASE_URL": "postgresql://db.example/agentq"})
+    assert log_path(embedded) == tmp_path / ".agentq" / "agentq.log"
+    assert log_path(embedded, remote=True) == state_log
+    assert log_path(server) == state_log
+    monkeypatch.setenv("AGENTQ_HOME", str(tmp_path / "home"))  # said where: kept there
+    assert log_path(Settings.from_env({"AGENTQ_HOME": str(tmp_path / "home")}),
+                   remote=True) == tmp_path / "home" / "agentq.log"
