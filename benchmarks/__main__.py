@@ -4,7 +4,8 @@
 observability [--pairs N] [--clients C] [--seconds S]` — metrics and tracing on vs off;
 `python -m benchmarks burst [--jobs N] [--rounds R] [--latency S]` — where a burst's CPU goes.
 `python -m benchmarks compare BASE [--jobs N] [--latency S] [--pairs P]` — this tree against
-a commit, bursts in turn."""
+a commit, bursts in turn. `python -m benchmarks front [--slow N] [--streams M] [--clients C]
+[--seconds S] [--rounds R]` — jobs/s and /health under slow connections and held streams."""
 from __future__ import annotations
 
 import argparse
@@ -105,6 +106,19 @@ def parse(argv: list[str] | None):
     cmp_.add_argument("--pairs", type=int, default=8,
                       help="bursts of each tree, in turn (default 8)")
     cmp_.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    front = sub.add_parser("front", help="jobs/s and /health with and without slow "
+                                         "connections and held event streams "
+                                         "(benchmarks/front.py)")
+    front.add_argument("--slow", type=int, default=2000,
+                       help="connections that send half a request head (default 2000)")
+    front.add_argument("--streams", type=int, default=200,
+                       help="event streams held open (default 200)")
+    front.add_argument("--clients", type=int, default=16,
+                       help="closed-loop clients submitting jobs (default 16)")
+    front.add_argument("--seconds", type=float, default=30.0, help="each run's length")
+    front.add_argument("--rounds", type=int, default=2,
+                       help="quiet/attacked pairs of runs (default 2)")
+    front.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     rep = sub.add_parser("report", help="re-render the markdown from a results file")
     rep.add_argument("results", help="a JSON file written by `run`")
     rep.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
@@ -164,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":
         from benchmarks import compare
         return compare.main(args)
+    if args.command == "front":
+        from benchmarks import front
+        return front.main(args)
     if args.command == "faults":
         from benchmarks import faults
         return faults.main(args)

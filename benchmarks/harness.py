@@ -54,6 +54,9 @@ BENCH_ENV = {
     "AGENTQ_MAX_ITERATIONS": "200",  # the most settings allow: the growth scenario's 200 turns
     "AGENTQ_LLM_TIMEOUT_S": "60",
     "AGENTQ_MODEL_CONTEXT_WINDOWS": f"{GROWTH_MODEL}={GROWTH_WINDOW_TOKENS}",
+    # the scenarios measure what one key's clients get through: no per-key rate limit
+    # (api/ratelimit.py); `front`'s stream keys keep the default streams_per_key
+    "AGENTQ_QUOTA_REQUESTS_PER_SECOND": "0",
 }
 PASSED_THROUGH = ("AGENTQ_ORCHESTRATOR_CONCURRENCY", "AGENTQ_ORCHESTRATOR_POOL",
                   "AGENTQ_TOOLS_CONCURRENCY",
