@@ -748,3 +748,14 @@ def test_forks_sharing_their_parents_memory_count_it_once():
     """, memory_mb=256, wall_s=60)
     assert result["stdout"] == "done [1, 1, 1]\n", result
     assert result["memory_limited"] is False
+
+
+def test_the_code_inherits_no_descriptor_but_its_own():
+    # stdin, stdout, stderr, and the wrapper's one-byte MemoryError pipe to the supervisor;
+    # not the status channel, the seccomp program, bwrap's info and block pipes
+    result = run("""
+        import os
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+        print(sorted(n for n in fds if os.path.exists(f"/proc/self/fd/{n}")))
+    """)
+    assert result["stdout"] == "[0, 1, 2, 4]\n", result
