@@ -37,6 +37,10 @@ TEST_ENV = {
     "AGENTQ_PROVIDER_BREAKER_WINDOW_S": "5", "AGENTQ_PROVIDER_BREAKER_OPEN_S": "1.5",
     "AGENTQ_MODULE_ALLOW_PRIVATE": "1", "AGENTQ_MODULE_SYNC_S": "0.5",
     "AGENTQ_MODULE_RETRY_S": "1",
+    # the suite drives its stack from one key faster than a client should (schemathesis, a
+    # burst of submits): 1,000 requests a second per key (the default is 50); a tenant's own
+    # rate is tested in test_web_front.py
+    "AGENTQ_QUOTA_REQUESTS_PER_SECOND": "1000",
     # the code sandbox's cgroups as this machine allows (tests/conftest.py)
     "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", "required"),
     # the suite on the orchestrator's other pool: AGENTQ_TEST_ORCHESTRATOR_POOL=gevent

@@ -185,7 +185,7 @@ class Stack:
             try:
                 if requests.get(f"{self.base}/health", timeout=1).ok:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a worker still booting
                 time.sleep(0.2)
         else:
             raise StackError("the web process did not answer")
