@@ -99,14 +99,13 @@ process's files and every scrape for good)."""
 
 def tool_label(name: str | None) -> str:
     """`name` when it is a tool registered in this process's view (in-process modules and
-    the HTTP/MCP modules offered now), else `other`."""
-    try:
-        from agentq.config import get_settings
-        from agentq.tools.registry import get_registry
-        known = get_registry(get_settings()).known_tool_names()
-    except Exception:  # noqa: BLE001 - no registry here (no tool packages): nothing known
+    the HTTP/MCP modules offered now), else `other` (and in a process that runs no tools:
+    the web's events are never tool results)."""
+    from agentq.tools.registry import current_registry
+    registry = current_registry()  # the process's own: never one built for this
+    if registry is None or not name:
         return OTHER
-    return name if name and name in known else OTHER
+    return name if name in registry.known_tool_names() else OTHER
 
 
 def model_label(model: str | None) -> str:

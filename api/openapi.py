@@ -67,6 +67,7 @@ SCHEMAS = {
     "ModuleRequest": schemas.ModuleRequestSchema,
     "Module": schemas.ModuleSchema,
     "ModulePage": schemas.ModulePageSchema,
+    "WebhookSecret": schemas.WebhookSecretSchema,
     "PersonaRequest": schemas.PersonaRequestSchema,
     "PersonaUpdate": schemas.PersonaUpdateSchema,
     "Persona": schemas.PersonaSchema,
@@ -108,7 +109,8 @@ ALWAYS_COMPLETE = ("Job", "Usage", "JobResponse", "ResponseMetadata", "ToolCallS
 
 ERROR_STATUSES = {
     400: ("BadRequest", "The request cannot be read: a body that is not JSON or is nested "
-                        "too deep, or a query parameter the route does not take."),
+                        "too deep, a body, JSONL line or query string that is not UTF-8 "
+                        "(`bad_encoding`), or a query parameter the route does not take."),
     401: ("Unauthorized", "A missing or wrong API key."),
     403: ("Forbidden", "The key lacks the scope this route needs."),
     404: ("NotFound", "No such object, or not one this key may see."),
@@ -318,6 +320,11 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
     ("GET", "/v1/files/{}"): {
         "operationId": "getFile", "summary": "A stored file's bytes", "tags": ["files"],
+        "description": "`Content-Disposition` names the file by RFC 6266 (`filename*` in "
+                       "UTF-8 for a name that is not ASCII; control characters replaced). "
+                       "`inline` only for plain text and raster images, else `attachment`; "
+                       "always `X-Content-Type-Options: nosniff` and "
+                       "`Content-Security-Policy: default-src 'none'; sandbox`.",
         "responses": {
             "200": {"description": "The file, with its own media type when known.",
                     "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
@@ -328,7 +335,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "embed", "summary": "Embed a text", "tags": ["embeddings"],
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "EmbedRequest"}}},
+        "description": "Paid from a user's monthly token budget: the user `platform` + "
+                       "`platform_user_id` name, or else the key's own (platform `api_key`). "
+                       "A text whose tokens the budget cannot pay is refused `429` "
+                       "`budget_exceeded` (`Retry-After`: when the budget resets) and no "
+                       "provider is called.",
         "responses": {"200": _json("EmbedResponse", "The embedding."),
+                      "429": _json("Error", "`budget_exceeded`: the user's monthly token "
+                                            "budget cannot pay for this text.",
+                                   headers={"Retry-After": {"schema": {"type": "integer"}}}),
                       **{str(s): ERROR_STATUSES[s][0]
                          for s in (401, 403, 415, 422, 502)}}},
     ("GET", "/health"): {
@@ -483,7 +498,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["modules"],
         "description": "Admin keys only. `kind` is `python` (in-process), `http` or `mcp`; "
                        "an unhealthy module's tools are not offered. Secrets are never shown "
-                       "(`signed` says whether there is one).",
+                       "(`signed` says whether there is one). A tenant admin sees its "
+                       "tenant's modules and the global ones; an operator every one.",
         "responses": {"200": _json("ModulePage", "Every module, python ones first."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
     ("POST", "/v1/modules"): {
@@ -493,7 +509,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "MCP server's tools) is fetched and checked first: `422` with "
                        "`details.fields.manifest` saying what to fix when it is refused; "
                        "`409` when the name is taken. The URL passes the SSRF guard "
-                       "(private addresses only with AGENTQ_MODULE_ALLOW_PRIVATE).",
+                       "(private addresses only with AGENTQ_MODULE_ALLOW_PRIVATE). The "
+                       "module is the key's tenant's (offered only to its jobs); "
+                       "`global: true` (an operator only, else `403`) offers it to every "
+                       "tenant.",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "ModuleRequest"}}},
         "responses": {"201": _json("Module", "The module, with its tools."),
@@ -502,14 +521,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "refreshModule", "summary": "Fetch a module's manifest now",
         "tags": ["modules"],
         "description": "The manifest is cached again for an hour; a module that does not "
-                       "answer is shown unhealthy. `409` for a python module.",
+                       "answer is shown unhealthy. `409` for a python module; another "
+                       "tenant's module is `404`.",
         "responses": {"200": _json("Module", "The module as it is now."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
     ("DELETE", "/v1/modules/{}"): {
         "operationId": "removeModule", "summary": "Unregister a module",
         "tags": ["modules"],
         "description": "Its tools are no longer offered. `409` for a python module or one "
-                       "configured by AGENTQ_TOOL_MODULES.",
+                       "configured by AGENTQ_TOOL_MODULES; another tenant's module is `404`; "
+                       "a global one is removed by an operator only (`403`).",
         "responses": {"204": {"description": "Removed."},
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
     ("POST", "/v1/admin/keys/{}/rotate"): {
@@ -520,6 +541,19 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "to a tenant admin; an operator's key is `403` to it.",
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+    ("POST", "/v1/admin/webhook-secret/rotate"): {
+        "operationId": "rotateWebhookSecret", "summary": "A new webhook secret for the "
+                                                         "key's tenant",
+        "tags": ["webhooks"],
+        "description": "Admin keys (a tenant admin or an operator), for the key's own "
+                       "tenant. Each tenant signs its webhooks with its own secret "
+                       "(`AGENTQ_WEBHOOK_SECRET` is the default tenant's until it rotates; "
+                       "another tenant's is generated at its first need and known to no "
+                       "one: rotate to get one). The new secret is in this answer only; "
+                       "for 24 h the previous one signs too (two `v1,` signatures, "
+                       "space-separated).",
+        "responses": {"200": _json("WebhookSecret", "The new secret, shown this once."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
     # --- admin: in the admin key's tenant -------------------------------------------------
     ("POST", "/v1/personas"): {
         "operationId": "createPersona", "summary": "Make a persona", "tags": ["admin"],

@@ -300,6 +300,12 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def current_registry() -> ToolRegistry | None:
+    """This process's registry if one was built, never building nor replacing one (the
+    metrics labels ask: a registry made for other settings would replace the worker's)."""
+    return _registry
+
+
 def get_registry(settings: Settings) -> ToolRegistry:
     global _registry
     with _registry_lock:

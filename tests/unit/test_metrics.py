@@ -48,6 +48,8 @@ def configured_models():
     before = get_settings()
     set_settings(Settings.from_env({"AGENTQ_MODEL": "unit-model",
                                     "AGENTQ_FALLBACK_MODELS": "unit-flight"}))
+    from agentq.tools.registry import get_registry
+    get_registry(get_settings())  # as in a process that runs tools: their names are known
     yield
     set_settings(before)
 
