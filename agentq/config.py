@@ -317,10 +317,11 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = dict(os.environ if env is None else env)
         home = _home(env)
-        database_url = normalize_database_url(
-            env.get("AGENTQ_DATABASE_URL") or f"sqlite:///{home / 'agentq.db'}")
+        database_url = normalize_database_url(check_database_url(
+            env.get("AGENTQ_DATABASE_URL") or f"sqlite:///{home / 'agentq.db'}"))
         broker_url = env.get("AGENTQ_BROKER_URL") or "memory://"
-        backend = env.get("AGENTQ_RESULT_BACKEND_URL") or _backend_for(broker_url, home)
+        backend = env.get("AGENTQ_RESULT_BACKEND_URL") or _backend_for(broker_url, home,
+                                                                       database_url)
 
         def num(name: str, default, kind=int, lo=None, hi=None):
             raw = env.get(name)
@@ -501,6 +502,58 @@ def normalize_database_url(url: str) -> str:
     return stripped
 
 
+def shown_url(url: str) -> str:
+    """A URL as it was typed, its password masked (for messages and logs)."""
+    from urllib.parse import urlsplit
+    stripped = url.strip()
+    try:
+        password = urlsplit(stripped).password
+    except ValueError:  # a port that is not a number, say: shown as typed, less the secret
+        password = None
+        if "@" in stripped and "://" in stripped:
+            scheme, rest = stripped.split("://", 1)
+            userinfo, at, tail = rest.rpartition("@")
+            if ":" in userinfo:
+                return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{tail}"
+    if password:
+        return stripped.replace(f":{password}@", ":***@", 1)
+    return stripped
+
+
+def check_database_url(url: str) -> str:
+    """`url` if agentq can use it (a PostgreSQL or SQLite URL); else ConfigError naming the
+    URL as typed (password masked) and what it can be."""
+    from urllib.parse import urlsplit
+    stripped = url.strip()
+    scheme = stripped.split("://", 1)[0].lower() if "://" in stripped else ""
+    expected = ("agentq runs on PostgreSQL (postgresql://user:password@host:port/name) or "
+                "SQLite (sqlite:///path/to/file.db)")
+    if not scheme:
+        raise ConfigError("AGENTQ_DATABASE_URL",
+                          f"{shown_url(stripped)!r} is not a database URL; {expected}")
+    if not (scheme.startswith("sqlite") or any(stripped.lower().startswith(s)
+                                               for s in _POSTGRES_SCHEMES)):
+        raise ConfigError("AGENTQ_DATABASE_URL",
+                          f"{shown_url(stripped)!r}: unknown scheme {scheme + '://'!r}; "
+                          f"{expected}")
+    if not scheme.startswith("sqlite"):
+        try:
+            urlsplit(stripped).port
+        except ValueError:
+            raise ConfigError("AGENTQ_DATABASE_URL",
+                              f"{shown_url(stripped)!r}: the port is not a number from 1 "
+                              f"to 65535") from None
+    return url
+
+
+def typed_database_url(env: Mapping[str, str] | None = None) -> str:
+    """AGENTQ_DATABASE_URL as the user typed it (password masked), or the embedded SQLite
+    file's URL when it is unset: what messages name, rather than the driver's spelling."""
+    env = os.environ if env is None else env
+    return shown_url(env.get("AGENTQ_DATABASE_URL")
+                     or f"sqlite:///{_home(dict(env)) / 'agentq.db'}")
+
+
 def libpq_url(url: str) -> str:
     """A Postgres SQLAlchemy URL in the form libpq/psycopg2.connect takes (no driver)."""
     return "postgresql://" + normalize_database_url(url).removeprefix(POSTGRES_DRIVER_SCHEME)
@@ -557,13 +610,19 @@ def _delays(raw: str | None, default: tuple[float, ...]) -> tuple[float, ...]:
     return delays
 
 
-def _backend_for(broker_url: str, home: Path) -> str:
+def _backend_for(broker_url: str, home: Path, database_url: str = "") -> str:
     if broker_url.startswith(("redis://", "rediss://")):
         return broker_url
     if broker_url.startswith("memory://"):
         # Not cache+memory://: Celery keeps one backend per thread, and an in-memory cache
         # per thread loses chord counts between the worker's threads.
         return f"db+sqlite:///{home / 'results.db'}"  # kept for task states; not for joins
+    if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")) and database_url:
+        # RabbitMQ without AGENTQ_RESULT_BACKEND_URL: the database. Tool calls then join in
+        # Postgres (AGENTQ_TOOL_JOIN=database, the default for a backend that is not Redis)
+        # and no task result is stored; a Redis backend adds chords, pushed events and one
+        # rate limit across web processes (docs/deploying.md).
+        return f"db+{database_url}"
     # RabbitMQ and others: chords need a backend that counts; Postgres through SQLAlchemy
     # would work, but Redis is what DESIGN names; make the operator choose.
     raise ConfigError("AGENTQ_RESULT_BACKEND_URL",

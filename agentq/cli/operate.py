@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 import click
 
 from agentq.config import get_settings
-from agentq.cli.core import _client_errors, _safe_url, main
+from agentq.cli.core import _client_errors, main
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -38,8 +38,9 @@ def db_upgrade(revision: str, create: bool) -> None:
         migrate.upgrade(settings, revision=revision)
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise click.ClickException(f"cannot reach the database "
-                                   f"{_safe_url(settings.database_url)}: {first}") from None
+        from agentq.config import typed_database_url
+        raise click.ClickException(f"cannot reach the database at {typed_database_url()}: "
+                                   f"{first}") from None
     click.echo(f"database at {revision}")
 
 

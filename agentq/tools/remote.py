@@ -504,6 +504,18 @@ def call_http(spec: ModuleSpec, tool: str, arguments: dict, ctx: ToolContext,
 
 # --- the modules this process knows --------------------------------------------------------
 
+def database_address(settings: Settings) -> str:
+    """host:port of the database (the SQLite file's path), for a log line."""
+    from sqlalchemy.engine import make_url
+    try:
+        url = make_url(settings.database_url)
+    except Exception:  # noqa: BLE001 - only for display
+        return "(unparsed URL)"
+    if url.get_backend_name() == "sqlite":
+        return url.database or ":memory:"
+    return f"{url.host or 'localhost'}:{url.port or 5432}"
+
+
 @dataclass
 class Known:
     spec: ModuleSpec
@@ -547,8 +559,24 @@ class RemoteModules:
                 by_name.setdefault(spec.name, spec)
         except Exception as exc:
             read = False
-            log.warning("tool modules not read", extra={"error": type(exc).__name__})
+            self._unread(exc)
         return sorted(by_name.values(), key=lambda s: s.name), read
+
+    UNREAD_LOG_S = 30.0
+    """A database that stays away is told once in this many seconds per process, not at
+    every look (a wrong URL made every request and step log it: ~12 lines a second)."""
+
+    def _unread(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_unread_logged_at", -self.UNREAD_LOG_S) < self.UNREAD_LOG_S:
+            return
+        self._unread_logged_at = now
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines()
+                 or [type(exc).__name__])[0]
+        where = database_address(self.settings)
+        log.warning(f"tool modules not read: the database at {where} did not answer "
+                    f"({first[:300]}); said again in {self.UNREAD_LOG_S:g} s if it still "
+                    f"does not", extra={"error": type(exc).__name__, "database": where})
 
     def known(self, force: bool = False) -> dict[str, Known]:
         """The modules as this process sees them. One thread re-reads them when due (a

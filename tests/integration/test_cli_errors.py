@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stack import (ROOT, create_empty_database, drop_database, free_port)
+from tests.support.stack import (ROOT, create_empty_database, drop_database, free_port,
+                                 pg_admin_url)
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +58,28 @@ def test_an_unmigrated_database_says_to_run_db_upgrade(tmp_path, empty_url, args
 
 
 def test_a_missing_database_says_db_upgrade_creates_it(tmp_path, servers_up):
-    url = f"postgresql://postgres@127.0.0.1:5432/agentq_absent_{os.getpid()}"
+    url = pg_admin_url().rsplit("/", 1)[0] + f"/agentq_absent_{os.getpid()}"
     line = one_line(agentq(tmp_path, url, "keys", "create", "first"))
-    assert line.startswith(f"Error: no database at postgresql+psycopg2://postgres@127.0.0.1"
-                           f":5432/agentq_absent_{os.getpid()}")
+    assert line.startswith(f"Error: no database at {url} ")  # as typed, not the driver's
     assert "agentq db upgrade" in line
+
+
+@pytest.mark.parametrize("url", ["postgresq://agentq:s3cret-pw@db.example:5432/agentq",
+                                 "mysql://root:s3cret-pw@127.0.0.1:3306/agentq", "garbage",
+                                 "postgresql://agentq:s3cret-pw@127.0.0.1:54x2/agentq"])
+@pytest.mark.parametrize("args", [("run", "hi", "--no-local-model"), ("db", "upgrade"),
+                                  ("jobs", "list")], ids=lambda a: " ".join(a[:2]))
+def test_a_mistyped_database_url_is_one_line_naming_it_as_typed(tmp_path, url, args):
+    line = one_line(agentq(tmp_path, url, *args))
+    shown = url.replace(":s3cret-pw@", ":***@")
+    assert line.startswith(f"Error: configuration: AGENTQ_DATABASE_URL: '{shown}'"), line
+    assert "s3cret-pw" not in line and "psycopg2" not in line
+    assert "postgresql://user:password@host:port/name" in line or "port" in line
+
+
+def test_an_unreachable_database_is_named_as_typed(tmp_path):
+    port = free_port()
+    url = f"postgres://agentq:s3cret-pw@127.0.0.1:{port}/agentq"  # Heroku's spelling
+    line = one_line(agentq(tmp_path, url, "db", "upgrade"))
+    assert line.startswith(f"Error: cannot reach the database at postgres://agentq:***@"
+                           f"127.0.0.1:{port}/agentq: "), line

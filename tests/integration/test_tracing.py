@@ -88,16 +88,18 @@ def traced(servers_up, llm, tmp_path_factory):
                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
                              preexec_fn=die_with_parent)
     name = f"agentq_trace_{os.getpid()}"
-    database = create_database(name)
-    env = {**TEST_ENV, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
-           "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    stack = Stack(database, llm.base_url, tmp_path_factory.mktemp("traced"), env,
-                  workers=("orchestrator", "tools"), beat=False)
-    try:
+    stack = None
+    try:  # a failed set-up too leaves no process and no database behind
+        database = create_database(name)
+        env = {**TEST_ENV, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        stack = Stack(database, llm.base_url, tmp_path_factory.mktemp("traced"), env,
+                      workers=("orchestrator", "tools"), beat=False)
         stack.start()
         yield stack, receiver, Client(stack, stack.create_key("traced", admin=True))
     finally:
-        stack.stop()
+        if stack is not None:
+            stack.stop()
         redis.terminate()
         redis.wait(timeout=30)
         receiver.close()

@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 from tests.support.stack import StackError, answers, free_port
 
-PG_BIN = Path(os.environ.get("AGENTQ_PG_BIN", "/usr/lib/postgresql/15/bin"))
+def _pg_bin() -> Path:
+    """AGENTQ_PG_BIN, else the newest /usr/lib/postgresql/<version>/bin with initdb (Debian's
+    `postgresql` package: 15 on bookworm, 17 on trixie)."""
+    if os.environ.get("AGENTQ_PG_BIN"):
+        return Path(os.environ["AGENTQ_PG_BIN"])
+    found = sorted((p for p in Path("/usr/lib/postgresql").glob("*/bin")
+                    if (p / "initdb").exists() and p.parent.name.isdigit()),
+                   key=lambda p: int(p.parent.name))
+    return found[-1] if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _pg_bin()
 START_TIMEOUT_S = 60
 
 
@@ -43,10 +55,11 @@ def _wait_port(port: int, up: bool, timeout_s: float = START_TIMEOUT_S) -> None:
 
 
 class PrivateRedis:
-    def __init__(self, scratch: Path, port: int | None = None):
+    def __init__(self, scratch: Path, port: int | None = None, databases: int = 16):
         self.dir = Path(scratch) / "redis"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self.databases = databases
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -59,7 +72,8 @@ class PrivateRedis:
             self.proc = subprocess.Popen(
                 [shutil.which("redis-server") or "redis-server", "--port", str(self.port),
                  "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.dir), "--maxclients", "10000"],
+                 "--dir", str(self.dir), "--maxclients", "10000",
+                 "--databases", str(self.databases)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent)
         _wait_port(self.port, True)
@@ -115,19 +129,7 @@ class PrivatePostgres:
 
     def start(self) -> "PrivatePostgres":
         if not self.data.exists():
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if self.as_root:
-                shutil.chown(self.dir, "postgres", "postgres")
-                os.chmod(self.dir, 0o700)
-                # runuser needs to reach the directory through its parents
-                for parent in self.dir.parents:
-                    if parent == Path("/"):
-                        break
-                    mode = os.stat(parent).st_mode
-                    if not mode & 0o001:
-                        os.chmod(parent, mode | 0o001)
-            self._run(PG_BIN / "initdb", "-D", self.data, "-U", "postgres",
-                      "--auth=trust", "--no-sync", "-E", "UTF8")
+            self._init_data()
         self._run(PG_BIN / "pg_ctl", "-D", self.data, "-l", self.dir / "pg.log", "-w",
                   "-t", str(START_TIMEOUT_S), "-o",
                   f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
@@ -135,6 +137,22 @@ class PrivatePostgres:
                   "-c max_connections=400", "start")
         _wait_port(self.port, True)
         return self
+
+    def _init_data(self) -> None:
+        """initdb, in a directory the server's user owns (as root: `postgres`)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.as_root:
+            shutil.chown(self.dir, "postgres", "postgres")
+            os.chmod(self.dir, 0o700)
+            # runuser needs to reach the directory through its parents
+            for parent in self.dir.parents:
+                if parent == Path("/"):
+                    break
+                mode = os.stat(parent).st_mode
+                if not mode & 0o001:
+                    os.chmod(parent, mode | 0o001)
+        self._run(PG_BIN / "initdb", "-D", self.data, "-U", "postgres",
+                  "--auth=trust", "--no-sync", "-E", "UTF8")
 
     def stop(self, mode: str = "fast") -> None:
         if self.data.exists():
@@ -164,6 +182,58 @@ class PrivatePostgres:
 
     def destroy(self) -> None:
         self.stop(mode="immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SuitePostgres(PrivatePostgres):
+    """The test session's own cluster (tests/support/suite_servers.py): `postgres` run in the
+    foreground as a child of the session's first process, which it does not outlive (a
+    killed test run leaves no server behind); room for every stack the suite starts at once
+    (the shared server's 100 connections were not: `sorry, too many clients already`)."""
+
+    MAX_CONNECTIONS = 1000
+
+    def __init__(self, scratch: Path, port: int | None = None):
+        super().__init__(scratch, port)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "SuitePostgres":
+        if not (PG_BIN / "postgres").exists():
+            raise StackError(f"no PostgreSQL server binaries in {PG_BIN} (apt-get install -y "
+                             f"postgresql, or set AGENTQ_PG_BIN)")
+        if not self.data.exists():
+            super()._init_data()
+        from tests.support.stack import die_with_parent
+        # as root, the server runs as `postgres`: Popen changes the user before it calls
+        # die_with_parent (a change of user after it would clear the death signal)
+        as_user = ({"user": "postgres", "group": "postgres", "extra_groups": []}
+                   if self.as_root else {})
+        with (self.dir / "pg.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                 "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                 "-c", f"max_connections={self.MAX_CONNECTIONS}"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent, **as_user)
+        try:
+            _wait_port(self.port, True)
+        except StackError:
+            self.stop()
+            raise StackError(f"PostgreSQL did not start: "
+                             f"{(self.dir / 'pg.log').read_text()[-1000:]}") from None
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        """SIGINT: Postgres's fast shutdown (sessions cut, no wait for them); the data
+        directory is deleted after."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN_URL = os.environ.get("AGENTQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+SHARED_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 READY_TIMEOUT_S = 60
 WORKERS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
@@ -24,10 +24,19 @@ class StackError(RuntimeError):
     pass
 
 
+def pg_admin_url() -> str:
+    """The Postgres the tests and benchmarks create their databases in: AGENTQ_TEST_PG (in a
+    test session, the session's private cluster: tests/support/suite_servers.py), else the
+    machine's (the benchmarks' default)."""
+    return os.environ.get("AGENTQ_TEST_PG", SHARED_PG_ADMIN_URL)
+
+
 def worker_redis_url() -> str:
-    """The Redis database this test process's stacks use: AGENTQ_TEST_REDIS (default
-    database 9); under pytest-xdist each further worker takes the database two below the
-    previous one's (gw0 9, gw1 7, ...), since a stack flushes its database when it starts."""
+    """The Redis database this test process's stacks use: AGENTQ_TEST_REDIS (in a test
+    session, database 9 of the session's private Redis: tests/support/suite_servers.py; else
+    the machine's, database 9); under pytest-xdist each further worker takes the database two
+    below the previous one's (gw0 9, gw1 7, ...), since a stack flushes its database when it
+    starts."""
     url = os.environ.get("AGENTQ_TEST_REDIS", "redis://127.0.0.1:6379/9")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     n = int(worker.removeprefix("gw") or 0)
@@ -40,18 +49,40 @@ def worker_redis_url() -> str:
     return f"{base}/{number}"
 
 
-REDIS_URL = worker_redis_url()
+def redis_db(number: int) -> str:
+    """Database `number` of the Redis server the tests use (AGENTQ_TEST_REDIS's)."""
+    return f"{worker_redis_url().rpartition('/')[0]}/{number}"
+
+
+def __getattr__(name: str) -> str:
+    """PG_ADMIN_URL and REDIS_URL, read when asked for: a test session sets the variables
+    they come from before its conftests import this module, but after the plugin that
+    starts the session's servers (which imports it) did."""
+    if name == "PG_ADMIN_URL":
+        return pg_admin_url()
+    if name == "REDIS_URL":
+        return worker_redis_url()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _libc():
+    import ctypes
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None  # not Linux: the stop() in a finally block is all there is
+
+
+_LIBC = _libc()
+"""Loaded here, in the parent: a child that changed its user cannot always load it."""
 
 
 def die_with_parent() -> None:
     """In a child before exec: receive SIGTERM when the process that started it dies, so a
     killed test run or benchmark leaves no workers behind consuming its Redis database."""
-    import ctypes
     PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the stop() in a finally block is all there is
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def answers(host: str, port: int) -> bool:
@@ -71,7 +102,7 @@ def free_port() -> int:
 def create_empty_database(name: str) -> str:
     """A fresh, empty database (dropped first if it exists); returns its libpq URL."""
     import psycopg2
-    admin = psycopg2.connect(PG_ADMIN_URL)
+    admin = psycopg2.connect(pg_admin_url())
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
@@ -79,7 +110,7 @@ def create_empty_database(name: str) -> str:
             cur.execute(f'CREATE DATABASE "{name}"')
     finally:
         admin.close()
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    return pg_admin_url().rsplit("/", 1)[0] + "/" + name
 
 
 def create_database(name: str) -> str:
@@ -88,7 +119,11 @@ def create_database(name: str) -> str:
     url = create_empty_database(name)
     from agentq import migrate
     from agentq.config import Settings
-    migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": url}))
+    try:
+        migrate.upgrade(Settings.from_env({"AGENTQ_DATABASE_URL": url}))
+    except BaseException:  # a failed set-up leaves no database behind
+        drop_database(name)
+        raise
     return url
 
 
@@ -96,7 +131,7 @@ def drop_database(name: str) -> None:
     import psycopg2
     from agentq.db import dispose_engines
     dispose_engines()
-    admin = psycopg2.connect(PG_ADMIN_URL)
+    admin = psycopg2.connect(pg_admin_url())
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
@@ -105,9 +140,9 @@ def drop_database(name: str) -> None:
         admin.close()
 
 
-def flush_redis(url: str = REDIS_URL) -> None:
+def flush_redis(url: str | None = None) -> None:
     import redis
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url or worker_redis_url())
     try:
         client.flushdb()
     finally:
@@ -127,7 +162,7 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_",
                                                                       "PROMETHEUS_"))}
         env.update({
-            "AGENTQ_DATABASE_URL": database_url, "AGENTQ_BROKER_URL": REDIS_URL,
+            "AGENTQ_DATABASE_URL": database_url, "AGENTQ_BROKER_URL": worker_redis_url(),
             "AGENTQ_HOME": str(self.scratch), "AGENTQ_TEST_SCRATCH": str(self.scratch),
             "OPENAI_BASE_URL": llm_base_url, "OPENAI_API_KEY": "sk-test",
             "AGENTQ_PUBLIC_URL": self.base, "PORT": str(self.port),
@@ -254,17 +289,19 @@ def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
                              preexec_fn=die_with_parent)
     database_name = f"agentq_{name}_{os.getpid()}"
-    database = create_database(database_name)
-    stack = Stack(database_via(database) if database_via else database, llm_base_url, scratch,
-                  {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
-                  workers=workers, beat=beat)
-    if pythonpath is not None:
-        stack.env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}"
+    stack = None
     try:
+        database = create_database(database_name)
+        stack = Stack(database_via(database) if database_via else database, llm_base_url,
+                      scratch, {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
+                      workers=workers, beat=beat)
+        if pythonpath is not None:
+            stack.env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}"
         stack.start()
         yield stack
-    finally:
-        stack.stop()
+    finally:  # a failed set-up too: nothing left running, no database left behind
+        if stack is not None:
+            stack.stop()
         redis.terminate()
         redis.wait(timeout=30)
         drop_database(database_name)

@@ -426,3 +426,20 @@ def test_a_forked_pool_process_does_not_inherit_a_registry_held_mid_re_read():
         release.set()
         thread.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_database_that_is_away_is_logged_once_naming_its_host_and_port(caplog):
+    """A wrong AGENTQ_DATABASE_URL in a served stack: every look at the modules (each
+    request, each step) failed to read them and logged it, ~12 lines a second naming
+    neither host nor port. Now one line in RemoteModules.UNREAD_LOG_S (30 s), with both."""
+    import logging
+    port = free_port()  # nothing listens there
+    settings = _settings(AGENTQ_DATABASE_URL=f"postgresql://agentq:pw@127.0.0.1:{port}/agentq",
+                         AGENTQ_DEFAULT_MODULES="math")
+    modules = RemoteModules(settings, Store(None))
+    with caplog.at_level(logging.WARNING, logger="agentq.tools.remote"):
+        for _ in range(20):
+            modules.known()
+    lines = [r.getMessage() for r in caplog.records if "tool modules not read" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"127.0.0.1:{port}" in lines[0] and ":pw@" not in lines[0]

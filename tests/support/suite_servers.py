@@ -1,0 +1,73 @@
+"""The test session's own Postgres and Redis (a pytest plugin: setup.cfg's addopts load it
+with `-p tests.support.suite_servers`).
+
+Before any conftest is imported, the session's first process starts a private Postgres
+cluster and a private Redis server on free loopback ports, in a scratch directory under
+/tmp, and hands their URLs to every process of the run (pytest-xdist's workers, the stacks
+and benchmarks the tests start) through `AGENTQ_TEST_PG` and `AGENTQ_TEST_REDIS`. So the
+suite never opens a connection to the machine's Postgres or Redis: it does not depend on
+how many connections a shared server has free, and it flushes and creates databases only
+in servers of its own. Both are stopped and their directory deleted when the session ends;
+both also stop by themselves if the process that started them dies (SIGKILL included).
+
+To run the suite against servers of your own instead, set `AGENTQ_TEST_PG` (an admin URL,
+`postgresql://postgres@127.0.0.1:5432/postgres`) and/or `AGENTQ_TEST_REDIS` (a Redis
+database the suite may flush; pytest-xdist's second process takes the database two below
+it). A server that cannot be started (no Postgres binaries, see AGENTQ_PG_BIN) is named by
+the tests that need it (`servers_up`), which fail under CI=true and skip otherwise.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+STARTED_ERROR = "AGENTQ_TEST_SERVERS_ERROR"
+"""Set (to one line) in the environment when a private server could not be started."""
+
+_started: list = []
+_scratch: Path | None = None
+
+
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    """Start what is not given, before the conftests (and tests.support.stack, which reads
+    the URLs when first imported) are imported. pytest-xdist's workers inherit the URLs."""
+    global _scratch
+    if os.environ.get(STARTED_ERROR) or (os.environ.get("AGENTQ_TEST_PG")
+                                         and os.environ.get("AGENTQ_TEST_REDIS")):
+        return  # given, or this is a worker of a session whose first process tried
+    from tests.support.services import PrivateRedis, SuitePostgres
+    _scratch = Path(tempfile.mkdtemp(prefix="agentq-suite-"))
+    errors = []
+    if not os.environ.get("AGENTQ_TEST_REDIS"):
+        try:
+            redis = PrivateRedis(_scratch, databases=32).start()
+            _started.append(redis)
+            os.environ["AGENTQ_TEST_REDIS"] = f"redis://127.0.0.1:{redis.port}/9"
+        except Exception as exc:  # noqa: BLE001 - said by the tests that need it
+            errors.append(f"the suite's private Redis did not start: {_one_line(exc)}")
+    if not os.environ.get("AGENTQ_TEST_PG"):
+        try:
+            postgres = SuitePostgres(_scratch).start()
+            _started.append(postgres)
+            os.environ["AGENTQ_TEST_PG"] = postgres.admin_url
+        except Exception as exc:  # noqa: BLE001 - said by the tests that need it
+            errors.append(f"the suite's private PostgreSQL did not start: {_one_line(exc)}")
+    if errors:
+        os.environ[STARTED_ERROR] = "; ".join(errors)
+    if not _started:
+        shutil.rmtree(_scratch, ignore_errors=True)
+        _scratch = None
+
+
+def pytest_unconfigure(config) -> None:
+    while _started:
+        _started.pop().stop()
+    if _scratch is not None:
+        shutil.rmtree(_scratch, ignore_errors=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("…" if len(text) > 300 else "")
