@@ -137,15 +137,37 @@ _cache: dict[str, tuple[float, Any]] = {}
 _cache_lock = threading.Lock()
 
 
+_refreshing: set[str] = set()
+
+
 def _cached(name: str, compute: Callable[[], Any]) -> Any:
+    """`compute()`'s value, kept BROKER_CACHE_S. Once kept, a page never waits for the
+    broker again: an older value is shown while one thread reads the new one (a ping
+    always waits its whole timeout for the last pongs)."""
     with _cache_lock:
         hit = _cache.get(name)
         if hit and hit[0] > time.monotonic():
+            return hit[1]
+        if hit and name not in _refreshing:
+            _refreshing.add(name)
+            threading.Thread(target=_refresh, args=(name, compute), daemon=True,
+                             name=f"overview-{name}").start()
+        if hit:
             return hit[1]
     value = compute()
     with _cache_lock:
         _cache[name] = (time.monotonic() + BROKER_CACHE_S, value)
     return value
+
+
+def _refresh(name: str, compute: Callable[[], Any]) -> None:
+    try:
+        value = compute()
+        with _cache_lock:
+            _cache[name] = (time.monotonic() + BROKER_CACHE_S, value)
+    finally:
+        with _cache_lock:
+            _refreshing.discard(name)
 
 
 def queue_names(settings) -> list[str]:

@@ -77,3 +77,27 @@ def test_percentiles_interpolate_between_the_nearest_values():
     assert percentile([3.0], 0.95) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert percentile([float(n) for n in range(1, 21)], 0.95) == pytest.approx(19.05)
+
+
+def test_a_broker_read_kept_is_shown_while_a_new_one_is_read():
+    import threading
+    import time
+    reads, release = [], threading.Event()
+
+    def read():
+        reads.append(len(reads) + 1)
+        if len(reads) > 1:
+            release.wait(10)  # a slow ping
+        return len(reads)
+
+    assert ui_overview._cached("workers", read) == 1  # the first read is waited for
+    ui_overview._cache["workers"] = (0.0, 1)  # kept too long
+    started = time.monotonic()
+    assert ui_overview._cached("workers", read) == 1  # the kept one, at once
+    assert ui_overview._cached("workers", read) == 1  # one read under way, not two
+    assert time.monotonic() - started < 5
+    release.set()
+    deadline = time.monotonic() + 10
+    while ui_overview._cache["workers"][1] != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ui_overview._cached("workers", read) == 2 and reads == [1, 2]

@@ -134,3 +134,23 @@ def test_axis_ticks_and_durations_are_round():
     assert [label for _, label in ticks(400)][:3] == ["0", "1 min", "2 min"]
     assert [duration(s) for s in (0.0123, 3.456, 125, 3600)] == [
         "12 ms", "3.46 s", "2 min 5 s", "1 h"]
+
+
+def test_a_compaction_is_a_bar_with_its_summary_s_tokens_and_cost():
+    items = events((0.1, "job_start", {}), (0.1, "turn_start", {"turn": 1}),
+                   (0.1, "compaction_start", {"turn": 1, "round": 1}),
+                   (1.6, "compaction_end", {"strategy": "summarize", "summary_version": 3,
+                                            "summary_input_tokens": 900,
+                                            "summary_output_tokens": 80}),
+                   (1.6, "message_start", {"role": "assistant", "turn": 1}),
+                   (2.0, "message_end", {"role": "assistant", "turn": 1, "model": "m",
+                                         "input_tokens": 5, "output_tokens": 2}),
+                   (2.0, "turn_end", {"turn": 1}), (2.0, "job_end", {}))
+    fall = build(job(finished_at=at(2.0)), items, [],
+                 [usage(-3, model="summarizer", cost=0.0004), usage(1)], now=at(9))
+    compaction = [b for b in fall.bars if b.kind == "compaction"][0]
+    assert (compaction.label, compaction.duration_s, compaction.model) == (
+        "Compaction (summarize)", 1.5, "summarizer")
+    assert (compaction.input_tokens, compaction.output_tokens, compaction.cost) == (900, 80,
+                                                                                   0.0004)
+    assert [b.kind for b in fall.bars] == ["job", "queued", "turn", "compaction", "model"]
