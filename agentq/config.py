@@ -232,7 +232,7 @@ class Settings:
     quota_streams_per_key: int = 16
     """AGENTQ_QUOTA_STREAMS_PER_KEY: event streams and `?wait` holds one key may have open at
     once (429 past it); 0: no limit."""
-    quota_running_jobs: int = 200
+    quota_running_jobs: int = 2000
     """AGENTQ_QUOTA_RUNNING_JOBS: jobs of one tenant running at once; further ones stay
     `queued` with `waiting_for: "quota"`; 0: no limit."""
     quota_schedules: int = 100

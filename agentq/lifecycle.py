@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from agentq.db import utcnow
 from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
 from agentq.models import Conversation, Job, ToolCall
+from agentq.tenants import admit_quota_waiters, may_start
 
 if TYPE_CHECKING:
     from agentq.uow import UnitOfWork
@@ -226,6 +227,7 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     # The conversation is handed on first, so a follow-up made from late steering is named
     # (`steering_deferred`, the job's `follow_up_job_id`) before `job_end` closes streams.
     release_conversation(uow, job)
+    admit_quota_waiters(uow, job.tenant_id)  # its place in the tenant's running jobs
     uow.event(job.id, "job_end", status=status, finish_reason=reason,
               **({"follow_up_job_id": str(job.follow_up_job_id)}
                  if job.follow_up_job_id else {}))
@@ -288,4 +290,5 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     nxt.last_progress_at = now
     session.execute(_HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
-    uow.effect(NextStep(str(nxt.id), 0, "start"))
+    if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
+        uow.effect(NextStep(str(nxt.id), 0, "start"))

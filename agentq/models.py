@@ -208,6 +208,14 @@ class Job(Base):
         Index("ix_jobs_status", "status"),
         Index("ix_jobs_conversation", "conversation_id", "created_at"),
         Index("ix_jobs_batch_waiting", "batch_id", "waiting_for", "batch_index"),
+        # a tenant's live jobs (its running-jobs quota counts them) and those waiting for
+        # the quota: both small, and on columns a step's update never changes (0016)
+        Index("ix_jobs_tenant_live", "tenant_id",
+              postgresql_where=text("status IN ('queued', 'running', 'waiting')"),
+              sqlite_where=text("status IN ('queued', 'running', 'waiting')")),
+        Index("ix_jobs_tenant_quota_wait", "tenant_id", "created_at",
+              postgresql_where=text("waiting_for = 'quota'"),
+              sqlite_where=text("waiting_for = 'quota'")),
     )
     id: Mapped[uuid.UUID] = _id()
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)

@@ -52,6 +52,8 @@ def add_module(session, registry: ToolRegistry, spec: ModuleSpec) -> dict[str, A
     if session.get(ToolModuleRow, spec.name) is not None or any(
             s.name == spec.name for s in registry.settings.tool_modules):
         raise Conflict(f"A tool module named {spec.name!r} exists.", name=spec.name)
+    if spec.tenant_id:
+        check_module_quota(session, uuid.UUID(spec.tenant_id), registry.settings)
     try:
         manifest = registry.remote.fetch(spec)
     except ManifestError as exc:
@@ -71,6 +73,25 @@ def add_module(session, registry: ToolRegistry, spec: ModuleSpec) -> dict[str, A
     log.info("tool module added", extra={"tool_module": spec.name, "kind": spec.kind,
                                          "tenant_id": spec.tenant_id})
     return module_object(Known(spec, module, health))
+
+
+def check_module_quota(session, tenant_id: uuid.UUID, settings) -> None:
+    """Refuse a tenant's module past its `modules` quota (`agentq.tenants.Quotas`; global
+    modules do not count), before its manifest is fetched. The tenant's row is locked
+    first, so concurrent registrations of one tenant count one after another."""
+    from sqlalchemy import func, select
+
+    from agentq.errors import QuotaExceeded
+    from agentq.models import Tenant
+    from agentq.tenants import quotas_for
+    limit = quotas_for(session, tenant_id, settings).modules
+    if not limit:
+        return
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    held = session.execute(select(func.count()).select_from(ToolModuleRow).where(
+        ToolModuleRow.tenant_id == tenant_id)).scalar_one()
+    if held >= limit:
+        raise QuotaExceeded("modules", limit, held)
 
 
 def find_spec(session, registry: ToolRegistry, name: str, tenant_id=None) -> ModuleSpec:

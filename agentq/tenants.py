@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Mapping
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -170,3 +170,71 @@ def update_quotas(session: Session, tenant: Tenant, changes: Mapping[str, Any]) 
     with _cache_lock:
         _cache.pop(tenant.id, None)
     return tenant
+
+
+# --- running jobs ---------------------------------------------------------------------------
+
+QUOTA_WAIT = "quota"
+"""A job's `waiting_for` while its tenant runs `running_jobs` jobs already: it holds its
+conversation (later messages queue behind it as behind any job) but takes no step until
+a running job of the tenant ends."""
+_LIVE = ("queued", "running", "waiting")
+_NOT_ADMITTED = ("conversation", "batch", QUOTA_WAIT)
+
+
+def running_count(session: Session, tenant_id: uuid.UUID,
+                  besides: uuid.UUID | None = None) -> int:
+    """The tenant's jobs that run or were let start (queued with nothing to wait for,
+    waiting for their provider or a person): what `running_jobs` bounds. Through the
+    partial index of its live jobs."""
+    from agentq.models import Job
+    query = select(func.count()).select_from(Job).where(
+        Job.tenant_id == tenant_id, Job.status.in_(_LIVE),
+        or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(_NOT_ADMITTED)))
+    if besides is not None:
+        query = query.where(Job.id != besides)
+    return session.execute(query).scalar_one()
+
+
+def may_start(session: Session, job, settings: Settings | None = None) -> bool:
+    """Whether `job`, about to take its first step, fits in its tenant's running-jobs
+    quota; if not it is marked `waiting_for: quota` (the caller sends no step). Concurrent
+    starts of one tenant may pass the quota by as many as race."""
+    limit = cached_quotas(session, job.tenant_id, settings).running_jobs
+    if limit and running_count(session, job.tenant_id, besides=job.id) >= limit:
+        job.waiting_for = QUOTA_WAIT
+        return False
+    return True
+
+
+def admit_quota_waiters(uow, tenant_id: uuid.UUID, settings: Settings | None = None) -> int:
+    """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
+    as there is room for now (each locked, skipping one another process is starting).
+    Called when a job of the tenant ends, and by the sweeper. Returns how many."""
+    from agentq.loop.effects import NextStep
+    from agentq.models import Job
+    session = uow.session
+    waits = (Job.tenant_id == tenant_id, Job.waiting_for == QUOTA_WAIT, Job.status == "queued")
+    if session.execute(select(Job.id).where(*waits).limit(1)).first() is None:
+        return 0  # the usual case: one probe of a (nearly always empty) partial index
+    waiting = select(Job).where(*waits)
+    limit = cached_quotas(session, tenant_id, settings).running_jobs
+    if limit:
+        room = limit - running_count(session, tenant_id)
+        if room <= 0:
+            return 0
+        waiting = waiting.limit(room)
+    jobs = session.execute(waiting.order_by(Job.created_at, Job.id)
+                           .with_for_update(skip_locked=True)).scalars().all()
+    now = utcnow()
+    for job in jobs:
+        job.waiting_for = None
+        job.last_progress_at = now
+        uow.effect(NextStep(str(job.id), 0, "start"))
+    return len(jobs)
+
+
+def tenants_waiting_for_quota(session: Session) -> list[uuid.UUID]:
+    from agentq.models import Job
+    return list(session.execute(select(Job.tenant_id).where(
+        Job.waiting_for == QUOTA_WAIT, Job.status == "queued").distinct()).scalars())

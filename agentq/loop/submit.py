@@ -23,7 +23,7 @@ from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
-from agentq.tenants import DEFAULT_TENANT_ID
+from agentq.tenants import DEFAULT_TENANT_ID, may_start
 from agentq.uow import UnitOfWork
 
 
@@ -91,9 +91,9 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     if owner is None:
         conversation.active_job_id = job.id
     write_changes(session, conversation)  # its row is locked: one UPDATE (if any), no flush
-    if owner is None:
+    if owner is None and may_start(session, job, settings):
         uow.effect(NextStep(str(job.id), 0, "start"))
-    elif sub.on_busy == "interrupt":
+    elif owner is not None and sub.on_busy == "interrupt":
         interrupt(uow, owner)
     return Submitted(job, True)
 
@@ -174,7 +174,8 @@ def admit(uow: UnitOfWork, job: Job) -> None:
         job.waiting_for = None
         job.last_progress_at = utcnow()
         conversation.active_job_id = job.id
-        uow.effect(NextStep(str(job.id), 0, "start"))
+        if may_start(uow.session, job):
+            uow.effect(NextStep(str(job.id), 0, "start"))
     else:
         job.waiting_for = WaitingFor.CONVERSATION.value
 

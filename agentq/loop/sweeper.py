@@ -120,6 +120,7 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
     in that job's transaction; this covers a crash between)."""
     from agentq.batches import advance
     from agentq.loop.busy import active_job, lock_conversation, next_waiting
+    from agentq.tenants import admit_quota_waiters, may_start, tenants_waiting_for_quota
     now = utcnow()
     stale = now - timedelta(seconds=settings.step_deadline_s)
     started = 0
@@ -140,8 +141,11 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
                             extra={"job_id": str(nxt.id)})
                 nxt.waiting_for, nxt.last_progress_at = None, now
                 conversation.active_job_id = nxt.id
-                uow.effect(NextStep(str(nxt.id), 0, "start"))
+                if may_start(session, nxt, settings):
+                    uow.effect(NextStep(str(nxt.id), 0, "start"))
                 started += 1
+        for tenant_id in tenants_waiting_for_quota(session):  # a running-jobs quota
+            started += admit_quota_waiters(uow, tenant_id, settings)  # with room again
         batch_ids = set(session.execute(
             select(Job.batch_id).where(Job.status == "queued", Job.waiting_for == "batch",
                                        Job.created_at < stale)

@@ -9,7 +9,13 @@ part (`agentq.loop.identity.scope_key`); admin keys and the CLI keep the tenant'
 
 This rewrites the scope key of every existing place conversation whose first job was made
 by a non-admin key, so each such key keeps talking in the conversation it started (and a
-later, other key gets a conversation of its own). The schema does not change.
+later, other key gets a conversation of its own).
+
+Two partial indexes serve a tenant's running-jobs quota (`agentq.tenants`): its live jobs
+(`ix_jobs_tenant_live`, counted before a job starts) and its jobs waiting for the quota
+(`ix_jobs_tenant_quota_wait`, started in order when a running one ends). Their columns and
+predicates are ones a step's update never changes (or that other indexes hold already), so
+a step's update stays heap-only (0014).
 
 Downgrade drops the fifth part again where the place is free (two keys' conversations at
 one place: the older one takes the place back, the other keeps its key and is no longer
@@ -58,7 +64,15 @@ def _dump(parts: list) -> str:
     return json.dumps(parts, ensure_ascii=False, separators=(',', ':'))
 
 
+LIVE = "status IN ('queued', 'running', 'waiting')"
+QUOTA_WAIT = "waiting_for = 'quota'"
+
+
 def upgrade() -> None:
+    op.create_index('ix_jobs_tenant_live', 'jobs', ['tenant_id'],
+                    postgresql_where=sa.text(LIVE), sqlite_where=sa.text(LIVE))
+    op.create_index('ix_jobs_tenant_quota_wait', 'jobs', ['tenant_id', 'created_at'],
+                    postgresql_where=sa.text(QUOTA_WAIT), sqlite_where=sa.text(QUOTA_WAIT))
     bind = op.get_bind()
     first_key = (sa.select(jobs.c.api_key_id)
                  .where(jobs.c.conversation_id == conversations.c.id)
@@ -80,6 +94,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index('ix_jobs_tenant_quota_wait', 'jobs')
+    op.drop_index('ix_jobs_tenant_live', 'jobs')
     bind = op.get_bind()
     rows = bind.execute(sa.select(conversations.c.id, conversations.c.scope_key)
                         .order_by(conversations.c.started_at, conversations.c.id)).all()

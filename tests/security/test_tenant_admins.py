@@ -493,3 +493,75 @@ def test_the_default_quotas_apply_without_a_setting(stack, client):
         "running_jobs": Settings.quota_running_jobs, "schedules": Settings.quota_schedules,
         "modules": Settings.quota_modules,
         "tool_calls_per_turn": Settings.quota_tool_calls_per_turn}
+
+
+def test_modules_past_the_tenants_quota_are_422_and_never_fetched(stack, client):
+    from agentq.models import ToolModuleRow
+    from tests.integration.test_tool_modules import SECRET, ModuleProcess
+    tenant_id = stack.create_tenant(uid("mods"))
+    assert client.http.patch(client.url(f"/v1/admin/tenants/{tenant_id}"),
+                             json={"quotas": {"modules": 1}}, timeout=70).status_code == 200
+    admin = Http(stack, stack.create_key("mods-adm", admin=True, tenant=tenant_id))
+    first = ModuleProcess(uid("qa").replace("-", "_")).start()
+    second = ModuleProcess(uid("qb").replace("-", "_")).start()
+    try:
+        made = admin.post("/v1/modules", json={"name": first.name, "url": first.url,
+                                               "kind": "http", "secret": SECRET})
+        assert made.status_code == 201, made.text
+        error = refused(admin.post("/v1/modules", json={
+            "name": second.name, "url": second.url, "kind": "http", "secret": SECRET}),
+            422, "quota_exceeded")
+        assert error["details"] == {"quota": "modules", "limit": 1, "used": 1}
+        assert second.stats()["manifest_fetches"] == 0  # refused before any request
+        assert count(stack, ToolModuleRow, ToolModuleRow.tenant_id == uuid.UUID(tenant_id)) == 1
+        # removing one frees its place
+        assert admin.http.delete(admin.url(f"/v1/modules/{first.name}"),
+                                 timeout=70).status_code == 204
+        again = admin.post("/v1/modules", json={"name": second.name, "url": second.url,
+                                                "kind": "http", "secret": SECRET})
+        assert again.status_code == 201, again.text
+        admin.http.delete(admin.url(f"/v1/modules/{second.name}"), timeout=70)
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_jobs_past_the_running_jobs_quota_wait_and_start_when_one_ends(stack, client, script,
+                                                                      llm):
+    tenant_id = stack.create_tenant(uid("busy"))
+    assert client.http.patch(client.url(f"/v1/admin/tenants/{tenant_id}"),
+                             json={"quotas": {"running_jobs": 1}}, timeout=70
+                             ).status_code == 200
+    app = Http(stack, stack.create_key("busy-app", admin=False, tenant=tenant_id))
+    other = Http(stack, stack.create_key("calm-app", admin=False,
+                                         tenant=stack.create_tenant(uid("calm"))))
+    release = threading.Event()
+    marker = script([text("first", hold=release), text("second")])
+    elsewhere = uid("calm").replace("-", "_")
+    other_marker = llm.script(elsewhere, [text("other tenant's")])
+    first = app.submit(f"{marker} one")
+    try:
+        wait_until(lambda: app.get(f"/v1/jobs/{first['id']}").json()["status"] == "running",
+                   what="the first job running")
+        # when a second job of the tenant comes, in another conversation
+        second = app.submit(f"{marker} two")
+        # then it waits for the quota, and takes no step meanwhile
+        shown = app.get(f"/v1/jobs/{second['id']}").json()
+        assert shown["status"] == "queued" and shown["waiting_for"] == "quota", shown
+        time.sleep(1.0)
+        shown = app.get(f"/v1/jobs/{second['id']}").json()
+        assert shown["status"] == "queued" and shown["waiting_for"] == "quota", shown
+        assert shown["started_at"] is None and shown["iterations"] == 0
+        # while another tenant's job is not held by it
+        done = other.wait(other.submit(f"{other_marker} elsewhere")["id"])
+        assert done["response"]["content"] == "other tenant's"
+        llm.assert_done(elsewhere)
+    finally:
+        release.set()
+    ended = app.wait(first["id"])
+    assert ended["status"] == "completed"
+    after = app.wait(second["id"])
+    assert after["status"] == "completed" and after["response"]["content"] == "second"
+    assert after["waiting_for"] is None
+    assert datetime.fromisoformat(after["started_at"]) >= datetime.fromisoformat(
+        ended["finished_at"])
