@@ -1,7 +1,7 @@
-"""The test session's own Postgres and Redis (a pytest plugin: setup.cfg's addopts load it
-with `-p tests.support.suite_servers`).
+"""The test session's own Postgres and Redis, started by the repository's root conftest.py.
 
-Before any conftest is imported, the session's first process starts a private Postgres
+When that conftest is imported (before tests/conftest.py, which imports the stack helpers
+that read the URLs), the session's first process starts a private Postgres
 cluster and a private Redis server on free loopback ports, in a scratch directory under
 /tmp, and hands their URLs to every process of the run (pytest-xdist's workers, the stacks
 and benchmarks the tests start) through `AGENTQ_TEST_PG` and `AGENTQ_TEST_REDIS`. So the
@@ -30,9 +30,9 @@ _started: list = []
 _scratch: Path | None = None
 
 
-def pytest_load_initial_conftests(early_config, parser, args) -> None:
-    """Start what is not given, before the conftests (and tests.support.stack, which reads
-    the URLs when first imported) are imported. pytest-xdist's workers inherit the URLs."""
+def start() -> None:
+    """Start what is not given. pytest-xdist's workers inherit the URLs (and start
+    nothing)."""
     global _scratch
     if os.environ.get(STARTED_ERROR) or (os.environ.get("AGENTQ_TEST_PG")
                                          and os.environ.get("AGENTQ_TEST_REDIS")):
@@ -61,11 +61,14 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
         _scratch = None
 
 
-def pytest_unconfigure(config) -> None:
+def stop() -> None:
+    """Stop what start() started; its directory deleted."""
+    global _scratch
     while _started:
         _started.pop().stop()
     if _scratch is not None:
         shutil.rmtree(_scratch, ignore_errors=True)
+        _scratch = None
 
 
 def _one_line(exc: BaseException) -> str:
