@@ -600,12 +600,20 @@ def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_c
     except seccomp.SeccompUnavailable as exc:
         raise SandboxUnavailable(f"the sandbox's seccomp filter cannot be loaded: {exc}. "
                                  f"The code was not run.") from None
-    _not_dumpable()
+    ours: list[int] = []
+    theirs = [seccomp_fd]
+    try:
+        _not_dumpable()
+        for pair in range(3):  # status, bwrap's info, bwrap's block
+            read_end, write_end = os.pipe()
+            ours.append(write_end if pair == 2 else read_end)
+            theirs.append(read_end if pair == 2 else write_end)
+    except BaseException:
+        for fd in ours + theirs:
+            os.close(fd)
+        raise
+    (status_r, info_r, block_w), (_, status_w, info_w, block_r) = ours, theirs
     memory_bytes = _run_memory_bytes(memory_mb)
-    status_r, status_w = os.pipe()
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
-    ours, theirs = [status_r, info_r, block_w], [status_w, info_w, block_r, seccomp_fd]
     config = {"status_fd": status_w, "rlimits": _rlimits(cpu_s, memory_mb),
               "wrapper": WRAPPER}
     control = ["--seccomp", str(seccomp_fd), "--info-fd", str(info_w),
@@ -762,9 +770,10 @@ def _start(child: _Child, group: cgroups.RunGroup | None, info_fd: int, block_fd
     anything in it: both go into the run's cgroup, then it may go on. None if bwrap failed
     before that (its stderr says why)."""
     data = bytearray()
+    poller = select.poll()  # not select(): a busy worker's descriptors may pass 1024
+    poller.register(info_fd, select.POLLIN)
     while time.monotonic() < deadline and len(data) < 65536:
-        ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
+        if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
             break
         chunk = os.read(info_fd, 4096)
         if not chunk:
@@ -817,6 +826,7 @@ class _ProcMeter(_Meter):
     ns_pid: int
     memory_bytes: int
     cpu_max: float = 0.0
+    over_before: bool = False
     ready: bool = False
     """Whether the sandbox's /proc is mounted yet (bwrap sets it up after saying its pid):
     before, /proc/<pid>/root/proc may be the host's."""
@@ -845,12 +855,16 @@ class _ProcMeter(_Meter):
             except OSError:
                 continue  # gone meanwhile: its time is in its reaper's cutime
             cpu_ticks += sum(int(v) for v in fields[11:15])
-            private[name] = max(0, int(statm[1]) - int(statm[2])) * _PAGE_SIZE
+            if not int(fields[6]) & PF_EXITING:  # its memory is being given back
+                private[name] = max(0, int(statm[1]) - int(statm[2])) * _PAGE_SIZE
         self.cpu_max = max(self.cpu_max, cpu_ticks / _CLOCK_TICKS)
         over = sum(private.values()) > self.memory_bytes
         if over:  # an upper bound: a fork's pages shared with its parent count twice there
             over = sum(_anon_pss(root, name, bound)
                        for name, bound in private.items()) > self.memory_bytes
+        # the processes are read one after another, not at one instant (a fork or an exit
+        # between two reads skews the shares): over twice in a row, 50 ms apart, it is
+        self.over_before, over = over, over and self.over_before
         return self.cpu_max, over
 
 
@@ -867,6 +881,7 @@ def _anon_pss(root: str, pid: str, bound: int) -> int:
     return bound
 
 
+PF_EXITING = 0x4
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
