@@ -3,10 +3,14 @@
 Late acks and reject-on-worker-lost: a task whose worker dies is delivered again, and our
 steps and tool calls are idempotent, so that is safe. Prefetch 1: a long task never holds
 others hostage in a worker's buffer. Results (chords) kept at least a day.
+
+On RabbitMQ (`amqp://`, DESIGN 1.2) every queue is a durable quorum queue bound to a topic
+exchange, with publisher confirms and heartbeats: see `rabbitmq_settings`.
 """
 from __future__ import annotations
 
 from celery import Celery, signals
+from kombu import Exchange, Queue
 
 from agentq import logs, metrics, tracing
 from agentq.config import Settings, get_settings
@@ -17,6 +21,64 @@ ORCHESTRATOR_QUEUE = "orchestrator"
 MAINTENANCE_QUEUE = "maintenance"
 WEBHOOKS_QUEUE = "webhooks"
 REDIS_VISIBILITY_TIMEOUT_S = 3600
+QUORUM = {"x-queue-type": "quorum"}
+AMQP_HEARTBEAT_S = 30
+
+
+def is_amqp(broker_url: str) -> bool:
+    return broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+
+
+def rabbitmq_settings() -> dict:
+    """The Celery settings of a RabbitMQ broker (docs/deploying.md says why each).
+
+    - Quorum queues (replicated, durable; the type RabbitMQ recommends for data that must
+      not be lost): the three fixed queues are declared so, and every other queue Celery
+      creates on the fly (each module's `tools.<module>` and `tools.slow.<module>`, named
+      by a worker's -Q or by a send) too (`task_create_missing_queue_type`). Celery sees
+      quorum queues and turns off global QoS (they do not support it: prefetch stays per
+      consumer, fixed at the pool's size x 1).
+    - Topic exchanges, not Celery's default direct ones: a countdown or ETA (a step that
+      waits for its provider's Retry-After, a webhook's retry) then goes through Celery's
+      native delayed delivery (RabbitMQ's TTL and dead-letter queues, `celery_delayed_*`)
+      instead of sitting unacknowledged in a worker's memory, which on a quorum queue
+      would hold one of its few prefetch slots until the ETA.
+    - Publisher confirms: a send returns once RabbitMQ has the message (replicated), so
+      a job the API answered 202 for is in the queue, or the send raised and the sweeper
+      re-drives it from Postgres.
+    - Heartbeats every 30 s: a dead TCP peer (a machine gone, a link cut) is noticed in
+      about a minute rather than at the kernel's keepalive (hours).
+    """
+    return {
+        "task_queues": tuple(Queue(name, Exchange(name, type="topic"), routing_key=name,
+                                   durable=True, queue_arguments=QUORUM)
+                             for name in (ORCHESTRATOR_QUEUE, MAINTENANCE_QUEUE,
+                                          WEBHOOKS_QUEUE)),
+        "task_default_queue_type": "quorum",
+        "task_default_exchange_type": "topic",
+        "task_create_missing_queue_type": "quorum",
+        "task_create_missing_queue_exchange_type": "topic",
+        "broker_native_delayed_delivery_queue_type": "quorum",
+        "worker_detect_quorum_queues": True,
+        "broker_transport_options": {"confirm_publish": True},
+        "broker_heartbeat": AMQP_HEARTBEAT_S,
+        # a publish that meets a lost connection is retried on a new one (bounded: the
+        # caller then sees the error; a committed job is re-driven by the sweeper)
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {"max_retries": 3, "interval_start": 0.2,
+                                      "interval_step": 0.5, "interval_max": 1.0},
+    }
+
+
+def module_queue_declaration(celery_app: Celery) -> dict:
+    """The arguments of `control.add_consumer` that make a module queue added at run time
+    the same queue a sender declares (on RabbitMQ: quorum, on its topic exchange;
+    `add_consumer` alone would declare a classic queue on a direct exchange, and
+    RabbitMQ refuses a queue declared twice with different arguments)."""
+    if not is_amqp(str(celery_app.conf.broker_url or "")):
+        return {}
+    return {"exchange_type": "topic",
+            "options": {"queue_arguments": dict(QUORUM), "durable": True}}
 
 
 def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict:
@@ -72,6 +134,8 @@ def make_celery(settings: Settings) -> Celery:
         # wants (`ignore_result`, tasks/names.py).
         task_ignore_result=settings.tool_join != "chord",
     )
+    if is_amqp(settings.broker_url):
+        app.conf.update(rabbitmq_settings())
     return app
 
 
@@ -154,7 +218,8 @@ def _watch_modules(celery_app: Celery, hostname: str, speeds: tuple[str, ...]) -
         try:
             wanted = queues()
             for queue in sorted(wanted - consumed):
-                celery_app.control.add_consumer(queue, destination=[hostname], reply=False)
+                celery_app.control.add_consumer(queue, destination=[hostname], reply=False,
+                                                **module_queue_declaration(celery_app))
                 log.info("consuming module queue", extra={"queue": queue})
             for queue in sorted(consumed - wanted - local):
                 celery_app.control.cancel_consumer(queue, destination=[hostname], reply=False)

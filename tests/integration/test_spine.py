@@ -7,13 +7,13 @@ import time
 import uuid
 
 import pytest
-import redis
 import requests
 from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall, User, UserPlatformLink
-from tests.integration.conftest import REDIS_URL, assert_one_tool_turn_told, uid
+from tests.integration.conftest import assert_one_tool_turn_told, uid
 from tests.support.scripted_llm import call, error, text, tool_calls
+from tests.support.stack import purge_queues, queue_depth
 
 pytestmark = pytest.mark.integration
 
@@ -194,8 +194,8 @@ def test_a_duplicated_step_message_does_nothing_twice(client, script, stack, llm
     marker = script([text("only once")])
     job = client.wait(client.submit(f"{marker} go")["id"])
     # when the first step's message is delivered again
-    from celery import Celery
-    app = Celery(broker=REDIS_URL, backend=REDIS_URL)
+    from tasks.app import make_celery
+    app = make_celery(stack.settings())  # the stack's broker and backend, either broker
     duplicates = [
         app.send_task("orchestrator.step", (job["id"], 0), {"cause": "start"},
                       queue="orchestrator"),
@@ -232,21 +232,21 @@ def wait_until_true(predicate, timeout_s: float = 120) -> None:
 
 def test_a_lost_step_message_is_redriven_by_the_sweeper(client, script, stack):
     marker = script([text("recovered")])
-    r = redis.Redis.from_url(REDIS_URL)
+    broker = stack.env["AGENTQ_BROKER_URL"]
     # given the orchestrator is not consuming, a submitted job's step message is deleted
-    from celery import Celery
-    app = Celery(broker=REDIS_URL)
+    from tasks.app import make_celery
+    app = make_celery(stack.settings())
     # waits for the orchestrator's own answer (a loaded machine may answer a broadcast late)
     orchestrators = wait_for_replies(
         lambda: app.control.cancel_consumer("orchestrator", reply=True, timeout=5))
     try:
         submitted = client.submit(f"{marker} lose me")
-        wait_until_true(lambda: r.llen("orchestrator") >= 1)
-        r.delete("orchestrator")
+        wait_until_true(lambda: queue_depth(broker, "orchestrator") >= 1)
+        purge_queues(broker, ["orchestrator"])
     finally:
         app.control.add_consumer("orchestrator", reply=True, timeout=5,
                                  destination=orchestrators)
-        r.close()
+        app.close()
     # then the sweeper re-drives it from Postgres and it completes
     job = client.wait(submitted["id"], timeout_s=120)
     assert job["status"] == "completed" and job["response"]["content"] == "recovered"

@@ -49,6 +49,116 @@ def worker_redis_url() -> str:
     return f"{base}/{number}"
 
 
+RABBITMQ_URL = os.environ.get("AGENTQ_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672")
+"""The RabbitMQ the tests' amqp stacks use (no vhost: each test process makes its own)."""
+_VHOST_PREFIX = "agentq-test-"
+_vhost: str | None = None
+
+
+def test_broker() -> str:
+    """The broker the tests' stacks run on: AGENTQ_TEST_BROKER, `redis` (the default) or
+    `amqp` (RabbitMQ, in a virtual host of this test process's own: `rabbitmq_vhost`)."""
+    kind = os.environ.get("AGENTQ_TEST_BROKER", "redis").strip().lower() or "redis"
+    if kind not in ("redis", "amqp"):
+        raise StackError(f"AGENTQ_TEST_BROKER: expected redis or amqp, got {kind!r}")
+    return kind
+
+
+def rabbitmqctl(*args: str) -> subprocess.CompletedProcess:
+    import shutil
+    command = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    result = subprocess.run([command, "-q", *args], capture_output=True, text=True,
+                            timeout=120)
+    if result.returncode != 0:
+        raise StackError(f"rabbitmqctl {' '.join(args)}: {result.stdout}{result.stderr}")
+    return result
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def rabbitmq_vhost() -> str:
+    """This test process's own virtual host on the machine's RabbitMQ, made on first use
+    (`rabbitmqctl add_vhost`, guest allowed everything in it) and deleted when the process
+    exits, with every queue in it: the tests never declare, purge or delete anything in the
+    shared default vhost. Vhosts left by test processes that are gone (killed) are deleted
+    first."""
+    global _vhost
+    if _vhost is None:
+        import atexit
+        listed = rabbitmqctl("list_vhosts", "name").stdout.split()
+        for name in listed:
+            rest = name.removeprefix(_VHOST_PREFIX)
+            if rest != name and rest.isdigit() and not _pid_alive(int(rest)):
+                rabbitmqctl("delete_vhost", name)
+        name = f"{_VHOST_PREFIX}{os.getpid()}"
+        if name in listed:
+            rabbitmqctl("delete_vhost", name)
+        rabbitmqctl("add_vhost", name)
+        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        atexit.register(_delete_vhost, name)
+        _vhost = name
+    return _vhost
+
+
+def _delete_vhost(name: str) -> None:
+    try:
+        rabbitmqctl("delete_vhost", name)
+    except (StackError, OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def broker_env() -> dict[str, str]:
+    """The broker settings of this test process's stacks (AGENTQ_TEST_BROKER): its Redis
+    database; or, on RabbitMQ, its own vhost as the broker and that Redis database as the
+    result backend (the pairing docs/deploying.md recommends)."""
+    if test_broker() == "amqp":
+        return {"AGENTQ_BROKER_URL": f"{RABBITMQ_URL}/{rabbitmq_vhost()}",
+                "AGENTQ_RESULT_BACKEND_URL": worker_redis_url()}
+    return {"AGENTQ_BROKER_URL": worker_redis_url()}
+
+
+def queue_depth(broker_url: str, queue: str) -> int:
+    """How many messages wait in `queue` (not those delivered and unacknowledged), on
+    either broker; 0 for a queue that does not exist."""
+    from kombu import Connection
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        try:
+            return channel.queue_declare(queue, passive=True).message_count
+        except conn.channel_errors:  # not declared yet
+            return 0
+        finally:
+            try:
+                channel.close()
+            except conn.connection_errors + conn.channel_errors:
+                pass
+
+
+def purge_queues(broker_url: str, queues) -> None:
+    """Drop the waiting messages of these queues (those that exist), on either broker."""
+    from kombu import Connection
+    with Connection(broker_url) as conn:
+        for queue in queues:
+            channel = conn.channel()
+            try:
+                channel.queue_purge(queue)
+            except conn.channel_errors:  # not declared: nothing in it
+                pass
+            finally:
+                try:
+                    channel.close()
+                except conn.connection_errors + conn.channel_errors:
+                    pass
+
+
 def redis_db(number: int) -> str:
     """Database `number` of the Redis server the tests use (AGENTQ_TEST_REDIS's)."""
     return f"{worker_redis_url().rpartition('/')[0]}/{number}"
@@ -162,7 +272,7 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_",
                                                                       "PROMETHEUS_"))}
         env.update({
-            "AGENTQ_DATABASE_URL": database_url, "AGENTQ_BROKER_URL": worker_redis_url(),
+            "AGENTQ_DATABASE_URL": database_url, **broker_env(),
             "AGENTQ_HOME": str(self.scratch), "AGENTQ_TEST_SCRATCH": str(self.scratch),
             "OPENAI_BASE_URL": llm_base_url, "OPENAI_API_KEY": "sk-test",
             "AGENTQ_PUBLIC_URL": self.base, "PORT": str(self.port),
@@ -202,6 +312,9 @@ class Stack:
         return self.procs[name]
 
     def start(self) -> "Stack":
+        broker = self.env["AGENTQ_BROKER_URL"]
+        if broker.startswith("amqp://"):  # what an earlier stack of this process left
+            purge_queues(broker, ("orchestrator", "maintenance", "webhooks"))
         for name in self.commands():
             self.spawn(name)
         self._wait_ready()
