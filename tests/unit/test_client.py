@@ -90,6 +90,19 @@ def test_a_job_object_is_read_into_typed_fields():
     assert job.raw["limits"] == {}  # fields the client does not type stay reachable
 
 
+def test_a_responses_tool_calls_say_what_was_done():
+    """API.md 1.2: each call's arguments, result (cut at 2 KB: truncated), error, status."""
+    call = {"name": "flaky.echo", "success": True, "tool_use_id": "t2",
+            "status": "succeeded", "arguments": {"text": "hi"}, "result": "x" * 2048,
+            "error": None, "truncated": True}
+    raw = {**JOB, "response": {**JOB["response"], "metadata": {"tool_calls": [call]}}}
+    [parsed] = Job.parse(raw).response.tool_calls
+    assert (parsed.status, parsed.arguments, parsed.result, parsed.error, parsed.truncated) \
+        == ("succeeded", {"text": "hi"}, "x" * 2048, None, True)
+    [old] = Job.parse(JOB).response.tool_calls  # a server before 1.2: the fields default
+    assert (old.status, old.arguments, old.truncated) == (None, None, False)
+
+
 def test_a_queued_job_has_no_response():
     job = Job.parse({**JOB, "status": "queued", "response": None, "finished_at": None})
     assert not job.ended and job.content is None and job.finished_at is None
