@@ -10,8 +10,10 @@ A front that slow clients cannot stop (docs/security.md, "The web front"):
 * each request head must arrive whole within AGENTQ_HEADER_TIMEOUT_S: the gevent worker
   reads every head (a new connection's first too) under `gevent.Timeout(keepalive)`
   (gunicorn/workers/base_async.py `handle`, ggevent `timeout_ctx`), so `keepalive` IS the
-  header timeout there, and is never 0 (which would turn it off). A body must arrive
-  within AGENTQ_BODY_TIMEOUT_S (api/limits.py).
+  header timeout there, and is never 0 (which would turn it off); api/web_worker.py gives
+  each head up to half of it again, at random, so that connections opened together are not
+  all closed (and opened again by the client) together. A body must arrive within
+  AGENTQ_BODY_TIMEOUT_S (api/limits.py).
 * AGENTQ_WEB_CONNECTIONS connections per worker (gunicorn's default is 1,000), and the
   open-files limit raised to its hard limit so that many sockets can be held.
 
@@ -37,7 +39,7 @@ from agentq.config import Settings
 
 _settings = Settings.from_env()
 
-worker_class = "gevent"
+worker_class = "api.web_worker.Worker"  # gevent's, the head deadline spread out
 worker_connections = _settings.web_connections
 keepalive = _settings.header_timeout_s
 timeout = 30  # a worker whose event loop is blocked this long is restarted (the heartbeat)

@@ -261,7 +261,9 @@ class Settings:
     """AGENTQ_HEADER_TIMEOUT_S: a connection's request head (the first, or the next on a
     kept-alive connection) must arrive whole within this many seconds, else the connection
     is closed. It is gunicorn's `keepalive`, which the gevent worker applies to each request
-    head it reads; at least 1 (0 would turn the bound off)."""
+    head it reads (each head gets up to half of it again, at random, so that connections
+    opened together do not all close together: api/web_worker.py); at least 1 (0 would turn
+    the bound off)."""
     body_timeout_s: float = 30.0
     """AGENTQ_BODY_TIMEOUT_S: a request body must arrive whole within this many seconds of
     its head, else `408 request_timeout` (gevent workers; api/limits.py)."""

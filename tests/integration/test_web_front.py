@@ -282,3 +282,21 @@ def test_a_head_that_never_arrives_whole_is_closed(stack):
         assert sock.recv(1024) == b""  # closed by the server, unanswered
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+def test_the_slots_of_a_process_that_died_holding_them_come_back(servers_up, kind):
+    # given a key's two slots taken by a web process that then died (never released)
+    from api.ratelimit import Hold, MemoryHolds, RedisHolds
+    from tests.support.stack import worker_redis_url
+    holds = RedisHolds(worker_redis_url()) if kind == "redis" else MemoryHolds()
+    key = f"agentq:holds:test-{time.monotonic_ns()}"
+    dead = [Hold(holds, key, f"dead-{i}", lease_s=1.0) for i in range(2)]
+    assert all(holds.acquire(hold, limit=2) for hold in dead)
+    # then no third is let in while their leases last, and one is once they have run out
+    assert not holds.acquire(Hold(holds, key, "early", lease_s=60), limit=2)
+    late = Hold(holds, key, "late", lease_s=60)
+    wait_until(lambda: holds.acquire(late, limit=2), every_s=0.2,
+               what="the dead process's leases run out")
+    late.release()
+    assert holds.count(key) == 0
