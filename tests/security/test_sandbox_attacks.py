@@ -626,8 +626,10 @@ def test_spinning_processes_stop_at_the_runs_cpu_budget(scratch_dir):
                if p.read_text().strip())
     assert result["cpu_limited"] is True and result["timed_out"] is False, result
     budget = 2 + sandbox.RUN_CPU_SLACK_S
-    # what the nine spinners used: the budget, and at most one meter interval on each CPU
-    assert used <= budget + 2 * sandbox.METER_INTERVAL_S + 0.2, used
+    # what the nine spinners used: the budget, and what two CPUs do while the meter is late
+    # (a sample every 50 ms; 250 ms allowed on a loaded machine). Per-process limits alone
+    # let nine processes use up to 9 x 2 CPU-s
+    assert used <= budget + 2 * 0.25, used
     assert used >= 1.5, used
 
 
