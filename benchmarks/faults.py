@@ -85,6 +85,9 @@ FAULT_ENV = {
     "AGENTQ_WEBHOOK_TIMEOUT_S": "5",
     "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "1,2,4,8,15" + ",30" * 40,
     "AGENTQ_WEBHOOK_OVERDUE_S": "10",
+    # the code sandbox's per-run cgroups as this machine allows (tests/conftest.py: `off`
+    # on a host that cannot delegate cgroup v2, where `required` runs no code at all)
+    "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", "required"),
 }
 SUBMIT_GIVE_UP_S = 300.0
 
