@@ -139,7 +139,10 @@ def _base(mount: str | None, path: str | None) -> str:
 
 def _setup(mount: str | None, path: str | None) -> Hierarchy:
     base = _base(mount, path)
-    enabled = _read(os.path.join(base, "cgroup.subtree_control")).split()
+    try:
+        enabled = _read(os.path.join(base, "cgroup.subtree_control")).split()
+    except OSError as exc:
+        raise CgroupUnavailable(f"cannot read {base}/cgroup.subtree_control: {exc}") from None
     if all(c in enabled for c in CONTROLLERS):
         return Hierarchy(mount, base)
     leaf = os.path.join(base, LEAF)
