@@ -59,11 +59,12 @@ class NoDispatcher(RuntimeError):
     sweeper still re-drives the job, but nothing here would have sent it)."""
 
 
-def send(effects: Sequence[Effect]) -> None:
-    """Hand committed effects to the dispatcher. A failing dispatcher is logged, never
-    raised: the rows are committed, and the sweeper re-drives whatever was not sent."""
+def send(effects: Sequence[Effect]) -> bool:
+    """Hand committed effects to the dispatcher; False when it failed. A failing dispatcher
+    is logged, never raised: the rows are committed, and the sweeper re-drives whatever
+    was not sent."""
     if not effects:
-        return
+        return True
     target = _dispatcher
     if target is None:
         raise NoDispatcher(f"no effect dispatcher registered; {len(effects)} effect(s) "
@@ -73,6 +74,8 @@ def send(effects: Sequence[Effect]) -> None:
     except Exception:
         log.exception("effects not sent after commit; the sweeper re-drives them",
                       extra={"effects": [type(e).__name__ for e in effects]})
+        return False
+    return True
 
 
 class UnitOfWork:
@@ -137,8 +140,24 @@ class UnitOfWork:
         self.announce()
         effects, self.effects = self.effects, []
         self.sent = effects
-        send(effects)
+        if not send(effects):
+            self._redrive_soon(effects)
         return False
+
+    def _redrive_soon(self, effects: Sequence[Effect]) -> None:
+        """The steps these effects were to start did not go out (the broker away): their
+        jobs are due for the sweeper's next pass, which sends them once the broker is back,
+        instead of waiting out a step deadline first."""
+        from agentq.loop.effects import NextStep
+        job_ids = [e.job_id for e in effects if isinstance(e, NextStep)]
+        if not job_ids:
+            return
+        from agentq.loop.sweeper import due_now
+        try:
+            due_now(self._sessions, job_ids)
+        except Exception:  # noqa: BLE001 - the database away too: the deadline still holds
+            log.exception("jobs whose step was not sent not marked due",
+                          extra={"job_ids": job_ids})
 
     def write_events(self, now: datetime | None = None) -> None:
         """Write the queued events (also before the commit, for a caller that reads them

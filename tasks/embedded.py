@@ -59,12 +59,15 @@ class EmbeddedWorker:
             log.warning("embedded worker not ready yet")
 
     def _sweep_loop(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval_s):
+        # a first pass at once: a job left due by an earlier process (its step never sent,
+        # its predecessor cancelled) starts now, not an interval later
+        while not self._stop.is_set():
             for name in (names.SWEEP, names.SWEEP_WEBHOOKS):
                 try:
                     self.app.send_task(name, queue=MAINTENANCE_QUEUE, ignore_result=True)
                 except Exception:
                     log.exception("sweep failed", extra={"task": name})
+            self._stop.wait(self.settings.sweep_interval_s)
 
     def _schedule_loop(self) -> None:
         while not self._stop.wait(self.settings.schedule_interval_s):

@@ -300,16 +300,19 @@ def run(content: str, user_id: str, channel: str, timeout_s: float,
     if not use_local:
         _status_line(f"agentq: jobs go to {_model_target(get_settings())}")
     settings, worker, server = _embedded(use_local)
-    code = EXIT_ERROR
+    code, job_id = EXIT_ERROR, None
     try:
-        code = _run_one(settings, content, user_id, channel, timeout_s)
+        job_id = _submit_one(settings, content, user_id, channel)
+        code = _follow(settings, job_id, timeout_s)
     finally:
         if server is not None:
             server.stop()
         if code in (EXIT_TIMEOUT, EXIT_INTERRUPTED):
             # the job is still live in this process's worker: stopping it would wait for
             # its model call; the job stays in the database, where the sweeper re-drives it
-            # the next time this AGENTQ_HOME runs
+            # the next time this AGENTQ_HOME runs. Its step's lease goes with this process,
+            # so `agentq jobs cancel` ends it at once.
+            _release_lease(settings, job_id)
             sys.stdout.flush()
             sys.stderr.flush()
             logging.shutdown()
@@ -318,16 +321,15 @@ def run(content: str, user_id: str, channel: str, timeout_s: float,
     sys.exit(code)
 
 
-def _run_one(settings, content: str, user_id: str, channel: str, timeout_s: float) -> int:
+def _submit_one(settings, content: str, user_id: str, channel: str) -> uuid.UUID:
     from agentq.db import session_factory
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.uow import UnitOfWork
     import tasks.dispatch  # noqa: F401  (the job's first step goes out through it)
     with UnitOfWork(session_factory(settings)) as uow:
-        job_id = create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
-                                                      content)).id
-    return _follow(settings, job_id, timeout_s)
+        return create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
+                                                    content)).id
 
 
 def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
@@ -336,6 +338,7 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
     from agentq.db import session_factory
     sessions = session_factory(settings)
     seen, deadline, cancelled = 0, time.monotonic() + timeout_s, False
+    told_behind = None
     with _CtrlC.counting() as ctrl_c:
         while time.monotonic() < deadline:
             if ctrl_c.count and not cancelled:
@@ -349,9 +352,48 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
             seen, job = _print_new_events(sessions, job_id, seen)
             if job.status in TERMINAL_STATUSES:
                 return _print_ending(job_id, job.status, job.finish_reason, job.response or {})
+            behind = waits_behind(sessions, job)
+            if behind is not None and behind.id != told_behind:
+                told_behind = behind.id
+                _status_line(f"· {behind_line(behind)}")
             time.sleep(EMBEDDED_POLL_S)
-    _error_line(f"job {job_id} still running after {timeout_s:g} s")
+    behind = waits_behind(sessions, job)
+    if behind is not None:
+        _error_line(f"job {job_id} did not start within {timeout_s:g} s: it "
+                    f"{behind_line(behind)}")
+    elif job.status == "queued":
+        _error_line(f"job {job_id} did not start within {timeout_s:g} s (still queued; "
+                    f"`agentq jobs cancel {job_id}` cancels it)")
+    else:
+        _error_line(f"job {job_id} still running after {timeout_s:g} s "
+                    f"(`agentq jobs cancel {job_id}` cancels it)")
     return EXIT_TIMEOUT
+
+
+def waits_behind(sessions, job):
+    """The job that `job` waits for (its conversation's running job), or None."""
+    from agentq.models import Conversation, Job
+    if job.status != "queued" or job.waiting_for != "conversation":
+        return None
+    with sessions() as session:
+        conversation = session.get(Conversation, job.conversation_id)
+        owner = (session.get(Job, conversation.active_job_id)
+                 if conversation is not None and conversation.active_job_id else None)
+        if owner is None or owner.status in TERMINAL_STATUSES or owner.id == job.id:
+            return None
+        session.expunge_all()
+    return owner
+
+
+def behind_line(owner) -> str:
+    """What a job waiting behind `owner` says of it: the job, since when, its question's
+    start, and the command that cancels it."""
+    since = owner.started_at or owner.created_at
+    content = " ".join((owner.content or "").split())
+    return (f"waits behind job {owner.id} ({owner.status} since {since:%Y-%m-%d %H:%M:%S} "
+            f"UTC: \"{content[:40]}{'…' if len(content) > 40 else ''}\") in the same "
+            f"conversation; `agentq jobs cancel {owner.id}` cancels it (or use another "
+            f"--channel)")
 
 
 class _CtrlC:
@@ -405,6 +447,73 @@ def _print_new_events(sessions, job_id: uuid.UUID, seen: int):
         if line is not None:
             _status_line(line)
     return seen, job
+
+
+def _release_lease(settings, job_id: uuid.UUID | None) -> None:
+    """This process is about to end without stopping its worker: its job's step is taken
+    for dead now (its lease ends), not a step deadline later."""
+    if job_id is None:
+        return
+    from sqlalchemy import update
+
+    from agentq.db import session_factory
+    from agentq.models import Job
+    try:
+        with session_factory(settings)() as session, session.begin():
+            session.execute(update(Job).where(Job.id == job_id)
+                            .values(step_lease_until=None)
+                            .execution_options(synchronize_session=False))
+    except Exception:  # noqa: BLE001 - the lease then runs out as usual
+        logging.getLogger(__name__).exception("the job's lease not released")
+
+
+def cancel_in_database(settings, job_id: uuid.UUID) -> str:
+    """`agentq jobs cancel` without an API: the cancel, on the database and broker this
+    process is configured with (the embedded SQLite by default). A running job whose step
+    no process holds (an `agentq run` that timed out or was killed: its lease gone or run
+    out) is ended at once, handing its conversation to the next job; otherwise as
+    POST /v1/jobs/<id>/cancel: one that never started ends at once, a running one at its
+    next step boundary. Returns what happened, in one line."""
+    from agentq.db import session_factory, utcnow
+    from agentq.lifecycle import StopReason, end_job
+    from agentq.loop.busy import lock_job, request_cancel
+    from agentq.loop.effects import NextStep
+    from agentq.loop.submit import cancel
+    from agentq.uow import UnitOfWork
+    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
+    sessions = session_factory(settings)
+    with UnitOfWork(sessions) as uow:
+        job = lock_job(uow.session, job_id)
+        if job is None:
+            raise click.ClickException(f"no job {job_id} in {_safe_url(settings.database_url)}")
+        if job.status in TERMINAL_STATUSES:
+            return f"job {job_id} already {job.status}"
+        lease = job.step_lease_until
+        if lease is not None and lease.tzinfo is None:  # SQLite keeps no zone
+            from datetime import timezone
+            lease = lease.replace(tzinfo=timezone.utc)
+        unheld = job.status == "running" and (lease is None or lease <= utcnow())
+        if unheld:
+            request_cancel(uow, job)
+            end_job(uow, job, StopReason.CANCELLED, "The job was cancelled.",
+                    {"code": "cancelled",
+                     "message": "Cancelled by request (no process was running its step)."})
+        else:
+            cancel(uow, job)
+    if settings.embedded_broker:
+        # no worker in this process to take the next job's step: due for the next
+        # process's sweeper (`agentq run`/`dev` sweep when they start)
+        from agentq.loop.sweeper import due_now
+        started = [e.job_id for e in uow.sent if isinstance(e, NextStep)]
+        if started:
+            due_now(sessions, started)
+    with sessions() as session:
+        from agentq.models import Job
+        status = session.get(Job, job_id).status
+    if status == "cancelled":
+        return f"job {job_id} cancelled"
+    return (f"job {job_id} ({status}) asked to cancel: a process is running its step, "
+            f"which ends it at its next step boundary")
 
 
 def _cancel_local(settings, job_id: uuid.UUID) -> None:

@@ -217,7 +217,7 @@ def submit(content: str, wait: bool, user_id: str, channel: str, platform: str,
 
 @main.group("jobs")
 def jobs() -> None:
-    """Jobs: `show` asks a running API, `list` reads the database."""
+    """Jobs: `show` asks a running API, `list` reads the database, `cancel` either."""
 
 
 @jobs.command("show")
@@ -244,6 +244,23 @@ def jobs_show(job_id: str, as_json: bool, url: str | None, key: str | None) -> N
     for event in events:
         line = _describe(event["type"], event.get("data") or {}) or f"· {event['type']}"
         click.echo(f"  {event['seq']:>4}  {event['created_at']}  {line.strip()}")
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=click.UUID)
+@_api_options
+def jobs_cancel(job_id, url: str | None, key: str | None) -> None:
+    """Cancel a job. With --url (or AGENTQ_URL): through that API. Otherwise in the database
+    (AGENTQ_DATABASE_URL; the embedded SQLite of `agentq run` and `agentq dev` by default):
+    a job that never started, or whose step no process is running (an `agentq run` that
+    timed out), ends at once; a running one at its next step boundary."""
+    if url or os.environ.get("AGENTQ_URL"):
+        with _api_client(url, key) as client:
+            job = _api_call(client, "POST", f"/v1/jobs/{job_id}/cancel")
+        click.echo(f"job {job_id}: {job['status']}")
+        return
+    from agentq.cli.local import cancel_in_database
+    click.echo(cancel_in_database(get_settings(), job_id))
 
 
 @jobs.command("list")
