@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from urllib.parse import urlsplit
 
@@ -140,3 +142,96 @@ def test_the_tools_worker_runs_no_code_without_its_cgroups(llm, script, tmp_path
             assert ready.status_code == 200, ready.text
             with open(f"/proc/{stack.procs['tools-slow'].pid}/cgroup") as f:
                 assert f.read().rstrip().endswith(f"/{cgroups.LEAF}")
+
+
+FLOOD_STDOUT = """
+import os
+chunk = b"y" * 2 ** 20
+for _ in range(300):
+    os.write(1, chunk)
+print("all written")
+"""
+
+HOLD_640_MIB = """
+import errno, os
+MIB, held = 2 ** 20, 0
+chunk = b"x" * MIB
+def hold(make):
+    global held
+    try:
+        while held < 640 * MIB:
+            fd = make()
+            for _ in range(16):
+                os.write(fd, chunk)
+                held += MIB
+    except OSError as exc:
+        print("stopped", errno.errorcode[exc.errno], flush=True)
+n = iter(range(10 ** 6))
+hold(lambda: os.memfd_create("x"))
+hold(lambda: os.open(f"/dev/shm/{next(n)}", os.O_RDWR | os.O_CREAT))
+hold(lambda: os.open(f"/tmp/{next(n)}", os.O_RDWR | os.O_CREAT))
+print("held", held // MIB, flush=True)
+"""
+
+
+def test_floods_through_the_stack_grow_neither_the_worker_nor_the_hosts_memory(
+        client, script, stack):
+    # issue 30: 300 MiB on a pipe grew a tools-slow process by 890 MiB; 640 MiB held in
+    # memfd and /dev's tmpfs against a 256 MiB limit. Watched from outside while the real
+    # tools-slow worker runs them: its processes' memory, and the host's shared memory
+    import psutil
+    worker = psutil.Process(stack.procs["tools-slow"].pid)
+
+    def worker_rss() -> dict[int, int]:
+        """The worker's processes (its pool's, not the sandboxes'): pid -> resident bytes."""
+        sizes = {}
+        for p in [worker, *worker.children()]:
+            try:
+                if "bwrap" not in p.name():
+                    sizes[p.pid] = p.memory_info().rss
+            except psutil.Error:
+                pass
+        return sizes
+
+    def shmem() -> int:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("Shmem:"))
+    user = uid("u")
+    assert stack.agentq("users", "set", "api", user, "--level", "user").returncode == 0
+    seen: list[dict] = []
+    marker = script([tool_calls(call("code.run_python", {"code": FLOOD_STDOUT})),
+                     tool_calls(call("code.run_python", {"code": HOLD_640_MIB}),
+                                check=lambda r: seen.append(_tool_result(r))),
+                     text("done", check=lambda r: seen.append(_tool_result(r)))])
+    base_rss, base_shmem = worker_rss(), shmem()
+    peak_rss, peak = dict(base_rss), {"shmem": base_shmem}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for pid, size in worker_rss().items():
+                base_rss.setdefault(pid, size)   # a pool process started meanwhile
+                peak_rss[pid] = max(peak_rss.get(pid, 0), size)
+            peak["shmem"] = max(peak["shmem"], shmem())
+            time.sleep(0.02)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        job = client.wait(client.submit(f"{marker} flood", user=user)["id"], timeout_s=180)
+    finally:
+        done.set()
+        watcher.join()
+    assert job["status"] == "completed", job
+    flood, hold = seen
+    assert flood["truncated"] is True and flood["exit_signal"] == "SIGKILL", flood
+    assert "all written" not in flood["stdout"]
+    held = int(hold["stdout"].split("held ")[-1]) if "held " in hold["stdout"] else 0
+    assert held <= 320 or hold["memory_limited"] is True, hold
+    # each pool process: a cold one's first task imports what it needs (tens of MiB), an
+    # unbounded channel would have added the flood (300 MiB, 890 MiB seen in issue 30)
+    grew = {pid: size - base_rss[pid] for pid, size in peak_rss.items()}
+    assert max(grew.values()) < 128 * 2 ** 20, grew
+    # what the run could hold in shared memory is its tmpfs sizes (96 MiB); other tests'
+    # processes on this machine may add some meanwhile, never the 640 MiB tried
+    assert peak["shmem"] - base_shmem < 320 * 2 ** 20, (peak, base_shmem)
