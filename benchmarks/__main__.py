@@ -83,10 +83,13 @@ def parse(argv: list[str] | None):
                         help="a scenario (repeatable): " + ", ".join(
                             ("none", "orchestrator_kill9", "tools_kill9", "tools_slow_kill9",
                              "webhooks_kill9", "web_kill9", "beat_kill9", "redis_restart",
-                             "redis_flushall", "postgres_restart",
+                             "redis_flushall", "postgres_restart", "rabbitmq_restart",
                              "webhook_receiver_down (20 s)", "orchestrator_down_<seconds>",
                              "webhook_receiver_down_<seconds>", "provider_storm (5 min)",
                              "provider_storm_<seconds>")))
+    faults.add_argument("--broker", choices=("redis", "amqp"), default="redis",
+                        help="the lab's broker: its private Redis, or a private RabbitMQ "
+                             "node (Redis then keeps the results)")
     faults.add_argument("--results", help="write the outcomes to this JSON file")
     burst = sub.add_parser("burst", help="N one-tool jobs at once, R times: CPU per job of "
                                          "each process, the orchestrator's system time and "

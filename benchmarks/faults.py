@@ -39,7 +39,7 @@ import requests
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from benchmarks.harness import BenchStack, ModelServer
-from tests.support.services import PrivatePostgres, PrivateRedis
+from tests.support.services import PrivatePostgres, PrivateRabbitMQ, PrivateRedis
 from tests.support.stack import StackError
 
 ONE_TOOL_JOB = "What is 6*7? turns=1"
@@ -223,12 +223,17 @@ class Receiver:
 
 class FaultLab:
     """Private Redis + Postgres + model server + the Procfile's processes, and the jobs'
-    webhook receiver."""
+    webhook receiver. `broker="amqp"`: a private RabbitMQ node is the broker (Redis stays
+    the result backend, as docs/deploying.md recommends)."""
 
-    def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None,
+                 broker: str = "redis"):
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(self.scratch)
+        if broker not in ("redis", "amqp"):
+            raise ValueError(f"broker: redis or amqp, not {broker!r}")
+        self.rabbit = PrivateRabbitMQ(self.scratch) if broker == "amqp" else None
         self.pg = PrivatePostgres(self.scratch)
         self.extra_env = extra_env or {}
         self.server: ModelServer | None = None
@@ -243,11 +248,14 @@ class FaultLab:
 
     def start(self) -> "FaultLab":
         self.redis.start()
+        if self.rabbit is not None:
+            self.rabbit.start()
         self.pg.start()
         self.database_url = self.pg.create_database("agentq_faults")
         self.server = ModelServer()
         self.receiver.up()
-        env = {**FAULT_ENV, "AGENTQ_BROKER_URL": self.redis.url,
+        env = {**FAULT_ENV,
+               "AGENTQ_BROKER_URL": self.rabbit.url if self.rabbit else self.redis.url,
                "AGENTQ_RESULT_BACKEND_URL": self.redis.url, **self.extra_env}
         self.stack = BenchStack(self.database_url, self.server.base_url,
                                 self.scratch / "stack", env, web_workers=2, web_threads=8)
@@ -271,6 +279,8 @@ class FaultLab:
             self.server.stop()
         self.receiver.down()
         self.redis.stop()
+        if self.rabbit is not None:
+            self.rabbit.destroy()
         self.pg.destroy()
         self.control.shutdown(wait=False)
 
@@ -582,6 +592,14 @@ def redis_restart(lab: FaultLab) -> None:
     lab.redis.restart(down_s=2.0)
 
 
+def rabbitmq_restart(lab: FaultLab) -> None:
+    """The RabbitMQ node killed (SIGKILL) and started again on the same data after 2 s
+    (a lab started with broker="amqp")."""
+    if lab.rabbit is None:
+        raise ValueError("rabbitmq_restart needs a lab on RabbitMQ (--broker amqp)")
+    lab.rabbit.restart(down_s=2.0)
+
+
 def redis_flushall(lab: FaultLab) -> None:
     lab.redis.flushall()
 
@@ -635,6 +653,7 @@ SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "beat_kill9": kill9("beat"),
     "redis_restart": redis_restart,
     "redis_flushall": redis_flushall,
+    "rabbitmq_restart": rabbitmq_restart,
     "postgres_restart": postgres_restart,
     "migration_mid_run": migration_mid_run,
     "webhook_receiver_down": webhook_receiver_down(
@@ -668,7 +687,9 @@ def scenario(name: str) -> Callable[[FaultLab], None] | None:
 def main(args) -> int:
     import tempfile
     import sys
-    names = args.only or list(SCENARIOS)
+    broker = getattr(args, "broker", "redis")
+    names = args.only or [n for n in SCENARIOS
+                          if broker == "amqp" or n != "rabbitmq_restart"]
     try:
         faults = {name: scenario(name) for name in names}
     except ValueError as exc:
@@ -676,7 +697,7 @@ def main(args) -> int:
         return 2
     results = []
     scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
-    lab = FaultLab(scratch).start()
+    lab = FaultLab(scratch, broker=broker).start()
     try:
         for name, fault in faults.items():
             out = run_scenario(lab, name, fault, args.jobs, args.rate)

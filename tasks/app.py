@@ -155,6 +155,27 @@ def _gevent_pool(sender=None, **_kwargs) -> None:
 
 
 @signals.worker_init.connect
+def _declare_rabbitmq_queues(sender=None, **_kwargs) -> None:
+    """On RabbitMQ, every worker declares the three fixed queues (and their exchanges)
+    before its consumer starts: Celery's delayed-delivery step then binds each of them to
+    the delayed-delivery exchange in every worker, whichever started first (it binds, it
+    does not declare: a queue no worker had declared yet was an error in the log). Where
+    the broker is away, the consumer's own reconnect takes over."""
+    if sender is None or not is_amqp(str(sender.app.conf.broker_url or "")):
+        return
+    import logging
+    try:
+        with sender.app.connection_for_write() as conn:
+            conn.connect()  # one attempt: a broker away is the consumer's to wait for
+            channel = conn.default_channel
+            for queue in sender.app.conf.task_queues or ():
+                queue.bind(channel).declare()
+    except Exception as exc:  # noqa: BLE001 - the consumer connects (and retries) next
+        logging.getLogger(__name__).warning(
+            "queues not declared at start", extra={"error": type(exc).__name__})
+
+
+@signals.worker_init.connect
 def _sandbox_at_start(sender=None, **_kwargs) -> None:
     """The tools-slow worker sets up the code sandbox before its pool forks: itself not
     dumpable, the cgroup v2 delegation its runs' groups are made in (agentq.tools.cgroups).

@@ -1,5 +1,6 @@
 """The fault suite's lab: the Procfile's processes against a private Redis and a private
-Postgres (free ports, scratch directories), so a test may restart or flush them.
+Postgres (free ports, scratch directories), so a test may restart or flush them; with
+AGENTQ_FAULT_BROKER=amqp a private RabbitMQ node is the broker.
 
 Size: AGENTQ_FAULT_JOBS jobs per scenario (default 100, CI's size) submitted at
 AGENTQ_FAULT_RATE per second (default 20); the provider storm lasts AGENTQ_FAULT_STORM_S
@@ -26,6 +27,9 @@ JOBS = int(os.environ.get("AGENTQ_FAULT_JOBS", "100"))
 RATE = float(os.environ.get("AGENTQ_FAULT_RATE", "20"))
 STORM_S = float(os.environ.get("AGENTQ_FAULT_STORM_S", "20"))
 DRAIN_TIMEOUT_S = float(os.environ.get("AGENTQ_FAULT_DRAIN_TIMEOUT_S", "240"))
+BROKER = os.environ.get("AGENTQ_FAULT_BROKER", "redis")
+"""The shared lab's broker: its private Redis, or (amqp) a private RabbitMQ node;
+test_rabbitmq_restart.py makes a lab of its own on RabbitMQ either way."""
 TEST_TIMEOUT_S = int(2 * DRAIN_TIMEOUT_S + 120)
 """above the longest a scenario waits (its fault, then its drain) plus the lab's start"""
 
@@ -41,7 +45,7 @@ def pytest_collection_modifyitems(items):
 def fault_lab(servers_up):
     from benchmarks.faults import FaultLab
     scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
-    lab = FaultLab(scratch)
+    lab = FaultLab(scratch, broker=BROKER)
     try:
         lab.start()
     except StackError as exc:
@@ -54,15 +58,14 @@ def fault_lab(servers_up):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-@pytest.fixture
-def run_fault(fault_lab):
-    """Run one scenario on the shared lab; assert the promise; return the outcome."""
+def make_runner(lab):
+    """run(name, fault): one scenario on `lab`; asserts the promise; returns the outcome."""
     from benchmarks.faults import run_scenario
 
     def run(name, fault, jobs=JOBS, rate=RATE):
-        outcome = run_scenario(fault_lab, name, fault, jobs, rate, DRAIN_TIMEOUT_S)
+        outcome = run_scenario(lab, name, fault, jobs, rate, DRAIN_TIMEOUT_S)
         print(outcome.as_dict())
-        dead = {n: fault_lab.log_tail(n) for n, up in fault_lab.alive().items() if not up}
+        dead = {n: lab.log_tail(n) for n, up in lab.alive().items() if not up}
         assert not dead, f"processes died: {dead}"
         assert outcome.not_submitted == 0, outcome.as_dict()
         assert outcome.api_500 == 0, outcome.as_dict()
@@ -71,3 +74,9 @@ def run_fault(fault_lab):
         assert not outcome.webhook_problems(), outcome.as_dict()
         return outcome
     return run
+
+
+@pytest.fixture
+def run_fault(fault_lab):
+    """Run one scenario on the shared lab; assert the promise; return the outcome."""
+    return make_runner(fault_lab)

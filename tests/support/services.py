@@ -1,7 +1,8 @@
-"""Private Redis and Postgres servers on free loopback ports, in a scratch directory, so a
+"""Private Redis, RabbitMQ and Postgres servers on free loopback ports, in a scratch directory, so a
 fault test can restart, flush or stop them without touching any shared server.
 
     redis = PrivateRedis(tmp).start();  redis.restart();  redis.flushall();  redis.stop()
+    rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.destroy()
     pg = PrivatePostgres(tmp).start();  pg.create_database("x");  pg.restart();  pg.stop()
 
 Postgres refuses to run as root: when the tests run as root, its binaries run as the
@@ -102,6 +103,118 @@ class PrivateRedis:
             client.flushall()
         finally:
             client.close()
+
+
+RABBITMQ_SERVER = os.environ.get("AGENTQ_RABBITMQ_SERVER",
+                                 "/usr/lib/rabbitmq/bin/rabbitmq-server")
+"""The server's own start script (Debian's /usr/sbin/rabbitmq-server is a wrapper that
+switches to the `rabbitmq` user and drops the environment this class sets)."""
+
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of its own: its own node name, AMQP and distribution ports, Erlang
+    cookie (HOME), configuration, data and logs in a scratch directory, no plugins; it
+    shares only the machine's epmd (a name registry). `restart()` kills it (SIGKILL, the
+    whole process group) and starts it again on the same ports with the same data: durable
+    queues and their messages come back, connections do not.
+
+        rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.stop()
+    """
+
+    def __init__(self, scratch: Path, port: int | None = None):
+        self.dir = Path(scratch) / "rabbitmq"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.dist_port = free_port()
+        self.node = f"agentq{self.port}@localhost"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def _env(self) -> dict[str, str]:
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users = none\n"
+            "disk_free_limit.absolute = 50MB\n")
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        (self.dir / "rabbitmq-env.conf").write_text("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+        env.update({
+            "HOME": str(self.dir), "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_CONF_ENV_FILE": str(self.dir / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+            "RABBITMQ_PLUGINS_EXPAND_DIR": str(self.dir / "plugins"),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"), "ERL_EPMD_ADDRESS": "127.0.0.1"})
+        return env
+
+    def start(self) -> "PrivateRabbitMQ":
+        from tests.support.stack import die_with_parent
+        if not os.access(RABBITMQ_SERVER, os.X_OK):
+            raise StackError(f"no RabbitMQ server at {RABBITMQ_SERVER} (apt-get install -y "
+                             f"rabbitmq-server, or set AGENTQ_RABBITMQ_SERVER)")
+        with (self.dir / "server.log").open("ab") as log:
+            self.proc = subprocess.Popen([RABBITMQ_SERVER], env=self._env(), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with_parent)
+        try:
+            _wait_port(self.port, True, timeout_s=90)
+        except StackError:
+            self.kill()
+            raise StackError(f"RabbitMQ did not start: "
+                             f"{(self.dir / 'server.log').read_text()[-1500:]}") from None
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL to the node's process group: gone at once, as in a crash."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        _wait_port(self.port, False)
+
+    def stop(self) -> None:
+        """SIGTERM (RabbitMQ's orderly shutdown), SIGKILL after 30 s."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, down_s: float = 0.0, crash: bool = True) -> None:
+        """Killed (`crash`) or stopped in order, down `down_s`, started on the same ports."""
+        self.kill() if crash else self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def ctl(self, *args: str) -> str:
+        """rabbitmqctl against this node (its own cookie, in its HOME); its output."""
+        ctl = str(Path(RABBITMQ_SERVER).with_name("rabbitmqctl"))
+        result = subprocess.run([ctl, "-q", "-n", self.node, *args], env=self._env(),
+                                capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise StackError(f"rabbitmqctl {' '.join(args)}: {result.stdout}{result.stderr}")
+        return result.stdout
+
+    def queues(self) -> list[dict]:
+        """The node's queues as RabbitMQ lists them: name, type, durable, messages."""
+        lines = self.ctl("list_queues", "--no-table-headers", "name", "type", "durable",
+                         "messages").splitlines()
+        rows = [line.split("\t") for line in lines if line.strip()]
+        return [{"name": r[0], "type": r[1], "durable": r[2] == "true",
+                 "messages": int(r[3]) if r[3].isdigit() else None} for r in rows]
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class PrivatePostgres:
@@ -251,7 +364,7 @@ def require_pgbouncer() -> None:
 
 
 class PgBouncer:
-    """PgBouncer on a free loopback port in front of the shared Postgres (127.0.0.1:5432),
+    """PgBouncer on a free loopback port in front of the suite's Postgres (AGENTQ_TEST_PG),
     in transaction mode: each transaction of a client may run on another server connection
     (server connections are reused most recently released first). It refuses to run as
     root, so as root it runs as `postgres`."""
@@ -274,10 +387,14 @@ class PgBouncer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> "PgBouncer":
-        from tests.support.stack import die_with_parent
+        from urllib.parse import urlsplit
+
+        from tests.support.stack import die_with_parent, pg_admin_url
+        admin = urlsplit(pg_admin_url())  # the suite's Postgres (AGENTQ_TEST_PG)
+        pg_host, pg_port = admin.hostname or "127.0.0.1", admin.port or 5432
         ini = self.dir / "pgbouncer.ini"
         ini.write_text(
-            "[databases]\n* = host=127.0.0.1 port=5432 user=postgres\n"
+            f"[databases]\n* = host={pg_host} port={pg_port} user=postgres\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             "auth_type = any\npool_mode = transaction\n"
