@@ -270,6 +270,7 @@ def dev(port: int | None, local_model: bool) -> None:
     click.echo(f"agentq on http://127.0.0.1:{port}  (database {_safe_url(settings.database_url)})")
     click.echo(f"jobs go to {target}")
     click.echo(f"admin key (also in {settings.home / 'dev-key'}): {key}")
+    click.echo(f"dashboard: http://127.0.0.1:{port}/ui (sign in with the admin key)")
     click.echo(f"logs: {log_path(settings)}")
     logs.show_on_terminal("werkzeug")
     from api import create_app

@@ -78,6 +78,7 @@ def test_dev_serves_on_its_port_with_file_urls_on_that_port_and_plain_request_li
     # what the terminal shows: where it serves and where jobs go, then plain request lines
     assert f"agentq on http://127.0.0.1:{port}" in out
     assert f"jobs go to model gpt-4o-mini at {llm.base_url}" in out
+    assert f"dashboard: http://127.0.0.1:{port}/ui (sign in with the admin key)" in out
     request_lines = [line for line in err.splitlines() if "GET /health" in line]
     assert request_lines, err
     assert "\x1b[" not in err  # not a terminal: no colour codes
