@@ -197,6 +197,10 @@ class Settings:
     wait starts at the step deadline and doubles)."""
     result_expires_s: int = 2 * 24 * 3600
     """AGENTQ_RESULT_EXPIRES_S: how long the result backend keeps task results (>= a day)."""
+    database_ride_out_s: float = 8.0
+    """AGENTQ_DATABASE_RIDE_OUT_S: how long a submit (POST /v1/messages, /v1/continue)
+    waits inside the request for a database that is away (a restart, a failover) before
+    answering 503 with Retry-After; 0 answers 503 at once."""
 
     # --- webhooks -------------------------------------------------------------------
     webhook_secrets: tuple[str, ...] = ()
@@ -468,6 +472,8 @@ class Settings:
             redrive_backoff_max_s=num("AGENTQ_REDRIVE_BACKOFF_MAX_S",
                                       cls.redrive_backoff_max_s, float, 1),
             result_expires_s=num("AGENTQ_RESULT_EXPIRES_S", cls.result_expires_s, int, 86400),
+            database_ride_out_s=num("AGENTQ_DATABASE_RIDE_OUT_S", cls.database_ride_out_s,
+                                    float, 0, 60),
             orchestrator_concurrency=num("AGENTQ_ORCHESTRATOR_CONCURRENCY",
                                          cls.orchestrator_concurrency, int, 1, 5000),
             orchestrator_pool=_choice(env, "AGENTQ_ORCHESTRATOR_POOL", ("threads", "gevent")),

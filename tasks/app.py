@@ -90,13 +90,46 @@ def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict:
                         "ignore_result": True}}
 
 
+MIN_NATIVE_DELAY_S = 1.0
+
+
+class AgentqCelery(Celery):
+    """Celery, with one fix for RabbitMQ's native delayed delivery (celery 5.7.0): a
+    countdown or ETA less than a second away goes through `calculate_routing_key(
+    int(countdown))`, which raises ValueError("countdown must be a positive number") for 0:
+    the send fails (a provider's Retry-After of 0.5 s, a webhook retry 0.2 s later). Such a
+    delay is sent as one second instead (at most a second late, never early)."""
+
+    def send_task(self, name, args=None, kwargs=None, countdown=None, eta=None, **options):
+        if (countdown or eta) and is_amqp(str(self.conf.broker_url or "")):
+            countdown, eta = _whole_second_delay(self, countdown, eta)
+        return super().send_task(name, args, kwargs, countdown=countdown, eta=eta,
+                                 **options)
+
+
+def _whole_second_delay(celery_app: Celery, countdown, eta):
+    from datetime import datetime
+
+    from celery.utils.time import maybe_make_aware
+    if eta is not None:
+        if isinstance(eta, str):
+            eta = datetime.fromisoformat(eta)
+        remaining = (maybe_make_aware(eta) - celery_app.now()).total_seconds()
+        if 0 < remaining < MIN_NATIVE_DELAY_S:
+            return MIN_NATIVE_DELAY_S, None
+        return countdown, eta
+    if countdown is not None and 0 < countdown < MIN_NATIVE_DELAY_S:
+        return MIN_NATIVE_DELAY_S, None
+    return countdown, eta
+
+
 def make_celery(settings: Settings) -> Celery:
     broker = settings.broker_url
     if settings.embedded_broker:  # the in-memory broker, woken by each put (no 1 s polling)
         from tasks import embedded_transport
         broker = embedded_transport.register()
     make_sqlite_folder(settings.result_backend_url)  # the embedded defaults' results file
-    app = Celery("agentq", broker=broker, backend=settings.result_backend_url,
+    app = AgentqCelery("agentq", broker=broker, backend=settings.result_backend_url,
                  include=["tasks.orchestrator", "tasks.tools", "tasks.maintenance",
                           "tasks.webhooks"])
     app.conf.update(
