@@ -79,7 +79,9 @@ def _modules() -> dict[str, dict]:
     except Exception as exc:  # the database is down: reported above
         log.warning("module health not read", extra={"error": type(exc).__name__})
         return {}
-    # global modules only: this route has no key, and a tenant's module is its own
+    # the global modules and the default tenant's (the operator's) only: this route has no
+    # key, and another tenant's module is its own
+    from agentq.tenants import DEFAULT_TENANT_ID
     return {name: {"kind": k.spec.kind, "status": k.health.get("status", "unknown"),
                    "error": k.health.get("error")} for name, k in sorted(known.items())
-            if k.spec.tenant_id is None}
+            if k.spec.visible_to(DEFAULT_TENANT_ID)}

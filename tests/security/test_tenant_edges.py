@@ -241,6 +241,13 @@ def test_another_tenants_module_is_absent_on_every_module_route(stack, edge, mod
     created = edge["b_admin"].post("/v1/personas", json={"name": uid("p"),
                                                          "allowed_modules": [name]})
     assert created.status_code == 201, created.text
+    drop_persona(edge["b_admin"], created.json()["id"])
+
+
+def drop_persona(admin: Client, persona_id: str) -> None:
+    """A tenant's first persona is its default: the later tests' jobs must not get it."""
+    response = admin.http.delete(admin.url(f"/v1/personas/{persona_id}"), timeout=30)
+    assert response.status_code == 200, response.text
 
 
 def test_a_tenant_admin_cannot_register_a_global_module(stack, edge):
@@ -260,6 +267,7 @@ def test_a_tenant_admin_cannot_register_a_global_module(stack, edge):
         created = edge["a_admin"].post("/v1/personas", json={
             "name": uid("p"), "allowed_modules": [module.name]})
         assert created.status_code == 201, created.text
+        drop_persona(edge["a_admin"], created.json()["id"])
     finally:
         edge["operator"].http.delete(edge["operator"].url(f"/v1/modules/{module.name}"),
                                      timeout=30)
@@ -395,7 +403,9 @@ FILE_ID = re.compile(r"file_id: ([0-9a-f-]{36})")
 def test_any_attachment_name_is_served_and_cannot_split_headers(stack, edge, script):
     files = Files()
     client = edge["a"]
-    names = ["отчёт.txt", "a\r\nSet-Cookie: pwned=1\r\nX-Evil: 1.txt", 'q"uote\\.txt']
+    names = ["отчёт.txt", "a\r\nSet-Cookie: pwned=1\r\nX-Evil: 1.txt", 'q"uote\\.txt',
+             "typed.txt"]
+    types = {"typed.txt": "text/plain\r\nX-Evil: 1"}  # a media type holding CR/LF too
     # the model reads each attachment (which fetches and stores it) by the file_ids the
     # message lists
     reads = tool_calls(*[call("files.read_document", {"file_id": "?"}, id=f"r{i}")
@@ -410,7 +420,8 @@ def test_any_attachment_name_is_served_and_cannot_split_headers(stack, edge, scr
     marker = script([reads])
     try:
         job = client.wait(client.submit(f"{marker} files", limits=ONE_TURN, attachments=[
-            {"filename": name, "url": files.url(f"/{i}"), "mime_type": "text/plain"}
+            {"filename": name, "url": files.url(f"/{i}"),
+             "mime_type": types.get(name, "text/plain")}
             for i, name in enumerate(names)])["id"])
     finally:
         files.server.shutdown()
@@ -426,7 +437,9 @@ def test_any_attachment_name_is_served_and_cannot_split_headers(stack, edge, scr
         assert response.status_code == 200, (name, response.text[:300])
         assert response.content.startswith(b"content of /")
         disposition = response.headers["Content-Disposition"]
-        assert disposition.startswith("inline;") and "\r" not in disposition
+        # plain text is shown inline; a type that is not one is sent as bytes to save
+        assert disposition.startswith("attachment;" if name in types else "inline;")
+        assert "\r" not in disposition
         assert "Set-Cookie" not in response.headers and "X-Evil" not in response.headers
         assert response.headers["X-Content-Type-Options"] == "nosniff"
         assert "default-src 'none'" in response.headers["Content-Security-Policy"]
