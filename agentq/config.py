@@ -261,7 +261,7 @@ class Settings:
     app, not gunicorn's HTML page, answers."""
 
     # --- the web front (gunicorn.conf.py: gevent workers; docs/security.md) -------------
-    header_timeout_s: int = 5
+    header_timeout_s: int = 20
     """AGENTQ_HEADER_TIMEOUT_S: a connection's request head (the first, or the next on a
     kept-alive connection) must arrive whole within this many seconds, else the connection
     is closed. It is gunicorn's `keepalive`, which the gevent worker applies to each request
