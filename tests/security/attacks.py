@@ -4,7 +4,8 @@ from __future__ import annotations
 import textwrap
 
 
-def pg_write(socket_path: str | None, host: str | None, database: str, table: str) -> str:
+def pg_write(socket_path: str | None, host: str | None, database: str, table: str,
+             port: int = 5432) -> str:
     """Python source that talks Postgres' wire protocol (trust auth, as the machine's
     Postgres allows) over a Unix socket or TCP and creates `table` in `database` (a write
     that does not depend on the schema). Prints "written" if the server did it, else how
@@ -18,7 +19,7 @@ def pg_write(socket_path: str | None, host: str | None, database: str, table: st
                 s = socket.socket(socket.AF_UNIX)
                 s.connect({socket_path!r})
             else:
-                s = socket.create_connection(({host!r}, 5432), timeout=5)
+                s = socket.create_connection(({host!r}, {port}), timeout=5)
             params = b"user\\0postgres\\0database\\0" + {database!r}.encode() + b"\\0\\0"
             body = struct.pack("!I", 196608) + params
             s.sendall(struct.pack("!I", len(body) + 4) + body)

@@ -31,12 +31,23 @@ def _keys(stack) -> int:
         return s.execute(select(func.count()).select_from(ApiKey)).scalar_one()
 
 
+def _server_of(stack) -> tuple[str, int]:
+    """The Unix socket and TCP port of the server the stack's database lives on (the
+    suite's own cluster since issue 32, or the machine's, PG_SOCKET), as it says itself."""
+    from sqlalchemy import text as sql
+    with stack.sessions()() as s:
+        directory = s.execute(sql("SHOW unix_socket_directories")).scalar_one()
+        port = int(s.execute(sql("SHOW port")).scalar_one())
+    return f"{directory.split(',')[0].strip()}/.s.PGSQL.{port}", port
+
+
 def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
     database = urlsplit(stack.database_url).path.lstrip("/")
     tag = uuid.uuid4().hex[:8]
+    socket_path, port = _server_of(stack)
     # the attack code works where nothing stops it: run on the host, it writes
-    host = subprocess.run([sys.executable, "-c", pg_write(PG_SOCKET, None, database,
-                                                          f"control_{tag}")],
+    host = subprocess.run([sys.executable, "-c", pg_write(socket_path, None, database,
+                                                          f"control_{tag}", port)],
                           capture_output=True, text=True)
     assert host.stdout.strip() == "written", host
     assert f"control_{tag}" in _tables(stack)
@@ -49,8 +60,8 @@ def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
         seen.update(json.loads([m for m in request["messages"] if m["role"] == "tool"][-1]
                                ["content"]))
 
-    attack = (pg_write(PG_SOCKET, None, database, f"escape_socket_{tag}") + "\n"
-              + pg_write(None, "127.0.0.1", database, f"escape_tcp_{tag}"))
+    attack = (pg_write(socket_path, None, database, f"escape_socket_{tag}", port) + "\n"
+              + pg_write(None, "127.0.0.1", database, f"escape_tcp_{tag}", port))
     marker = script([tool_calls(call("code.run_python", {"code": attack})),
                      text("no luck", check=reads_the_refusal)])
     job = client.wait(client.submit(f"{marker} get in", user=user)["id"], timeout_s=120)
