@@ -25,6 +25,7 @@ from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
 from api.ratelimit import hold_request, take_hold
+from api.rideout import rides_out_database
 from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
                          MessageRequestSchema)
 from api.views import accepted, job_object
@@ -179,6 +180,7 @@ def _submit(route: str, body: dict, sub: Submission):
 
 
 @bp.post("/v1/messages")
+@rides_out_database  # a database blip waited out inside the request (api/rideout.py)
 @require_key()
 def submit_message():
     body = json_body()
@@ -195,6 +197,7 @@ def submit_message():
 
 
 @bp.post("/v1/continue")
+@rides_out_database  # a database blip waited out inside the request (api/rideout.py)
 @require_key()
 def continue_conversation():
     body = json_body()

@@ -1,4 +1,5 @@
-"""Maintenance tasks (beat): the sweeper, and firing due schedules."""
+"""Maintenance tasks (beat): the sweeper, and firing due schedules. Each rides out a
+database blip and logs one line when it could not (tasks.base.maintenance_run)."""
 from __future__ import annotations
 
 from agentq.loop.sweeper import sweep as sweep_jobs
@@ -6,7 +7,7 @@ from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.sweeper import sweep_waiting
 from tasks import names
 from tasks.app import app
-from tasks.base import AgentqTask, services
+from tasks.base import AgentqTask, maintenance_run, services
 
 
 @app.task(base=AgentqTask, name=names.SWEEP)
@@ -15,10 +16,9 @@ def sweep() -> int:
     approvals past their deadline denied: each in its unit of work. Returns how many."""
     from agentq.approvals import expire
     s = services()
-    return (sweep_jobs(s.settings, s.sessions)
-            + sweep_waiting(s.settings, s.sessions)
-            + sweep_provider_waits(s.settings, s.sessions)
-            + expire(s.settings, s.sessions))
+    return maintenance_run(names.SWEEP, lambda: (
+        sweep_jobs(s.settings, s.sessions) + sweep_waiting(s.settings, s.sessions)
+        + sweep_provider_waits(s.settings, s.sessions) + expire(s.settings, s.sessions)))
 
 
 @app.task(base=AgentqTask, name=names.FIRE_SCHEDULES)
@@ -27,7 +27,7 @@ def fire_schedules() -> int:
     process runs this first."""
     from agentq.schedules import fire_due
     s = services()
-    return fire_due(s.settings, s.sessions)
+    return maintenance_run(names.FIRE_SCHEDULES, lambda: fire_due(s.settings, s.sessions))
 
 
 @app.task(base=AgentqTask, name=names.SUMMARIZE_IDLE)
@@ -36,4 +36,5 @@ def summarize_idle() -> int:
     twice at once or to be delivered again."""
     from agentq.memory_digest import summarize_idle as digest_idle
     s = services()
-    return digest_idle(s.settings, s.sessions, s.router)
+    return maintenance_run(names.SUMMARIZE_IDLE,
+                           lambda: digest_idle(s.settings, s.sessions, s.router))

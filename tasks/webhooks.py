@@ -11,7 +11,7 @@ from agentq.loop.sweeper import sweep_deliveries
 from agentq.webhooks.delivery import attempt_delivery
 from tasks import names
 from tasks.app import app
-from tasks.base import AgentqTask
+from tasks.base import AgentqTask, maintenance_run
 from tasks.dispatch import send_webhook
 
 
@@ -26,7 +26,8 @@ def deliver(delivery_id: str) -> str:
 @app.task(base=AgentqTask, name=names.SWEEP_WEBHOOKS, ignore_result=True)
 def sweep_webhooks() -> int:
     settings = get_settings()
-    ids = sweep_deliveries(settings, session_factory(settings))
+    ids = maintenance_run(names.SWEEP_WEBHOOKS,
+                          lambda: sweep_deliveries(settings, session_factory(settings))) or []
     for delivery_id in ids:
         send_webhook(delivery_id)
     return len(ids)
