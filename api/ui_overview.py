@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-from sqlalchemy import func, select
+from sqlalchemy import Integer, cast, func, literal, select
 
 from agentq.models import Job, TokenLog
 from agentq.views import SHOWN_WAITS
@@ -30,6 +30,9 @@ ENDED = ("completed", "failed", "cancelled")
 LIVE = ("queued", "running", "waiting")
 BROKER_TIMEOUT_S = 1.0
 """How long the page waits for the broker (its queues) and for the workers' pongs."""
+PALETTE = 6
+"""Models drawn in colours of their own on the tokens chart; the rest are `other`."""
+OTHER = "other"
 BROKER_CACHE_S = 5.0
 """Broker reads are kept this long: several open pages ping the workers once."""
 
@@ -59,6 +62,14 @@ class Overview:
     models: list[dict[str, Any]]
     queues: list[dict[str, Any]] | None = None
     workers: dict[str, Any] = field(default_factory=dict)
+    tokens_per_minute: list[dict[str, int]] = field(default_factory=list)
+    """Tokens used in each minute of the window, oldest first: {model: tokens}."""
+    model_legend: list[str] = field(default_factory=list)
+    """The models drawn on the tokens chart, in order (their colours: m0, m1, ...)."""
+
+    @property
+    def busiest_tokens_minute(self) -> int:
+        return max((sum(m.values()) for m in self.tokens_per_minute), default=0)
 
     @property
     def ended_total(self) -> int:
@@ -129,7 +140,32 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
                   .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
                   .group_by(TokenLog.model))).all()]
     models.sort(key=lambda m: (-(m["input_tokens"] + m["output_tokens"]), m["model"]))
-    return Overview(now, since, scope, ended, submitted, durations, minutes, live, models)
+    shown = [m["model"] for m in models[:PALETTE - 1]]
+    if len(models) == PALETTE:
+        shown.append(models[-1]["model"])
+    tokens_per_minute: list[dict[str, int]] = [{} for _ in range(buckets)]
+    ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
+    for model, minute, tokens in session.execute(visible(
+            select(TokenLog.model, ago,
+                   func.sum(TokenLog.input_tokens + TokenLog.output_tokens))
+            .join(Job, Job.id == TokenLog.job_id)
+            .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
+            .group_by(TokenLog.model, "ago"))).all():
+        name = model if model in shown else OTHER
+        index = buckets - 1 - min(max(int(minute or 0), 0), buckets - 1)
+        slot = tokens_per_minute[index]
+        slot[name] = slot.get(name, 0) + int(tokens or 0)
+    legend = shown + ([OTHER] if len(models) > len(shown) else [])
+    return Overview(now, since, scope, ended, submitted, durations, minutes, live, models,
+                    tokens_per_minute=tokens_per_minute, model_legend=legend)
+
+
+def _minutes_before(session, column, now: datetime):
+    """Whole minutes from `column` to `now`, in SQL (Postgres or SQLite)."""
+    at = literal(now, type_=column.type)
+    if session.get_bind().dialect.name == "postgresql":
+        return func.floor(func.extract("epoch", at - column) / 60)
+    return cast((func.julianday(at) - func.julianday(column)) * 1440, Integer)
 
 
 # --- the broker ----------------------------------------------------------------------------

@@ -484,6 +484,9 @@ def assert_overview_matches(page, expected: dict) -> None:
     assert abs(shown_value(page, "ov-p95") - expected["p95"]) < 1e-5
     assert int(shown_value(page, "ov-tokens")) == expected["tokens"]
     assert abs(shown_value(page, "ov-cost") - expected["cost"]) < 1e-7
+    drawn = rows_shown(page, "#tokens-per-minute rect[data-model]")
+    assert sum(int(r["tokens"]) for r in drawn) == expected["tokens"]
+    assert {r["model"] for r in drawn} == set(expected["models"])
     rows = rows_shown(page, "#models tbody tr[data-model]")
     assert {r["model"] for r in rows} == set(expected["models"])
     for r in rows:

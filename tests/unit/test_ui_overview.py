@@ -51,6 +51,9 @@ def test_the_overview_counts_the_last_hour_on_sqlite_in_embedded_mode(make):
     assert re.search(r'<tr data-model="gpt-4o-mini"><th scope="row">gpt-4o-mini</th>'
                      r'<td class="num">2</td><td class="num">400</td><td class="num">60</td>',
                      page)
+    # the tokens of each minute, by model
+    drawn = re.findall(r'<rect class="m\d" data-model="([^"]+)" data-tokens="(\d+)"', page)
+    assert sum(int(t) for _, t in drawn) == 460 and {m for m, _ in drawn} == {"gpt-4o-mini"}
     # the in-memory broker's queues are read; the worker is this process's (not started here)
     depths = dict(re.findall(r'data-queue="([^"]+)" data-depth="(\d*)"', page))
     assert {"orchestrator", "webhooks", "maintenance"} <= set(depths)
