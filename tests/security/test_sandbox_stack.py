@@ -17,7 +17,6 @@ from sqlalchemy import func, inspect, select
 from agentq.models import ApiKey
 from tests.integration.conftest import uid
 from tests.security.attacks import pg_write
-from tests.security.test_sandbox_attacks import PG_SOCKET
 from tests.support.scripted_llm import call, text, tool_calls
 
 
@@ -33,7 +32,7 @@ def _keys(stack) -> int:
 
 def _server_of(stack) -> tuple[str, int]:
     """The Unix socket and TCP port of the server the stack's database lives on (the
-    suite's own cluster since issue 32, or the machine's, PG_SOCKET), as it says itself."""
+    suite's own cluster since issue 32, or the machine's), as it says itself."""
     from sqlalchemy import text as sql
     with stack.sessions()() as s:
         directory = s.execute(sql("SHOW unix_socket_directories")).scalar_one()
