@@ -413,7 +413,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "replayJob", "summary": "Replay a job", "tags": ["replay"],
         "description": "`recorded` answers each LLM call from the original's stored replies "
                        "and re-runs the tools; `live` calls the LLM again. `409` until the "
-                       "original has ended.",
+                       "original has ended. A non-admin key's `model` must be the persona's "
+                       "default model or a configured one (`422` naming `model` otherwise).",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "Replay"}}},
         "responses": {"202": _json("Job", "The new job, with `replay_of` set.",
@@ -423,6 +424,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/batches/replay"): {
         "operationId": "replayBatch", "summary": "Replay many jobs as a batch",
         "tags": ["replay"],
+        "description": "A non-admin key's `model` must be each persona's default model or a "
+                       "configured one (`422` naming `model` otherwise).",
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "ReplayBatch"}}},
         "responses": {"202": _json("Batch", "The batch of replays.",
