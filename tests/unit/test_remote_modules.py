@@ -443,3 +443,25 @@ def test_a_database_that_is_away_is_logged_once_naming_its_host_and_port(caplog)
     lines = [r.getMessage() for r in caplog.records if "tool modules not read" in r.getMessage()]
     assert len(lines) == 1, lines
     assert f"127.0.0.1:{port}" in lines[0] and ":pw@" not in lines[0]
+
+
+def test_a_tenants_module_is_offered_to_and_run_for_its_tenant_only():
+    """Modules per tenant (API.md 1.2): another tenant's module is dropped from what a
+    persona enables and is `tool_not_found` when called, whatever the persona names; a
+    global one is everyone's (the stack's test: tests/security/test_tenant_edges.py)."""
+    store = Store(None)
+    owned = ModuleSpec("owned", url="http://x", tenant_id="tenant-b")
+    shared = ModuleSpec("shared", url="http://y")
+    remote = RemoteModules(_settings(), store=store, load_rows=lambda: [owned, shared])
+    remote.fetch = lambda spec: _manifest(spec.name)
+    registry = ToolRegistry(_settings(), modules=[], remote=remote)
+    assert sorted(registry.tools) == ["owned.add", "shared.add"]
+    assert registry.allowed_modules(["owned", "shared"], "tenant-a") == ("shared",)
+    assert registry.allowed_modules(["owned", "shared"], "tenant-b") == ("owned", "shared")
+    assert set(registry.modules_for("tenant-a")) == {"shared"}
+    ctx = ToolContext(tool_use_id="tu_1", job_id="j", user_id="u", conversation_id="c",
+                      permission_level="guest", platform="api", tenant_id="tenant-a")
+    result = registry.execute("owned.add", {"a": 1, "b": 2}, ctx, ["owned", "shared"])
+    assert result.error["code"] == "tool_not_found"
+    assert ModuleSpec("g", url="http://z").public()["global"] is True
+    assert owned.public()["tenant_id"] == "tenant-b" and not owned.visible_to("tenant-a")
