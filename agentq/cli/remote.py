@@ -147,16 +147,59 @@ class _Progress:
             frame += 1
 
 
+READY_CHECK_S = 10.0
+"""While a followed job has not started, how often `submit --wait` asks GET /health/ready
+whether the API's broker or database is away (it says so once, and once when it is back)."""
+
+
+def _down(client) -> list[str]:
+    """What GET /health/ready says is away (`broker`, `database`); [] when all answer, or
+    when it cannot be asked."""
+    import httpx
+    try:
+        response = client.get("/health/ready", timeout=5)
+        return list(response.json().get("down") or []) if response.status_code == 503 else []
+    except (httpx.TransportError, ValueError, AttributeError):
+        return []
+
+
+class _Watch:
+    """Says, while a job has not started, when the API's broker or database is unreachable
+    (the job waits for it) and when it is back."""
+
+    def __init__(self, client, progress: "_Progress"):
+        self.client, self.progress = client, progress
+        self.checked_at, self.told = -READY_CHECK_S, []
+
+    def look(self) -> None:
+        if self.progress.status != "queued" and not self.told:
+            return
+        if time.monotonic() - self.checked_at < READY_CHECK_S:
+            return
+        self.checked_at = time.monotonic()
+        down = _down(self.client)
+        if down and down != self.told:
+            self.progress.line(f"the API's {' and '.join(down)} is unreachable "
+                               f"(GET /health/ready): the job starts once it is back")
+        elif self.told and not down:
+            self.progress.line(f"the API's {' and '.join(self.told)} answers again")
+        self.told = down
+
+
 def _follow_http(client, job_id: str, timeout_s: float) -> int:
-    """Print the job's events as they happen (stderr), then its answer and files (stdout)."""
+    """Print the job's events as they happen (stderr), then its answer and files (stdout);
+    while the job waits for an API's broker or database that is away, say so."""
     import httpx
     started = time.monotonic()
     deadline, last, ended = started + timeout_s, 0, False
     try:
         with _Progress(started) as progress:
+            watch = _Watch(client, progress)
             while not ended and time.monotonic() < deadline:
+                watch.look()
                 try:
                     for event in _sse_events(client, job_id, last):
+                        watch.look()
                         if event is not None and event.get("seq") is None:
                             continue  # a message_delta (streamed text), not a stored event
                         if event is not None:
@@ -172,8 +215,15 @@ def _follow_http(client, job_id: str, timeout_s: float) -> int:
         _error_line(f"stopped following; job {job_id} goes on (agentq jobs show {job_id})")
         return EXIT_INTERRUPTED
     if not ended:
-        _error_line(f"job {job_id} still running after {timeout_s:g} s "
-                    f"(agentq jobs show {job_id})")
+        status = _api_call(client, "GET", f"/v1/jobs/{job_id}").get("status")
+        if status == "queued":
+            down = _down(client)
+            _error_line(f"job {job_id} did not start within {timeout_s:g} s"
+                        + (f" (the API's {' and '.join(down)} is unreachable)" if down else "")
+                        + f" (agentq jobs show {job_id})")
+        else:
+            _error_line(f"job {job_id} still {status} after {timeout_s:g} s "
+                        f"(agentq jobs show {job_id})")
         return EXIT_TIMEOUT
     job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
     return _print_ending(job_id, job["status"], job.get("finish_reason"),
