@@ -154,7 +154,9 @@ def check_request() -> None:
     if length or request.headers.get("Transfer-Encoding"):
         read_body_within(settings.body_timeout_s)
     if request.query_string:  # werkzeug decodes it with replacement: check it first
-        utf8(unquote_to_bytes(request.query_string), "The query string")
+        query = utf8(unquote_to_bytes(request.query_string), "The query string")
+        if "\x00" in query:  # Postgres takes no NUL in a parameter (a 500 otherwise)
+            raise ClientError("The query string holds a NUL character (%00).")
     if request.url_rule is not None and request.method != "OPTIONS" and request.args:
         allowed = _allowed_query(request.url_rule.rule, request.method)
         unknown = sorted(set(request.args) - allowed)

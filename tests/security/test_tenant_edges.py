@@ -481,6 +481,7 @@ def test_invalid_utf8_is_400_naming_the_encoding_and_writes_nothing(stack, edge)
                     400, "bad_encoding")
     assert error["details"]["line"] == 2 and "Line 2" in error["message"]
     refused(client.get(f"/v1/jobs/{uuid.uuid4()}?wait=%ff"), 400, "bad_encoding")
+    refused(client.get("/v1/schedules?status=%00"), 400, "bad_request")  # NUL: no 500
     assert (count(stack, Job), count(stack, Batch)) == (jobs, batches)
 
 
