@@ -52,7 +52,7 @@ def worker_redis_url() -> str:
 RABBITMQ_URL = os.environ.get("AGENTQ_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672")
 """The RabbitMQ the tests' amqp stacks use (no vhost: each test process makes its own)."""
 _VHOST_PREFIX = "agentq-test-"
-_vhost: str | None = None
+_vhosts: set[str] = set()
 
 
 def test_broker() -> str:
@@ -84,28 +84,27 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def rabbitmq_vhost() -> str:
+def rabbitmq_vhost(suffix: str = "") -> str:
     """This test process's own virtual host on the machine's RabbitMQ, made on first use
     (`rabbitmqctl add_vhost`, guest allowed everything in it) and deleted when the process
     exits, with every queue in it: the tests never declare, purge or delete anything in the
     shared default vhost. Vhosts left by test processes that are gone (killed) are deleted
-    first."""
-    global _vhost
-    if _vhost is None:
+    first. `suffix`: another vhost of this process (a second stack's)."""
+    name = f"{_VHOST_PREFIX}{os.getpid()}" + (f"-{suffix}" if suffix else "")
+    if name not in _vhosts:
         import atexit
         listed = rabbitmqctl("list_vhosts", "name").stdout.split()
-        for name in listed:
-            rest = name.removeprefix(_VHOST_PREFIX)
-            if rest != name and rest.isdigit() and not _pid_alive(int(rest)):
-                rabbitmqctl("delete_vhost", name)
-        name = f"{_VHOST_PREFIX}{os.getpid()}"
+        for other in listed:
+            pid = other.removeprefix(_VHOST_PREFIX).partition("-")[0]
+            if other.startswith(_VHOST_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
+                rabbitmqctl("delete_vhost", other)
         if name in listed:
             rabbitmqctl("delete_vhost", name)
         rabbitmqctl("add_vhost", name)
         rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
         atexit.register(_delete_vhost, name)
-        _vhost = name
-    return _vhost
+        _vhosts.add(name)
+    return name
 
 
 def _delete_vhost(name: str) -> None:
@@ -272,7 +271,9 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTQ_", "OPENAI_",
                                                                       "PROMETHEUS_"))}
         env.update({
-            "AGENTQ_DATABASE_URL": database_url, **broker_env(),
+            "AGENTQ_DATABASE_URL": database_url,
+            # a stack given a broker of its own (a private Redis) keeps its own pairing
+            **({} if "AGENTQ_BROKER_URL" in (extra_env or {}) else broker_env()),
             "AGENTQ_HOME": str(self.scratch), "AGENTQ_TEST_SCRATCH": str(self.scratch),
             "OPENAI_BASE_URL": llm_base_url, "OPENAI_API_KEY": "sk-test",
             "AGENTQ_PUBLIC_URL": self.base, "PORT": str(self.port),
