@@ -173,6 +173,9 @@ class Settings:
     approval_timeout_s: float = 86400.0
     """AGENTQ_APPROVAL_TIMEOUT_S: how long a tool call waits for a person's approval before
     it is denied, unless its manifest says otherwise."""
+    max_agent_depth: int = 3
+    """AGENTQ_MAX_AGENT_DEPTH: how deep sub-agents nest (`agents.delegate`): a job this many
+    levels below a top-level job gets a tool error when it delegates."""
     memory_idle_s: float = 3600.0
     """AGENTQ_MEMORY_IDLE_S: a conversation with no job running and no message for this
     long is summarised into a memory of its user (once per new messages)."""
@@ -460,6 +463,7 @@ class Settings:
             sweep_interval_s=num("AGENTQ_SWEEP_INTERVAL_S", cls.sweep_interval_s, float, 0.5),
             approval_timeout_s=num("AGENTQ_APPROVAL_TIMEOUT_S", cls.approval_timeout_s,
                                    float, 0.1),
+            max_agent_depth=num("AGENTQ_MAX_AGENT_DEPTH", cls.max_agent_depth, int, 0, 100),
             memory_idle_s=num("AGENTQ_MEMORY_IDLE_S", cls.memory_idle_s, float, 0.1),
             memory_digest_interval_s=num("AGENTQ_MEMORY_DIGEST_INTERVAL_S",
                                          cls.memory_digest_interval_s, float, 0.1),

@@ -62,6 +62,8 @@ class WaitingFor(enum.StrEnum):
     """A tool call awaits a person (status `waiting`)."""
     PROVIDER = "provider"
     """Every model failed transiently; the step comes back at `provider_next_attempt_at`."""
+    CHILDREN = "children"
+    """Its sub-agents run (`agents.delegate`; status `waiting`); the last one's end wakes it."""
 
 
 class ReplayMode(enum.StrEnum):
@@ -232,6 +234,9 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
               **({"follow_up_job_id": str(job.follow_up_job_id)}
                  if job.follow_up_job_id else {}))
     uow.effect(JobEnded(str(job.id), status, reason))
+    if job.parent_job_id is not None:  # a sub-agent: its answer is its parent's tool result
+        from agentq.agents import child_ended
+        child_ended(uow, job)
     delivery = enqueue_job_event(session, job)  # its webhook's first delivery row
     if delivery is not None:
         uow.effect(SendWebhooks((str(delivery.id),)))

@@ -216,6 +216,8 @@ class Job(Base):
         Index("ix_jobs_tenant_quota_wait", "tenant_id", "created_at",
               postgresql_where=text("waiting_for = 'quota'"),
               sqlite_where=text("waiting_for = 'quota'")),
+        # a sub-agent per `agents.delegate` call, however often the call is delivered (0020)
+        Index("uq_jobs_parent_tool_use_id", "parent_tool_use_id", unique=True),
     )
     id: Mapped[uuid.UUID] = _id()
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
@@ -288,6 +290,11 @@ class Job(Base):
     when the job is made (agentq.loop.decision.effective_limits). None: made before they
     were recorded (its step works them out)."""
     """The job made from steering that arrived too late for this one (it runs next)."""
+    parent_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    """A sub-agent's parent job (`agents.delegate`); None for a top-level job."""
+    parent_tool_use_id: Mapped[str | None] = mapped_column(String(64))
+    """The parent's `agents.delegate` call this job answers: unique, so a call delivered
+    twice starts one child."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

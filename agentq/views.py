@@ -16,7 +16,7 @@ def _id(value) -> str | None:
     return str(value) if value else None
 
 
-SHOWN_WAITS = frozenset({"provider", "approval"})
+SHOWN_WAITS = frozenset({"provider", "approval", "children"})
 """What a live job may wait for, as API.md 1.1 shows it (`status: waiting`); a queued job
 waiting for its conversation or batch stays `queued`, with `waiting_for` saying which
 (docs/api-admin.md)."""
@@ -49,10 +49,22 @@ def job_object(job: Job) -> dict[str, Any]:
         "replay_of": _id(job.replay_of),
         "batch_id": _id(job.batch_id),
         "follow_up_job_id": _id(job.follow_up_job_id),
+        "parent_job_id": _id(job.parent_job_id),
+        "children": _children(job),
         "limits": job.limits,
         "limits_applied": job.limits_applied,
         "metadata": job.meta or {},
     }
+
+
+def _children(job: Job) -> list[str]:
+    """The job's sub-agents (`agents.delegate`), in call order: read through the job's own
+    session (an index lookup); a job object built without one lists none."""
+    from sqlalchemy.orm import object_session
+
+    from agentq.agents import children_of
+    session = object_session(job)
+    return children_of(session, job.id) if session is not None else []
 
 
 def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from agentq import idempotency
+from agentq.agents import cancel_children
 from agentq.db import session_factory, session_scope
 from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
 from agentq.loop.identity import Incoming
@@ -233,6 +234,8 @@ def cancel_job(job_id: str):
                            job_id=job_id, status=job.status)
         cancel(uow, job)
         body = job_object(job)
+    # its sub-agents after it (each alone; the sweeper finishes a cascade cut short)
+    cancel_children(session_factory(g.settings), uuid.UUID(body["id"]))
     return accepted(body)
 
 

@@ -291,9 +291,10 @@ class JobSchema(Schema):
     id = fields.String()
     status = fields.String(validate=validate.OneOf(JOB_STATUSES))
     waiting_for = fields.String(allow_none=True, validate=validate.OneOf(
-        ("provider", "approval", "conversation", "batch", "quota")), metadata={
+        ("provider", "approval", "children", "conversation", "batch", "quota")), metadata={
         "description": "What a job with status `waiting` waits for: its model provider to "
-                       "answer again (API.md 1.1), or a person's approval of a tool call; "
+                       "answer again (API.md 1.1), a person's approval of a tool call, or "
+                       "its sub-agents (`children`: agents.delegate calls) to end; "
                        "what a `queued` job waits for before its start: its conversation "
                        "(another job of it runs), its batch's admission, or its tenant's "
                        "running-jobs quota. Else null."})
@@ -308,6 +309,12 @@ class JobSchema(Schema):
     replay_of = fields.String(allow_none=True)
     batch_id = fields.String(allow_none=True)
     follow_up_job_id = fields.String(allow_none=True)
+    parent_job_id = fields.String(allow_none=True, metadata={
+        "description": "A sub-agent's parent job (its `agents.delegate` call made this "
+                       "job; docs/sub-agents.md); null for a top-level job."})
+    children = fields.List(fields.String(), metadata={
+        "description": "The ids of the sub-agent jobs this job started (agents.delegate), "
+                       "in the order of its calls; empty when none."})
     limits = fields.Nested(LimitsSchema, allow_none=True, metadata={
         "description": "The limits the request asked for, as sent (null: none); "
                        "`limits_applied` has the ones that apply."})

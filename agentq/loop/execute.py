@@ -18,11 +18,13 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import sessionmaker
 
+from agentq import agents
 from agentq.config import Settings
 from agentq.db import lock_row, riding_out, utcnow
 from agentq.loop.leases import ToolLeaseKeeper
@@ -63,22 +65,35 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
         return _await_other_delivery(tool_use_id, settings, registry, sessions)
     if isinstance(prepared, dict):
         return prepared
+    if isinstance(prepared, _Refused):  # a delegate call that starts no sub-agent
+        return _finish(tool_use_id, prepared.job_id, agents.DELEGATE, "failed",
+                       {**prepared.result.to_record(), "attempts": 1}, settings, sessions)
     name, arguments, ctx, allowed, lease_until = prepared
 
     # the lease taken in `_prepare` is renewed while the tool runs
     with tool_leases(settings, sessions).hold(ctx.job_id, tool_use_id, lease_until):
         result: ToolResult = registry.execute(name, arguments, ctx, allowed)
     status = "succeeded" if result.ok else "failed"
-    job_id = uuid.UUID(ctx.job_id)
     record = {**result.to_record(), "attempts": result.attempts}
+    return _finish(tool_use_id, uuid.UUID(ctx.job_id), name, status, record, settings,
+                   sessions)
+
+
+def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
+            record: dict[str, Any], settings: Settings,
+            sessions: sessionmaker) -> dict[str, Any]:
+    """Store a call's result and, when it was its turn's last, name the next step."""
+    delegate = name == agents.DELEGATE
     # the tool ran: its result is kept through a database outage (retried for a step
     # deadline) rather than lost, which would leave a not idempotent call `interrupted`
     for attempt in riding_out(settings.step_deadline_s, "tool result",
                               tool_use_id=tool_use_id):
         with attempt, UnitOfWork(sessions) as uow:
             # the job's row before the call's, as everywhere
-            lock_row(uow.session, Job, job_id, load=False)
+            job = lock_row(uow.session, Job, job_id, load=delegate)
             iteration = _store(uow, job_id, tool_use_id, name, status, record)
+            if delegate and iteration is not None and job is not None:
+                agents.settle(uow, job, iteration)  # its parent may wait for children
             join = (_join_if_last(uow.session, job_id, iteration)
                     if iteration is not None and settings.tool_join == "database"
                     else None)
@@ -86,6 +101,13 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
                 uow.effect(NextStep(join[0], join[1], "callback"))
     return {"tool_use_id": tool_use_id,
             "status": status if iteration is not None else "duplicate", "next_step": join}
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A delegate call that starts no sub-agent (bad arguments, too deep): its error."""
+    job_id: uuid.UUID
+    result: ToolResult
 
 
 class _RunningElsewhere:
@@ -203,6 +225,9 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
     if call.job_status in TERMINAL_STATUSES or call.cancel_requested_at is not None:
         _store(uow, job_id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
         return {"tool_use_id": tool_use_id, "status": "cancelled"}
+    if call.name == agents.DELEGATE:  # a sub-agent: a job, not a function (agentq.agents)
+        outcome = agents.start_child(uow, call, tool_use_id, settings, registry)
+        return _Refused(job_id, outcome) if isinstance(outcome, ToolResult) else outcome
     now = utcnow()
     if call.attempts and call.lease_until is not None and call.lease_until > now:
         log.info("tool call is running in another delivery; waiting for its result",

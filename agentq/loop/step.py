@@ -59,7 +59,7 @@ from agentq.errors import ProviderError
 from agentq.llm.cancel import CallCancelled, cancellable
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
-from agentq import approvals, memory, replay
+from agentq import agents, approvals, memory, replay
 from agentq.hooks import Hooks
 from agentq.loop import budget, context
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
@@ -698,6 +698,11 @@ class Stepper:
         calls = session.execute(_TURN_CALLS, {"job_id": job.id, "iteration": job.iteration}
                                 ).scalars().all()
         pending = [c for c in calls if c.status == "pending"]
+        if (pending and job.cancel_requested_at is None
+                and agents.awaits_children(session, pending)):
+            # its sub-agents still run: the last one's end sends this step again
+            job.status, job.waiting_for = "waiting", WaitingFor.CHILDREN.value
+            return _WAIT
         if (pending and cause == "callback" and job.cancel_requested_at is None
                 and self._split_turn(calls)):
             return _WAIT
@@ -982,6 +987,8 @@ def _trigger(job: Job, steered: bool) -> str:
     if job.iteration == 0:
         if job.replay_of is not None:
             return "replay"
+        if job.parent_job_id is not None:
+            return "sub_agent"
         if (job.meta or {}).get("follow_up_of"):
             return "follow_up"
         return "user"

@@ -178,4 +178,5 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
             .limit(SWEEP_BATCH)).scalars())
     for batch_id in batch_ids:
         advance(sessions, batch_id)
-    return started + len(batch_ids)
+    from agentq.agents import sweep as sweep_sub_agents  # parents and their children
+    return started + len(batch_ids) + sweep_sub_agents(settings, sessions)
