@@ -141,6 +141,7 @@ def test_the_spec_says_what_api_md_says(spec):
         "finished_at", "iterations", "usage", "response", "replay_of", "batch_id",
         "follow_up_job_id", "limits", "metadata",  # follow-ups, limits: docs/api-events.md
         "limits_applied",  # the limits that apply, beside those asked for (issue 31)
+        "parent_job_id", "children",  # sub-agents: API.md 1.2, docs/sub-agents.md
         "waiting_for"}  # waiting_for: API.md 1.1, with status `waiting`
     assert "waiting" in job["properties"]["status"]["enum"]
     assert set(job["properties"]["waiting_for"]["enum"]) >= {"provider", "approval",
