@@ -25,6 +25,8 @@ from pathlib import Path
 
 STARTED_ERROR = "AGENTQ_TEST_SERVERS_ERROR"
 """Set (to one line) in the environment when a private server could not be started."""
+PRIVATE = "AGENTQ_TEST_SERVERS_PRIVATE"
+"""Set in the environment to the servers this session started (`postgres redis`)."""
 
 _started: list = []
 _scratch: Path | None = None
@@ -56,6 +58,9 @@ def start() -> None:
             errors.append(f"the suite's private PostgreSQL did not start: {_one_line(exc)}")
     if errors:
         os.environ[STARTED_ERROR] = "; ".join(errors)
+    os.environ[PRIVATE] = " ".join(
+        kind for kind, started in (("redis", "redis" in _kinds()), ("postgres", "postgres"
+                                                                    in _kinds())) if started)
     if not _started:
         shutil.rmtree(_scratch, ignore_errors=True)
         _scratch = None
@@ -69,6 +74,11 @@ def stop() -> None:
     if _scratch is not None:
         shutil.rmtree(_scratch, ignore_errors=True)
         _scratch = None
+
+
+def _kinds() -> set[str]:
+    return {"postgres" if type(server).__name__ == "SuitePostgres" else "redis"
+            for server in _started}
 
 
 def _one_line(exc: BaseException) -> str:
