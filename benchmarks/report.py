@@ -24,6 +24,7 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 .venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
 .venv/bin/python -m benchmarks burst --jobs 300 --rounds 3   # a burst's CPU, process by process
 .venv/bin/python -m benchmarks compare HEAD~1 --pairs 8      # this tree against a commit, in turn
+.venv/bin/python -m benchmarks front --seconds 60 --rounds 2  # jobs/s and /health under slow clients
 .venv/bin/python -m benchmarks report benchmarks/results/latest-full.json  # re-render this file
 ```
 
@@ -36,10 +37,11 @@ What it starts, all on loopback: a fresh database `agentq_bench_<pid>` (dropped 
 database 11 (`AGENTQ_BENCH_REDIS`, flushed at start and end: use a number nobody else uses),
 the scripted OpenAI-compatible model server (`benchmarks/llm_server.py`, asyncio, in its own
 process so its CPU is not ours; latency set per scenario), and the Procfile's processes:
-gunicorn (2 workers x 8 threads), `agentq worker orchestrator|tools|tools-slow|webhooks` and
+gunicorn (2 gevent workers), `agentq worker orchestrator|tools|tools-slow|webhooks` and
 `agentq beat`, with agentq's default sizes. The stack's settings differ from the defaults only
 in `AGENTQ_GUEST_MONTHLY_TOKENS` (never the limit), `AGENTQ_MAX_ITERATIONS=25` (20 tool turns)
-and `AGENTQ_LLM_TIMEOUT_S=60`; `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_ORCHESTRATOR_POOL`
+and `AGENTQ_LLM_TIMEOUT_S=60`, and no per-key request rate (`AGENTQ_QUOTA_REQUESTS_PER_SECOND=0`:
+the scenarios measure one key's clients); `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AGENTQ_ORCHESTRATOR_POOL`
 (or `run --orchestrator-pool threads|gevent`), `AGENTQ_TOOLS_CONCURRENCY`,
 `AGENTQ_DB_POOL_SIZE`, `AGENTQ_LOG_LEVEL`, `AGENTQ_TOOL_JOIN`, `AGENTQ_HISTORY_MAX_MESSAGES` and
 `AGENTQ_CONTEXT_MAX_TOKENS` pass through from the benchmark's environment, to try a sizing.

@@ -258,7 +258,7 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
             "levels": levels, "saturated_jobs_per_s": saturated,
             "knee_clients": knee["clients"], "knee_jobs_per_s": knee["jobs_per_s"],
             "knee_latency": knee["latency"],
-            "processes": "web: gunicorn 2 workers x 8 threads; orchestrator: "
+            "processes": "web: gunicorn 2 gevent workers; orchestrator: "
                          f"{ctx.lab.settings().orchestrator_pool} x "
                          f"{ctx.lab.settings().orchestrator_concurrency}; tools: threads x "
                          f"{ctx.lab.settings().tools_concurrency}; tools-slow, webhooks, beat",

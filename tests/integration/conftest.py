@@ -55,7 +55,8 @@ class Client:
         self.stack = stack
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"Bearer {key}"
-        # gunicorn closes an idle keep-alive connection after 2 s; a GET sent on it just as
+        # gunicorn closes an idle keep-alive connection (AGENTQ_HEADER_TIMEOUT_S, 20 s, and
+        # up to half again); a GET sent on it just as
         # it closes is retried once on a new connection, as any HTTP client should (never
         # a POST: it is not idempotent)
         retry = Retry(total=1, connect=1, read=1, status=0, allowed_methods={"GET"},
