@@ -38,6 +38,9 @@ from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
 SETTING_SECRET = TEST_ENV["AGENTQ_WEBHOOK_SECRET"]
+ONE_TURN = {"max_iterations": 1}
+"""A job that ends after the model's one reply and its tool calls (no second model call,
+which a step re-driven on a loaded machine could ask twice)."""
 
 
 @pytest.fixture(scope="module")
@@ -285,10 +288,10 @@ def test_another_tenants_module_is_never_offered_nor_run_for_a_job(
         tools = offered(request)
         assert "math.evaluate" in tools and not any(t.startswith(f"{name}.") for t in tools)
     marker = script([tool_calls(call(f"{name}.echo", {"text": "A's secret context"}),
-                                check=not_offered),
-                     text("A done", check=not_offered)])
-    job = edge["a"].wait(edge["a"].submit(f"{marker} use it", platform_server_id=server)["id"])
-    assert job["status"] == "completed", job
+                                check=not_offered)])
+    job = edge["a"].wait(edge["a"].submit(f"{marker} use it", platform_server_id=server,
+                                          limits=ONE_TURN)["id"])
+    assert job["finish_reason"] == "max_iterations", job
     results = [e["data"] for e in edge["a"].events(job["id"])
                if e["type"] == "tool_execution_end"]
     assert [r["ok"] for r in results] == [False]
@@ -297,9 +300,11 @@ def test_another_tenants_module_is_never_offered_nor_run_for_a_job(
     assert stats["executes"] == 0 and stats["calls"] == []  # A's context never left
     # B's job under B's persona runs it, with B's context
     server_b = persona_naming(stack, edge["b_id"], name)
-    marker = script([tool_calls(call(f"{name}.echo", {"text": "B"})), text("B done")])
-    job = edge["b"].wait(edge["b"].submit(f"{marker} use it", platform_server_id=server_b)["id"])
-    assert job["status"] == "completed", job
+    marker = script([tool_calls(call(f"{name}.echo", {"text": "B"}))])
+    job = edge["b"].wait(edge["b"].submit(f"{marker} use it", platform_server_id=server_b,
+                                          limits=ONE_TURN)["id"])
+    assert [e["data"]["ok"] for e in edge["b"].events(job["id"])
+            if e["type"] == "tool_execution_end"] == [True], job
     calls = module_b.stats()["calls"]
     assert len(calls) == 1 and calls[0]["context"]["tenant_id"] == edge["b_id"]
 
@@ -315,11 +320,6 @@ def tool_series(client: Client) -> dict[tuple, float]:
             if sample.name == "agentq_tool_executions_total":
                 out[tuple(sorted(sample.labels.items()))] = sample.value
     return out
-
-
-ONE_TURN = {"max_iterations": 1}
-"""The job ends after the model's one reply and its tool calls (no second model call that a
-re-driven step on a loaded machine could ask twice)."""
 
 
 def made_up_calls(client: Client, script, n: int) -> int:
