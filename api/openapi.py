@@ -58,8 +58,6 @@ SCHEMAS = {
     "Tenant": schemas.TenantSchema,
     "TenantPage": schemas.TenantPageSchema,
     "TenantUpdate": schemas.TenantUpdateSchema,
-    "Quotas": schemas.QuotasSchema,
-    "QuotasUpdate": schemas.QuotasUpdateSchema,
     "KeyRequest": schemas.KeyRequestSchema,
     "ApiKey": schemas.ApiKeySchema,
     "NewApiKey": schemas.NewApiKeySchema,
