@@ -2,8 +2,9 @@
 `agents.delegate` calls start child jobs that run in parallel while the parent waits
 (`waiting_for: children`, no step holding it); each child's answer, or its error, is its
 call's result in the parent's next model call; a cancel of the parent ends its children;
-past AGENTQ_MAX_AGENT_DEPTH (3) the call gets a tool error. Outcomes are waited for, never
-timed: that the children ran at once is seen in the scripted server's held replies."""
+past AGENTQ_MAX_AGENT_DEPTH (3) the call gets a tool error; a child whose orchestrator is
+killed mid-step completes once. Outcomes are waited for, never timed: that the children ran
+at once is seen in the scripted server's held replies."""
 from __future__ import annotations
 
 import json
@@ -196,3 +197,58 @@ def test_a_failed_child_is_an_error_result_and_the_parent_completes(agents_clien
     assert statuses == ["completed", "failed"]
     ended = {e["job_id"]: e["status"] for e in events_of(client, job["id"], "child_ended")}
     assert sorted(ended.values()) == ["completed", "failed"]
+
+
+@pytest.fixture(scope="module")
+def lab(servers_up, llm, tmp_path_factory):
+    """A stack of its own (Redis, database, processes): its orchestrator is killed."""
+    from tests.integration.conftest import TEST_ENV
+    from tests.support.stack import own_stack
+    with own_stack("sub_agents", llm.base_url, tmp_path_factory.mktemp("sub-agents"),
+                   TEST_ENV, workers=("orchestrator", "tools"), beat=True) as stack:
+        tenant = stack.create_tenant(uid("agents-k"))
+        client = Client(stack, stack.create_key("agents", admin=True, tenant=tenant))
+        made = client.post("/v1/personas", json={
+            "name": "Delegator", "allowed_modules": ["agents"], "is_default": True})
+        assert made.status_code == 201, made.text
+        yield stack, client
+
+
+def test_a_child_whose_worker_is_killed_mid_step_completes_once(lab, llm, script,
+                                                                child_script):
+    """The orchestrator dies (SIGKILL) while the child's model call is in flight; started
+    again, the sweeper re-drives the child's step: the child completes once, the parent
+    gets its answer once, no second child is made."""
+    import os
+    import signal
+    stack, client = lab
+    seen, hold = {}, threading.Event()
+    child = child_script([text("lost with its worker", hold=hold), text("answered once")])
+    marker = script([
+        tool_calls(delegate(f"{child} survive a crash")),
+        text("the parent goes on",
+             check=lambda request: seen.setdefault("results", tool_results(request))),
+    ])
+    job = client.submit(f"{marker} delegate through a crash")
+    try:
+        wait_until(lambda: llm.requests(child.split(":")[1]), what="the child thinking")
+        orchestrator = stack.procs["orchestrator"]
+        os.killpg(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(timeout=30)
+    finally:
+        hold.set()  # its connection is gone: nobody reads this reply
+    stack.spawn("orchestrator")
+    done = client.wait(job["id"])
+    assert done["status"] == "completed", done
+    assert done["response"]["content"] == "the parent goes on"
+    [result] = seen["results"]
+    assert result["answer"] == "answered once"
+
+    [child_id] = done["children"]
+    answered = client.get(f"/v1/jobs/{child_id}").json()
+    assert answered["status"] == "completed" and answered["iterations"] == 1
+    types = [e["type"] for e in client.events(child_id)]
+    assert types.count("job_start") == 1 and types.count("job_end") == 1
+    assert len(events_of(client, job["id"], "child_started")) == 1
+    assert [e["status"] for e in events_of(client, job["id"], "child_ended")] == ["completed"]
+    assert len(llm.requests(child.split(":")[1])) == 2
