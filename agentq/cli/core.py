@@ -28,7 +28,7 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = ("Exit status: 0 answered; 3 stopped without a whole answer: at a limit "
                    "(max_iterations, max_tokens, max_time), by a hook, or the reply cut at "
                    "the model's output limit (length); 4 budget used up; 5 failed; "
-                   "6 cancelled; 7 still running "
+                   "6 cancelled; 7 still running (or not started) "
                    "after --timeout; 1 an error before the job ended (configuration, the API).")
 
 

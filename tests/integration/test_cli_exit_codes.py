@@ -188,4 +188,7 @@ def test_still_running_after_the_timeout_exits_7(llm, tmp_path):
         answer.set()
     assert code == 7, err
     assert out == ""
-    assert "still running after 1 s" in err.splitlines()[-1]
+    # "still running" only of a job that runs: on a loaded machine its first step may not
+    # have started within the second
+    last = err.splitlines()[-1]
+    assert "still running after 1 s" in last or "did not start within 1 s" in last, last
