@@ -97,15 +97,15 @@ def _runs_remote(ctx: click.Context, command: click.Command | None,
 
 
 class _Main(click.Group):
-    def invoke(self, ctx: click.Context):
-        from sqlalchemy.exc import OperationalError, ProgrammingError
-
-        from agentq.errors import ConfigError
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name, command, rest = super().resolve_command(ctx, args)
         ctx.meta[REMOTE_MARK] = _runs_remote(ctx, command, list(rest))
         return name, command, rest
 
+    def invoke(self, ctx: click.Context):
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+
+        from agentq.errors import ConfigError
         try:
             return super().invoke(ctx)
         except ConfigError as exc:  # a setting out of range: one line, not a traceback
