@@ -5,6 +5,7 @@ its own, a revoked key's schedules stop, and a tenant's quotas hold. Each attemp
 the refusal and that nothing was written."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -316,9 +317,13 @@ def test_a_revoked_keys_schedules_stop_firing(stack, acme, client, script, llm):
     made = acme["admin"].post("/v1/admin/keys", json={"name": uid("cron-app"),
                                                       "tenant_id": tenant_id})
     app = Http(stack, made.json()["key"])
-    conversation = _conversation(app, script)
     ticks = uid("ticks").replace("-", "_")
-    marker = llm.script(ticks, [text("tick")] * 50)  # however many fire before the revoke
+    # its conversation and every firing answered from a script of its own (however many
+    # fire before the revoke: what is left is not asserted)
+    marker = llm.script(ticks, [text("ok")] + [text("tick")] * 50)
+    first = app.wait(app.submit(f"{marker} start")["id"])
+    assert first["status"] == "completed", first
+    conversation = first["conversation_id"]
     response = app.post("/v1/schedules", json={"conversation_id": conversation,
                                                "content": f"{marker} every 2 s",
                                                "cron": "* * * * * */2"})
@@ -486,13 +491,10 @@ def test_the_default_quotas_apply_without_a_setting(stack, client):
     tenant_id = stack.create_tenant(uid("plain"))
     shown = client.get(f"/v1/admin/tenants/{tenant_id}").json()
     from agentq.config import Settings
+    from agentq.tenants import default_quotas
     assert shown["quotas_set"] == []
-    assert shown["quotas"] == {
-        "requests_per_second": Settings.quota_requests_per_second,
-        "streams_per_key": Settings.quota_streams_per_key,
-        "running_jobs": Settings.quota_running_jobs, "schedules": Settings.quota_schedules,
-        "modules": Settings.quota_modules,
-        "tool_calls_per_turn": Settings.quota_tool_calls_per_turn}
+    # the stack's settings (its environment sets a few, e.g. the request rate)
+    assert shown["quotas"] == dataclasses.asdict(default_quotas(Settings.from_env(stack.env)))
 
 
 def test_modules_past_the_tenants_quota_are_422_and_never_fetched(stack, client):
@@ -565,3 +567,58 @@ def test_jobs_past_the_running_jobs_quota_wait_and_start_when_one_ends(stack, cl
     assert after["waiting_for"] is None
     assert datetime.fromisoformat(after["started_at"]) >= datetime.fromisoformat(
         ended["finished_at"])
+
+
+# --- the issue's two quota attacks, with the production defaults ---------------------------
+
+def _post_paced(client: Client, path: str, body: dict):
+    """POST, sending it again after a 429's Retry-After (the per-key request rate)."""
+    while True:
+        response = client.post(path, json=body)
+        if response.status_code != 429:
+            return response
+        time.sleep(float(response.headers.get("Retry-After", "1")))
+
+
+def test_one_key_cannot_make_600_schedules_by_default(stack, script):
+    """The issue: 600 schedules from one key. AGENTQ_QUOTA_SCHEDULES (100) stops it."""
+    from agentq.config import Settings
+    tenant_id = stack.create_tenant(uid("many"))
+    app = Http(stack, stack.create_key("many-app", admin=False, tenant=tenant_id))
+    conversation = _conversation(app, script)
+    made, refused_at = 0, None
+    for i in range(600):
+        response = _post_paced(app, "/v1/schedules", {"conversation_id": conversation,
+                                                      "content": f"n{i}", "delay_s": 3600})
+        if response.status_code == 422:
+            refused_at = response.json()["error"]
+            break
+        assert response.status_code == 201, response.text
+        made += 1
+    assert made == Settings.quota_schedules
+    assert refused_at["code"] == "quota_exceeded"
+    assert count(stack, Schedule, Schedule.tenant_id == uuid.UUID(tenant_id)) == made
+
+
+def test_tool_calls_past_the_default_cap_of_one_turn_are_not_run(stack, script):
+    """The issue: 300 tool calls in one turn. AGENTQ_QUOTA_TOOL_CALLS_PER_TURN (32) runs
+    the first 32; the rest are answered with too_many_tool_calls, never run (40 here: 300
+    results overflow the test stack's context budget into a compaction call)."""
+    from agentq.config import Settings
+    cap = Settings.quota_tool_calls_per_turn
+    tenant_id = stack.create_tenant(uid("calls"))
+    app = Http(stack, stack.create_key("calls-app", admin=False, tenant=tenant_id))
+    total = cap + 8
+    calls = [call("math.evaluate", {"expression": f"{i}*2"}) for i in range(total)]
+    marker = script([tool_calls(*calls), text("done")])
+    job = app.wait(app.submit(f"{marker} compute")["id"], timeout_s=200)
+    assert job["status"] == "completed", job
+    with stack.sessions()() as session:
+        rows = session.execute(select(ToolCall).where(
+            ToolCall.job_id == uuid.UUID(job["id"])).order_by(ToolCall.position)
+        ).scalars().all()
+    assert len(rows) == total
+    assert all(r.result["ok"] for r in rows[:cap])
+    assert {r.result["error"]["code"] for r in rows[cap:]} == {"too_many_tool_calls"}
+    started = [e for e in app.events(job["id"]) if e["type"] == "tool_execution_start"]
+    assert len(started) == cap
