@@ -119,6 +119,8 @@ def parse(argv: list[str] | None):
     front.add_argument("--clients", type=int, default=16,
                        help="closed-loop clients submitting jobs (default 16)")
     front.add_argument("--seconds", type=float, default=30.0, help="each run's length")
+    front.add_argument("--settle", type=float, default=10.0,
+                       help="seconds between opening the attack and measuring (default 10)")
     front.add_argument("--rounds", type=int, default=2,
                        help="quiet/attacked pairs of runs (default 2)")
     front.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))

@@ -1,5 +1,5 @@
 """`python -m benchmarks front [--slow N] [--streams M] [--clients C] [--seconds S]
-[--rounds R]`: the web front under slow clients (issue 30; docs/benchmarks.md, "Slow
+[--settle S] [--rounds R]`: the web front under slow clients (issue 30; docs/benchmarks.md, "Slow
 clients").
 
 The bench stack (`harness.Lab`: the Procfile's processes, web = gunicorn's gevent workers, 2
@@ -13,7 +13,9 @@ of them, as gunicorn.conf.py sets them) is measured in R pairs of runs, quiet th
   slowloris: when the server closes one, at its header timeout, it is opened again at once,
   so N stay open or opening all the time), and M event streams are held open on a job that
   waits for a person's approval (it never ends while measured), M / 10 keys with 10
-  streams each (under the default `streams_per_key`).
+  streams each (under the default `streams_per_key`); measured from `--settle` seconds
+  after they are all opened (the workers first accept the N at once). The probe's answers
+  over 1 s are listed with when they came.
 
 The targets (issue 30): attacked jobs/s within 10% of quiet; /health p99 < 1 s attacked.
 Results: benchmarks/results/<date>-front.json (and latest-front.json). The open-files limit
@@ -53,7 +55,9 @@ class HealthProbe(threading.Thread):
         super().__init__(daemon=True)
         self.port = port
         self.latencies: list[float] = []
+        self.slow: list[tuple[float, float]] = []  # (seconds into the run, seconds taken)
         self.unanswered = 0
+        self.started = time.perf_counter()
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -68,7 +72,10 @@ class HealthProbe(threading.Thread):
                 conn.close()
                 if response.status != 200:
                     raise RuntimeError(response.status)
-                self.latencies.append(time.perf_counter() - t0)
+                taken = time.perf_counter() - t0
+                self.latencies.append(taken)
+                if taken > 1:
+                    self.slow.append((round(t0 - self.started, 1), round(taken, 2)))
             except Exception:  # noqa: BLE001 - counted
                 self.unanswered += 1
             self.stopping.wait(PROBE_EVERY_S)
@@ -77,7 +84,7 @@ class HealthProbe(threading.Thread):
         self.stopping.set()
         self.join(PROBE_TIMEOUT_S + 5)
         ms = [1000 * v for v in self.latencies]
-        return {"n": len(ms), "unanswered": self.unanswered,
+        return {"n": len(ms), "unanswered": self.unanswered, "over_1_s": self.slow[:50],
                 **({"p50_ms": round(harness.percentile(ms, 50), 1),
                     "p99_ms": round(harness.percentile(ms, 99), 1),
                     "max_ms": round(max(ms), 1)} if ms else {})}
@@ -229,7 +236,7 @@ def main(args) -> int:
         "command": "python -m benchmarks front " + " ".join(sys.argv[2:]),
         "machine": harness.machine_info(), "versions": harness.versions(),
         "slow": args.slow, "streams": args.streams, "clients": args.clients,
-        "seconds": args.seconds, "rounds": args.rounds,
+        "seconds": args.seconds, "rounds": args.rounds, "settle_s": args.settle,
         "web": f"gunicorn, {lab.web_workers} gevent workers x "
                f"{lab.settings().web_connections} connections, header timeout "
                f"{lab.settings().header_timeout_s} s"}, "rounds": []}
@@ -246,8 +253,10 @@ def main(args) -> int:
             attack = Attack(lab.stack.port, args.slow, specs)
             opened_in = attack.open_all()
             attack.start()
+            time.sleep(args.settle)
             log(f"round {r}: {args.slow} slow connections and {args.streams} streams opened "
-                f"in {opened_in:.1f} s; attacked, {args.clients} clients")
+                f"in {opened_in:.1f} s, {args.settle:g} s to settle; attacked, {args.clients} "
+                f"clients")
             attacked = measure(ctx, args.clients, args.seconds)
             attacked["attack"] = {**attack.stop(), "opened_in_s": round(opened_in, 1)}
             results["rounds"].append({"quiet": quiet, "attacked": attacked})
