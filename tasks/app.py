@@ -90,24 +90,27 @@ def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict:
                         "ignore_result": True}}
 
 
-MIN_NATIVE_DELAY_S = 1.0
-
-
 class AgentqCelery(Celery):
-    """Celery, with one fix for RabbitMQ's native delayed delivery (celery 5.7.0): a
-    countdown or ETA less than a second away goes through `calculate_routing_key(
-    int(countdown))`, which raises ValueError("countdown must be a positive number") for 0:
-    the send fails (a provider's Retry-After of 0.5 s, a webhook retry 0.2 s later). Such a
-    delay is sent as one second instead (at most a second late, never early)."""
+    """Celery, with countdowns and ETAs on RabbitMQ sent in whole seconds, rounded up.
+
+    Native delayed delivery (what quorum queues need, celery 5.7.0) routes a delay through
+    `calculate_routing_key(int(countdown))`: under a second that is 0 and it raises
+    ValueError("countdown must be a positive number"), so the send failed (a provider's
+    Retry-After of 0.5 s, a webhook retry 0.2 s later); above, the fraction is cut off and
+    the message arrives early, to be held in the worker until its ETA, in one of its
+    prefetch slots (fixed on quorum queues: a held message is a step that cannot start).
+    Rounded up, a delayed message arrives when it is due, at most a second late, and runs
+    at once."""
 
     def send_task(self, name, args=None, kwargs=None, countdown=None, eta=None, **options):
         if (countdown or eta) and is_amqp(str(self.conf.broker_url or "")):
-            countdown, eta = _whole_second_delay(self, countdown, eta)
+            countdown, eta = _whole_seconds(self, countdown, eta)
         return super().send_task(name, args, kwargs, countdown=countdown, eta=eta,
                                  **options)
 
 
-def _whole_second_delay(celery_app: Celery, countdown, eta):
+def _whole_seconds(celery_app: Celery, countdown, eta):
+    import math
     from datetime import datetime
 
     from celery.utils.time import maybe_make_aware
@@ -115,12 +118,11 @@ def _whole_second_delay(celery_app: Celery, countdown, eta):
         if isinstance(eta, str):
             eta = datetime.fromisoformat(eta)
         remaining = (maybe_make_aware(eta) - celery_app.now()).total_seconds()
-        if 0 < remaining < MIN_NATIVE_DELAY_S:
-            return MIN_NATIVE_DELAY_S, None
-        return countdown, eta
-    if countdown is not None and 0 < countdown < MIN_NATIVE_DELAY_S:
-        return MIN_NATIVE_DELAY_S, None
-    return countdown, eta
+    else:
+        remaining = float(countdown)
+    if remaining <= 0:
+        return None, None  # due now
+    return float(math.ceil(remaining)), None
 
 
 def make_celery(settings: Settings) -> Celery:

@@ -306,9 +306,11 @@ class RedisGate:
 
 
 def gate_for(settings, base_url: str | None) -> "ProviderGate":
-    """The gate the router uses: Redis when the broker is Redis, else none."""
-    url = settings.broker_url
-    if not url.startswith(("redis://", "rediss://")):
+    """The gate the router uses: in Redis (the broker's, else the result backend's: a
+    RabbitMQ deployment's Redis), else none."""
+    url = next((u for u in (settings.broker_url, settings.result_backend_url)
+                if u.startswith(("redis://", "rediss://"))), None)
+    if url is None:
         return NullGate()
     import redis
     client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)

@@ -225,3 +225,21 @@ def test_the_router_stops_calling_a_provider_whose_circuit_is_open(make):
         assert router.chat(messages, []).content == "back"
         assert gate.state()["state"] == "closed"
         llm.assert_done()
+
+
+def test_on_rabbitmq_the_gate_lives_in_the_result_backends_redis():
+    """A RabbitMQ deployment's Redis (its result backend) holds the gate: the circuit and
+    the limits are shared by every process as with a Redis broker; with no Redis at all
+    there is no gate (issue 35)."""
+    from agentq.config import Settings
+    from agentq.llm.gate import gate_for
+    amqp = "amqp://guest:guest@127.0.0.1:5672/agentq"
+    database = "postgresql://postgres@127.0.0.1:5432/agentq"
+    with_redis = Settings.from_env({"AGENTQ_BROKER_URL": amqp, "AGENTQ_DATABASE_URL": database,
+                                    "AGENTQ_RESULT_BACKEND_URL": REDIS_URL})
+    gate = gate_for(with_redis, "https://api.example.com/v1")
+    assert isinstance(gate, RedisGate)
+    assert gate._redis.connection_pool.connection_kwargs["port"] == int(
+        REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    without = Settings.from_env({"AGENTQ_BROKER_URL": amqp, "AGENTQ_DATABASE_URL": database})
+    assert isinstance(gate_for(without, "https://api.example.com/v1"), NullGate)
