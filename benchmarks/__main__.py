@@ -31,7 +31,7 @@ def parse(argv: list[str] | None):
                      help="tiny sizes: checks the code runs (with --quick)")
     run.add_argument("--only", action="append", default=[],
                      help="run only this scenario (repeatable): server, overhead, "
-                          "throughput, inflight, growth, recall, peer, batch, modules")
+                          "throughput, inflight, growth, recall, peer, batch, modules, fair")
     run.add_argument("--peer", action="append", default=[],
                      help="run only this peer in the peer scenario (repeatable): langgraph, "
                           "langgraph-async, dbos")
@@ -234,18 +234,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine": harness.machine_info(), "versions": harness.versions(),
         "loadavg_start": loadavg(), "scenarios_run": names,
         "sizes": vars(sizes)}, "scenarios": {}}
-    lab = harness.start_lab("agentq-bench-", log, f"{mode} run of {', '.join(names)}; ")
-    if lab is None:
-        return 4
-    results["meta"]["stack_start_s"] = lab.started_in_s
-    results["meta"]["settings"] = {
-        "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
-        "orchestrator_pool": lab.settings().orchestrator_pool,
-        "tools_concurrency": lab.settings().tools_concurrency,
-        "db_pool_size": lab.settings().db_pool_size,
-        "tool_join": lab.settings().tool_join,
-        "history_max_messages": lab.settings().history_max_messages,
-        "context_max_tokens": lab.settings().context_max_tokens}
+    lab = None
+    if any(n not in scenarios.STANDALONE for n in names):  # fair: servers of its own
+        lab = harness.start_lab("agentq-bench-", log, f"{mode} run of {', '.join(names)}; ")
+        if lab is None:
+            return 4
+        results["meta"]["stack_start_s"] = lab.started_in_s
+        results["meta"]["settings"] = {
+            "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
+            "orchestrator_pool": lab.settings().orchestrator_pool,
+            "tools_concurrency": lab.settings().tools_concurrency,
+            "db_pool_size": lab.settings().db_pool_size,
+            "tool_join": lab.settings().tool_join,
+            "history_max_messages": lab.settings().history_max_messages,
+            "context_max_tokens": lab.settings().context_max_tokens}
     ctx = scenarios.Context(lab, sizes)
     ctx.results = results["scenarios"]
     try:
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ctx.close()
         finally:
-            lab.stop()
+            if lab is not None:
+                lab.stop()
     results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
     results["meta"]["loadavg_end"] = loadavg()
 

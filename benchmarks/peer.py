@@ -115,7 +115,8 @@ class LangGraphPeer(Peer):
 
     kind = "langgraph"
 
-    def __init__(self, base_url: str, pg_url: str, db_pool: int, **_kw: Any):
+    def __init__(self, base_url: str, pg_url: str, db_pool: int,
+                 durability: str | None = None, **_kw: Any):
         from langchain_openai import ChatOpenAI
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.prebuilt import create_react_agent
@@ -131,11 +132,15 @@ class LangGraphPeer(Peer):
                            max_retries=0, timeout=120)
         self.agent = create_react_agent(model, [math_tool()], checkpointer=saver,
                                         prompt=SYSTEM_PROMPT)
+        # LangGraph's checkpoint durability: None keeps its default ("async"); "sync" writes
+        # every checkpoint before the next node runs (agentq's guarantee; benchmarks/fair.py)
+        self.invoke_kw = {"durability": durability} if durability else {}
 
     def one(self) -> Outcome:
         config = {"configurable": {"thread_id": uuid.uuid4().hex}}
         try:
-            out = self.agent.invoke({"messages": [("user", CONTENT)]}, config=config)
+            out = self.agent.invoke({"messages": [("user", CONTENT)]}, config=config,
+                                    **self.invoke_kw)
         except Exception:  # noqa: BLE001 - a failed job is counted, not fatal
             return False, time.time()
         return last_text(out) == EXPECTED, time.time()

@@ -19,7 +19,9 @@ from benchmarks.peer import CONTENT, EXPECTED, SYSTEM_PROMPT, Outcome, Peer, las
 class AsyncLangGraphPeer(Peer):
     kind = "langgraph-async"
 
-    def __init__(self, base_url: str, pg_url: str, db_pool: int, **_kw: Any):
+    def __init__(self, base_url: str, pg_url: str, db_pool: int,
+                 durability: str | None = None, **_kw: Any):
+        self.invoke_kw = {"durability": durability} if durability else {}
         # One loop for the peer's life, in its own thread: the pool and the HTTP client are
         # bound to it.
         self.loop = asyncio.new_event_loop()
@@ -54,7 +56,7 @@ class AsyncLangGraphPeer(Peer):
             config = {"configurable": {"thread_id": uuid.uuid4().hex}}
             try:
                 out = await self.agent.ainvoke({"messages": [("user", CONTENT)]},
-                                               config=config)
+                                               config=config, **self.invoke_kw)
             except Exception:  # noqa: BLE001 - a failed job is counted, not fatal
                 return False, time.time()
             return last_text(out) == EXPECTED, time.time()

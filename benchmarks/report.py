@@ -109,6 +109,9 @@ def figures(results: dict[str, Any]) -> str:
            "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v is not None)
            + ".", ""]
 
+    if sc.get("fair"):
+        out += fair_tables(sc["fair"])
+
     s = sc.get("server")
     if s and "error" not in s:
         out += ["### The model server alone", "",
@@ -325,6 +328,84 @@ def _peers(p: dict[str, Any]) -> list[str]:
             out.append(f"- {PEER_NAMES.get(kind, kind)}: {v['setup']}.")
     out.append("")
     return out
+
+
+FAIR_NAMES = {"agentq": "agentq",
+              "celery-langgraph": "Flask + Celery + LangGraph (sync)",
+              "dbos-service": "Flask + DBOS queue worker",
+              "langgraph-sync": "LangGraph sync, `durability=\"sync\"`",
+              "langgraph-async": "LangGraph async, `durability=\"sync\"`",
+              "langgraph-default": "LangGraph sync, default `durability=\"async\"`",
+              "dbos": "DBOS in-process"}
+COUNTS = (("statements", "statements"), ("round_trips", "round trips (with BEGIN/COMMIT)"),
+          ("transactions", "transactions"), ("rows_inserted", "rows inserted"),
+          ("rows_updated", "rows updated"), ("row_versions", "row versions"),
+          ("wal_bytes", "WAL bytes"))
+
+
+def _fair_table(systems: dict[str, Any], names: list[str]) -> list[str]:
+    cols = [(n, systems[n]) for n in names if n in systems and "error" not in systems[n]]
+    if not cols:
+        return []
+    out = ["| measure | " + " | ".join(FAIR_NAMES.get(n, n) for n, _ in cols) + " |",
+           "| --- |" + " --- |" * len(cols)]
+
+    def row(label: str, cell) -> None:
+        out.append(f"| {label} | " + " | ".join(cell(v) for _, v in cols) + " |")
+
+    row("burst jobs/s", lambda v: str(v["burst"]["jobs_per_s"]))
+    row("burst median / p95 ms", lambda v: _lat(v["burst"]["latency"]))
+    row("closed loop jobs/s", lambda v: str(v["closed_loop"]["jobs_per_s"]))
+    for phase, label in (("burst", "burst"), ("closed_loop", "closed loop")):
+        row(f"machine CPU ms per job, {label}",
+            lambda v, ph=phase: _ms(v[ph]["cpu_ms_per_job"]["machine"]))
+        row(f"… its processes / Postgres / Redis, {label}",
+            lambda v, ph=phase: " / ".join(_ms(v[ph]["cpu_ms_per_job"][k])
+                                           for k in ("system", "postgres", "redis")))
+    row("jobs failed (burst / closed loop)",
+        lambda v: f"{v['burst']['failed']} / {v['closed_loop']['failed']}")
+    return out + [""]
+
+
+def fair_tables(f: dict[str, Any]) -> list[str]:
+    """The fair comparison (benchmarks/fair.py): ratios, the services, the libraries, and the
+    per-job counts, in that order."""
+    from benchmarks.fair import LIBRARIES, SERVICES
+    out = ["### The fair comparison: same guarantees, same job, same servers", ""]
+    if "error" in f:
+        return out + [f"Failed: {f['error']}", ""]
+    systems, sz = f["systems"], f["sizes"]
+    out += [f"A burst of {sz['burst_jobs']} jobs and a closed loop of {sz['closed_jobs']} jobs "
+            f"by {sz['clients']} clients for every system; at most {sz['pool']} jobs run at "
+            "once; one tool offered; a new conversation per job; a private Postgres and "
+            "Redis (benchmarks/fair.py). Machine CPU = the system's processes + Postgres + "
+            "Redis; the load generator and the model server are not counted.", ""]
+    r = f.get("ratios") or {}
+    if r:
+        out += ["| agentq against | ratio | peer |", "| --- | --- | --- |"]
+        for key, value in r.items():
+            out.append(f"| {key.replace('_', ' ')} | ×{value['ratio']} | "
+                       f"{FAIR_NAMES.get(value['peer'], value['peer'])} |")
+        out.append("")
+    out += ["Services (HTTP in, a broker or queue, workers; clients poll over HTTP):", ""]
+    out += _fair_table(systems, list(SERVICES))
+    out += ["Libraries (in one process; agentq for reference):", ""]
+    out += _fair_table(systems, ["agentq", *LIBRARIES])
+    names = [n for n in [*SERVICES, *LIBRARIES] if n in systems and "error" not in systems[n]]
+    if names:
+        out += ["Per job, in the burst, from the system's own database (pg_stat_statements, "
+                "pg_stat_database; WAL from `pg_current_wal_lsn()`). Counts do not depend on "
+                "the machine's load; a polling queue's (DBOS's) grow with the run's length:",
+                "", "| per job | " + " | ".join(FAIR_NAMES.get(n, n) for n in names) + " |",
+                "| --- |" + " --- |" * len(names)]
+        for key, label in COUNTS:
+            out.append(f"| {label} | " + " | ".join(
+                f"{systems[n]['burst']['per_job'][key]:g}" for n in names) + " |")
+        out.append("")
+    for name, v in systems.items():
+        if "error" in v:
+            out.append(f"- {FAIR_NAMES.get(name, name)} failed: {v['error']}")
+    return out + [""]
 
 
 def markdown(results: dict[str, Any], notes: str = "") -> str:

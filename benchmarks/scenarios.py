@@ -65,6 +65,8 @@ class Sizes:
     peers: list[str] = field(default_factory=lambda: ["langgraph", "langgraph-async", "dbos"])
     batch_lines: int = 2000
     modules_calls: int = 200
+    fair: str = "full"
+    """The fair comparison's sizes (benchmarks/fair.py: SIZES)."""
 
 
 FULL = Sizes()
@@ -72,23 +74,24 @@ QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
               throughput_levels=[1, 8, 32], throughput_level_s=4.0,
               inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
               peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300, modules_calls=50,
-              recall_pgvector=["10000x1536"])
+              recall_pgvector=["10000x1536"], fair="quick")
 SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
               throughput_levels=[1, 2], throughput_level_s=0.5,
               inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
               growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
               growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5,
               recall_memories=[100], recall_queries=2, recall_pgvector=["1000x64"],
-              modules_calls=2)
+              modules_calls=2, fair="smoke")
 
 
 class Context:
     """What the scenarios share: the lab, a client, a watcher, results so far."""
 
-    def __init__(self, lab: Lab, sizes: Sizes):
+    def __init__(self, lab: Lab | None, sizes: Sizes):
         self.lab, self.sizes = lab, sizes
-        self.client = Client(lab.stack.base, lab.key)
-        self.watcher = JobWatcher(lab.database_url)
+        # no lab when only STANDALONE scenarios run
+        self.client = Client(lab.stack.base, lab.key) if lab is not None else None
+        self.watcher = JobWatcher(lab.database_url) if lab is not None else None
         self.results: dict[str, Any] = {}
 
     def one_job(self, content: str = ONE_TOOL_TURN, user: str | None = None,
@@ -103,7 +106,8 @@ class Context:
                 "bench_client": os.getpid()}
 
     def close(self) -> None:
-        self.watcher.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
 
 
 def _ok(row: dict[str, Any]) -> bool:
@@ -708,8 +712,18 @@ def scenario_modules(ctx: Context) -> dict[str, Any]:
     return run(ctx)
 
 
+def scenario_fair(ctx: Context) -> dict[str, Any]:
+    """agentq against the same-guarantee services and the library peers, on servers of its
+    own (benchmarks/fair.py); the lab is not used."""
+    from benchmarks import fair
+    from benchmarks.observability import log
+    return fair.run(ctx.sizes.fair, log)
+
+
 SCENARIOS = {"server": scenario_server, "overhead": scenario_overhead,
              "throughput": scenario_throughput, "inflight": scenario_inflight,
              "growth": scenario_growth, "recall": scenario_recall, "peer": scenario_peer,
              "batch": scenario_batch,
-             "modules": scenario_modules}
+             "modules": scenario_modules, "fair": scenario_fair}
+STANDALONE = {"fair"}
+"""Scenarios that start their own servers: a run of only these starts no lab."""

@@ -38,6 +38,7 @@ EXPECTED = {
                 "ratio_mcp_stdio_median", "ratio_mcp_http_median"},
     "recall": {"by_stored_memories", "dimensions", "rule"},
 }
+"""Every scenario but `fair` (its own test below: its own servers, seven systems)."""
 PEER_KEYS = {"agentq", "peers", "ratios_to_best_peer", "ahead_on_jobs_per_s",
              "ahead_on_median_latency"}
 PEER_KINDS = ("langgraph", "langgraph-async", "dbos")
@@ -61,6 +62,7 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
     docs = tmp_path / "benchmarks.md"
     proc = _run_stopping_cleanly(
         [sys.executable, "-m", "benchmarks", "run", "--quick", "--smoke",
+         *(arg for name in [*EXPECTED, "peer"] for arg in ("--only", name)),
          "--results-dir", str(tmp_path), "--docs", str(docs)],
         # its own Redis database: the integration stack may be running on the default one
         env={**os.environ, "PYTHONWARNINGS": "ignore",
@@ -104,6 +106,45 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
     assert peer["agentq"]["burst_failed"] == 0
     # --smoke writes no markdown
     assert not docs.exists()
+
+
+FAIR_SYSTEMS = ("agentq", "celery-langgraph", "dbos-service", "langgraph-sync",
+                "langgraph-async", "langgraph-default", "dbos")
+FAIR_COUNTS = ("statements", "round_trips", "transactions", "rows_inserted", "row_versions",
+               "wal_bytes")
+"""Counts every system makes for a job (rows_updated is 0 for LangGraph: append-only)."""
+FAIR_TIMEOUT_S = 1200
+
+
+def test_the_fair_comparison_runs_every_system_and_counts_their_work(servers_up, tmp_path):
+    # `--only fair` at its smallest sizes: agentq, the two services and the four library
+    # peers, each on the fair run's own Postgres and Redis, every phase's jobs completed
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--quick", "--smoke", "--only", "fair",
+         "--results-dir", str(tmp_path), "--no-docs"],
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True,
+        text=True, timeout=FAIR_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    fair = json.loads((tmp_path / "latest-smoke.json").read_text())["scenarios"]["fair"]
+    assert "error" not in fair, fair
+    sizes = fair["sizes"]
+    assert set(fair["systems"]) == set(FAIR_SYSTEMS)
+    for name, system in fair["systems"].items():
+        assert "error" not in system, (name, system)
+        for phase, jobs in (("burst", sizes["burst_jobs"]), ("closed_loop", sizes["closed_jobs"])):
+            figures = system[phase]
+            assert figures["completed"] == jobs and figures["failed"] == 0, (name, phase, figures)
+            assert figures["jobs_per_s"] > 0, (name, phase)
+            cpu = figures["cpu_ms_per_job"]
+            assert cpu["machine"] > 0 and cpu["machine"] >= cpu["system"], (name, phase, cpu)
+            for count in FAIR_COUNTS:
+                assert figures["per_job"][count] > 0, (name, phase, count, figures["per_job"])
+    # agentq against the best peer of each table, both phases
+    assert {"burst_jobs_per_s_vs_best_service", "closed_loop_machine_cpu_vs_best_library"} \
+        <= set(fair["ratios"])
+    # the printed figures carry the fair tables first
+    assert "### The fair comparison" in proc.stdout
+    assert "round trips (with BEGIN/COMMIT)" in proc.stdout
 
 
 def test_the_recall_benchmark_runs_on_pgvector(pgvector_here, tmp_path):
