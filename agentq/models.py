@@ -164,6 +164,10 @@ class Conversation(Base):
     (agentq.memory_digest)."""
     active_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     """The job that owns this conversation now; one job runs per conversation at a time."""
+    branched_from_conversation_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """A branch's source conversation (POST /v1/conversations/<id>/branch; agentq.branches)."""
+    branched_from_message_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """A branch's point: the source's first message it does not hold."""
 
 
 class Message(Base):

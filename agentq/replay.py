@@ -39,7 +39,8 @@ def allowed_models(settings: Settings, persona: Persona | None) -> list[str]:
 
 
 def check_model(session, settings: Settings, model: str | None,
-                persona_ids: Iterable[uuid.UUID | None], tenant_id: uuid.UUID) -> None:
+                persona_ids: Iterable[uuid.UUID | None], tenant_id: uuid.UUID,
+                action: str = "replay") -> None:
     """Raise ValidationFailed unless `model` (None: the original's) is one a non-admin key
     may pick for a replay under each of the personas: an admin key may pick any."""
     if model is None:
@@ -51,7 +52,7 @@ def check_model(session, settings: Settings, model: str | None,
         allowed = allowed_models(settings, persona)
         if model not in allowed:
             raise ValidationFailed(
-                {"model": [f"This key may replay with {', '.join(allowed)} only (the "
+                {"model": [f"This key may {action} with {', '.join(allowed)} only (the "
                            "persona's default model and the configured ones); an admin key "
                            "may pick any model."]},
                 "The model is not one this key may pick.")

@@ -1,15 +1,22 @@
-"""GET /v1/conversations/<id>/messages: the stored history, oldest first, paginated."""
+"""GET /v1/conversations/<id>/messages: the stored history, oldest first, paginated;
+GET /v1/conversations/<id>: the conversation; POST /v1/conversations/<id>/branch: a new
+conversation continued from an earlier point (agentq.branches)."""
 from __future__ import annotations
 
 from flask import Blueprint, g, jsonify, request
 from sqlalchemy import select
 
-from agentq.db import session_scope
+from agentq import branches, replay
+from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
+from agentq.loop.submit import Submission
 from agentq.models import Message
+from agentq.uow import UnitOfWork
+from agentq.views import job_object
 from api.auth import require_key
-from api.jobs import load_conversation, parse_uuid
-from api.views import message_object
+from api.jobs import json_body, load_conversation, parse_uuid
+from api.schemas import BranchRequestSchema
+from api.views import accepted, message_object
 
 bp = Blueprint("conversations", __name__)
 DEFAULT_LIMIT = 100
@@ -44,3 +51,33 @@ def list_messages(conversation_id: str):
         return jsonify({"data": [message_object(m) for m in page],
                         "has_more": len(rows) > limit,
                         "next_after": page[-1].seq if len(rows) > limit else None})
+
+
+@bp.get("/v1/conversations/<conversation_id>")
+@require_key()
+def get_conversation(conversation_id: str):
+    ident = parse_uuid(conversation_id, "conversation")
+    with session_scope(g.settings) as session:
+        return jsonify(branches.conversation_object(load_conversation(session, ident)))
+
+
+@bp.post("/v1/conversations/<conversation_id>/branch")
+@require_key()
+def branch_conversation(conversation_id: str):
+    data = BranchRequestSchema().load(json_body())
+    ident = parse_uuid(conversation_id, "conversation")
+    with UnitOfWork(session_factory(g.settings)) as uow:
+        source = load_conversation(uow.session, ident)
+        point = branches.branch_point(uow.session, source, at_message_id=data["at_message_id"],
+                                      at_job_id=data["at_job_id"])
+        if not g.is_admin:  # a non-admin key picks only a model the persona allows
+            replay.check_model(uow.session, g.settings, data["model"],
+                               [data["persona_id"] or source.persona_id], g.tenant_id,
+                               action="branch")
+        submitted = branches.create_branch(uow, g.settings, source, point, Submission(
+            incoming=None, content=data["content"], metadata=data["metadata"],
+            callback_url=data["callback_url"], limits=data["limits"],
+            persona_id=data["persona_id"], model=data["model"], stream=data["stream"],
+            api_key_id=g.api_key_id, tenant_id=g.tenant_id, own_conversations=not g.is_admin))
+        body = job_object(submitted.job)
+    return accepted(body, f"/v1/jobs/{body['id']}")

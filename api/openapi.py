@@ -43,6 +43,8 @@ SCHEMAS = {
     "Event": schemas.EventSchema,
     "EventPage": schemas.EventPageSchema,
     "MessagePage": schemas.MessagePageSchema,
+    "BranchRequest": schemas.BranchRequestSchema,
+    "Conversation": schemas.ConversationSchema,
     "Delivery": schemas.DeliverySchema,
     "DeliveryPage": schemas.DeliveryPageSchema,
     "Error": schemas.ErrorSchema,
@@ -316,6 +318,28 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "parameters": ["messages_after", "limit"],
         "responses": {"200": _json("MessagePage", "Stored messages, oldest first."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+    ("GET", "/v1/conversations/{}"): {
+        "operationId": "getConversation", "summary": "A conversation",
+        "tags": ["conversations"],
+        "description": "`branched_from` names a branch's source conversation and the "
+                       "source's first message it does not hold.",
+        "responses": {"200": _json("Conversation", "The conversation."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("POST", "/v1/conversations/{}/branch"): {
+        "operationId": "branchConversation", "summary": "Continue from an earlier point",
+        "tags": ["conversations"],
+        "description": "A job in a new conversation holding a copy of this one's history "
+                       "before `at_message_id` (or before `at_job_id`'s first message), "
+                       "asking `content`; its first turn's `triggered_by` is `branch`. This "
+                       "conversation is not changed. A message or job not in it is `404`; a "
+                       "non-admin key's `model` must be the persona's default model or a "
+                       "configured one (`422` naming `model` otherwise).",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "BranchRequest"}}},
+        "responses": {"202": _json("Job", "The branch's job.",
+                                   headers={"Location": "Location"}, links=_job_links()),
+                      **{str(s): ERROR_STATUSES[s][0]
+                         for s in (401, 403, 404, 415, 422)}}},
     ("GET", "/v1/files/{}"): {
         "operationId": "getFile", "summary": "A stored file's bytes", "tags": ["files"],
         "description": "`Content-Disposition` names the file by RFC 6266 (`filename*` in "
@@ -726,7 +750,10 @@ def build_spec(app: Flask) -> dict[str, Any]:
                        "or `POST /v1/admin/keys`. A key acts in its tenant only; admin keys "
                        "may also use the /v1/admin/ routes, across tenants."})
     for name, schema in SCHEMAS.items():
-        spec.components.schema(name, schema=schema)
+        # one nested in a schema registered before it is registered already, under the
+        # same name (apispec 6.10 refuses a name twice)
+        if name not in spec.components.schemas:
+            spec.components.schema(name, schema=schema)
     selected = [(m, r, OPERATIONS[route_key(m, r)]) for m, r in routes]
     for status, (name, description) in ERROR_STATUSES.items():
         spec.components.response(name, {

@@ -60,6 +60,7 @@ from agentq.llm.cancel import CallCancelled, cancellable
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq import agents, approvals, memory, replay
+from agentq import branches
 from agentq.hooks import Hooks
 from agentq.loop import budget, context
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
@@ -357,7 +358,8 @@ class Stepper:
         started = _turn_started(session, job, resuming)
         if not started:
             uow.event(job.id, "turn_start", turn=turn_no,
-                       triggered_by=_trigger(job, bool(inputs)))
+                       triggered_by=_trigger(job, bool(inputs), job.iteration == 0 and (
+                           branches.is_branch_start(session, job, conversation))))
         if inputs:
             asked = None  # read with the question: the same order whoever wrote them
             append_messages(session, conversation.id, job.id,
@@ -982,11 +984,13 @@ def _leased(session: Session, job_id: str, iteration: int, owner: str) -> Job | 
     ).scalar_one_or_none()
 
 
-def _trigger(job: Job, steered: bool) -> str:
+def _trigger(job: Job, steered: bool, branch: bool = False) -> str:
     """What started this turn (seed 001's TurnTrigger)."""
     if job.iteration == 0:
         if job.replay_of is not None:
             return "replay"
+        if branch:
+            return "branch"
         if job.parent_job_id is not None:
             return "sub_agent"
         if (job.meta or {}).get("follow_up_of"):
