@@ -503,7 +503,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": "KeyRequest"}}},
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
     ("GET", "/v1/admin/keys"): {
         "operationId": "listKeys", "summary": "Every API key (never the key itself)",
         "tags": ["admin"],
