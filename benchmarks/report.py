@@ -3,13 +3,18 @@ from __future__ import annotations
 
 from typing import Any
 
-HOW_TO = """\
+TITLE = """\
 # Benchmarks
 
-How fast agentq's machinery is around the model, how many loops one machine keeps in flight
-while models think, how per-turn cost grows with history and tool turns, and how it compares
-with LangGraph's prebuilt ReAct agent (sync and async) and DBOS Transact (issues 4 and 13).
+What a job costs agentq against what it costs the services a user would build instead with the
+same guarantees (Flask + Celery + LangGraph at `durability="sync"`, Flask + a DBOS queue
+worker) and the library peers (issue 34: `benchmarks/fair.py`), first; then how fast agentq's
+machinery is around the model, how many loops one machine keeps in flight while models think,
+and how per-turn cost grows with history and tool turns (issues 4 and 13). The tuning history
+is in docs/benchmarks-history.md.
+"""
 
+HOW_TO = """\
 ## Running them
 
 PostgreSQL and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Then, from a checkout:
@@ -21,6 +26,7 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 .venv/bin/python -m benchmarks run --quick --smoke   # tiny sizes: checks the code runs
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
 .venv/bin/python -m benchmarks run --quick --only peer --peer dbos   # agentq beside one peer
+.venv/bin/python -m benchmarks run --only fair   # agentq against the same-guarantee services
 .venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
 .venv/bin/python -m benchmarks burst --jobs 300 --rounds 3   # a burst's CPU, process by process
 .venv/bin/python -m benchmarks compare HEAD~1 --pairs 8      # this tree against a commit, in turn
@@ -59,6 +65,7 @@ the scenarios measure one key's clients); `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AG
 | `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
 | `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
 | `modules` | one tool call through `ToolRegistry.execute` (as a tool task runs it on its module's queue): an in-process tool (`math.evaluate`), an HTTP module (`examples/http_module.py`, signed), an MCP server over stdio and over streamable HTTP (`examples/mcp_server.py`), each in its own process on loopback, calls interleaved, 200 each (50 quick); medians and p95, ratios to the in-process tool. The Celery hop, the same for all, is not included |
+| `fair` | agentq against the services a user would build instead with the same guarantees and against the library peers, all on a private Postgres (`pg_stat_statements` preloaded) and Redis of their own, one system at a time (`benchmarks/fair.py`): agentq offered one tool (`AGENTQ_DEFAULT_MODULES=math`); Flask (gunicorn) enqueuing a Celery task (Redis) that runs LangGraph's ReAct agent with `PostgresSaver` at `durability="sync"`; Flask enqueuing to a DBOS queue whose worker is a process of its own; LangGraph sync and async at `durability="sync"`, LangGraph at its default, DBOS in-process. The same burst and the same closed loop (jobs, clients) for all; a new conversation per job for all; the HTTP clients poll the job every 20 ms. Machine CPU per job = the system's processes + Postgres + Redis; per job: statements, round trips (with BEGIN/COMMIT), transactions, rows inserted / updated, row versions, WAL bytes. A run of only `fair` starts no lab |
 
 Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
 job row's `finished_at`; the watcher that sees jobs end polls Postgres, so its interval does not
@@ -94,7 +101,36 @@ def _yes(value: Any) -> str:
     return {True: "yes", False: "**no**"}.get(value, "–")
 
 
-def figures(results: dict[str, Any]) -> str:
+def headline(results: dict[str, Any]) -> list[str]:
+    """The section that comes first: the fair comparison's ratios and per-job counts, or,
+    for a run without it, the peer scenario's ratios and where the counts will come from."""
+    meta, sc = results["meta"], results["scenarios"]
+    out = [f"## Ratios and per-job counts ({meta['mode']} run, {meta['date']}, git "
+           f"{meta.get('versions', {}).get('git_commit')})", ""]
+    if sc.get("fair"):
+        return out + fair_tables(sc["fair"])[2:]
+    out += ["This run has no fair comparison (it predates `benchmarks/fair.py`, or ran without "
+            "it): `python -m benchmarks run` on a quiet machine puts its tables here. Until "
+            "then, the ratios below are this run's `peer` scenario's: the peers as libraries "
+            "with no HTTP and no broker, LangGraph at its default `durability=\"async\"`, "
+            "Postgres and Redis counted for nobody, agentq's job offered six tools.", ""]
+    p = sc.get("peer") or {}
+    r = p.get("ratios_to_best_peer") or {}
+    if r:
+        out += ["| agentq against the best library peer | ratio |", "| --- | --- |"]
+        out += [f"| {k.replace('_', ' ')} | ×{v} |" for k, v in r.items()]
+        a = (p.get("agentq") or {}).get("cpu_ms_per_job")
+        cpus = [v.get("cpu_ms_per_job") for v in (p.get("peers") or {}).values()
+                if isinstance(v, dict) and v.get("cpu_ms_per_job")]
+        if a and cpus:
+            out.append(f"| burst CPU ms per job (processes only) | ×{a / min(cpus):.2f} |")
+        out.append("")
+    out += ["Per-job counts (statements, round trips, transactions, rows, row versions, WAL "
+            "bytes) were not counted by this run.", ""]
+    return out
+
+
+def figures(results: dict[str, Any], fair: bool = True) -> str:
     meta = results["meta"]
     sc = results["scenarios"]
     machine = meta["machine"]
@@ -109,7 +145,7 @@ def figures(results: dict[str, Any]) -> str:
            "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v is not None)
            + ".", ""]
 
-    if sc.get("fair"):
+    if fair and sc.get("fair"):
         out += fair_tables(sc["fair"])
 
     s = sc.get("server")
@@ -409,4 +445,7 @@ def fair_tables(f: dict[str, Any]) -> list[str]:
 
 
 def markdown(results: dict[str, Any], notes: str = "") -> str:
-    return HOW_TO + "\n" + figures(results) + ("\n" + notes if notes else "")
+    """The page: the title, the ratios and per-job counts, how to run, the other figures,
+    then the hand-written notes."""
+    return (TITLE + "\n" + "\n".join(headline(results)) + "\n" + HOW_TO + "\n"
+            + figures(results, fair=False) + ("\n" + notes if notes else ""))

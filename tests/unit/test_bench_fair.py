@@ -59,3 +59,29 @@ def test_the_fair_tables_put_ratios_first_then_services_libraries_and_counts():
     assert order == sorted(order)
     assert "| round trips (with BEGIN/COMMIT) | 14 | 14 | 14 |" in text
     assert "Flask + DBOS queue worker failed: StackError" in text
+
+
+def _results(scenarios: dict) -> dict:
+    return {"meta": {"mode": "full", "date": "2026-11-26 04:13 UTC", "command": "x",
+                     "duration_s": 1.0, "machine": {}, "versions": {"git_commit": "abc1234"}},
+            "scenarios": scenarios}
+
+
+def test_the_page_opens_with_the_ratios_and_counts_before_how_to_run():
+    systems = {"agentq": _system(10.0, 100.0), "celery-langgraph": _system(20.0, 50.0)}
+    page = report.markdown(_results({"fair": {"sizes": vars(fair.SIZES["full"]),
+                                              "systems": systems,
+                                              "ratios": fair.ratios(systems)}}), "notes")
+    assert page.startswith("# Benchmarks")
+    ratios = page.index("## Ratios and per-job counts (full run, 2026-11-26 04:13 UTC, "
+                        "git abc1234)")
+    assert ratios < page.index("| per job |") < page.index("## Running them") \
+        < page.index("## Figures") < page.index("notes")
+    assert page.count("| per job |") == 1  # not again among the other figures
+
+
+def test_a_run_without_the_fair_comparison_says_so_and_gives_the_peer_ratios():
+    head = "\n".join(report.headline(_results({"peer": {"ratios_to_best_peer": {
+        "seq_median": 3.46, "burst_jobs_per_s": 0.56}}})))
+    assert "This run has no fair comparison" in head
+    assert "| seq median | ×3.46 |" in head and "| burst jobs per s | ×0.56 |" in head
