@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from agentq.errors import ConfigError
+from agentq.llm.catalogue import ModelEntry, parse_models
 
 MAX_ITERATIONS_CEILING = 200  # seed 002's guard: no configuration may go past it
 
@@ -45,6 +46,10 @@ class Settings:
     """AGENTQ_MODEL: default model when the persona names none."""
     fallback_models: tuple[str, ...] = ()
     """AGENTQ_FALLBACK_MODELS: comma-separated models tried, in order, when the first fails."""
+    models: Mapping[str, "ModelEntry"] = field(default_factory=dict)
+    """AGENTQ_MODELS: the model catalogue, JSON or a JSON file: {name: {base_url,
+    api_key_env?, context_window?, quirks?}} (`agentq.llm.catalogue`); a model not in it
+    goes to OPENAI_BASE_URL."""
     llm_timeout_s: float = 30.0
     """AGENTQ_LLM_TIMEOUT_S: one model call's timeout."""
     llm_retries: int = 3
@@ -364,6 +369,7 @@ class Settings:
             home=home,
             model=env.get("AGENTQ_MODEL") or cls.model,
             fallback_models=names("AGENTQ_FALLBACK_MODELS", ()),
+            models=parse_models(env.get("AGENTQ_MODELS"), env),
             llm_timeout_s=num("AGENTQ_LLM_TIMEOUT_S", cls.llm_timeout_s, float, 0.1),
             llm_retries=num("AGENTQ_LLM_RETRIES", cls.llm_retries, int, 0, 10),
             llm_retry_base_s=num("AGENTQ_LLM_RETRY_BASE_S", cls.llm_retry_base_s, float, 0),

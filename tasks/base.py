@@ -4,9 +4,9 @@ per-process services (sessions, router, registry)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from celery import Task
@@ -51,8 +51,7 @@ def services() -> Services:
             hub_for(settings)  # steps publish their events to waiting clients
             sessions = session_factory(settings)
             registry = get_registry(settings)
-            router = LLMRouter(settings, gate=gate_for(
-                settings, os.environ.get("OPENAI_BASE_URL")))
+            router = LLMRouter(settings, gates=partial(gate_for, settings))  # per provider
             _services = Services(settings, sessions, registry, router,
                                  Stepper(settings, router, registry, sessions))
         return _services

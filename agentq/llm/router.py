@@ -5,6 +5,12 @@ official SDK (with the SDK's own retries off: tenacity does them, so that every 
 attempt is seen, logged and recorded). What goes on the wire and how the answers (quirks
 included) are read is `agentq.llm.wire`; here are the chain, the retries, the provider gate
 and which failures are transient.
+
+Each model goes to its provider: the model catalogue's endpoint and key (`AGENTQ_MODELS`,
+`agentq.llm.catalogue`), else `OPENAI_BASE_URL` with `OPENAI_API_KEY`. Each provider has its
+own HTTP clients and its own gate (circuit breaker, concurrency, rate), so a chain whose
+first model's provider storms goes on to a model of another provider, and the other's
+circuit stays closed.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 from functools import partial
 from typing import Any, Callable, TypeVar
@@ -27,7 +34,7 @@ from agentq.errors import ProviderError, ProviderTimeout
 from agentq.llm import cancel
 from agentq.llm.cancel import CallCancelled, CancelToken
 from agentq.llm.clients import ClientShards, abortable_http_client, clients_for
-from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate
+from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate, provider_name
 from agentq.llm.names import NameMap
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq.llm.wire import (BadResponse, chat_body, chat_request, embedding_vector,
@@ -105,19 +112,31 @@ def _abortable_client(**options: Any) -> openai.OpenAI:
 # --- the router -------------------------------------------------------------------------
 
 class LLMRouter:
-    """Model calls with retries and fallbacks. Thread-safe: one per process is enough."""
+    """Model calls with retries and fallbacks. Thread-safe: one per process is enough.
+
+    `client` and `gate`: those of the default provider (OPENAI_BASE_URL); `gates(base_url)`
+    makes the gate of a provider (`agentq.llm.gate.gate_for`), the default's too when no
+    `gate` is given. Without it a catalogue's provider has no gate."""
 
     def __init__(self, settings: Settings, client: openai.OpenAI | None = None,
-                 gate: ProviderGate | None = None):
+                 gate: ProviderGate | None = None,
+                 gates: Callable[[str | None], ProviderGate] | None = None):
         self._settings = settings
-        self._gate: ProviderGate = gate if gate is not None else NullGate()
+        self._gates_for = gates
+        default_url = os.environ.get("OPENAI_BASE_URL") or None
+        self._default_provider = provider_name(default_url)
+        self._gates: dict[str, ProviderGate] = {self._default_provider: (
+            gate if gate is not None else gates(default_url) if gates is not None
+            else NullGate())}
         self._shards: ClientShards | None = None
+        self._catalogue_shards: dict[tuple[str, str | None], ClientShards] = {}
+        self._lock = threading.Lock()
         if client is not None:  # the caller's, shared by every thread and never closed here
             self._client: Callable[[], openai.OpenAI] = lambda: client
         else:  # a client per group of the orchestrator's threads (agentq.llm.clients)
             self._shards = ClientShards(partial(
                 _abortable_client, api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
-                base_url=os.environ.get("OPENAI_BASE_URL") or None, max_retries=0,
+                base_url=default_url, max_retries=0,
                 timeout=settings.llm_timeout_s), clients_for(settings.orchestrator_concurrency))
             self._client = self._shards.client
         self._backoff = wait_random_exponential(multiplier=settings.llm_retry_base_s,
@@ -129,6 +148,65 @@ class LLMRouter:
         """Close the HTTP clients this router built."""
         if self._shards is not None:
             self._shards.close()
+        with self._lock:
+            shards, self._catalogue_shards = self._catalogue_shards, {}
+        for made in shards.values():
+            made.close()
+
+    # --- providers ----------------------------------------------------------------------
+
+    def _entry(self, model: str):
+        return (getattr(self._settings, "models", None) or {}).get(model)
+
+    def _client_for(self, model: str) -> openai.OpenAI:
+        """This thread's client of the model's provider."""
+        entry = self._entry(model)
+        if entry is None:
+            return self._client()
+        key = (entry.base_url, entry.api_key_env)
+        shards = self._catalogue_shards.get(key)
+        if shards is None:
+            with self._lock:
+                shards = self._catalogue_shards.get(key)
+                if shards is None:
+                    shards = self._catalogue_shards[key] = ClientShards(partial(
+                        _abortable_client, api_key=entry.api_key(), base_url=entry.base_url,
+                        max_retries=0, timeout=self._settings.llm_timeout_s),
+                        clients_for(self._settings.orchestrator_concurrency))
+        return shards.client()
+
+    def provider(self, model: str) -> str:
+        """The provider a model's calls go to (its host and port): what its gate keys on."""
+        entry = self._entry(model)
+        return provider_name(entry.base_url) if entry is not None else self._default_provider
+
+    def _gate_for(self, model: str) -> ProviderGate:
+        name = self.provider(model)
+        gate = self._gates.get(name)
+        if gate is None:
+            with self._lock:
+                gate = self._gates.get(name)
+                if gate is None:
+                    entry = self._entry(model)
+                    gate = self._gates[name] = (self._gates_for(entry.base_url)
+                                                if self._gates_for is not None else NullGate())
+        return gate
+
+    def _request(self, model: str, messages: list[dict], tools: list[ToolSpec],
+                 max_tokens: int | None, made: dict) -> tuple[NameMap, dict[str, Any]]:
+        """The wire request for `model`, with its catalogue quirks (one per set of quirks)."""
+        entry = self._entry(model)
+        tool_results_as = self._settings.tool_results_as
+        temperature = self._settings.temperature
+        if entry is not None:
+            tool_results_as = entry.quirk("tool_results_as", tool_results_as)
+            temperature = entry.quirk("temperature", temperature)
+        key = (tool_results_as, temperature)
+        if key not in made:
+            made[key] = chat_request(messages, tools, tool_results_as=tool_results_as,
+                                     temperature=temperature,
+                                     max_tokens=self._cap(max_tokens))
+        return made[key]
 
     def __enter__(self) -> "LLMRouter":
         return self
@@ -156,10 +234,7 @@ class LLMRouter:
         further attempt is made (no retry, no fallback), a backoff ends, the call in
         flight is aborted, and `CallCancelled` is raised."""
         chain = self.chain(model)
-        names, params = chat_request(messages, tools,
-                                     tool_results_as=self._settings.tool_results_as,
-                                     temperature=self._settings.temperature,
-                                     max_tokens=self._cap(max_tokens))
+        requests: dict = {}
         attempts: list[dict[str, Any]] = []
         timed_out: list[bool] = []
         transient: list[bool] = []
@@ -167,6 +242,7 @@ class LLMRouter:
         for name in chain:
             _check_cancel()
             started = time.monotonic()
+            names, params = self._request(name, messages, tools, max_tokens, requests)
             post = (partial(self._post_chat, name, params) if on_delta is None else
                     partial(self._stream_chat, name, params, on_delta, attempts))
             try:
@@ -251,9 +327,9 @@ class LLMRouter:
         # The dict is already the wire body: posting it through the SDK's client skips the
         # typed-params transform of `chat.completions.create`, 7 ms a call at 15 messages
         # and 33 ms at 200 (docs/benchmarks.md), with the same errors and retries.
-        response = self._client().post("/chat/completions", body={"model": model, **params},
-                                     cast_to=httpx2.Response,
-                                     options={"timeout": self._settings.llm_timeout_s})
+        response = self._client_for(model).post(
+            "/chat/completions", body={"model": model, **params}, cast_to=httpx2.Response,
+            options={"timeout": self._settings.llm_timeout_s})
         return chat_body(response)
 
     def _stream_chat(self, model: str, params: dict[str, Any],
@@ -261,7 +337,7 @@ class LLMRouter:
                      attempts: list[dict[str, Any]]) -> dict[str, Any]:
         """A streamed chat call, put back together into the body a plain call answers."""
         attempt = len(attempts) + 1
-        stream = self._client().chat.completions.create(
+        stream = self._client_for(model).chat.completions.create(
             model=model, stream=True, stream_options={"include_usage": True},
             timeout=self._settings.llm_timeout_s, **params)
         try:
@@ -273,10 +349,9 @@ class LLMRouter:
             stream.close()
 
     def _post_embedding(self, model: str, text: str) -> list[float]:
-        response = self._client().post("/embeddings", body={"model": model, "input": text,
-                                                           "encoding_format": "float"},
-                                     cast_to=httpx2.Response,
-                                     options={"timeout": self._settings.llm_timeout_s})
+        response = self._client_for(model).post(
+            "/embeddings", body={"model": model, "input": text, "encoding_format": "float"},
+            cast_to=httpx2.Response, options={"timeout": self._settings.llm_timeout_s})
         return embedding_vector(response)
 
     def _with_retries(self, model: str, what: str, op: Callable[[], T],
@@ -297,7 +372,7 @@ class LLMRouter:
             with attempt:
                 _check_cancel(token)
                 try:
-                    with self._gate.call(model) as permit:
+                    with self._gate_for(model).call(model) as permit:
                         try:
                             with metrics.model_call(model), tracing.span(
                                     "llm.request", model=model, call=what):

@@ -265,10 +265,14 @@ PRUNED_RESULT = ("[tool result pruned to save context: {name}, {chars} chars; "
 
 
 def context_window(model: str, settings) -> int:
-    """The model's context window: AGENTQ_CONTEXT_WINDOW, else AGENTQ_MODEL_CONTEXT_WINDOWS,
+    """The model's context window: AGENTQ_CONTEXT_WINDOW, else the model catalogue's
+    (AGENTQ_MODELS), else AGENTQ_MODEL_CONTEXT_WINDOWS,
     else the table (longest matching prefix), else DEFAULT_CONTEXT_WINDOW."""
     if getattr(settings, "context_window", None):
         return settings.context_window
+    entry = (getattr(settings, "models", None) or {}).get(model)
+    if entry is not None and entry.context_window:  # the model catalogue's (AGENTQ_MODELS)
+        return entry.context_window
     name = model.rsplit("/", 1)[-1]
     for table in (getattr(settings, "model_context_windows", None) or {},
                   MODEL_CONTEXT_WINDOWS):

@@ -304,6 +304,8 @@ class ScriptedLLM:
         self._scripts: dict[str, collections.deque[Reply]] = {}
         self._served: collections.Counter[str] = collections.Counter()
         self._requests: list[tuple[str | None, dict]] = []
+        self.authorizations: collections.Counter[str | None] = collections.Counter()
+        """The Authorization headers requests came with (what key a client sent)."""
         self._ids = itertools.count(1)
         self._first_t: float | None = None
         self._last_t: float | None = None
@@ -503,6 +505,8 @@ class ScriptedLLM:
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
+                with self._lock:
+                    self.authorizations[headers.get("authorization")] += 1
                 if headers.get("transfer-encoding", "").lower() == "chunked":
                     body = await self._read_chunked(reader)
                 else:
