@@ -28,6 +28,7 @@ STARTED_ERROR = "AGENTQ_TEST_SERVERS_ERROR"
 PRIVATE = "AGENTQ_TEST_SERVERS_PRIVATE"
 """Set in the environment to the servers this session started (`postgres redis`)."""
 
+PREFIX = "agentq-suite-"
 _started: list = []
 _scratch: Path | None = None
 
@@ -40,7 +41,9 @@ def start() -> None:
                                          and os.environ.get("AGENTQ_TEST_REDIS")):
         return  # given, or this is a worker of a session whose first process tried
     from tests.support.services import PrivateRedis, SuitePostgres
-    _scratch = Path(tempfile.mkdtemp(prefix="agentq-suite-"))
+    _remove_left_behind()
+    _scratch = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (_scratch / "owner.pid").write_text(str(os.getpid()))
     errors = []
     if not os.environ.get("AGENTQ_TEST_REDIS"):
         try:
@@ -74,6 +77,18 @@ def stop() -> None:
     if _scratch is not None:
         shutil.rmtree(_scratch, ignore_errors=True)
         _scratch = None
+
+
+def _remove_left_behind() -> None:
+    """The directories of sessions that were killed (their servers died with them, the
+    directory stayed): each names the process that made it."""
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            os.kill(int((path / "owner.pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            pass  # no pid file yet (a session starting now), or not ours to judge
 
 
 def _kinds() -> set[str]:

@@ -20,3 +20,24 @@ def test_the_session_runs_on_servers_of_its_own(kind, url, shared_port):
     where = urlsplit(url())
     assert where.hostname == "127.0.0.1" and where.port != shared_port
     assert answers(where.hostname, where.port)
+
+
+def test_a_killed_sessions_directory_is_removed_by_the_next_session():
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tests.support import suite_servers
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = Path(tempfile.mkdtemp(prefix=suite_servers.PREFIX))
+    (left / "owner.pid").write_text(str(gone.pid))
+    alive = Path(tempfile.mkdtemp(prefix=suite_servers.PREFIX))
+    (alive / "owner.pid").write_text(str(os.getpid()))
+    try:
+        suite_servers._remove_left_behind()
+        assert not left.exists() and alive.exists()
+    finally:
+        import shutil
+        shutil.rmtree(alive, ignore_errors=True)
