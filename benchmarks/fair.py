@@ -42,7 +42,10 @@ Per phase and system:
   xact_commit + xact_rollback), rows inserted / updated and row versions (tup_inserted +
   tup_updated, the sum over the database's tables of pg_stat_user_tables' n_tup_ins and
   n_tup_upd), and WAL bytes (`pg_current_wal_lsn()` delta: the cluster's, so the systems run
-  one at a time). Counts do not depend on the machine's load; times do.
+  one at a time). Counts do not depend on the machine's load; times do. A system that polls
+  Postgres while idle (DBOS's queue, every 10 ms) sends round trips in proportion to the run's
+  length, not its jobs: each system's idle round trips per second (measured while its counters
+  settle after the warm-up) are given beside the counts.
 """
 from __future__ import annotations
 
@@ -213,6 +216,13 @@ def db_snapshot(pg: StatsPostgres, db: str) -> dict[str, float]:
             "transactions": float(commits + rollbacks), "rows_inserted": float(inserted),
             "rows_updated": float(updated), "rows_deleted": float(deleted),
             "wal_bytes": float(lsn)}
+
+
+def round_trips(pg: StatsPostgres, db: str) -> float:
+    """pg_stat_statements' calls in the database so far (immediate, unlike the table counts)."""
+    [(calls,)] = pg.sql("SELECT coalesce(sum(s.calls), 0) FROM pg_stat_statements s "
+                        "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s", (db,))
+    return float(calls)
 
 
 def per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
@@ -394,6 +404,7 @@ class Run:
         self.redis = PrivateRedis(self.scratch)
         self.model = None
         self.last_snapshot: dict[str, float] | None = None
+        self.idle_round_trips_per_s: float | None = None
         self.keep_logs = False
 
     def start(self) -> "Run":
@@ -512,15 +523,21 @@ class Run:
             # a library's burst runs P at a time; a service's clients submit all at once and
             # its workers run P at a time
             burst_c = s.pool if name not in SERVICES else s.clients
-            return {"kind": "service" if name in SERVICES else "library",
-                    "burst": self.phase(driver, db, pids, s.burst_jobs, burst_c, True),
-                    "closed_loop": self.phase(driver, db, pids, s.closed_jobs, s.clients,
-                                              False)}
+            out = {"kind": "service" if name in SERVICES else "library",
+                   "burst": self.phase(driver, db, pids, s.burst_jobs, burst_c, True)}
+            out["idle_round_trips_per_s"] = self.idle_round_trips_per_s  # after the warm-up
+            out["closed_loop"] = self.phase(driver, db, pids, s.closed_jobs, s.clients, False)
+            return out
         finally:
             procs.stop()
 
     def snapshot(self, db: str) -> dict[str, float]:
+        """The database's counters once they are flushed; the wait, the system idle, also
+        gives its background round trips per second (a polling queue's, a sweeper's)."""
+        t0, calls0 = time.monotonic(), round_trips(self.pg, db)
         time.sleep(STATS_SETTLE_S)
+        self.idle_round_trips_per_s = round(
+            (round_trips(self.pg, db) - calls0) / (time.monotonic() - t0), 1)
         return db_snapshot(self.pg, db)
 
     def phase(self, driver, db: str, pids: dict[str, int], n: int, clients: int,

@@ -437,6 +437,8 @@ def fair_tables(f: dict[str, Any]) -> list[str]:
         for key, label in COUNTS:
             out.append(f"| {label} | " + " | ".join(
                 f"{systems[n]['burst']['per_job'][key]:g}" for n in names) + " |")
+        out.append("| idle: round trips per second | " + " | ".join(
+            str(systems[n].get("idle_round_trips_per_s", "–")) for n in names) + " |")
         out.append("")
     for name, v in systems.items():
         if "error" in v:
