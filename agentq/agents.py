@@ -50,6 +50,11 @@ class DepthExceeded(ToolError):
     retryable = False
 
 
+class NoRecordedChild(ToolError):
+    code = "replay_no_recorded_child"
+    retryable = False
+
+
 class PersonaNotFound(ToolError):
     code = "persona_not_found"
     retryable = False
@@ -89,6 +94,9 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
         persona = _persona(session, parent, arguments.get("persona_id"))
     except ToolError as exc:
         return ToolResult.failure(exc)
+    recorded = _recorded_original(session, parent, tool_use_id)
+    if isinstance(recorded, ToolResult):
+        return recorded
     now = utcnow()
     asked = {k: v for k, v in (arguments.get("limits") or {}).items() if v is not None}
     left = _tokens_left(parent)
@@ -103,7 +111,8 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
                     limits=asked or None, now=now,
                     limits_applied=applied_limits(settings,
                                                   persona.limits if persona else None, asked),
-                    parent_job_id=parent.id, parent_tool_use_id=tool_use_id)
+                    parent_job_id=parent.id, parent_tool_use_id=tool_use_id,
+                    **({"replay_of": recorded, "replay_mode": "recorded"} if recorded else {}))
     source = session.get(Conversation, parent.conversation_id)
     session.add(Conversation(
         id=child.conversation_id, tenant_id=parent.tenant_id, user_id=parent.user_id,
@@ -128,6 +137,25 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
                                          "child_job_id": str(child.id),
                                          "tool_use_id": tool_use_id})
     return {"tool_use_id": tool_use_id, "status": "delegated", "child_job_id": str(child.id)}
+
+
+def _recorded_original(session: Session, parent: Job,
+                       tool_use_id: str) -> uuid.UUID | ToolResult | None:
+    """For a recorded replay of a parent: the original's child at this call's place (the
+    replay's child plays it back, recorded too), or the error when it made none there."""
+    if parent.replay_mode != "recorded" or parent.replay_of is None:
+        return None
+    place = session.execute(select(ToolCall.iteration, ToolCall.position).where(
+        ToolCall.tool_use_id == tool_use_id)).one()
+    original = session.execute(
+        select(Job.id).join(ToolCall, ToolCall.tool_use_id == Job.parent_tool_use_id)
+        .where(ToolCall.job_id == parent.replay_of, ToolCall.iteration == place.iteration,
+               ToolCall.position == place.position)).scalar_one_or_none()
+    if original is None:
+        return ToolResult.failure(NoRecordedChild(
+            "The original job started no sub-agent with this call; a recorded replay "
+            "cannot start a live one."))
+    return original
 
 
 def _event(uow, job_id: uuid.UUID, kind: str, data: dict[str, Any]) -> None:
@@ -158,9 +186,10 @@ def result_of(child: Job) -> tuple[str, dict[str, Any]]:
     """(the call's status, its stored result) for an ended child."""
     response = child.response or {}
     if child.status == JobStatus.COMPLETED:
+        # the child's id is in the events (child_started, tool_execution_end), not here:
+        # a recorded replay's child answers the same and is another job
         return "succeeded", {"ok": True, "error": None, "result": {
-            "job_id": str(child.id), "answer": response.get("content") or "",
-            "finish_reason": child.finish_reason}}
+            "answer": response.get("content") or "", "finish_reason": child.finish_reason}}
     error = response.get("error") or {}
     return "failed", {"ok": False, "result": None, "error": {
         "code": f"sub_agent_{child.status}",
