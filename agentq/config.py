@@ -134,6 +134,9 @@ class Settings:
     caps request limits."""
     hooks_enabled: bool = True
     """AGENTQ_HOOKS: 0 disables the `agentq.hooks` entry points."""
+    compaction_strategy: str = "default"
+    """AGENTQ_COMPACTION_STRATEGY: the entry point of group `agentq.compaction` that compacts
+    a context past the threshold (`agentq.hooks`); `default`: prune-then-summarise."""
     default_guest_modules: tuple[str, ...] = ("math", "time", "files", "code", "memory")
     """AGENTQ_DEFAULT_MODULES: modules offered when no persona applies."""
     default_system_prompt: str = (
@@ -414,6 +417,7 @@ class Settings:
             max_seconds=num("AGENTQ_MAX_SECONDS", None, float, 0.1),
             max_job_tokens=num("AGENTQ_MAX_JOB_TOKENS", None, int, 1),
             hooks_enabled=(env.get("AGENTQ_HOOKS") or "1").lower() not in ("0", "false", "no"),
+            compaction_strategy=(env.get("AGENTQ_COMPACTION_STRATEGY") or "default").strip(),
             default_guest_modules=names("AGENTQ_DEFAULT_MODULES", cls.default_guest_modules),
             default_system_prompt=env.get("AGENTQ_SYSTEM_PROMPT") or cls.default_system_prompt,
             tool_packages=names("AGENTQ_TOOL_PACKAGES", cls.tool_packages),

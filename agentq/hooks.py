@@ -9,9 +9,26 @@ with any of:
     after_turn(ctx)         after a model reply is stored
     on_error(ctx)           a model call failed
     before_compaction(ctx)  -> False skips this compaction
+    after_compaction(ctx)   a compaction ended: strategy, messages_before, messages_after,
+                            tokens_before, tokens_after
+    after_loop(ctx)         the job ended: status, finish_reason, turns, usage
+                            {input_tokens, output_tokens, cost_estimate} (the whole loop's)
 
 `ctx` is a dict (job_id, conversation_id, user_id, turn, and what the moment adds). A hook
 that raises is logged and ignored: it never fails a job.
+
+Compaction strategies come the same way, from group `agentq.compaction`: the entry point
+named by AGENTQ_COMPACTION_STRATEGY (`default`: the built-in prune-then-summarise, no entry
+point) names an object (or a class made with no arguments) with
+
+    compact(ctx) -> list of messages   ctx: job_id, turn, messages (the context as it would
+                                       be sent: [{role, content, ...}]), tokens (its
+                                       estimate), budget (the tokens the model's window
+                                       leaves for it), threshold
+
+called when the context passes the compaction threshold, instead of the built-in one; what
+it returns is sent. One that raises, or returns no list of messages, leaves the built-in
+compaction to run.
 """
 from __future__ import annotations
 
@@ -24,7 +41,31 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 GROUP = "agentq.hooks"
-NAMES = ("before_turn", "after_turn", "on_error", "before_compaction")
+NAMES = ("before_turn", "after_turn", "on_error", "before_compaction", "after_compaction",
+         "after_loop")
+STRATEGY_GROUP = "agentq.compaction"
+DEFAULT_STRATEGY = "default"
+
+
+def load_strategy(name: str) -> Any | None:
+    """The compaction strategy named `name` in group `agentq.compaction` (None: the
+    built-in one); a ConfigError when no installed package provides it."""
+    from agentq.errors import ConfigError
+    if not name or name == DEFAULT_STRATEGY:
+        return None
+    found = [e for e in metadata.entry_points(group=STRATEGY_GROUP) if e.name == name]
+    if not found:
+        raise ConfigError("AGENTQ_COMPACTION_STRATEGY",
+                          f"no installed package provides {name!r} in group "
+                          f"{STRATEGY_GROUP} (or use {DEFAULT_STRATEGY})")
+    target = found[0].load()
+    if inspect.isclass(target):
+        target = target()
+    if not callable(getattr(target, "compact", None)):
+        raise ConfigError("AGENTQ_COMPACTION_STRATEGY",
+                          f"{name!r} has no compact(ctx) method")
+    log.info("compaction strategy loaded", extra={"strategy": name})
+    return target
 
 
 @dataclass
@@ -82,3 +123,9 @@ class Hooks:
 
     def on_error(self, ctx: dict[str, Any]) -> None:
         self._call("on_error", ctx)
+
+    def after_compaction(self, ctx: dict[str, Any]) -> None:
+        self._call("after_compaction", ctx)
+
+    def after_loop(self, ctx: dict[str, Any]) -> None:
+        self._call("after_loop", ctx)

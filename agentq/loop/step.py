@@ -61,7 +61,7 @@ from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq import agents, approvals, memory, replay
 from agentq import branches
-from agentq.hooks import Hooks
+from agentq.hooks import Hooks, load_strategy
 from agentq.loop import budget, context
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
                               WaitingFor, end_job)
@@ -196,6 +196,10 @@ class _Turn:
     """Messages up to this seq are left out of the history read: unsummarised, a backlog."""
     rounds: int = 0
     """Compaction rounds (summary calls) made in this step."""
+    compacted_by: str | None = None
+    """A custom compaction strategy (AGENTQ_COMPACTION_STRATEGY) compacted this turn: it
+    compacts each assembly of it again, and fitting the window is its business."""
+    job_id: str | None = None
 
 
 class Stepper:
@@ -207,6 +211,7 @@ class Stepper:
         self.registry = registry
         self.sessions = sessions
         self.hooks = hooks if hooks is not None else Hooks.load(settings.hooks_enabled)
+        self.strategy = load_strategy(getattr(settings, "compaction_strategy", "default"))
         self.leases = leases or LeaseKeeper(sessions, settings.step_deadline_s)
         self.cancels = cancels or CancelWatch(sessions)
         self._question_vectors: dict[tuple[str, str], list[float]] = {}
@@ -265,7 +270,7 @@ class Stepper:
         while outcome.compaction is not None and outcome.compaction.summarize:
             if not self._summarize(job_id, iteration, owner, outcome):
                 return []
-        if outcome.layers is not None and not context.fits(
+        if outcome.layers is not None and outcome.compacted_by is None and not context.fits(
                 outcome.layers, outcome.budget, self.settings.tool_result_max_chars,
                 outcome.stub_before):
             return self._overflow(job_id, iteration, owner, outcome)
@@ -487,6 +492,9 @@ class Stepper:
                  "messages": plan.messages_before}):
             log.info("compaction skipped by a hook", extra={"job_id": str(job.id)})
             plan = None
+        if plan is not None and self.strategy is not None and self._compact_custom(
+                uow, job, turn, plan):
+            plan = None
         turn.compaction = plan
         if plan is not None:
             self._compaction_start(uow, job.id, turn, plan)
@@ -500,11 +508,57 @@ class Stepper:
     def _assemble(self, turn: "_Turn") -> list[dict[str, Any]]:
         # history fills the room up to the compaction threshold, not to the window's edge:
         # the rest is headroom for what token estimates miss (message framing, tokenizers)
-        return context.assemble(turn.layers,
-                                budget=int(turn.budget * self.settings.compaction_threshold),
-                                history_max_tokens=self.settings.context_max_tokens,
-                                max_tool_chars=self.settings.tool_result_max_chars,
-                                stub_before=turn.stub_before)
+        messages = context.assemble(turn.layers,
+                                    budget=int(turn.budget * self.settings.compaction_threshold),
+                                    history_max_tokens=self.settings.context_max_tokens,
+                                    max_tool_chars=self.settings.tool_result_max_chars,
+                                    stub_before=turn.stub_before)
+        if turn.compacted_by is not None:
+            messages = self._strategy_messages(turn, messages) or messages
+        return messages
+
+    def _strategy_messages(self, turn: "_Turn", messages: list[dict[str, Any]]
+                           ) -> list[dict[str, Any]] | None:
+        """The custom strategy's compaction of `messages`; None when it raised or gave no
+        list of messages (the built-in compaction then runs)."""
+        try:
+            out = self.strategy.compact({
+                "job_id": turn.job_id, "turn": turn.turn, "messages": [dict(m) for m in messages],
+                "tokens": _wire_tokens(messages), "budget": turn.budget,
+                "threshold": self.settings.compaction_threshold})
+        except Exception:  # noqa: BLE001 - a strategy's bug never fails a job
+            log.exception("compaction strategy failed", extra={
+                "job_id": turn.job_id, "strategy": self.settings.compaction_strategy})
+            return None
+        if not isinstance(out, list) or not out or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in out):
+            log.error("compaction strategy gave no list of messages", extra={
+                "job_id": turn.job_id, "strategy": self.settings.compaction_strategy})
+            return None
+        return out
+
+    def _compact_custom(self, uow: UnitOfWork, job: Job, turn: "_Turn",
+                        plan: context.Compaction) -> bool:
+        """The context passed the threshold: the custom strategy compacts it instead of the
+        built-in one (False when it failed: the built-in one runs)."""
+        turn.job_id = str(job.id)
+        before = self._assemble(turn)
+        after = self._strategy_messages(turn, before)
+        if after is None:
+            return False
+        turn.compacted_by = self.settings.compaction_strategy
+        name = self.settings.compaction_strategy
+        uow.event(job.id, "compaction_start", turn=turn.turn,
+                  tokens_before=plan.tokens_before, messages_before=plan.messages_before,
+                  window=turn.budget, threshold=self.settings.compaction_threshold,
+                  summarize_messages=0, round=1)
+        stats = {"strategy": name, "tokens_before": plan.tokens_before,
+                 "tokens_after": _wire_tokens(after),
+                 "messages_before": plan.messages_before, "messages_after": len(after)}
+        uow.event(job.id, "compaction_end", **stats)
+        if self.hooks.loaded:
+            self.hooks.after_compaction({**_hook_ctx(job, job.iteration + 1), **stats})
+        return True
 
     def _backlog(self, session: Session, turn: "_Turn", through: int
                  ) -> tuple[list[context.StoredMessage], bool]:
@@ -544,6 +598,12 @@ class Stepper:
                    tokens_before=turn.compaction.tokens_before, tokens_after=after,
                    messages_before=turn.compaction.messages_before, messages_after=messages,
                    **extra)
+        if self.hooks.loaded:
+            self.hooks.after_compaction({
+                "job_id": str(job_id), "turn": turn.turn, "strategy": strategy,
+                "tokens_before": turn.compaction.tokens_before, "tokens_after": after,
+                "messages_before": turn.compaction.messages_before,
+                "messages_after": messages, **extra})
 
     def _recall(self, job_id: str, turn: "_Turn") -> None:
         """The user's memories most like the question join the context (seed 000: top 5).
@@ -795,6 +855,7 @@ class Stepper:
                     error = {"code": "empty_answer",
                              "message": f"Model {reply.model} answered with no text."}
                 end_job(uow, job, StopReason.END_TURN, content, error)
+                self._after_loop(job)
             case RunTools(calls=calls, content=content):
                 self._plan_tools(uow, job, turn_no, reply, calls, content, now)
             case Stop() as stop:
@@ -823,6 +884,7 @@ class Stepper:
             error["tool_calls_not_run"] = list(not_run)
         uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="length")
         end_job(uow, job, StopReason.LENGTH, content or message, error)
+        self._after_loop(job)
 
     def _plan_tools(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
                     calls, content: str, now: datetime) -> None:
@@ -889,6 +951,16 @@ class Stepper:
                       reason=stop.reason, message=stop.message, **stop.details)
         end_job(uow, job, stop.reason, content,
                 {"code": stop.reason, "message": stop.message, **stop.details})
+        self._after_loop(job)
+
+    def _after_loop(self, job: Job) -> None:
+        """The `after_loop` hook: the job ended; the loop's whole usage."""
+        if self.hooks.loaded:
+            self.hooks.after_loop({**_hook_ctx(job, job.iteration), "status": job.status,
+                                   "finish_reason": job.finish_reason, "turns": job.iteration,
+                                   "usage": {"input_tokens": job.input_tokens,
+                                             "output_tokens": job.output_tokens,
+                                             "cost_estimate": job.cost_estimate}})
 
     def _wait_provider(self, job_id: str, iteration: int, owner: str,
                        exc: ProviderError) -> list[Effect]:
@@ -918,6 +990,7 @@ class Stepper:
                             "please try again later.",
                             {**error, **{k: v for k, v in plan.details.items() if k != "code"},
                              "attempts": exc.attempts})
+                    self._after_loop(job)
                 case WaitForProvider():
                     self._park(uow, job, plan, exc, last_error, now)
                 case _:
@@ -957,6 +1030,7 @@ class Stepper:
             end_job(uow, job, StopReason.ERROR,
                     "The model could not be reached; please try again.",
                     {**error, "attempts": exc.attempts})
+            self._after_loop(job)
         if self.hooks.loaded:
             self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
         return uow.sent
@@ -997,6 +1071,13 @@ def _trigger(job: Job, steered: bool, branch: bool = False) -> str:
             return "follow_up"
         return "user"
     return "steering" if steered else "continuation"
+
+
+def _wire_tokens(messages: list[dict[str, Any]]) -> int:
+    """An estimate of the tokens of messages as sent."""
+    return sum(context.estimate_tokens(json.dumps(m.get("content") if m.get("content") is not None
+                                          else "", ensure_ascii=False)) + 4
+               for m in messages)
 
 
 def _hook_ctx(job: Job, turn: int) -> dict[str, Any]:

@@ -28,13 +28,20 @@ def hooked(servers_up, llm, tmp_path_factory):
         yield stack, Client(stack, stack.create_key("hooks", admin=True)), hook_log
 
 
-def _calls(hook_log: Path, job_id: str, expect: int = 0) -> list[dict]:
-    """The hook calls logged for a job; `expect`: wait until that many are (after_turn
-    runs once the turn's end has committed, so it may come after the job reads as ended)."""
+LOOP_HOOKS = ("after_loop", "after_compaction")
+"""Left out of `_calls` unless asked for (tests/integration/test_compaction_strategy.py)."""
+
+
+def _calls(hook_log: Path, job_id: str, expect: int = 0,
+           hooks: tuple[str, ...] | None = None) -> list[dict]:
+    """The turn hooks' calls logged for a job (`hooks`: those hooks' instead); `expect`:
+    wait until that many are (after_turn runs once the turn's end has committed, so it
+    may come after the job reads as ended)."""
     while True:  # calls that never come are the test's timeout
         calls = [] if not hook_log.exists() else [
             c for c in map(json.loads, hook_log.read_text().splitlines())
-            if c["job_id"] == job_id]
+            if c["job_id"] == job_id and (
+                c["hook"] in hooks if hooks else c["hook"] not in LOOP_HOOKS)]
         if len(calls) >= expect:
             return calls
         time.sleep(0.05)

@@ -13,8 +13,13 @@ def _log(name, ctx):
     if path:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"hook": name, "job_id": ctx.get("job_id"),
-                                  "turn": ctx.get("turn"),
-                                  "error": ctx.get("error")}) + "\n")
+                                  "turn": ctx.get("turn"), "error": ctx.get("error"),
+                                  **{k: ctx[k] for k in EXTRA if k in ctx}}) + "\n")
+
+
+EXTRA = ("strategy", "tokens_before", "tokens_after", "messages_before", "messages_after",
+         "status", "finish_reason", "turns", "usage")
+"""What after_compaction and after_loop are given, logged too."""
 
 
 def _texts(ctx):
@@ -44,3 +49,11 @@ def on_error(ctx):
 def before_compaction(ctx):
     _log("before_compaction", ctx)
     return True
+
+
+def after_compaction(ctx):
+    _log("after_compaction", ctx)
+
+
+def after_loop(ctx):
+    _log("after_loop", ctx)
