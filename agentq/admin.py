@@ -29,7 +29,7 @@ from agentq.tools.manifest import PERMISSION_LEVELS
 
 PERSONA_FIELDS = ("name", "platform", "platform_server_id", "is_default", "system_prompt",
                   "allowed_modules", "default_model", "max_tokens_per_request", "stream",
-                  "limits", "requires_approval")
+                  "limits", "requires_approval", "bootstrap", "skills", "tool_docs")
 PERSONA_COLUMNS = {"requires_approval": "approval_tools"}
 """API field → Persona column, where they differ (the column keeps its first name)."""
 LIMIT_KEYS = ("max_iterations", "max_tokens", "max_seconds")
@@ -174,6 +174,8 @@ def persona_object(persona: Persona) -> dict[str, Any]:
             "max_tokens_per_request": persona.max_tokens_per_request,
             "stream": bool(persona.stream), "limits": _limits(persona.limits),
             "requires_approval": persona.approval_tools,
+            "bootstrap": persona.bootstrap, "skills": persona.skills,
+            "tool_docs": bool(persona.tool_docs),
             "created_at": _iso(persona.created_at)}
 
 

@@ -68,6 +68,7 @@ def create_branch(uow: UnitOfWork, settings: Settings, source: Conversation,
         scope_key=json.dumps(["branch", str(branch_id), str(source.id),
                               str(point.message_id), owner]),
         message_seq=0, started_at=now, last_active_at=now, is_summarized=False,
+        active_project=source.active_project,
         branched_from_conversation_id=source.id, branched_from_message_id=point.message_id)
     session.add(conversation)
     query = select(Message).where(Message.conversation_id == source.id)
@@ -116,4 +117,4 @@ def conversation_object(conversation: Conversation) -> dict:
     return {"id": str(conversation.id),
             "created_at": conversation.started_at.isoformat(),
             "persona_id": str(conversation.persona_id) if conversation.persona_id else None,
-            "branched_from": branched}
+            "branched_from": branched, "active_project": conversation.active_project}

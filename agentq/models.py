@@ -130,6 +130,13 @@ class Persona(Base):
     approval_tools: Mapped[list[Any] | None]
     """Tool names whose calls wait for a person's approval under this persona, besides the
     tools whose manifest says `requires_approval`."""
+    bootstrap: Mapped[str | None] = mapped_column(Text)
+    """Context layers (agentq.loop.layers): text sent after the system prompt."""
+    skills: Mapped[list[Any] | None]
+    """[{name, instructions, tools}]: each sent when all its tools are offered to the job."""
+    tool_docs: Mapped[bool] = mapped_column(Boolean, default=False,
+                                            server_default=text("false"))
+    """Send the offered tools' documentation."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_personas_scope", "tenant_id", "platform", "platform_server_id"),
@@ -168,6 +175,8 @@ class Conversation(Base):
     """A branch's source conversation (POST /v1/conversations/<id>/branch; agentq.branches)."""
     branched_from_message_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     """A branch's point: the source's first message it does not hold."""
+    active_project: Mapped[str | None] = mapped_column(Text)
+    """The conversation's active project, a context layer (PATCH /v1/conversations/<id>)."""
 
 
 class Message(Base):

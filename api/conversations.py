@@ -15,7 +15,7 @@ from agentq.uow import UnitOfWork
 from agentq.views import job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
-from api.schemas import BranchRequestSchema
+from api.schemas import BranchRequestSchema, ConversationUpdateSchema
 from api.views import accepted, message_object
 
 bp = Blueprint("conversations", __name__)
@@ -59,6 +59,20 @@ def get_conversation(conversation_id: str):
     ident = parse_uuid(conversation_id, "conversation")
     with session_scope(g.settings) as session:
         return jsonify(branches.conversation_object(load_conversation(session, ident)))
+
+
+@bp.patch("/v1/conversations/<conversation_id>")
+@require_key()
+def update_conversation(conversation_id: str):
+    """The active project (a context layer of the conversation's next turns)."""
+    data = ConversationUpdateSchema().load(json_body())
+    ident = parse_uuid(conversation_id, "conversation")
+    with session_scope(g.settings) as session:
+        conversation = load_conversation(session, ident)
+        project = data["active_project"]
+        conversation.active_project = project if project and project.strip() else None
+        session.flush()
+        return jsonify(branches.conversation_object(conversation))
 
 
 @bp.post("/v1/conversations/<conversation_id>/branch")

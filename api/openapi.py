@@ -45,6 +45,7 @@ SCHEMAS = {
     "MessagePage": schemas.MessagePageSchema,
     "BranchRequest": schemas.BranchRequestSchema,
     "Conversation": schemas.ConversationSchema,
+    "ConversationUpdate": schemas.ConversationUpdateSchema,
     "Delivery": schemas.DeliverySchema,
     "DeliveryPage": schemas.DeliveryPageSchema,
     "Error": schemas.ErrorSchema,
@@ -325,6 +326,16 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "source's first message it does not hold.",
         "responses": {"200": _json("Conversation", "The conversation."),
                       **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+    ("PATCH", "/v1/conversations/{}"): {
+        "operationId": "updateConversation", "summary": "Set a conversation's active project",
+        "tags": ["conversations"],
+        "description": "`active_project` is sent in the context of the conversation's next "
+                       "turns (after the persona's system prompt, bootstrap, memories, "
+                       "skills and tool documentation); null or blank clears it.",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": "ConversationUpdate"}}},
+        "responses": {"200": _json("Conversation", "The conversation."),
+                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
     ("POST", "/v1/conversations/{}/branch"): {
         "operationId": "branchConversation", "summary": "Continue from an earlier point",
         "tags": ["conversations"],

@@ -382,6 +382,15 @@ class ConversationSchema(Schema):
     persona_id = fields.String(allow_none=True, required=True)
     branched_from = fields.Nested(BranchedFromSchema, allow_none=True, required=True, metadata={
         "description": "A branch's source conversation and branch point; null otherwise."})
+    active_project = fields.String(allow_none=True, required=True, metadata={
+        "description": "The conversation's active project, sent in its context."})
+
+
+class ConversationUpdateSchema(StrictSchema):
+    active_project = fields.String(required=True, allow_none=True,
+                                   validate=validate.Length(max=MAX_CONTENT_CHARS), metadata={
+                                       "description": "Sent in the context of the "
+                                                      "conversation's jobs (null: none)."})
 
 
 class ErrorBodySchema(Schema):
@@ -657,6 +666,17 @@ class ModulePageSchema(Schema):
 MODULE_NAME = validate.Regexp(r"^[a-z][a-z0-9_]{0,30}$", error="Not a module name.")
 
 
+class SkillSchema(StrictSchema):
+    """A named instruction block, sent when all its tools are offered to the job."""
+    name = fields.String(required=True, validate=[validate.Length(1, 100), _not_blank])
+    instructions = fields.String(required=True,
+                                 validate=[validate.Length(1, 20_000), _not_blank])
+    tools = fields.List(fields.String(validate=validate.Length(1, 255)), load_default=list,
+                        validate=validate.Length(max=50), metadata={
+                            "description": "The tools it needs (`module.tool`): the skill "
+                                           "is sent only when all of them are offered."})
+
+
 class PersonaRequestSchema(StrictSchema):
     name = fields.String(required=True, validate=[validate.Length(1, 200), _not_blank])
     platform = fields.String(load_default=None, allow_none=True,
@@ -684,6 +704,13 @@ class PersonaRequestSchema(StrictSchema):
         validate=validate.Length(max=100), metadata={
             "description": "Tool names whose calls wait for a person's approval under this "
                            "persona (besides those whose manifest requires it)."})
+    bootstrap = fields.String(load_default=None, allow_none=True,
+                              validate=validate.Length(max=MAX_CONTENT_CHARS), metadata={
+                                  "description": "Context sent after the system prompt."})
+    skills = fields.List(fields.Nested(SkillSchema), load_default=None, allow_none=True,
+                         validate=validate.Length(max=50))
+    tool_docs = fields.Boolean(load_default=False, metadata={
+        "description": "Send the offered tools' documentation in the context."})
 
 
 class PersonaUpdateSchema(PersonaRequestSchema):
@@ -703,6 +730,10 @@ class PersonaUpdateSchema(PersonaRequestSchema):
     limits = fields.Nested(LimitsSchema, allow_none=True)
     requires_approval = fields.List(fields.String(validate=validate.Length(1, 255)),
                                     allow_none=True, validate=validate.Length(max=100))
+    bootstrap = fields.String(allow_none=True, validate=validate.Length(max=MAX_CONTENT_CHARS))
+    skills = fields.List(fields.Nested(SkillSchema), allow_none=True,
+                         validate=validate.Length(max=50))
+    tool_docs = fields.Boolean()
 
 
 class PersonaSchema(Schema):
@@ -718,6 +749,9 @@ class PersonaSchema(Schema):
     stream = fields.Boolean(required=True)
     limits = fields.Nested(LimitsSchema, allow_none=True, required=True)
     requires_approval = fields.List(fields.String(), allow_none=True, required=True)
+    bootstrap = fields.String(allow_none=True, required=True)
+    skills = fields.List(fields.Nested(SkillSchema), allow_none=True, required=True)
+    tool_docs = fields.Boolean(required=True)
     created_at = fields.String(required=True)
 
 

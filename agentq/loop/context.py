@@ -309,6 +309,12 @@ class Layers:
     AGENTQ_HISTORY_MAX_MESSAGES) leaves out, oldest first: they must be summarised, never
     dropped. A chunk of them; `backlog_more` when more follow it."""
     backlog_more: bool = False
+    bootstrap: str | None = None
+    skills: str | None = None
+    tool_docs: str | None = None
+    project: str | None = None
+    """The persona's context layers and the conversation's active project, rendered
+    (agentq.loop.layers)."""
 
 
 @dataclass(frozen=True)
@@ -367,9 +373,14 @@ def fit_memories(memories: Sequence[str], reserve: int) -> list[str]:
 
 
 def system_text(layers: Layers) -> str:
+    """The system message: seed 002's order (system prompt, bootstrap, memory, skills, tool
+    documentation), the active project, then the summary of the earlier conversation."""
     parts = [layers.system]
+    if layers.bootstrap:
+        parts.append(layers.bootstrap)
     if layers.memories:
         parts.append(memory_block(layers.memories))
+    parts += [p for p in (layers.skills, layers.tool_docs, layers.project) if p]
     if layers.summary:
         parts.append(f"{SUMMARY_HEADER}\n{layers.summary}")
     return "\n\n".join(parts)

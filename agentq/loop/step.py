@@ -63,6 +63,7 @@ from agentq import agents, approvals, memory, replay
 from agentq import branches
 from agentq.hooks import Hooks, load_strategy
 from agentq.loop import budget, context
+from agentq.loop import layers as context_layers
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
                               WaitingFor, end_job)
 from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvider,
@@ -196,6 +197,8 @@ class _Turn:
     """Messages up to this seq are left out of the history read: unsummarised, a backlog."""
     rounds: int = 0
     """Compaction rounds (summary calls) made in this step."""
+    extras: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    """The persona's context layers and the active project, rendered (agentq.loop.layers)."""
     compacted_by: str | None = None
     """A custom compaction strategy (AGENTQ_COMPACTION_STRATEGY) compacted this turn: it
     compacts each assembly of it again, and fitting the window is its business."""
@@ -428,6 +431,7 @@ class Stepper:
         turn = _Turn([], self.registry.specs(offered), model, max_tokens,
                      stream=bool(job.stream or (persona is not None and persona.stream)),
                      turn=job.iteration + 1, resumed=started)
+        turn.extras = context_layers.extras(persona, conversation, turn.tools)
         stop = self._build_context(uow, job, conversation, summary, system, turn,
                                    has_memories, asked)
         if stop is not None:
@@ -473,7 +477,7 @@ class Stepper:
                                 memory_reserve=context.memory_reserve(
                                     memory.RECALL_K, memory.MAX_MEMORY_CHARS, budget)
                                 if recalls else 0,
-                                backlog=backlog, backlog_more=backlog_more)
+                                backlog=backlog, backlog_more=backlog_more, **turn.extras)
         turn.layers, turn.budget = layers, budget
         turn.summary_version = summary.version if summary else 0
         if recalls:

@@ -1,0 +1,65 @@
+"""A persona's context layers and a conversation's active project, rendered for the system
+message (seed 002's order: system prompt, bootstrap, memory, skills, tool documentation,
+then history and the current message; seed 003's active project after them).
+
+`agentq.loop.context.system_text` puts them in that order; their tokens count against the
+context budget like the system prompt's (history is windowed into the room they leave, the
+current question is never dropped: a context whose fixed part passes the window fails
+the job with `context_overflow`, as before).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from agentq.llm.types import ToolSpec
+
+BOOTSTRAP_HEADER = "[Bootstrap]"
+SKILLS_HEADER = "[Skills]"
+TOOLS_HEADER = "[Tool documentation]"
+PROJECT_HEADER = "[Active project]"
+MAX_PARAMETERS_SHOWN = 20
+
+
+def extras(persona, conversation, tools: Sequence[ToolSpec]) -> dict[str, str | None]:
+    """The layers (`context.Layers` fields) of a persona and conversation for a turn that
+    offers `tools`."""
+    offered = {t.name for t in tools}
+    return {"bootstrap": _block(BOOTSTRAP_HEADER, getattr(persona, "bootstrap", None)),
+            "skills": skills_text(getattr(persona, "skills", None) or (), offered),
+            "tool_docs": (tool_docs_text(tools)
+                          if getattr(persona, "tool_docs", False) else None),
+            "project": _block(PROJECT_HEADER, getattr(conversation, "active_project", None))}
+
+
+def _block(header: str, text: str | None) -> str | None:
+    return f"{header}\n{text.strip()}" if text and text.strip() else None
+
+
+def skills_text(skills: Sequence[dict[str, Any]], offered: set[str]) -> str | None:
+    """The skills whose tools are all offered to this turn, each under its name."""
+    parts = []
+    for skill in skills:
+        needs = list(skill.get("tools") or ())
+        if any(name not in offered for name in needs):
+            continue
+        head = f"## {skill['name']}" + (f" (tools: {', '.join(needs)})" if needs else "")
+        parts.append(f"{head}\n{str(skill.get('instructions') or '').strip()}")
+    return f"{SKILLS_HEADER}\n" + "\n\n".join(parts) if parts else None
+
+
+def tool_docs_text(tools: Sequence[ToolSpec]) -> str | None:
+    """Each offered tool: its name, description and parameters (name, type, required)."""
+    if not tools:
+        return None
+    lines = [TOOLS_HEADER]
+    for tool in tools:
+        lines.append(f"- {tool.name}: {(tool.description or '').strip()}")
+        schema = tool.parameters or {}
+        required = set(schema.get("required") or ())
+        for name, spec in list((schema.get("properties") or {}).items())[
+                :MAX_PARAMETERS_SHOWN]:
+            kind = spec.get("type", "any") if isinstance(spec, dict) else "any"
+            note = (spec.get("description") or "") if isinstance(spec, dict) else ""
+            lines.append(f"  - {name} ({kind}{', required' if name in required else ''})"
+                         + (f": {note}" if note else ""))
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Context layers (issue 36; seed 002's order: system, bootstrap, memory, skills, tool
+documentation, history, current message; seed 003's active project): a persona's bootstrap
+text, skills and tool documentation, a conversation's active project set over the API, as
+the model's request shows them."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.integration.conftest import Client, uid
+from tests.support.scripted_llm import call, text, tool_calls
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_context_holds_the_layers_in_seed_order(stack, llm):
+    client = Client(stack, stack.create_key("layers", admin=True,
+                                            tenant=stack.create_tenant(uid("layers-t"))))
+    made = client.post("/v1/personas", json={
+        "name": "Layered", "system_prompt": "SYSTEM-MARK you help.",
+        "bootstrap": "BOOTSTRAP-MARK the team ships on Fridays.",
+        "allowed_modules": ["math", "memory"], "tool_docs": True,
+        "skills": [{"name": "arithmetic", "instructions": "SKILL-MARK check sums twice.",
+                    "tools": ["math.evaluate"]},
+                   {"name": "ghost", "instructions": "GHOST-MARK never offered.",
+                    "tools": ["nope.tool"]}]})
+    assert made.status_code == 201, made.text
+    persona = made.json()
+    assert persona["tool_docs"] is True and persona["bootstrap"].startswith("BOOTSTRAP")
+    assert [s["name"] for s in persona["skills"]] == ["arithmetic", "ghost"]
+
+    key = uid("layers").replace("-", "_")
+    llm.script(key, [tool_calls(call("memory.remember",
+                                     {"content": "MEMORY-MARK likes tea"})),
+                     # the recall's embedding of the first question (it holds the marker)
+                     text("(an embedding)"),
+                     text("noted"), text("the answer")])
+    first = client.wait(client.submit(f"script:{key} remember that I like tea",
+                                      persona_id=persona["id"])["id"])
+    assert first["status"] == "completed" and first["response"]["content"] == "noted", first
+    conversation = first["conversation_id"]
+    patched = client.http.patch(client.url(f"/v1/conversations/{conversation}"),
+                                json={"active_project": "PROJECT-MARK the Q3 report"},
+                                timeout=70)
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["active_project"] == "PROJECT-MARK the Q3 report"
+    assert client.get(f"/v1/conversations/{conversation}").json()[
+        "active_project"] == "PROJECT-MARK the Q3 report"
+    second = client.post("/v1/continue", json={"conversation_id": conversation,
+                                               "content": "CURRENT-MARK what now?"})
+    assert second.status_code == 202, second.text
+    assert client.wait(second.json()["id"])["response"]["content"] == "the answer"
+
+    sent = llm.requests(key)[-1]["messages"]
+    system = sent[0]
+    assert system["role"] == "system"
+    body = system["content"]
+    marks = ["SYSTEM-MARK", "BOOTSTRAP-MARK", "MEMORY-MARK", "SKILL-MARK",
+             "[Tool documentation]", "PROJECT-MARK"]
+    positions = [body.find(m) for m in marks]
+    assert -1 not in positions, body
+    assert positions == sorted(positions), body  # system, bootstrap, memory, skills, tools
+    assert "- math.evaluate:" in body and "- memory.remember:" in body
+    assert "GHOST-MARK" not in body  # its tool is not offered
+    # then the history, then the current message, last
+    rest = [(m["role"], m.get("content")) for m in sent[1:]]
+    assert rest[0] == ("user", f"script:{key} remember that I like tea")
+    assert rest[-1] == ("user", "CURRENT-MARK what now?")
+    assert ("assistant", "noted") in rest
+    llm.assert_done(key)
+
+    # the project cleared; bad bodies; another tenant's conversation
+    path = client.url(f"/v1/conversations/{conversation}")
+    cleared = client.http.patch(path, json={"active_project": None}, timeout=70)
+    assert cleared.status_code == 200 and cleared.json()["active_project"] is None
+    for body in ({}, {"active_project": 3}, {"active_project": "x", "surprise": 1}):
+        refused = client.http.patch(path, json=body, timeout=70)
+        assert refused.status_code == 422, (body, refused.text)
+    assert client.http.patch(client.url(f"/v1/conversations/{uuid.uuid4()}"),
+                             json={"active_project": "x"}, timeout=70).status_code == 404
+    stranger = Client(stack, stack.create_key("layers-other", admin=True,
+                                              tenant=stack.create_tenant(uid("layers-o"))))
+    assert stranger.http.patch(path, json={"active_project": "x"},
+                               timeout=70).status_code == 404
+    bad = client.post("/v1/personas", json={"name": "Bad", "skills": [{"name": "x"}]})
+    assert bad.status_code == 422, bad.text
