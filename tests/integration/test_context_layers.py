@@ -85,3 +85,23 @@ def test_the_context_holds_the_layers_in_seed_order(stack, llm):
                                timeout=70).status_code == 404
     bad = client.post("/v1/personas", json={"name": "Bad", "skills": [{"name": "x"}]})
     assert bad.status_code == 422, bad.text
+
+
+def test_a_tool_sets_the_active_project_for_the_next_turns(stack, llm):
+    client = Client(stack, stack.create_key("layers-tool", admin=True,
+                                            tenant=stack.create_tenant(uid("layers-p"))))
+    persona = client.post("/v1/personas", json={"name": "Planner",
+                                                "allowed_modules": ["projects"]}).json()
+    key = uid("project").replace("-", "_")
+    llm.script(key, [tool_calls(call("projects.set_active",
+                                     {"project": "TOOL-PROJECT the migration"})),
+                     text("set")])
+    job = client.wait(client.submit(f"script:{key} we work on the migration now",
+                                    persona_id=persona["id"])["id"])
+    assert (job["status"], job["response"]["content"]) == ("completed", "set"), job
+    first, second = llm.requests(key)
+    assert "[Active project]" not in first["messages"][0]["content"]
+    assert "[Active project]\nTOOL-PROJECT the migration" in second["messages"][0]["content"]
+    shown = client.get(f"/v1/conversations/{job['conversation_id']}").json()
+    assert shown["active_project"] == "TOOL-PROJECT the migration"
+    llm.assert_done(key)
