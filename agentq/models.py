@@ -296,12 +296,12 @@ class Job(Base):
     custom_id: Mapped[str | None] = mapped_column(String(255))
     limits: Mapped[dict[str, Any] | None]
     """The request's own limits ({max_iterations, max_tokens, max_seconds}), as sent."""
-    follow_up_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     limits_applied: Mapped[dict[str, Any] | None]
     """The limits that apply ({max_iterations, max_tokens, max_seconds}, None where none
     sets it): for each the smallest of the request's, the persona's and the settings', fixed
     when the job is made (agentq.loop.decision.effective_limits). None: made before they
     were recorded (its step works them out)."""
+    follow_up_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     """The job made from steering that arrived too late for this one (it runs next)."""
     parent_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     """A sub-agent's parent job (`agents.delegate`); None for a top-level job."""
