@@ -511,13 +511,15 @@ def test_an_mcp_tool_registered_for_users_is_refused_to_a_guest(client, script, 
 
 
 def test_an_approval_gated_mcp_call_waits_and_a_slow_one_times_out(client, script, stack):
-    name = add_mcp(stack, "--approval", "add", "--timeout", "2")
+    # a time limit a quick call keeps on a loaded machine (the MCP server starts inside it),
+    # and a sleep far past it
+    name = add_mcp(stack, "--approval", "add", "--timeout", "15")
     try:
         module = listed(client, name)
-        assert (module["requires_approval"], module["timeout_s"]) == (["add"], 2.0)
+        assert (module["requires_approval"], module["timeout_s"]) == (["add"], 15.0)
         seen = {}
         marker = script([tool_calls(call(f"{name}.add", {"a": 2, "b": 2}),
-                                    call(f"{name}.sleep", {"seconds": 60})),
+                                    call(f"{name}.sleep", {"seconds": 120})),
                          text("done", check=lambda request: seen.setdefault(
                              "results", tool_results(request)))])
         job = client.submit(f"{marker} gated", platform_server_id=persona_for(stack, name))
