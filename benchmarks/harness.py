@@ -2,8 +2,9 @@
 process, the Procfile's processes (gunicorn API, workers, beat), an HTTP client, a watcher
 that sees jobs end, and samplers for memory and CPU.
 
-Redis: `AGENTQ_BENCH_REDIS` (default `redis://127.0.0.1:6379/11`) — its database is flushed
-at start and end, so give the benchmark a database number nobody else uses.
+Redis: `AGENTQ_BENCH_REDIS` (default: `AGENTQ_TEST_REDIS` when set, else
+`redis://127.0.0.1:6379/11`) — its database is flushed at start and end, so give the benchmark
+a database number nobody else uses.
 Postgres: `AGENTQ_TEST_PG` (an admin URL, default `postgresql://postgres@127.0.0.1:5432/postgres`);
 the benchmark makes `agentq_bench_<pid>` (and one `agentq_bench_peer_<kind>_<pid>` per peer) and
 drops them after.
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import os
 
-BENCH_REDIS_URL = os.environ.get("AGENTQ_BENCH_REDIS", "redis://127.0.0.1:6379/11")
+BENCH_REDIS_URL = (os.environ.get("AGENTQ_BENCH_REDIS") or os.environ.get("AGENTQ_TEST_REDIS")
+                   or "redis://127.0.0.1:6379/11")
+"""AGENTQ_BENCH_REDIS; else the test session's Redis database (a benchmark started by a test,
+or imported by one, stays on the suite's private server); else the machine's database 11."""
 # tests.support.stack reads AGENTQ_TEST_REDIS when imported: set it first.
 os.environ["AGENTQ_TEST_REDIS"] = BENCH_REDIS_URL
 
