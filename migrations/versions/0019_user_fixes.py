@@ -5,7 +5,7 @@
   the job is made; `jobs.limits` keeps what the request asked for.
 
 Revision ID: 0019_user_fixes
-Revises: 0018_loop_fixes
+Revises: 0016_tenant_admins
 Create Date: 2026-11-26 20:50:00
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0019_user_fixes'
-down_revision = '0018_loop_fixes'
+down_revision = '0016_tenant_admins'
 branch_labels = None
 depends_on = None
 
