@@ -16,6 +16,7 @@ context), so a web process with a few threads makes one.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import socket
@@ -87,18 +88,18 @@ class _AbortableStream(httpcore2.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        token = cancel.current()
-        if token is None:
-            return self._inner.read(max_bytes, timeout)
-        with token.aborting(self.abort):
+        with self._abortable():
             return self._inner.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        with self._abortable():
+            return self._inner.write(buffer, timeout)
+
+    def _abortable(self) -> contextlib.AbstractContextManager[None]:
+        """While the block runs, a set cancel token (if one is current) aborts this
+        connection."""
         token = cancel.current()
-        if token is None:
-            return self._inner.write(buffer, timeout)
-        with token.aborting(self.abort):
-            return self._inner.write(buffer, timeout)
+        return token.aborting(self.abort) if token is not None else contextlib.nullcontext()
 
     def abort(self) -> None:
         sock = self._inner.get_extra_info("socket")
