@@ -38,7 +38,7 @@ from agentq import batches, metrics
 from agentq.config import Settings, get_settings
 from agentq.db import riding_out, session_factory, utcnow
 from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
-from agentq.models import TERMINAL_STATUSES, Batch, Job, WebhookDelivery
+from agentq.models import TERMINAL_STATUSES, Batch, Job, Tenant, WebhookDelivery
 from agentq.views import _iso, batch_object, job_object
 from agentq.webhooks.secrets import signing_secrets
 from agentq.webhooks.signing import new_event_id, signed_headers
@@ -288,11 +288,16 @@ def _claim(sessions: sessionmaker, delivery_id: uuid.UUID,
             .execution_options(synchronize_session=False)).rowcount
         if taken != 1:
             return None
-        delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
+        # the event's tenant comes with the delivery: its secrets sign this attempt
+        delivery, tenant = session.execute(
+            select(WebhookDelivery, Tenant)
+            .join(Tenant, Tenant.id == WebhookDelivery.tenant_id)
+            .where(WebhookDelivery.id == delivery_id)
+            .execution_options(populate_existing=True)).one()
         return _Claimed(delivery.id, delivery.event_id, delivery.event_type, delivery.url,
                         delivery.attempt, delivery.job_id, delivery.batch_id,
                         event_body(session, delivery), lease_until,
-                        signing_secrets(session, delivery.tenant_id, settings, now))
+                        signing_secrets(session, tenant, settings, now))
 
 
 def _clip(text: str) -> str:

@@ -57,14 +57,12 @@ def _current(session: Session, tenant: Tenant, settings: Settings) -> tuple[str,
     return tuple(tenant.webhook_secret.split())
 
 
-def signing_secrets(session: Session, tenant_id: uuid.UUID, settings: Settings,
+def signing_secrets(session: Session, tenant: Tenant, settings: Settings,
                     now: datetime | None = None) -> tuple[str, ...]:
     """Every secret that signs the tenant's events now, the newest first (an empty tuple
     only for the default tenant with AGENTQ_WEBHOOK_SECRET unset: signing then fails with
-    the setting named)."""
-    tenant = session.get(Tenant, tenant_id)
-    if tenant is None:
-        raise NotFound("tenant", str(tenant_id))
+    the setting named). The caller loads the tenant's row with what it signs (a delivery
+    loads it with the delivery, agentq.webhooks.delivery._claim)."""
     current = _current(session, tenant, settings)
     now = now or utcnow()
     previous = ()

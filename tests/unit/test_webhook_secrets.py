@@ -9,6 +9,7 @@ import pytest
 
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_scope, utcnow
+from agentq.models import Tenant
 from agentq.tenants import DEFAULT_TENANT_ID, create_tenant
 from agentq.webhooks import secrets
 from tests.support import sqlite_template
@@ -31,27 +32,31 @@ def settings(tmp_path) -> Settings:
     return settings
 
 
+def signing(session, tenant_id, settings, now=None):
+    return secrets.signing_secrets(session, session.get(Tenant, tenant_id), settings, now)
+
+
 def test_the_default_tenant_signs_with_the_setting_until_it_rotates(settings):
     with session_scope(settings) as session:
-        assert secrets.signing_secrets(session, DEFAULT_TENANT_ID, settings) == \
+        assert signing(session, DEFAULT_TENANT_ID, settings) == \
             (SETTING, SETTING_NEXT)
         new = secrets.rotate(session, DEFAULT_TENANT_ID, settings)
     now = utcnow()
     with session_scope(settings) as session:
         # the new one first, the setting's still signing for a day, then no more
-        assert secrets.signing_secrets(session, DEFAULT_TENANT_ID, settings, now) == \
+        assert signing(session, DEFAULT_TENANT_ID, settings, now) == \
             (new, SETTING, SETTING_NEXT)
         later = now + secrets.ROTATION_OVERLAP + timedelta(seconds=1)
-        assert secrets.signing_secrets(session, DEFAULT_TENANT_ID, settings, later) == (new,)
+        assert signing(session, DEFAULT_TENANT_ID, settings, later) == (new,)
 
 
 def test_another_tenant_gets_a_secret_of_its_own_once(settings):
     with session_scope(settings) as session:
         tenant = create_tenant(session, "other").id
     with session_scope(settings) as session:
-        first = secrets.signing_secrets(session, tenant, settings)
+        first = signing(session, tenant, settings)
     with session_scope(settings) as session:
-        assert secrets.signing_secrets(session, tenant, settings) == first
+        assert signing(session, tenant, settings) == first
     assert len(first) == 1 and first[0].startswith("whsec_")
     assert SETTING not in first and SETTING_NEXT not in first
     with session_scope(settings) as session:
@@ -59,5 +64,5 @@ def test_another_tenant_gets_a_secret_of_its_own_once(settings):
         newer = secrets.rotate(session, tenant, settings)
     with session_scope(settings) as session:
         # a second rotation keeps the one just before it; the first is gone
-        assert secrets.signing_secrets(session, tenant, settings) == (newer, new)
+        assert signing(session, tenant, settings) == (newer, new)
     assert len({first[0], new, newer}) == 3
