@@ -44,17 +44,24 @@ def browser():
         browser.close()
 
 
-@pytest.fixture()
-def page(browser, stack, admin_key):
-    context = browser.new_context(base_url=stack.base, bypass_csp=True)
+def signed_in(browser, stack, key: str, path: str = "/ui/jobs", **options):
+    """A page of a new browser context (`options`: new_context's) signed in with `key`,
+    at `path`; close it with `page.context.close()`."""
+    context = browser.new_context(base_url=stack.base, bypass_csp=True, **options)
     context.set_default_timeout(WAIT_MS)
     page = context.new_page()
-    page.goto("/ui/jobs")
-    page.get_by_label("API key").fill(admin_key)
+    page.goto(path)
+    page.get_by_label("API key").fill(key)
     page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(re.compile(r"/ui/jobs"))
+    page.wait_for_url(re.compile(re.escape(path)))
+    return page
+
+
+@pytest.fixture()
+def page(browser, stack, admin_key):
+    page = signed_in(browser, stack, admin_key)
     yield page
-    context.close()
+    page.context.close()
 
 
 def beside(page, path: str):
@@ -532,13 +539,7 @@ def test_the_overview_shows_the_last_hour_by_the_tenant_rules(browser, stack, ll
     assert (expected["total"], expected["ended"]["failed"]) == (3, 1)
 
     # its admin sees the tenant's jobs: the numbers are the database's
-    context = browser.new_context(base_url=stack.base, bypass_csp=True)
-    context.set_default_timeout(WAIT_MS)
-    page = context.new_page()
-    page.goto("/ui/jobs")
-    page.get_by_label("API key").fill(admin)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(re.compile(r"/ui/jobs"))
+    page = signed_in(browser, stack, admin)
     page.get_by_role("link", name="Overview").click()
     page.wait_for_url(re.compile(r"/ui/overview"))
     assert "this tenant's jobs" in page.locator("#overview-scope").inner_text()
@@ -565,7 +566,7 @@ def test_the_overview_shows_the_last_hour_by_the_tenant_rules(browser, stack, ll
     admins.wait(admins.submit(f"{more} four", user=uid("ov"))["id"])
     page.locator("#ov-ended").get_by_text("4", exact=True).wait_for(timeout=30_000)
     assert page.locator("#overview-refresh").inner_text().startswith("Refreshed")
-    context.close()
+    page.context.close()
 
     # a key that is not an admin sees its own jobs; an operator every tenant's
     session = ui_session(stack, member)
@@ -576,18 +577,12 @@ def test_the_overview_shows_the_last_hour_by_the_tenant_rules(browser, stack, ll
         row = lookup(db, admin)
         db.execute(update(ApiKey).where(ApiKey.id == row.id).values(is_operator=True))
         db.commit()
-    context = browser.new_context(base_url=stack.base, bypass_csp=True,
-                                  viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(WAIT_MS)
-    page = context.new_page()
-    page.goto("/ui/overview")
-    page.get_by_label("API key").fill(admin)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(re.compile(r"/ui/overview"))
+    page = signed_in(browser, stack, admin, "/ui/overview",
+                     viewport={"width": 1280, "height": 900})
     assert "every tenant" in page.locator("#overview-scope").inner_text()
     assert int(page.locator("#ov-ended").inner_text()) == overview_expected(stack)["total"] >= 4
     check(page, "overview-all")  # docs/ui/overview.png
-    context.close()
+    page.context.close()
     for key in keys:
         llm.assert_done(key)
 
