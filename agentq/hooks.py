@@ -68,6 +68,23 @@ def load_strategy(name: str) -> Any | None:
     return target
 
 
+def compact_with(strategy: Any, name: str, ctx: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """`strategy.compact(ctx)`: the messages it gave; None when it raised or gave no list of
+    messages (the built-in compaction then runs). A strategy's bug never fails a job."""
+    try:
+        out = strategy.compact(ctx)
+    except Exception:  # noqa: BLE001 - a strategy's bug never fails a job
+        log.exception("compaction strategy failed",
+                      extra={"job_id": ctx.get("job_id"), "strategy": name})
+        return None
+    if not isinstance(out, list) or not out or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in out):
+        log.error("compaction strategy gave no list of messages",
+                  extra={"job_id": ctx.get("job_id"), "strategy": name})
+        return None
+    return out
+
+
 @dataclass
 class Hooks:
     loaded: list[tuple[str, Any]] = field(default_factory=list)

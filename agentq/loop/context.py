@@ -36,6 +36,13 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS
 
 
+def wire_tokens(messages: Sequence[dict[str, Any]]) -> int:
+    """An estimate of the tokens of provider messages as sent."""
+    return sum(estimate_tokens(json.dumps(m.get("content") if m.get("content") is not None
+                                          else "", ensure_ascii=False))
+               + MESSAGE_OVERHEAD_TOKENS for m in messages)
+
+
 def truncate(text: str, max_chars: int) -> str:
     """Cut `text` to `max_chars`, with a marker saying how much was cut."""
     if len(text) <= max_chars:

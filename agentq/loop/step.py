@@ -61,7 +61,7 @@ from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq import agents, approvals, memory, replay
 from agentq import branches
-from agentq.hooks import Hooks, load_strategy
+from agentq.hooks import Hooks, compact_with, load_strategy
 from agentq.loop import budget, context
 from agentq.loop import layers as context_layers
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
@@ -496,9 +496,11 @@ class Stepper:
                  "messages": plan.messages_before}):
             log.info("compaction skipped by a hook", extra={"job_id": str(job.id)})
             plan = None
-        if plan is not None and self.strategy is not None and self._compact_custom(
-                uow, job, turn, plan):
-            plan = None
+        compacted = None
+        if plan is not None and self.strategy is not None:
+            compacted = self._compact_custom(uow, job, turn, plan)
+            if compacted is not None:
+                plan = None
         turn.compaction = plan
         if plan is not None:
             self._compaction_start(uow, job.id, turn, plan)
@@ -506,7 +508,8 @@ class Stepper:
                 self._compaction_end(uow, job.id, turn, "prune")
         if (plan is None or not plan.summarize) and not turn.resumed:
             uow.event(job.id, "message_start", role="assistant", turn=job.iteration + 1)
-        turn.messages = self._assemble(turn)
+        # what the custom strategy gave is sent, not assembled and compacted a second time
+        turn.messages = compacted or self._assemble(turn)
         return None
 
     def _assemble(self, turn: "_Turn") -> list[dict[str, Any]]:
@@ -523,46 +526,32 @@ class Stepper:
 
     def _strategy_messages(self, turn: "_Turn", messages: list[dict[str, Any]]
                            ) -> list[dict[str, Any]] | None:
-        """The custom strategy's compaction of `messages`; None when it raised or gave no
-        list of messages (the built-in compaction then runs)."""
-        try:
-            out = self.strategy.compact({
-                "job_id": turn.job_id, "turn": turn.turn, "messages": [dict(m) for m in messages],
-                "tokens": _wire_tokens(messages), "budget": turn.budget,
-                "threshold": self.settings.compaction_threshold})
-        except Exception:  # noqa: BLE001 - a strategy's bug never fails a job
-            log.exception("compaction strategy failed", extra={
-                "job_id": turn.job_id, "strategy": self.settings.compaction_strategy})
-            return None
-        if not isinstance(out, list) or not out or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in out):
-            log.error("compaction strategy gave no list of messages", extra={
-                "job_id": turn.job_id, "strategy": self.settings.compaction_strategy})
-            return None
-        return out
+        """The custom strategy's compaction of `messages` (None: the built-in one runs)."""
+        return compact_with(self.strategy, self.settings.compaction_strategy, {
+            "job_id": turn.job_id, "turn": turn.turn, "messages": [dict(m) for m in messages],
+            "tokens": context.wire_tokens(messages), "budget": turn.budget,
+            "threshold": self.settings.compaction_threshold})
 
     def _compact_custom(self, uow: UnitOfWork, job: Job, turn: "_Turn",
-                        plan: context.Compaction) -> bool:
+                        plan: context.Compaction) -> list[dict[str, Any]] | None:
         """The context passed the threshold: the custom strategy compacts it instead of the
-        built-in one (False when it failed: the built-in one runs)."""
+        built-in one; the messages it gave (None when it failed: the built-in one runs)."""
         turn.job_id = str(job.id)
-        before = self._assemble(turn)
-        after = self._strategy_messages(turn, before)
+        after = self._strategy_messages(turn, self._assemble(turn))
         if after is None:
-            return False
-        turn.compacted_by = self.settings.compaction_strategy
-        name = self.settings.compaction_strategy
+            return None
+        turn.compacted_by = name = self.settings.compaction_strategy
         uow.event(job.id, "compaction_start", turn=turn.turn,
                   tokens_before=plan.tokens_before, messages_before=plan.messages_before,
                   window=turn.budget, threshold=self.settings.compaction_threshold,
                   summarize_messages=0, round=1)
         stats = {"strategy": name, "tokens_before": plan.tokens_before,
-                 "tokens_after": _wire_tokens(after),
+                 "tokens_after": context.wire_tokens(after),
                  "messages_before": plan.messages_before, "messages_after": len(after)}
         uow.event(job.id, "compaction_end", **stats)
         if self.hooks.loaded:
             self.hooks.after_compaction({**_hook_ctx(job, job.iteration + 1), **stats})
-        return True
+        return after
 
     def _backlog(self, session: Session, turn: "_Turn", through: int
                  ) -> tuple[list[context.StoredMessage], bool]:
@@ -1075,13 +1064,6 @@ def _trigger(job: Job, steered: bool, branch: bool = False) -> str:
             return "follow_up"
         return "user"
     return "steering" if steered else "continuation"
-
-
-def _wire_tokens(messages: list[dict[str, Any]]) -> int:
-    """An estimate of the tokens of messages as sent."""
-    return sum(context.estimate_tokens(json.dumps(m.get("content") if m.get("content") is not None
-                                          else "", ensure_ascii=False)) + 4
-               for m in messages)
 
 
 def _hook_ctx(job: Job, turn: int) -> dict[str, Any]:
