@@ -219,6 +219,16 @@ def _json(schema: str, description: str, **extra: Any) -> dict[str, Any]:
             "content": {"application/json": {"schema": schema}}, **extra}
 
 
+def _errors(*statuses: int) -> dict[str, str]:
+    """The responses of these error statuses: each a reference to its ERROR_STATUSES entry."""
+    return {str(s): ERROR_STATUSES[s][0] for s in statuses}
+
+
+def _body(schema: str) -> dict[str, Any]:
+    """A required JSON request body of this schema."""
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 def _job_links() -> dict[str, Any]:
     by_id = {"job_id": "$response.body#/id"}
     return {
@@ -247,8 +257,7 @@ def _submitted(summary: str, body: str, description: str, errors: tuple[int, ...
         "operationId": operation_id, "summary": summary, "description": description,
         "tags": ["jobs"],
         "parameters": ["wait", "idempotency_key"],
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": body}}},
+        "requestBody": _body(body),
         "responses": {
             "202": _json("Job", "The job, accepted (or the first job of this "
                                 "Idempotency-Key).",
@@ -259,7 +268,7 @@ def _submitted(summary: str, body: str, description: str, errors: tuple[int, ...
                          headers={"Location": "Location",
                                   "Idempotent-Replayed": "Idempotent-Replayed"},
                          links=_job_links()),
-            **{str(s): ERROR_STATUSES[s][0] for s in errors},
+            **_errors(*errors),
         },
     }
 
@@ -279,13 +288,13 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "getJob", "summary": "Get a job", "tags": ["jobs"],
         "parameters": ["wait"],
         "responses": {"200": _json("Job", "The job object."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+                      **_errors(401, 403, 404, 422)}},
     ("POST", "/v1/jobs/{}/cancel"): {
         "operationId": "cancelJob", "summary": "Cancel a job", "tags": ["jobs"],
         "description": "The job ends `cancelled` at its next step boundary; queued tool "
                        "tasks are revoked. `409` once it has ended.",
         "responses": {"202": _json("Job", "Cancelling; the job object."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("GET", "/v1/jobs/{}/events"): {
         "operationId": "listJobEvents", "summary": "A job's events", "tags": ["jobs"],
         "description": "The job's ordered events. With `Accept: text/event-stream` they "
@@ -299,12 +308,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                     "type": "string",
                                     "description": "Server-sent events, one per job "
                                                    "event, with keep-alive comments."}}}},
-            **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+            **_errors(401, 403, 404, 422)}},
     ("GET", "/v1/jobs/{}/deliveries"): {
         "operationId": "listDeliveries", "summary": "A job's webhook deliveries",
         "tags": ["webhooks"],
         "responses": {"200": _json("DeliveryPage", "Every attempt, oldest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("POST", "/v1/jobs/{}/deliveries/redeliver"): {
         "operationId": "redeliver", "summary": "Send a job's webhook event again",
         "tags": ["webhooks"],
@@ -312,30 +321,29 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "the job has not ended, has no `callback_url`, or a delivery is "
                        "pending.",
         "responses": {"202": _json("Delivery", "The new delivery attempt, pending."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("GET", "/v1/conversations/{}/messages"): {
         "operationId": "listConversationMessages", "summary": "A conversation's history",
         "tags": ["conversations"],
         "parameters": ["messages_after", "limit"],
         "responses": {"200": _json("MessagePage", "Stored messages, oldest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 422)}}},
+                      **_errors(401, 403, 404, 422)}},
     ("GET", "/v1/conversations/{}"): {
         "operationId": "getConversation", "summary": "A conversation",
         "tags": ["conversations"],
         "description": "`branched_from` names a branch's source conversation and the "
                        "source's first message it does not hold.",
         "responses": {"200": _json("Conversation", "The conversation."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("PATCH", "/v1/conversations/{}"): {
         "operationId": "updateConversation", "summary": "Set a conversation's active project",
         "tags": ["conversations"],
         "description": "`active_project` is sent in the context of the conversation's next "
                        "turns (after the persona's system prompt, bootstrap, memories, "
                        "skills and tool documentation); null or blank clears it.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "ConversationUpdate"}}},
+        "requestBody": _body("ConversationUpdate"),
         "responses": {"200": _json("Conversation", "The conversation."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("POST", "/v1/conversations/{}/branch"): {
         "operationId": "branchConversation", "summary": "Continue from an earlier point",
         "tags": ["conversations"],
@@ -345,12 +353,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "conversation is not changed. A message or job not in it is `404`; a "
                        "non-admin key's `model` must be the persona's default model or a "
                        "configured one (`422` naming `model` otherwise).",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "BranchRequest"}}},
+        "requestBody": _body("BranchRequest"),
         "responses": {"202": _json("Job", "The branch's job.",
                                    headers={"Location": "Location"}, links=_job_links()),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("GET", "/v1/files/{}"): {
         "operationId": "getFile", "summary": "A stored file's bytes", "tags": ["files"],
         "description": "`Content-Disposition` names the file by RFC 6266 (`filename*` in "
@@ -363,11 +369,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                     "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
                     "content": {"application/octet-stream": {
                         "schema": {"type": "string", "format": "binary"}}}},
-            **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+            **_errors(401, 403, 404)}},
     ("POST", "/v1/embed"): {
         "operationId": "embed", "summary": "Embed a text", "tags": ["embeddings"],
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "EmbedRequest"}}},
+        "requestBody": _body("EmbedRequest"),
         "description": "Paid from a user's monthly token budget: the user `platform` + "
                        "`platform_user_id` name, or else the key's own (platform `api_key`). "
                        "A text whose tokens the budget cannot pay is refused `429` "
@@ -377,8 +382,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "429": _json("Error", "`budget_exceeded`: the user's monthly token "
                                             "budget cannot pay for this text.",
                                    headers={"Retry-After": {"schema": {"type": "integer"}}}),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 415, 422, 502)}}},
+                      **_errors(401, 403, 415, 422, 502)}},
     ("GET", "/health"): {
         "operationId": "health", "summary": "Alive", "tags": ["health"], "security": [],
         "responses": {"200": _json("Health", "`{\"status\": \"ok\"}`.")}},
@@ -425,11 +429,11 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"202": _json("Batch", "The batch.",
                                    headers={"Location": "BatchLocation"},
                                    links=_batch_links()),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("GET", "/v1/batches/{}"): {
         "operationId": "getBatch", "summary": "Get a batch", "tags": ["batches"],
         "responses": {"200": _json("Batch", "The batch."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("GET", "/v1/batches/{}/results"): {
         "operationId": "getBatchResults", "summary": "A batch's ended jobs",
         "tags": ["batches"],
@@ -437,73 +441,67 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                              "`batch_index`) a line, in request order.",
                               "content": {"application/x-ndjson": {"schema": {
                                   "type": "string"}}}},
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("POST", "/v1/batches/{}/cancel"): {
         "operationId": "cancelBatch", "summary": "Cancel a batch", "tags": ["batches"],
         "responses": {"202": _json("Batch", "Cancelling; the batch."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("POST", "/v1/jobs/{}/replay"): {
         "operationId": "replayJob", "summary": "Replay a job", "tags": ["replay"],
         "description": "`recorded` answers each LLM call from the original's stored replies "
                        "and re-runs the tools; `live` calls the LLM again. `409` until the "
                        "original has ended. A non-admin key's `model` must be the persona's "
                        "default model or a configured one (`422` naming `model` otherwise).",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "Replay"}}},
+        "requestBody": _body("Replay"),
         "responses": {"202": _json("Job", "The new job, with `replay_of` set.",
                                    headers={"Location": "Location"}, links=_job_links()),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     ("POST", "/v1/batches/replay"): {
         "operationId": "replayBatch", "summary": "Replay many jobs as a batch",
         "tags": ["replay"],
         "description": "A non-admin key's `model` must be each persona's default model or a "
                        "configured one (`422` naming `model` otherwise).",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "ReplayBatch"}}},
+        "requestBody": _body("ReplayBatch"),
         "responses": {"202": _json("Batch", "The batch of replays.",
                                    headers={"Location": "BatchLocation"},
                                    links=_batch_links()),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     ("GET", "/v1/jobs/{}/compare"): {
         "operationId": "compareReplay", "summary": "A replay beside its original",
         "tags": ["replay"],
         "description": "`404` when the job is not a replay.",
         "responses": {"200": _json("Compare", "Answers, tool calls and usage side by side."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     # --- admin: tenants (operators) and keys (operators: any tenant; tenant admins: their
     # own) -----------------------------------------------------------------------------------
     ("POST", "/v1/admin/tenants"): {
         "operationId": "createTenant", "summary": "Make a tenant", "tags": ["admin"],
         "description": "Operator keys only (a tenant admin gets `403`). `409` when the name "
                        "is taken.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "TenantRequest"}}},
+        "requestBody": _body("TenantRequest"),
         "responses": {"201": _json("Tenant", "The new tenant."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 409, 415, 422)}}},
+                      **_errors(401, 403, 409, 415, 422)}},
     ("GET", "/v1/admin/tenants"): {
         "operationId": "listTenants", "summary": "Every tenant", "tags": ["admin"],
         "description": "Operator keys only (a tenant admin gets `403`).",
         "responses": {"200": _json("TenantPage", "Every tenant, oldest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+                      **_errors(401, 403)}},
     ("GET", "/v1/admin/tenants/{}"): {
         "operationId": "getTenant", "summary": "A tenant and its quotas", "tags": ["admin"],
         "description": "An operator: any tenant; a tenant admin: its own (another tenant is "
                        "`404`). Each quota is the tenant's own or the settings' default "
                        "(`quotas_set` names those set); 0 is no limit.",
         "responses": {"200": _json("Tenant", "The tenant."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("PATCH", "/v1/admin/tenants/{}"): {
         "operationId": "updateTenant", "summary": "Set a tenant's quotas", "tags": ["admin"],
         "description": "Operator keys only (a tenant admin gets `403`, even for its own "
                        "tenant). Each quota given is set (a whole number 0..1,000,000; 0 is "
                        "no limit) or, with `null`, back to the settings' default "
                        "(`AGENTQ_QUOTA_*`); the others stay.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "TenantUpdate"}}},
+        "requestBody": _body("TenantUpdate"),
         "responses": {"200": _json("Tenant", "The tenant, with its quotas now."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("POST", "/v1/admin/keys"): {
         "operationId": "createKey", "summary": "Make an API key of a tenant",
         "tags": ["admin"],
@@ -511,23 +509,22 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "is shown; only its hash is stored. `admin: true` makes an admin of "
                        "that tenant (never an operator: those are made on the server). A "
                        "tenant admin names only its own tenant: another is `404`.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "KeyRequest"}}},
+        "requestBody": _body("KeyRequest"),
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("GET", "/v1/admin/keys"): {
         "operationId": "listKeys", "summary": "Every API key (never the key itself)",
         "tags": ["admin"],
         "description": "An operator: every tenant's keys; a tenant admin: its tenant's.",
         "responses": {"200": _json("ApiKeyPage", "Every key, oldest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+                      **_errors(401, 403)}},
     ("POST", "/v1/admin/keys/{}/revoke"): {
         "operationId": "revokeKey", "summary": "Revoke an API key", "tags": ["admin"],
         "description": "From now on the key answers `401`, and its schedules stop firing. "
                        "Another tenant's key is `404` to a tenant admin; an operator's key "
                        "is `403` to it.",
         "responses": {"200": _json("ApiKey", "The key, revoked."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     # --- tool modules: admin keys only ----------------------------------------------------
     ("GET", "/v1/modules"): {
         "operationId": "listModules", "summary": "Every tool module with its tools and health",
@@ -537,7 +534,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "(`signed` says whether there is one). A tenant admin sees its "
                        "tenant's modules and the global ones; an operator every one.",
         "responses": {"200": _json("ModulePage", "Every module, python ones first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+                      **_errors(401, 403)}},
     ("POST", "/v1/modules"): {
         "operationId": "addModule", "summary": "Register an HTTP module or an MCP server",
         "tags": ["modules"],
@@ -549,10 +546,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "module is the key's tenant's (offered only to its jobs); "
                        "`global: true` (an operator only, else `403`) offers it to every "
                        "tenant.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "ModuleRequest"}}},
+        "requestBody": _body("ModuleRequest"),
         "responses": {"201": _json("Module", "The module, with its tools."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 409, 415, 422)}}},
+                      **_errors(401, 403, 409, 415, 422)}},
     ("POST", "/v1/modules/{}/refresh"): {
         "operationId": "refreshModule", "summary": "Fetch a module's manifest now",
         "tags": ["modules"],
@@ -560,7 +556,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "answer is shown unhealthy. `409` for a python module; another "
                        "tenant's module is `404`.",
         "responses": {"200": _json("Module", "The module as it is now."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("DELETE", "/v1/modules/{}"): {
         "operationId": "removeModule", "summary": "Unregister a module",
         "tags": ["modules"],
@@ -568,7 +564,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "configured by AGENTQ_TOOL_MODULES; another tenant's module is `404`; "
                        "a global one is removed by an operator only (`403`).",
         "responses": {"204": {"description": "Removed."},
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("POST", "/v1/admin/keys/{}/rotate"): {
         "operationId": "rotateKey", "summary": "Rotate an API key", "tags": ["admin"],
         "description": "Revokes the key and makes its successor (same name, tenant and "
@@ -576,7 +572,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "`409` when the key is revoked already. Another tenant's key is `404` "
                        "to a tenant admin; an operator's key is `403` to it.",
         "responses": {"201": _json("NewApiKey", "The new key, with `key`."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 409)}}},
+                      **_errors(401, 403, 404, 409)}},
     ("POST", "/v1/admin/webhook-secret/rotate"): {
         "operationId": "rotateWebhookSecret", "summary": "A new webhook secret for the "
                                                          "key's tenant",
@@ -589,7 +585,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "for 24 h the previous one signs too (two `v1,` signatures, "
                        "space-separated).",
         "responses": {"200": _json("WebhookSecret", "The new secret, shown this once."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+                      **_errors(401, 403)}},
     # --- admin: in the admin key's tenant -------------------------------------------------
     ("POST", "/v1/personas"): {
         "operationId": "createPersona", "summary": "Make a persona", "tags": ["admin"],
@@ -597,69 +593,63 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "`is_default: true` moves the default here. `allowed_modules` must "
                        "name known tool modules and `requires_approval` known tools "
                        "(`422`).",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "PersonaRequest"}}},
+        "requestBody": _body("PersonaRequest"),
         "responses": {"201": _json("Persona", "The new persona."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 415, 422)}}},
+                      **_errors(401, 403, 415, 422)}},
     ("GET", "/v1/personas"): {
         "operationId": "listPersonas", "summary": "The tenant's personas", "tags": ["admin"],
         "responses": {"200": _json("PersonaPage", "Every persona, oldest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403)}}},
+                      **_errors(401, 403)}},
     ("GET", "/v1/personas/{}"): {
         "operationId": "getPersona", "summary": "Get a persona", "tags": ["admin"],
         "responses": {"200": _json("Persona", "The persona."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("PATCH", "/v1/personas/{}"): {
         "operationId": "updatePersona", "summary": "Change a persona", "tags": ["admin"],
         "description": "Only the fields given change. `is_default: false` on the default "
                        "is `409` (make another the default instead).",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "PersonaUpdate"}}},
+        "requestBody": _body("PersonaUpdate"),
         "responses": {"200": _json("Persona", "The persona."),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     ("DELETE", "/v1/personas/{}"): {
         "operationId": "deletePersona", "summary": "Delete a persona", "tags": ["admin"],
         "description": "Conversations and jobs that named it go on with none; if it was the "
                        "default, the oldest remaining persona becomes the default.",
         "responses": {"200": _json("Deleted", "`{\"id\", \"deleted\": true}`."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("GET", "/v1/users"): {
         "operationId": "listUsers", "summary": "The tenant's users", "tags": ["admin"],
         "parameters": ["limit", "offset"],
         "responses": {"200": _json("UserPage", "Users, oldest first, with identities."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+                      **_errors(401, 403, 422)}},
     ("GET", "/v1/users/{}"): {
         "operationId": "getUser", "summary": "A user, their usage and token logs",
         "tags": ["admin"],
         "responses": {"200": _json("UserDetail", "The user, usage this budget period and "
                                                  "the latest token logs."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("PATCH", "/v1/users/{}"): {
         "operationId": "updateUser", "summary": "Set a user's level, budget or name",
         "tags": ["admin"],
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "UserUpdate"}}},
+        "requestBody": _body("UserUpdate"),
         "responses": {"200": _json("UserDetail", "The user."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("POST", "/v1/users/{}/links"): {
         "operationId": "linkUser", "summary": "Link another platform identity",
         "tags": ["admin"],
         "description": "Messages from this (platform, platform_user_id) are this user's "
                        "from now on. `409` when it is another user's; `200` when it is "
                        "this user's already.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "IdentityRequest"}}},
+        "requestBody": _body("IdentityRequest"),
         "responses": {"201": _json("User", "The user, with the new identity."),
                       "200": _json("User", "The user; the identity was linked already."),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     ("GET", "/v1/usage"): {
         "operationId": "usageReport", "summary": "Tokens and cost per user, persona or model",
         "tags": ["admin"],
         "parameters": ["usage_group_by", "usage_since", "usage_until"],
         "responses": {"200": _json("UsageReport", "One row per group, largest cost first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+                      **_errors(401, 403, 422)}},
     # --- approvals ------------------------------------------------------------------------
     ("POST", "/v1/jobs/{}/tool_calls/{}/approve"): {
         "operationId": "approveToolCall", "summary": "Approve a tool call", "tags": ["jobs"],
@@ -669,8 +659,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": {"required": False,
                         "content": {"application/json": {"schema": "ApproveRequest"}}},
         "responses": {"202": _json("Job", "Approved: the call runs; the job object."),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     ("POST", "/v1/jobs/{}/tool_calls/{}/deny"): {
         "operationId": "denyToolCall", "summary": "Deny a tool call", "tags": ["jobs"],
         "description": "The call does not run; the model reads a `denied` tool error with "
@@ -678,31 +667,29 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": {"required": False,
                         "content": {"application/json": {"schema": "DenyRequest"}}},
         "responses": {"202": _json("Job", "Denied; the job object."),
-                      **{str(s): ERROR_STATUSES[s][0]
-                         for s in (401, 403, 404, 409, 415, 422)}}},
+                      **_errors(401, 403, 404, 409, 415, 422)}},
     # --- schedules ------------------------------------------------------------------------
     ("POST", "/v1/schedules"): {
         "operationId": "createSchedule", "summary": "Continue a conversation later",
         "tags": ["schedules"],
         "description": "Exactly one of `run_at`, `delay_s` and `cron` (+ `timezone`). Each "
                        "firing is a POST /v1/continue job, made once per tick.",
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": "ScheduleRequest"}}},
+        "requestBody": _body("ScheduleRequest"),
         "responses": {"201": _json("ScheduleDetail", "The schedule.",
                                    headers={"Location": {"description": "The schedule's "
                                                                         "URL.",
                                                          "schema": {"type": "string"}}}),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404, 415, 422)}}},
+                      **_errors(401, 403, 404, 415, 422)}},
     ("GET", "/v1/schedules"): {
         "operationId": "listSchedules", "summary": "Schedules", "tags": ["schedules"],
         "parameters": ["schedule_conversation", "schedule_status", "limit"],
         "responses": {"200": _json("SchedulePage", "Newest first."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 422)}}},
+                      **_errors(401, 403, 422)}},
     ("GET", "/v1/schedules/{}"): {
         "operationId": "getSchedule", "summary": "Get a schedule and its firings",
         "tags": ["schedules"],
         "responses": {"200": _json("ScheduleDetail", "The schedule."),
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
     ("DELETE", "/v1/schedules/{}"): {
         "operationId": "deleteSchedule", "summary": "Cancel a schedule",
         "tags": ["schedules"],
@@ -710,7 +697,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        "`status: cancelled` (a schedule that was done stays `done`) and "
                        "`cancelled_at`. Deleting it again changes nothing (204).",
         "responses": {"204": {"description": "Cancelled; no body."},
-                      **{str(s): ERROR_STATUSES[s][0] for s in (401, 403, 404)}}},
+                      **_errors(401, 403, 404)}},
 }
 
 
@@ -785,7 +772,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
         operation = dict(operation)
         extra = ALWAYS_POSSIBLE + ((413,) if "requestBody" in operation else ())
         operation["responses"] = {**operation["responses"],
-                                  **{str(s): ERROR_STATUSES[s][0] for s in extra}}
+                                  **_errors(*extra)}
         if path not in ("/health", "/openapi.json"):  # every route that reads a dependency
             operation["responses"].setdefault("503", ERROR_STATUSES[503][0])
         if path.startswith("/v1/"):  # every route that takes a key (api/ratelimit.py)
