@@ -76,22 +76,13 @@ def add_module(session, registry: ToolRegistry, spec: ModuleSpec) -> dict[str, A
 
 
 def check_module_quota(session, tenant_id: uuid.UUID, settings) -> None:
-    """Refuse a tenant's module past its `modules` quota (`agentq.tenants.Quotas`; global
-    modules do not count), before its manifest is fetched. The tenant's row is locked
-    first, so concurrent registrations of one tenant count one after another."""
+    """Refuse a tenant's module past its `modules` quota (agentq.tenants.check_quota; global
+    modules do not count), before its manifest is fetched."""
     from sqlalchemy import func, select
 
-    from agentq.errors import QuotaExceeded
-    from agentq.models import Tenant
-    from agentq.tenants import quotas_for
-    limit = quotas_for(session, tenant_id, settings).modules
-    if not limit:
-        return
-    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
-    held = session.execute(select(func.count()).select_from(ToolModuleRow).where(
-        ToolModuleRow.tenant_id == tenant_id)).scalar_one()
-    if held >= limit:
-        raise QuotaExceeded("modules", limit, held)
+    from agentq.tenants import check_quota
+    check_quota(session, tenant_id, "modules", select(func.count()).select_from(ToolModuleRow)
+                .where(ToolModuleRow.tenant_id == tenant_id), settings)
 
 
 def find_spec(session, registry: ToolRegistry, name: str, tenant_id=None) -> ModuleSpec:

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring, Tenant
+from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
 from agentq.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
@@ -178,18 +178,10 @@ def create_schedule(session: Session, conversation: Conversation, content: str, 
 
 def check_schedule_quota(session: Session, tenant_id: uuid.UUID,
                          settings: Settings | None = None) -> None:
-    """Refuse one more active schedule past the tenant's quota. The tenant's row is locked
-    first, so concurrent creations of one tenant count one after another."""
-    from agentq.errors import QuotaExceeded
-    from agentq.tenants import quotas_for
-    limit = quotas_for(session, tenant_id, settings).schedules
-    if not limit:
-        return
-    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
-    active = session.execute(select(func.count()).select_from(Schedule).where(
-        Schedule.tenant_id == tenant_id, Schedule.status == "active")).scalar_one()
-    if active >= limit:
-        raise QuotaExceeded("schedules", limit, active)
+    """Refuse one more active schedule past the tenant's quota (agentq.tenants.check_quota)."""
+    from agentq.tenants import check_quota
+    check_quota(session, tenant_id, "schedules", select(func.count()).select_from(Schedule)
+                .where(Schedule.tenant_id == tenant_id, Schedule.status == "active"), settings)
 
 
 def cancel_schedule(session: Session, schedule: Schedule) -> Schedule:

@@ -146,6 +146,21 @@ def forget_cached_quotas() -> None:
         _cache.clear()
 
 
+def check_quota(session: Session, tenant_id: uuid.UUID, quota: str, held,
+                settings: Settings | None = None) -> None:
+    """Refuse one more of what `quota` bounds (QuotaExceeded, 422) when the tenant holds
+    its quota already; `held` is the statement counting what it holds. The tenant's row is
+    locked first, so concurrent creations of one tenant count one after another."""
+    from agentq.errors import QuotaExceeded
+    limit = getattr(quotas_for(session, tenant_id, settings), quota)
+    if not limit:
+        return
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    used = session.execute(held).scalar_one()
+    if used >= limit:
+        raise QuotaExceeded(quota, limit, used)
+
+
 def update_quotas(session: Session, tenant: Tenant, changes: Mapping[str, Any]) -> Tenant:
     """Set (a whole number 0..1,000,000) or clear (null: back to the default) some of a
     tenant's quotas; the others stay as they were."""
@@ -196,21 +211,29 @@ def _running_statement():
         _RUNNING = select(func.count()).select_from(Job).where(
             Job.tenant_id == bindparam("tenant_id"), Job.status.in_(_LIVE),
             or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(_NOT_ADMITTED)),
-            Job.id != bindparam("besides"))
+            Job.id.not_in(bindparam("aside", expanding=True)))
     return _RUNNING
 
 
-_NOBODY = uuid.UUID(int=0)
+def _runs(job) -> bool:
+    """`_running_statement`'s condition, of a job as it is in memory."""
+    return job.status in _LIVE and job.waiting_for not in _NOT_ADMITTED
 
 
 def running_count(session: Session, tenant_id: uuid.UUID,
                   besides: uuid.UUID | None = None) -> int:
     """The tenant's jobs that run or were let start (queued with nothing to wait for,
     waiting for their provider or a person), `besides` aside: what `running_jobs` bounds.
-    Through the partial index of its live jobs."""
-    return session.execute(_running_statement(), {"tenant_id": tenant_id,
-                                                  "besides": besides or _NOBODY}
-                           ).scalar_one()
+    Through the partial index of its live jobs, as this session sees them: a job it changed
+    and has not written yet (a step's unit of work writes at its commit: the job ending,
+    the one handed its conversation) counts as it is now."""
+    from agentq.models import Job
+    changed = [o for o in (*session.new, *session.dirty)
+               if isinstance(o, Job) and o.tenant_id == tenant_id]
+    aside = {o.id for o in changed} | ({besides} if besides is not None else set())
+    stored = session.execute(_running_statement(), {"tenant_id": tenant_id,
+                                                    "aside": list(aside)}).scalar_one()
+    return stored + sum(1 for o in changed if o.id != besides and _runs(o))
 
 
 def may_start(session: Session, job, settings: Settings | None = None) -> bool:
