@@ -20,6 +20,7 @@ from agentq.tenants import (DEFAULT_TENANT_ID, QUOTA_NAMES, Quotas, create_tenan
                             default_quotas, may_start, quotas_for, running_count,
                             update_quotas)
 from tests.support import sqlite_template
+from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
 
 
 @pytest.fixture()
@@ -123,6 +124,25 @@ def test_a_job_past_the_running_jobs_quota_waits_for_it(settings):
         session.flush()
         third = job()
         assert may_start(session, third, settings)
+
+
+def test_a_job_ending_hands_its_place_on_at_once(make):
+    """Its end, not a sweeper pass, starts who waits: the conversation's next job takes the
+    ended job's place, and a job waiting for the quota starts when that one ends (a step's
+    unit of work writes its changes at the commit: the count sees them before)."""
+    # given a quota of one running job: one running, one behind it in its conversation,
+    # one in another conversation waiting for the quota
+    h = make(text("one"), text("two"), text("three"), AGENTQ_QUOTA_RUNNING_JOBS="1")
+    first, behind = h.submit("a?", thread="t1"), h.submit("b?", thread="t1")
+    other = h.submit("c?", thread="t2")
+    assert (h.job(behind).waiting_for, h.job(other).waiting_for) == ("conversation", "quota")
+    # when the first ends, the runner running every step sent meanwhile
+    h.drive(first)
+    # then each started when the one before it ended, and all three answered in turn
+    jobs = [h.job(j) for j in (first, behind, other)]
+    assert [j.status for j in jobs] == ["completed"] * 3
+    assert [j.response["content"] for j in jobs] == ["one", "two", "three"]
+    assert jobs[0].finished_at <= jobs[1].started_at <= jobs[1].finished_at <= jobs[2].started_at
 
 
 def test_a_non_admin_keys_place_is_its_own():
