@@ -119,7 +119,7 @@ def model_label(model: str | None) -> str:
     settings = get_settings()
     if model in (settings.model, settings.embedding_model) or \
             model in settings.fallback_models or model.lower() in prices() or \
-            model in (getattr(settings, "models", None) or ()):
+            model in settings.models:
         return model
     return OTHER
 
