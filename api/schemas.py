@@ -13,6 +13,7 @@ from marshmallow import (RAISE, Schema, ValidationError, fields, pre_load, valid
 from agentq.config import get_settings
 from agentq.errors import ValidationFailed
 from agentq.models import FINISH_REASONS, JOB_STATUSES
+from agentq.tenants import MAX_QUOTA, QUOTA_NAMES
 from agentq.webhooks.urls import FIELD as CALLBACK_FIELD, check_callback_url
 
 ON_BUSY = ("queue", "steer", "interrupt", "reject")
@@ -536,20 +537,11 @@ class QuotasSchema(Schema):
                        "error `too_many_tool_calls`."})
 
 
-class _QuotaValue(fields.Integer):
-    def __init__(self, **kwargs):
-        super().__init__(strict=True, allow_none=True, validate=validate.Range(0, 1_000_000),
-                         **kwargs)
-
-
-class QuotasUpdateSchema(StrictSchema):
-    """Quotas to set (a whole number, 0 = no limit) or reset to the default (null)."""
-    requests_per_second = _QuotaValue()
-    streams_per_key = _QuotaValue()
-    running_jobs = _QuotaValue()
-    schedules = _QuotaValue()
-    modules = _QuotaValue()
-    tool_calls_per_turn = _QuotaValue()
+QuotasUpdateSchema = StrictSchema.from_dict(
+    {name: fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, MAX_QUOTA))
+     for name in QUOTA_NAMES}, name="QuotasUpdateSchema")
+"""Quotas to set (a whole number, 0 = no limit) or reset to the default (null): any of
+agentq.tenants.QUOTA_NAMES."""
 
 
 class TenantUpdateSchema(StrictSchema):
