@@ -33,8 +33,7 @@ def allowed_models(settings: Settings, persona: Persona | None) -> list[str]:
     """The models a live replay by a non-admin key may pick: the persona's default model
     and the configured ones (AGENTQ_MODEL, AGENTQ_FALLBACK_MODELS, the model catalogue)."""
     names = [persona.default_model] if persona is not None and persona.default_model else []
-    names += [settings.model, *settings.fallback_models,
-              *(getattr(settings, "models", None) or ())]
+    names += [settings.model, *settings.fallback_models, *settings.models]
     return list(dict.fromkeys(names))
 
 
