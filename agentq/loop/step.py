@@ -847,8 +847,7 @@ class Stepper:
                     content = EMPTY_ANSWER
                     error = {"code": "empty_answer",
                              "message": f"Model {reply.model} answered with no text."}
-                end_job(uow, job, StopReason.END_TURN, content, error)
-                self._after_loop(job)
+                self._end(uow, job, StopReason.END_TURN, content, error)
             case RunTools(calls=calls, content=content):
                 self._plan_tools(uow, job, turn_no, reply, calls, content, now)
             case Stop() as stop:
@@ -876,8 +875,7 @@ class Stepper:
         if not_run:
             error["tool_calls_not_run"] = list(not_run)
         uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="length")
-        end_job(uow, job, StopReason.LENGTH, content or message, error)
-        self._after_loop(job)
+        self._end(uow, job, StopReason.LENGTH, content or message, error)
 
     def _plan_tools(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
                     calls, content: str, now: datetime) -> None:
@@ -942,12 +940,13 @@ class Stepper:
             uow.event(job.id, "message_end", role="user", kind="limit", content=note)
             uow.event(job.id, "limit_reached" if stop.reason != "hook" else "hook_stopped",
                       reason=stop.reason, message=stop.message, **stop.details)
-        end_job(uow, job, stop.reason, content,
-                {"code": stop.reason, "message": stop.message, **stop.details})
-        self._after_loop(job)
+        self._end(uow, job, stop.reason, content,
+                  {"code": stop.reason, "message": stop.message, **stop.details})
 
-    def _after_loop(self, job: Job) -> None:
-        """The `after_loop` hook: the job ended; the loop's whole usage."""
+    def _end(self, uow: UnitOfWork, job: Job, reason: StopReason | str, content: str,
+             error: dict[str, Any] | None) -> None:
+        """`end_job`, then the `after_loop` hook: the job ended; the loop's whole usage."""
+        end_job(uow, job, reason, content, error)
         if self.hooks.loaded:
             self.hooks.after_loop({**_hook_ctx(job, job.iteration), "status": job.status,
                                    "finish_reason": job.finish_reason, "turns": job.iteration,
@@ -978,12 +977,11 @@ class Stepper:
                                 extra={"job_id": job_id, "error": last_error})
                     error = {"code": "provider_unavailable", "message": plan.message}
                     failed_ctx = self._failed_turn(uow, job, iteration, error)
-                    end_job(uow, job, StopReason.ERROR,
-                            "The model provider could not be reached for too long; "
-                            "please try again later.",
-                            {**error, **{k: v for k, v in plan.details.items() if k != "code"},
-                             "attempts": exc.attempts})
-                    self._after_loop(job)
+                    self._end(uow, job, StopReason.ERROR,
+                              "The model provider could not be reached for too long; "
+                              "please try again later.",
+                              {**error, **{k: v for k, v in plan.details.items()
+                                           if k != "code"}, "attempts": exc.attempts})
                 case WaitForProvider():
                     self._park(uow, job, plan, exc, last_error, now)
                 case _:
@@ -1020,10 +1018,9 @@ class Stepper:
             log.warning("model call failed", extra={"job_id": job_id, "error": exc.message})
             error = {"code": exc.code, "message": exc.message}
             failed_ctx = self._failed_turn(uow, job, iteration, error)
-            end_job(uow, job, StopReason.ERROR,
-                    "The model could not be reached; please try again.",
-                    {**error, "attempts": exc.attempts})
-            self._after_loop(job)
+            self._end(uow, job, StopReason.ERROR,
+                      "The model could not be reached; please try again.",
+                      {**error, "attempts": exc.attempts})
         if self.hooks.loaded:
             self.hooks.after_turn(_failed_turn_ctx(failed_ctx))
         return uow.sent
