@@ -59,7 +59,9 @@ class RateLimited(ClientError):
 
 def register(app: Flask, settings: Settings) -> None:
     from flask_limiter import Limiter
-    redis_url = _redis_url(settings)
+
+    from agentq.tools.remote import redis_url_of
+    redis_url = redis_url_of(settings)  # the broker's Redis, else the result backend's
     # Flask-Limiter sets up the storage and the strategy; the check itself is made by
     # `check_rate` once the key is known (its own before_request runs no limit of ours)
     limiter = Limiter(
@@ -82,12 +84,6 @@ def _answer(exc: RateLimited):
     response = error_response(exc.status, exc.code, exc.message, exc.details)
     response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
-
-
-def _redis_url(settings: Settings) -> str | None:
-    urls = [u for u in (settings.broker_url, settings.result_backend_url)
-            if u.startswith(("redis://", "rediss://"))]
-    return urls[0] if urls else None
 
 
 def _key() -> str:

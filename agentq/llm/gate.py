@@ -308,8 +308,8 @@ class RedisGate:
 def gate_for(settings, base_url: str | None) -> "ProviderGate":
     """The gate the router uses: in Redis (the broker's, else the result backend's: a
     RabbitMQ deployment's Redis), else none."""
-    url = next((u for u in (settings.broker_url, settings.result_backend_url)
-                if u.startswith(("redis://", "rediss://"))), None)
+    from agentq.tools.remote import redis_url_of
+    url = redis_url_of(settings)
     if url is None:
         return NullGate()
     import redis
