@@ -131,30 +131,32 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
             .where(Job.status.in_(LIVE)).group_by(Job.status, Job.waiting_for))).all():
         shown = "waiting" if waiting_for in SHOWN_WAITS else status  # as the API shows it
         live[shown] = live.get(shown, 0) + count
-    models = [{"model": model, "calls": calls, "input_tokens": int(inp or 0),
-               "output_tokens": int(out or 0), "cost": float(cost or 0.0)}
-              for model, calls, inp, out, cost in session.execute(visible(
-                  select(TokenLog.model, func.count(), func.sum(TokenLog.input_tokens),
-                         func.sum(TokenLog.output_tokens), func.sum(TokenLog.cost_estimate))
-                  .join(Job, Job.id == TokenLog.job_id)
-                  .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
-                  .group_by(TokenLog.model))).all()]
-    models.sort(key=lambda m: (-(m["input_tokens"] + m["output_tokens"]), m["model"]))
+    ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
+    usage = session.execute(visible(  # each model's calls and tokens in each minute
+        select(TokenLog.model, ago, func.count(), func.sum(TokenLog.input_tokens),
+               func.sum(TokenLog.output_tokens), func.sum(TokenLog.cost_estimate))
+        .join(Job, Job.id == TokenLog.job_id)
+        .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
+        .group_by(TokenLog.model, "ago"))).all()
+    totals: dict[str, dict[str, Any]] = {}
+    for model, _minute, calls, inp, out, cost in usage:
+        total = totals.setdefault(model, {"model": model, "calls": 0, "input_tokens": 0,
+                                          "output_tokens": 0, "cost": 0.0})
+        total["calls"] += calls
+        total["input_tokens"] += int(inp or 0)
+        total["output_tokens"] += int(out or 0)
+        total["cost"] += float(cost or 0.0)
+    models = sorted(totals.values(),
+                    key=lambda m: (-(m["input_tokens"] + m["output_tokens"]), m["model"]))
     shown = [m["model"] for m in models[:PALETTE - 1]]
     if len(models) == PALETTE:
         shown.append(models[-1]["model"])
     tokens_per_minute: list[dict[str, int]] = [{} for _ in range(buckets)]
-    ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
-    for model, minute, tokens in session.execute(visible(
-            select(TokenLog.model, ago,
-                   func.sum(TokenLog.input_tokens + TokenLog.output_tokens))
-            .join(Job, Job.id == TokenLog.job_id)
-            .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
-            .group_by(TokenLog.model, "ago"))).all():
+    for model, minute, _calls, inp, out, _cost in usage:
         name = model if model in shown else OTHER
         index = buckets - 1 - min(max(int(minute or 0), 0), buckets - 1)
         slot = tokens_per_minute[index]
-        slot[name] = slot.get(name, 0) + int(tokens or 0)
+        slot[name] = slot.get(name, 0) + int(inp or 0) + int(out or 0)
     legend = shown + ([OTHER] if len(models) > len(shown) else [])
     return Overview(now, since, scope, ended, submitted, durations, minutes, live, models,
                     tokens_per_minute=tokens_per_minute, model_legend=legend)
