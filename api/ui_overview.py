@@ -172,10 +172,10 @@ def _minutes_before(session, column, now: datetime):
 
 # --- the broker ----------------------------------------------------------------------------
 _cache: dict[str, tuple[float, Any]] = {}
+"""name: (kept until, on the monotonic clock; the value)."""
 _cache_lock = threading.Lock()
-
-
 _refreshing: set[str] = set()
+"""The names whose new value a thread is reading now."""
 
 
 def _cached(name: str, compute: Callable[[], Any]) -> Any:
@@ -184,15 +184,16 @@ def _cached(name: str, compute: Callable[[], Any]) -> Any:
     always waits its whole timeout for the last pongs)."""
     with _cache_lock:
         hit = _cache.get(name)
-        if hit and hit[0] > time.monotonic():
+        if hit is not None:
+            if hit[0] <= time.monotonic() and name not in _refreshing:
+                _refreshing.add(name)
+                threading.Thread(target=_refresh, args=(name, compute), daemon=True,
+                                 name=f"overview-{name}").start()
             return hit[1]
-        if hit and name not in _refreshing:
-            _refreshing.add(name)
-            threading.Thread(target=_refresh, args=(name, compute), daemon=True,
-                             name=f"overview-{name}").start()
-        if hit:
-            return hit[1]
-    value = compute()
+    return _keep(name, compute())
+
+
+def _keep(name: str, value: Any) -> Any:
     with _cache_lock:
         _cache[name] = (time.monotonic() + BROKER_CACHE_S, value)
     return value
@@ -200,9 +201,7 @@ def _cached(name: str, compute: Callable[[], Any]) -> Any:
 
 def _refresh(name: str, compute: Callable[[], Any]) -> None:
     try:
-        value = compute()
-        with _cache_lock:
-            _cache[name] = (time.monotonic() + BROKER_CACHE_S, value)
+        _keep(name, compute())
     finally:
         with _cache_lock:
             _refreshing.discard(name)
