@@ -23,7 +23,8 @@ import pytest
 from agentq.loop.context import render_tool_result
 from agentq.tools import sandbox
 from agentq.tools.sandbox import run_python
-from tests.security.attacks import pg_write
+from tests.security.attacks import (FLOOD_STDOUT, HOLD_640_MIB, SUPERVISOR_ATTACK,
+                                    SUPERVISOR_ATTACK_REFUSED, SYSCALLS, held_mib, pg_write)
 from tool_workers.code import MODULE as CODE_MODULE
 
 LIMITS = dict(cpu_s=5, memory_mb=256, wall_s=60, max_output_chars=4000)
@@ -423,19 +424,6 @@ def test_the_sandbox_is_available_here():
 
 # --- the second line (issue 30): seccomp, the supervisor out of reach, whole-run limits ---
 
-SYSCALLS = {
-    # x86-64 and the generic table (aarch64 and the others)
-    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "pidfd_open": 434, "pidfd_getfd": 438,
-               "io_uring_setup": 425, "keyctl": 250, "add_key": 248, "bpf": 321,
-               "perf_event_open": 298, "userfaultfd": 323, "unshare": 272, "mount": 165,
-               "memfd_create": 319},
-    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "pidfd_open": 434, "pidfd_getfd": 438,
-                "io_uring_setup": 425, "keyctl": 219, "add_key": 217, "bpf": 280,
-                "perf_event_open": 241, "userfaultfd": 282, "unshare": 97, "mount": 40,
-                "memfd_create": 279},
-}[os.uname().machine]
-
-
 def _cgroups_used() -> bool:
     return os.environ.get(sandbox.CGROUP_ENV, "required") != "off"
 
@@ -444,44 +432,9 @@ def test_the_supervisor_cannot_be_reached_nor_its_report_forged():
     # the attack of issue 30: copy the supervisor's descriptors (pidfd_getfd, or its
     # /proc/<pid>/fd), write a report of our own on its status channel, ptrace it
     assert os.pidfd_open(os.getpid()) >= 0        # the calls exist here
-    result = run(f"""
-        import ctypes, json, os
-        libc = ctypes.CDLL(None, use_errno=True)
-        NR = {SYSCALLS!r}
-        sup = os.getppid()
-        def err():
-            return os.strerror(ctypes.get_errno())
-        fd = libc.syscall(NR["pidfd_open"], sup, 0)
-        print("pidfd_open", "ok" if fd >= 0 else err())
-        got = [n for n in range(64) if libc.syscall(NR["pidfd_getfd"], fd, n, 0) >= 0]
-        print("pidfd_getfd", got or err())
-        opened = []
-        for n in range(64):
-            try:
-                opened.append(os.open(f"/proc/{{sup}}/fd/{{n}}", os.O_WRONLY))
-            except OSError as exc:
-                last = exc.strerror
-        print("proc_fd", opened or last)
-        forged = (json.dumps({{"exit_code": 0, "cpu_s": 0, "memory_error": False}}) + "\\n")
-        for n in opened:
-            try:
-                os.write(n, forged.encode())
-            except OSError:
-                pass
-        print("ptrace", "ok" if libc.ptrace(16, sup, 0, 0) == 0 else err())
-        local = (ctypes.c_char * 8)()
-        iov = (ctypes.c_void_p * 2)(ctypes.addressof(local), 8)
-        print("process_vm_readv",
-              "ok" if libc.syscall(NR["process_vm_readv"], sup, iov, 1, iov, 1, 0) >= 0
-              else err())
-        raise SystemExit(3)
-    """)
+    result = run(SUPERVISOR_ATTACK)
     outcome = dict(line.split(" ", 1) for line in result["stdout"].splitlines())
-    assert outcome == {"pidfd_open": "Operation not permitted",
-                       "pidfd_getfd": "Operation not permitted",
-                       "proc_fd": "Permission denied",
-                       "ptrace": "Operation not permitted",
-                       "process_vm_readv": "Operation not permitted"}, result
+    assert outcome == SUPERVISOR_ATTACK_REFUSED, result
     assert result["exit_code"] == 3                # the code's own exit, not a forged one
 
 
@@ -548,36 +501,11 @@ def test_dev_is_minimal_read_only_and_has_no_ptys():
 
 
 def test_memory_outside_rlimit_as_is_held_to_the_runs_limit():
-    # issue 30: 640 MiB held against a 256 MiB limit through memfd and /dev's tmpfs. Each
-    # way is tried in turn until 640 MiB are held in all, in files of 16 MiB (the file-size
-    # limit) written with write(), never mapped (RLIMIT_AS never sees them); the code says
-    # what it holds as it goes.
-    result = run("""
-        import errno, os
-        MIB, held = 2 ** 20, 0
-        chunk = b"x" * MIB
-        def hold(make):
-            global held
-            try:
-                while held < 640 * MIB:
-                    fd = make()
-                    for _ in range(16):
-                        os.write(fd, chunk)
-                        held += MIB
-                    print("held", held // MIB, flush=True)
-            except OSError as exc:
-                print("stopped", errno.errorcode[exc.errno], flush=True)
-        n = iter(range(10 ** 6))
-        hold(lambda: os.memfd_create("x"))
-        hold(lambda: os.open(f"/dev/shm/{next(n)}", os.O_RDWR | os.O_CREAT))
-        hold(lambda: os.open(f"/tmp/{next(n)}", os.O_RDWR | os.O_CREAT))
-        hold(lambda: os.open(f"{next(n)}", os.O_RDWR | os.O_CREAT))
-        print("survived", held // MIB, flush=True)
-    """, memory_mb=256)
-    held = [int(line.split()[1]) for line in result["stdout"].splitlines()
-            if line.startswith(("held", "survived"))]
+    # issue 30: 640 MiB held against a 256 MiB limit through memfd and /dev's tmpfs (the
+    # attack's docstring says how)
+    result = run(HOLD_640_MIB, memory_mb=256)
     limit_mib = sandbox._run_memory_bytes(256) // 2 ** 20
-    assert max(held, default=0) <= limit_mib, result
+    assert held_mib(result["stdout"]) <= limit_mib, result
     if _cgroups_used():          # memfd is counted by memory.max: the run is killed there
         assert result["memory_limited"] is True, result
     else:                        # nothing would count it: memfd_create is denied
@@ -673,13 +601,7 @@ def test_a_flooded_status_channel_kills_the_run_and_costs_the_worker_nothing(mon
 
 
 def test_a_flooded_stdout_is_bounded_and_the_run_killed():
-    grew, result = _rss_peak_during(lambda: run("""
-        import os
-        chunk = b"y" * 2 ** 20
-        for _ in range(300):
-            os.write(1, chunk)
-        print("all written")
-    """, wall_s=120))
+    grew, result = _rss_peak_during(lambda: run(FLOOD_STDOUT, wall_s=120))
     assert result["truncated"] is True and result["exit_signal"] == "SIGKILL", result
     assert "all written" not in result["stdout"]
     assert grew < 32 * 2 ** 20, grew

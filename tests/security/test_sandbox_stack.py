@@ -15,9 +15,12 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, inspect, select
 
 from agentq.models import ApiKey
+from agentq.tools import sandbox
 from tests.integration.conftest import uid
-from tests.security.attacks import pg_write
+from tests.security.attacks import (FLOOD_STDOUT, HOLD_640_MIB, SUPERVISOR_ATTACK,
+                                    SUPERVISOR_ATTACK_REFUSED, held_mib, pg_write)
 from tests.support.scripted_llm import call, text, tool_calls
+from tool_workers.code import MEMORY_MB
 
 
 def _tables(stack) -> set[str]:
@@ -40,6 +43,10 @@ def _server_of(stack) -> tuple[str, int]:
     return f"{directory.split(',')[0].strip()}/.s.PGSQL.{port}", port
 
 
+def _tool_result(request) -> dict:
+    return json.loads([m for m in request["messages"] if m["role"] == "tool"][-1]["content"])
+
+
 def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
     database = urlsplit(stack.database_url).path.lstrip("/")
     tag = uuid.uuid4().hex[:8]
@@ -54,15 +61,10 @@ def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
     user = uid("u")
     assert stack.agentq("users", "set", "api", user, "--level", "user").returncode == 0
     seen = {}
-
-    def reads_the_refusal(request):
-        seen.update(json.loads([m for m in request["messages"] if m["role"] == "tool"][-1]
-                               ["content"]))
-
     attack = (pg_write(socket_path, None, database, f"escape_socket_{tag}", port) + "\n"
               + pg_write(None, "127.0.0.1", database, f"escape_tcp_{tag}", port))
     marker = script([tool_calls(call("code.run_python", {"code": attack})),
-                     text("no luck", check=reads_the_refusal)])
+                     text("no luck", check=lambda r: seen.update(_tool_result(r)))])
     job = client.wait(client.submit(f"{marker} get in", user=user)["id"], timeout_s=120)
     assert job["status"] == "completed", job
     lines = seen["stdout"].splitlines()
@@ -71,49 +73,19 @@ def test_sandboxed_code_cannot_write_to_the_database(client, script, stack):
     assert _keys(stack) == keys_before
 
 
-SUPERVISOR_ATTACK = """
-import ctypes, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-NR = {nr!r}
-sup = os.getppid()
-def err():
-    return os.strerror(ctypes.get_errno())
-fd = libc.syscall(NR["pidfd_open"], sup, 0)
-print("pidfd_open", "ok" if fd >= 0 else err())
-opened = []
-for n in range(64):
-    try:
-        opened.append(os.open(f"/proc/{{sup}}/fd/{{n}}", os.O_WRONLY))
-    except OSError as exc:
-        last = exc.strerror
-print("proc_fd", opened or last)
-for n in opened:
-    os.write(n, b'{{"exit_code": 0, "cpu_s": 0, "memory_error": false}}\\n')
-print("ptrace", "ok" if libc.ptrace(16, sup, 0, 0) == 0 else err())
-raise SystemExit(3)
-"""
-
-
-def _tool_result(request) -> dict:
-    return json.loads([m for m in request["messages"] if m["role"] == "tool"][-1]["content"])
-
-
 def test_the_code_cannot_reach_its_supervisor_through_the_stack(client, script, stack):
     # issue 30: the code copied the supervisor's descriptors and forged how the run ended
-    from tests.security.test_sandbox_attacks import SYSCALLS
     user = uid("u")
     assert stack.agentq("users", "set", "api", user, "--level", "user").returncode == 0
     seen = {}
-    marker = script([tool_calls(call("code.run_python",
-                                     {"code": SUPERVISOR_ATTACK.format(nr=SYSCALLS)})),
+    marker = script([tool_calls(call("code.run_python", {"code": SUPERVISOR_ATTACK})),
                      text("no luck", check=lambda r: seen.update(_tool_result(r)))])
     job = client.wait(client.submit(f"{marker} take over", user=user)["id"],
                       timeout_s=120)
     assert job["status"] == "completed", job
     assert "stdout" in seen, seen
-    assert seen["stdout"].splitlines() == ["pidfd_open Operation not permitted",
-                                           "proc_fd Permission denied",
-                                           "ptrace Operation not permitted"], seen
+    outcome = dict(line.split(" ", 1) for line in seen["stdout"].splitlines())
+    assert outcome == SUPERVISOR_ATTACK_REFUSED, seen
     assert seen["exit_code"] == 3, seen       # the code's own end, as the model reads it
 
 
@@ -152,36 +124,6 @@ def test_the_tools_worker_runs_no_code_without_its_cgroups(llm, script, tmp_path
             assert ready.status_code == 200, ready.text
             with open(f"/proc/{stack.procs['tools-slow'].pid}/cgroup") as f:
                 assert f.read().rstrip().endswith(f"/{cgroups.LEAF}")
-
-
-FLOOD_STDOUT = """
-import os
-chunk = b"y" * 2 ** 20
-for _ in range(300):
-    os.write(1, chunk)
-print("all written")
-"""
-
-HOLD_640_MIB = """
-import errno, os
-MIB, held = 2 ** 20, 0
-chunk = b"x" * MIB
-def hold(make):
-    global held
-    try:
-        while held < 640 * MIB:
-            fd = make()
-            for _ in range(16):
-                os.write(fd, chunk)
-                held += MIB
-    except OSError as exc:
-        print("stopped", errno.errorcode[exc.errno], flush=True)
-n = iter(range(10 ** 6))
-hold(lambda: os.memfd_create("x"))
-hold(lambda: os.open(f"/dev/shm/{next(n)}", os.O_RDWR | os.O_CREAT))
-hold(lambda: os.open(f"/tmp/{next(n)}", os.O_RDWR | os.O_CREAT))
-print("held", held // MIB, flush=True)
-"""
 
 
 def test_floods_through_the_stack_grow_neither_the_worker_nor_the_hosts_memory(
@@ -236,8 +178,8 @@ def test_floods_through_the_stack_grow_neither_the_worker_nor_the_hosts_memory(
     flood, hold = seen
     assert flood["truncated"] is True and flood["exit_signal"] == "SIGKILL", flood
     assert "all written" not in flood["stdout"]
-    held = int(hold["stdout"].split("held ")[-1]) if "held " in hold["stdout"] else 0
-    assert held <= 320 or hold["memory_limited"] is True, hold
+    # the code tool's 256 MiB and the run's overhead (its interpreters, bwrap, its tmpfs)
+    assert held_mib(hold["stdout"]) <= sandbox._run_memory_bytes(MEMORY_MB) // 2 ** 20, hold
     # each pool process: a cold one's first task imports what it needs (tens of MiB), an
     # unbounded channel would have added the flood (300 MiB, 890 MiB seen in issue 30)
     grew = {pid: size - base_rss[pid] for pid, size in peak_rss.items()}
