@@ -44,11 +44,12 @@ def start() -> None:
     _remove_left_behind()
     _scratch = Path(tempfile.mkdtemp(prefix=PREFIX))
     (_scratch / "owner.pid").write_text(str(os.getpid()))
-    errors = []
+    errors, private = [], []
     if not os.environ.get("AGENTQ_TEST_REDIS"):
         try:
             redis = PrivateRedis(_scratch, databases=32).start()
             _started.append(redis)
+            private.append("redis")
             os.environ["AGENTQ_TEST_REDIS"] = f"redis://127.0.0.1:{redis.port}/9"
         except Exception as exc:  # noqa: BLE001 - said by the tests that need it
             errors.append(f"the suite's private Redis did not start: {_one_line(exc)}")
@@ -56,14 +57,13 @@ def start() -> None:
         try:
             postgres = SuitePostgres(_scratch).start()
             _started.append(postgres)
+            private.append("postgres")
             os.environ["AGENTQ_TEST_PG"] = postgres.admin_url
         except Exception as exc:  # noqa: BLE001 - said by the tests that need it
             errors.append(f"the suite's private PostgreSQL did not start: {_one_line(exc)}")
     if errors:
         os.environ[STARTED_ERROR] = "; ".join(errors)
-    os.environ[PRIVATE] = " ".join(
-        kind for kind, started in (("redis", "redis" in _kinds()), ("postgres", "postgres"
-                                                                    in _kinds())) if started)
+    os.environ[PRIVATE] = " ".join(private)
     if not _started:
         shutil.rmtree(_scratch, ignore_errors=True)
         _scratch = None
@@ -89,11 +89,6 @@ def _remove_left_behind() -> None:
             shutil.rmtree(path, ignore_errors=True)
         except (OSError, ValueError):
             pass  # no pid file yet (a session starting now), or not ours to judge
-
-
-def _kinds() -> set[str]:
-    return {"postgres" if type(server).__name__ == "SuitePostgres" else "redis"
-            for server in _started}
 
 
 def _one_line(exc: BaseException) -> str:
