@@ -33,6 +33,7 @@ from agentq.models import (Batch, FileRecord, Job, Persona, Schedule, Tenant, To
                            ToolModuleRow, User, UserPlatformLink)
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from tests.integration.test_tool_modules import SECRET as MODULE_SECRET, ModuleProcess
+from tests.integration.test_webhooks import Receiver, receiver  # noqa: F401 - a fixture
 from tests.support.scripted_llm import call, text, tool_calls
 from tests.support.stack import own_stack
 
@@ -73,49 +74,6 @@ def refused(response, status: int, code: str | None = None) -> dict:
 
 # --- webhooks: each tenant signs with its own secret -------------------------------------
 
-class Hooks:
-    """A webhook receiver on loopback that records each request as it came."""
-
-    def __init__(self):
-        self.got: list[dict] = []
-        self.lock = threading.Lock()
-        hooks = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with hooks.lock:
-                    hooks.got.append({"path": self.path, "body": body,
-                                      "headers": dict(self.headers)})
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *_args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}{path}"
-
-    def first(self, path: str) -> dict:
-        def arrived():
-            with self.lock:
-                return next((r for r in self.got if r["path"] == path), None)
-        return wait_until(arrived, 30, what=f"a delivery to {path}")
-
-
-@pytest.fixture(scope="module")
-def hooks():
-    server = Hooks()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
-
-
 def verifies(secret: str, request: dict) -> bool:
     try:
         Webhook(secret).verify(request["body"], request["headers"])
@@ -124,13 +82,13 @@ def verifies(secret: str, request: dict) -> bool:
         return False
 
 
-def delivered(client: Client, script, hooks: Hooks, what: str) -> dict:
+def delivered(client: Client, script, receiver: Receiver, what: str) -> dict:
     """A job of `client`'s tenant ends with a callback; the request its receiver got."""
     path = f"/{uid(what)}"
     marker = script([text(f"{what} done")])
-    job = client.wait(client.submit(f"{marker} {what}", callback_url=hooks.url(path))["id"])
+    job = client.wait(client.submit(f"{marker} {what}", callback_url=receiver.url(path))["id"])
     assert job["status"] == "completed", job
-    return hooks.first(path)
+    return receiver.wait_for(path, 1)[0]
 
 
 def tenant_secrets(stack, tenant_id: str) -> tuple:
@@ -141,7 +99,7 @@ def tenant_secrets(stack, tenant_id: str) -> tuple:
 
 
 def test_a_tenants_webhook_does_not_verify_with_another_tenants_secret(
-        stack, edge, script, hooks):
+        stack, edge, script, receiver):
     # a plain key may not rotate its tenant's secret, and rotating changes nothing then
     before = tenant_secrets(stack, edge["a_id"])
     refused(edge["a"].post("/v1/admin/webhook-secret/rotate"), 403, "forbidden")
@@ -156,35 +114,38 @@ def test_a_tenants_webhook_does_not_verify_with_another_tenants_secret(
     assert len({secret_a, secret_b, SETTING_SECRET}) == 3
 
     # the attack: A's own webhook, signed for A, replayed at B's receiver
-    request = delivered(edge["a"], script, hooks, "a-event")
+    request = delivered(edge["a"], script, receiver, "a-event")
     assert verifies(secret_a, request)
     assert not verifies(secret_b, request)           # B's receiver refuses it
     assert not verifies(SETTING_SECRET, request)     # and the shared setting signs nothing
     # B's own events verify with B's secret only
-    request = delivered(edge["b"], script, hooks, "b-event")
+    request = delivered(edge["b"], script, receiver, "b-event")
     assert verifies(secret_b, request) and not verifies(secret_a, request)
 
 
 def test_a_tenant_that_never_rotated_is_not_signed_with_the_shared_secret(
-        stack, script, hooks):
+        stack, script, receiver):
     tenant = stack.create_tenant(uid("edge-c"))
     client = Client(stack, stack.create_key("c", admin=False, tenant=tenant))
-    request = delivered(client, script, hooks, "c-event")
+    request = delivered(client, script, receiver, "c-event")
     # a secret of its own was made at its first delivery; the shared one signs nothing
     generated, _previous, _until = tenant_secrets(stack, tenant)
     assert generated and generated != SETTING_SECRET
     assert verifies(generated, request) and not verifies(SETTING_SECRET, request)
 
 
-def test_after_a_rotation_both_secrets_sign_for_a_day(stack, script, hooks):
+def test_after_a_rotation_both_secrets_sign_for_a_day(stack, script, receiver):
     tenant = stack.create_tenant(uid("edge-r"))
     admin = Client(stack, stack.create_key("r-admin", admin=True, tenant=tenant))
     old = admin.post("/v1/admin/webhook-secret/rotate").json()["secret"]
+    before = time.time()
     new = admin.post("/v1/admin/webhook-secret/rotate").json()["secret"]
+    after = time.time()
     current, previous, until = tenant_secrets(stack, tenant)
     assert (current, previous) == (new, old)
-    assert 23.9 * 3600 < until.timestamp() - time.time() <= 24 * 3600
-    request = delivered(admin, script, hooks, "r-event")
+    # the one before keeps signing for 24 h from the rotation (made between before and after)
+    assert before + 24 * 3600 <= until.timestamp() <= after + 24 * 3600
+    request = delivered(admin, script, receiver, "r-event")
     assert len(request["headers"]["webhook-signature"].split(" ")) == 2
     assert verifies(old, request) and verifies(new, request)
     assert not verifies(SETTING_SECRET, request)
