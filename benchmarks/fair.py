@@ -140,15 +140,8 @@ class StatsPostgres(SuitePostgres):
                 time.sleep(0.2)
 
     def sql(self, statement: str, params: tuple = (), db: str = "postgres") -> list[tuple]:
-        import psycopg2
-        conn = psycopg2.connect(self.url(db))
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute(statement, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        from benchmarks.harness import query
+        return query(self.url(db), statement, params)
 
     def empty_database(self, name: str) -> str:
         self.sql(f'CREATE DATABASE "{name}"')
