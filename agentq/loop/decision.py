@@ -61,6 +61,9 @@ class Stop:
 
 Decision = Finish | RunTools | Stop
 
+CANCELLED = Stop("cancelled", "The job was cancelled.")
+"""The job's cancel was recorded: it ends `cancelled`."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -106,7 +109,7 @@ def check_limits(limits: Limits) -> Stop | None:
     """Before every model call: cancel, then the iteration guard, the job's token and time
     limits, then the budget."""
     if limits.cancel_requested:
-        return Stop("cancelled", "The job was cancelled.")
+        return CANCELLED
     if limits.iteration >= limits.max_iterations:
         return Stop("max_iterations",
                     f"Stopped after {limits.iteration} model calls (the limit is "

@@ -66,7 +66,7 @@ from agentq.loop import budget, context
 from agentq.loop import layers as context_layers
 from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
                               WaitingFor, end_job)
-from agentq.loop.decision import (Finish, Limits, RunTools, Stop, WaitForProvider,
+from agentq.loop.decision import (CANCELLED, Finish, Limits, RunTools, Stop, WaitForProvider,
                                   check_limits, decide, effective_limits,
                                   remaining_output_budget, wait_for_provider)
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
@@ -290,9 +290,7 @@ class Stepper:
             if job is None:
                 return []
             log.info("model call stopped by a cancel", extra={"job_id": job_id})
-            uow.event(job.id, "turn_end", turn=iteration + 1, tool_results=[],
-                      stopped="cancelled")
-            self._stop(uow, job, Stop("cancelled", "The job was cancelled."))
+            self._stop_turn(uow, job, iteration + 1, CANCELLED)
         return uow.sent
 
     def _deltas(self, job_id: str, turn: int):
@@ -410,8 +408,7 @@ class Stepper:
                 stop = Stop("error", f"The original job made no model call {turn_no}; "
                                      "a recorded replay cannot go further.")
         if stop is not None:
-            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
-            self._stop(uow, job, stop)
+            self._stop_turn(uow, job, turn_no, stop)
             return None
 
         allowed = self.registry.allowed_modules(persona.allowed_modules if persona else None,
@@ -435,8 +432,7 @@ class Stepper:
         stop = self._build_context(uow, job, conversation, summary, system, turn,
                                    has_memories, asked)
         if stop is not None:
-            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
-            self._stop(uow, job, stop)
+            self._stop_turn(uow, job, turn_no, stop)
             return None
         if self.settings.answer_after_tools and context.last_tools_succeeded(
                 list(reversed(turn.layers.inrun))):
@@ -829,8 +825,7 @@ class Stepper:
             if reply.content:
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", reply.content, reply.model)], now)
-            uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="cancelled")
-            self._stop(uow, job, Stop("cancelled", "The job was cancelled."))
+            self._stop_turn(uow, job, turn_no, CANCELLED)
             return
         decision = decide(reply, [t.name for t in turn.tools],
                           cached_quotas(session, job.tenant_id,
@@ -928,6 +923,11 @@ class Stepper:
             uow.effect(NextStep(str(job.id), turn_no, "continue"))
 
     # -- endings ----------------------------------------------------------------------
+    def _stop_turn(self, uow: UnitOfWork, job: Job, turn_no: int, stop: Stop) -> None:
+        """The turn ends stopped, no tool run, and the job with it."""
+        uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped=stop.reason)
+        self._stop(uow, job, stop)
+
     def _stop(self, uow: UnitOfWork, job: Job, stop: Stop) -> None:
         """End the job for `stop`; an execution limit or a hook leaves a note in the
         conversation and answers with the last assistant text."""
