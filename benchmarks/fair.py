@@ -331,12 +331,12 @@ class Procs:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-        log = (self.scratch / f"{name}.log").open("ab")
         # the peers run from their scratch directory: gunicorn reads ./gunicorn.conf.py,
         # and the repository's is agentq's (gevent workers)
-        self.procs[name] = subprocess.Popen(
-            cmd, cwd=kw.pop("cwd", self.scratch), env=env, stdout=kw.pop("stdout", log), stderr=log,
-            start_new_session=True, preexec_fn=die_with_parent, **kw)
+        with (self.scratch / f"{name}.log").open("ab") as log:
+            self.procs[name] = subprocess.Popen(
+                cmd, cwd=self.scratch, env=env, stdout=kw.pop("stdout", log), stderr=log,
+                start_new_session=True, preexec_fn=die_with_parent, **kw)
         return self.procs[name]
 
     def log(self, name: str) -> str:
@@ -467,15 +467,8 @@ class Run:
         env = {**self.base_env(), "FAIR_PG_URL": self.pg.empty_database(db),
                "FAIR_DB_POOL": str(self.sizes.db_pool)}
         procs.spawn("dbos_worker", [sys.executable, "-m", "benchmarks.peers.dbos_service",
-                                    "worker", "--concurrency", str(self.sizes.pool)], env,
-                    stdout=(procs.scratch / "dbos_worker.out").open("ab"))
-        deadline = time.monotonic() + 90
-        out = procs.scratch / "dbos_worker.out"
-        while b"ready." not in out.read_bytes():
-            if procs.procs["dbos_worker"].poll() is not None or time.monotonic() > deadline:
-                raise StackError("the DBOS worker did not start: "
-                                 + procs.log("dbos_worker")[-2000:])
-            time.sleep(0.2)
+                                    "worker", "--concurrency", str(self.sizes.pool)], env)
+        procs.wait_log("dbos_worker", "dbos worker ready.")
         port = free_port()
         procs.spawn("web", gunicorn("benchmarks.peers.dbos_service:app", port), env)
         wait_http(f"http://127.0.0.1:{port}/health")
