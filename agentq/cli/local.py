@@ -489,10 +489,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
             raise click.ClickException(f"no job {job_id} in {_safe_url(settings.database_url)}")
         if job.status in TERMINAL_STATUSES:
             return f"job {job_id} already {job.status}"
-        lease = job.step_lease_until
-        if lease is not None and lease.tzinfo is None:  # SQLite keeps no zone
-            from datetime import timezone
-            lease = lease.replace(tzinfo=timezone.utc)
+        lease = job.step_lease_until  # UTC-aware on SQLite too (models.UTCDateTime)
         unheld = job.status == "running" and (lease is None or lease <= utcnow())
         if unheld:
             request_cancel(uow, job)
