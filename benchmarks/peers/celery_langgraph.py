@@ -19,10 +19,10 @@ server. Configured by the environment:
 from __future__ import annotations
 
 import os
-import threading
 
 from celery import Celery
-from flask import Flask, jsonify, request
+
+from benchmarks.peers import job_front, once
 
 QUEUE = "fair_langgraph"
 REDIS_URL = os.environ.get("FAIR_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -32,33 +32,26 @@ celery_app.conf.update(task_default_queue=QUEUE, task_acks_late=True,
                        worker_prefetch_multiplier=1, result_expires=3600,
                        broker_connection_retry_on_startup=True)
 
-_agent = None
-_agent_lock = threading.Lock()
 
-
+@once
 def agent():
     """The compiled graph, built once per worker process (its pool shared by the threads)."""
-    global _agent
-    with _agent_lock:
-        if _agent is None:
-            from langchain_openai import ChatOpenAI
-            from langgraph.checkpoint.postgres import PostgresSaver
-            from langgraph.prebuilt import create_react_agent
-            from psycopg.rows import dict_row
-            from psycopg_pool import ConnectionPool
+    from langchain_openai import ChatOpenAI
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.prebuilt import create_react_agent
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
 
-            from benchmarks.peer import SYSTEM_PROMPT, math_tool
-            pool = ConnectionPool(os.environ["FAIR_PG_URL"], min_size=1,
-                                  max_size=int(os.environ.get("FAIR_DB_POOL", "10")), open=True,
-                                  kwargs={"autocommit": True, "prepare_threshold": 0,
-                                          "row_factory": dict_row})
-            saver = PostgresSaver(pool)
-            saver.setup()
-            model = ChatOpenAI(model="gpt-4o-mini", base_url=os.environ["OPENAI_BASE_URL"],
-                               api_key="sk-bench", max_retries=0, timeout=120)
-            _agent = create_react_agent(model, [math_tool()], checkpointer=saver,
-                                        prompt=SYSTEM_PROMPT)
-        return _agent
+    from benchmarks.peer import SYSTEM_PROMPT, math_tool
+    pool = ConnectionPool(os.environ["FAIR_PG_URL"], min_size=1,
+                          max_size=int(os.environ.get("FAIR_DB_POOL", "10")), open=True,
+                          kwargs={"autocommit": True, "prepare_threshold": 0,
+                                  "row_factory": dict_row})
+    saver = PostgresSaver(pool)
+    saver.setup()
+    model = ChatOpenAI(model="gpt-4o-mini", base_url=os.environ["OPENAI_BASE_URL"],
+                       api_key="sk-bench", max_retries=0, timeout=120)
+    return create_react_agent(model, [math_tool()], checkpointer=saver, prompt=SYSTEM_PROMPT)
 
 
 @celery_app.task(bind=True, name="fair.run_agent")
@@ -70,29 +63,14 @@ def run_agent(self, content: str) -> str | None:
     return last_text(out)
 
 
-app = Flask(__name__)
-
-
-@app.post("/jobs")
-def submit():
-    content = (request.get_json(silent=True) or {}).get("content")
-    if not isinstance(content, str) or not content:
-        return jsonify({"error": {"code": "invalid_request", "message": "content is required",
-                                  "details": {}}}), 400
-    return jsonify({"id": run_agent.delay(content).id}), 202
-
-
-@app.get("/jobs/<job_id>")
-def status(job_id: str):
+def outcome(job_id: str) -> tuple[str, str | None]:
     result = celery_app.AsyncResult(job_id)
-    state = result.state
+    state = result.state  # one read of the backend
     if state == "SUCCESS":
-        return jsonify({"id": job_id, "status": "completed", "answer": result.result})
+        return "completed", result.result
     if state in ("FAILURE", "REVOKED"):
-        return jsonify({"id": job_id, "status": "failed", "answer": None})
-    return jsonify({"id": job_id, "status": "pending", "answer": None})
+        return "failed", None
+    return "pending", None
 
 
-@app.get("/health")
-def health():
-    return jsonify({"ok": True})
+app = job_front(__name__, lambda content: run_agent.delay(content).id, outcome)

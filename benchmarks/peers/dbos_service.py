@@ -18,55 +18,38 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 
-from flask import Flask, jsonify, request
+from benchmarks.peers import job_front, once
 
 APP_NAME = "agentq-bench-peer"
 WORKFLOW = "agent_job"
 
-app = Flask(__name__)
-_client = None
-_client_lock = threading.Lock()
 
-
+@once
 def client():
-    global _client
-    with _client_lock:
-        if _client is None:
-            from dbos import DBOSClient
-            _client = DBOSClient(system_database_url=os.environ["FAIR_PG_URL"],
-                                 system_database_pool_size=int(
-                                     os.environ.get("FAIR_DB_POOL", "10")))
-        return _client
+    from dbos import DBOSClient
+    return DBOSClient(system_database_url=os.environ["FAIR_PG_URL"],
+                      system_database_pool_size=int(os.environ.get("FAIR_DB_POOL", "10")))
 
 
-@app.post("/jobs")
-def submit():
+def enqueue(content: str) -> str:
     from benchmarks.peer_dbos import QUEUE
-    content = (request.get_json(silent=True) or {}).get("content")
-    if not isinstance(content, str) or not content:
-        return jsonify({"error": {"code": "invalid_request", "message": "content is required",
-                                  "details": {}}}), 400
     handle = client().enqueue({"queue_name": QUEUE, "workflow_name": WORKFLOW}, content)
-    return jsonify({"id": handle.workflow_id}), 202
+    return handle.workflow_id
 
 
-@app.get("/jobs/<job_id>")
-def status(job_id: str):
+def outcome(job_id: str) -> tuple[str, str | None]:
     handle = client().retrieve_workflow(job_id)
     state = handle.get_status().status
     if state == "SUCCESS":
-        return jsonify({"id": job_id, "status": "completed", "answer": handle.get_result()})
+        return "completed", handle.get_result()
     if state in ("ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"):
-        return jsonify({"id": job_id, "status": "failed", "answer": None})
-    return jsonify({"id": job_id, "status": "pending", "answer": None})
+        return "failed", None
+    return "pending", None
 
 
-@app.get("/health")
-def health():
-    return jsonify({"ok": True})
+app = job_front(__name__, enqueue, outcome)
 
 
 def worker(concurrency: int, poll_s: float) -> None:
