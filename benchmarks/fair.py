@@ -65,7 +65,7 @@ from typing import Any, Callable
 import requests
 
 from benchmarks.peer import CONTENT, EXPECTED
-from tests.support.services import PrivateRedis, SuitePostgres, _wait_port
+from tests.support.services import PG_BIN, PrivateRedis, SuitePostgres
 from tests.support.stack import ROOT, StackError, die_with_parent, free_port
 
 POLL_S = 0.02
@@ -102,33 +102,22 @@ SIZES = {"full": FairSizes(),
 # --- servers of its own -------------------------------------------------------------------
 
 class StatsPostgres(SuitePostgres):
-    """The suite's private cluster, started with pg_stat_statements preloaded."""
+    """The suite's private cluster (tests/support/services.py), its postgresql.conf given
+    SETTINGS: pg_stat_statements preloaded, and commits that do not wait for the WAL flush
+    (as PrivatePostgres's; the command line's settings win over the file's)."""
+
+    MAX_CONNECTIONS = 400
+    SETTINGS = {"synchronous_commit": "off",
+                "shared_preload_libraries": "pg_stat_statements",
+                "pg_stat_statements.track_utility": "on",
+                "pg_stat_statements.max": "10000"}
 
     def start(self) -> "StatsPostgres":
-        from tests.support.services import PG_BIN
-        if not (PG_BIN / "postgres").exists():
-            raise StackError(f"no PostgreSQL server binaries in {PG_BIN}")
-        if not self.data.exists():
+        if not self.data.exists() and (PG_BIN / "initdb").exists():  # else start() says so
             self._init_data()
-        as_user = ({"user": "postgres", "group": "postgres", "extra_groups": []}
-                   if self.as_root else {})
-        with (self.dir / "pg.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                 "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                 "-c", "max_connections=400",
-                 "-c", "shared_preload_libraries=pg_stat_statements",
-                 "-c", "pg_stat_statements.track_utility=on",
-                 "-c", "pg_stat_statements.max=10000"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=die_with_parent, **as_user)
-        try:
-            _wait_port(self.port, True)
-        except StackError:
-            self.stop()
-            raise StackError(f"PostgreSQL did not start: "
-                             f"{(self.dir / 'pg.log').read_text()[-1000:]}") from None
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.writelines(f"{name} = '{value}'\n" for name, value in self.SETTINGS.items())
+        super().start()
         deadline = time.monotonic() + 30
         while True:  # the port answers before the server takes connections
             try:
