@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from agentq.errors import Conflict, NotFound, ValidationFailed
 from agentq.keys import create_key, find_key, hand_over
 from agentq.models import ApiKey, Job, Persona, TokenLog, User, UserPlatformLink
 from agentq.tools.manifest import PERMISSION_LEVELS
@@ -305,13 +305,8 @@ def link_identity(session: Session, user: User, platform: str, platform_user_id:
 def rotate_key(session: Session, key_id: uuid.UUID,
                tenant_id: uuid.UUID | None = None) -> tuple[ApiKey, str]:
     """Revoke a live key and make its successor (same name, tenant and scope). With
-    `tenant_id` (a tenant admin asking) another tenant's key is absent, and an operator's
-    key is not its to rotate."""
+    `tenant_id` (a tenant admin asking) `keys.find_key`'s limits hold."""
     old = find_key(session, key_id, tenant_id, lock=True)
-    if old is None:
-        raise NotFound("key", str(key_id))
-    if tenant_id is not None and old.is_operator:
-        raise Forbidden("An operator's key is rotated by an operator.", scope="operator")
     if old.revoked_at is not None:
         raise Conflict(f"Key {key_id} is revoked; make a new one instead.",
                        key_id=str(key_id))

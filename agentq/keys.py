@@ -13,6 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
+from agentq.errors import Forbidden, NotFound
 from agentq.models import ApiKey, Conversation, Schedule
 from agentq.tenants import DEFAULT_TENANT_ID
 
@@ -59,21 +60,26 @@ def list_keys(session: Session, tenant_id: uuid.UUID | None = None) -> list[ApiK
 
 
 def find_key(session: Session, key_id: uuid.UUID, tenant_id: uuid.UUID | None = None,
-             lock: bool = False) -> ApiKey | None:
-    """The key with this id; with `tenant_id` (a tenant admin asking), only if it is that
-    tenant's: another tenant's key is absent."""
+             lock: bool = False) -> ApiKey:
+    """The key an admin acts on (revokes, rotates). With `tenant_id` (a tenant admin
+    asking) only that tenant's: another tenant's key is absent (NotFound, as a missing
+    one), and an operator's is not its to touch (Forbidden)."""
     row = session.get(ApiKey, key_id, with_for_update=lock)
     if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-        return None
+        raise NotFound("key", str(key_id))
+    if tenant_id is not None and row.is_operator:
+        raise Forbidden("An operator's key is revoked or rotated by an operator.",
+                        scope="operator")
     return row
 
 
 def revoke_key(session: Session, key_id: uuid.UUID,
-               tenant_id: uuid.UUID | None = None) -> ApiKey | None:
-    """Revoke a key: it answers 401 from now on, and its active schedules are cancelled
-    (a revoked key's schedules never fire again; beat checks too, `agentq.schedules`)."""
+               tenant_id: uuid.UUID | None = None) -> ApiKey:
+    """Revoke a key (`find_key` says which it may be): it answers 401 from now on, and its
+    active schedules are cancelled (a revoked key's schedules never fire again; beat checks
+    too, `agentq.schedules`). A revoked key stays as it was."""
     row = find_key(session, key_id, tenant_id)
-    if row is not None and row.revoked_at is None:
+    if row.revoked_at is None:
         row.revoked_at = utcnow()
         cancel_schedules_of(session, row.id, row.revoked_at)
     return row

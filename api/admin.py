@@ -20,8 +20,8 @@ from datetime import timedelta
 from flask import Blueprint, g, jsonify, request
 
 from agentq.db import session_scope
-from agentq.errors import Forbidden, NotFound, ValidationFailed
-from agentq.keys import create_key, find_key, key_object, list_keys, revoke_key
+from agentq.errors import NotFound, ValidationFailed
+from agentq.keys import create_key, key_object, list_keys, revoke_key
 from agentq.tenants import (create_tenant, find_tenant, list_tenants, tenant_object,
                             update_quotas)
 from api.auth import admin_reach, require_key
@@ -112,15 +112,8 @@ def get_keys():
 @bp.post("/v1/admin/keys/<key_id>/revoke")
 @require_key(admin=True)
 def post_revoke(key_id: str):
-    reach = admin_reach()
     with session_scope(g.settings) as session:
-        ident = parse_uuid(key_id, "key")
-        row = find_key(session, ident, reach)
-        if row is None:
-            raise NotFound("key", key_id)
-        if reach is not None and row.is_operator:
-            raise Forbidden("An operator's key is revoked by an operator.", scope="operator")
-        revoke_key(session, ident, reach)
+        row = revoke_key(session, parse_uuid(key_id, "key"), admin_reach())
         return jsonify(key_object(row))
 
 

@@ -313,12 +313,9 @@ def keys_list() -> None:
 @click.argument("key_id", type=click.UUID)
 def keys_revoke(key_id) -> None:
     """Revoke a key: it answers 401 from now on."""
-    from agentq.errors import NotFound
     from agentq.keys import key_object, revoke_key
     with _admin_session(None) as (session, _tenant):
         row = revoke_key(session, key_id)
-        if row is None:
-            raise NotFound("key", str(key_id))
         click.echo(json.dumps(key_object(row)))
 
 
