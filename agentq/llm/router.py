@@ -32,7 +32,7 @@ from agentq import metrics, tracing
 from agentq.config import Settings
 from agentq.errors import ProviderError, ProviderTimeout
 from agentq.llm import cancel
-from agentq.llm.cancel import CallCancelled, CancelToken
+from agentq.llm.cancel import CallCancelled
 from agentq.llm.clients import ClientShards, abortable_http_client, clients_for
 from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate, provider_name
 from agentq.llm.names import NameMap
@@ -95,13 +95,6 @@ def _status(exc: BaseException) -> int | None:
     if isinstance(exc, BadResponse):
         return exc.status
     return None
-
-
-def _check_cancel(token: CancelToken | None = None) -> None:
-    """`CallCancelled` when the job of the calls made now was cancelled."""
-    token = token if token is not None else cancel.current()
-    if token is not None:
-        token.check()
 
 
 def _abortable_client(**options: Any) -> openai.OpenAI:
@@ -239,8 +232,7 @@ class LLMRouter:
         timed_out: list[bool] = []
         transient: list[bool] = []
         retry_after: list[float] = []
-        for name in chain:
-            _check_cancel()
+        for name in chain:  # a cancel stops the chain at its next attempt (_with_retries)
             started = time.monotonic()
             names, params = self._request(name, messages, tools, max_tokens, requests)
             post = (partial(self._post_chat, name, params) if on_delta is None else
@@ -370,7 +362,8 @@ class LLMRouter:
         )
         for attempt in retrying:
             with attempt:
-                _check_cancel(token)
+                if token is not None:
+                    token.check()  # `CallCancelled`: no retry, no fallback
                 try:
                     with self._gate_for(model).call(model) as permit:
                         try:
