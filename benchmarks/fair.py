@@ -66,7 +66,7 @@ import requests
 
 from benchmarks.peer import CONTENT, EXPECTED
 from tests.support.services import PG_BIN, PrivateRedis, SuitePostgres
-from tests.support.stack import ROOT, StackError, die_with_parent, free_port
+from tests.support.stack import ROOT, Stack, StackError, die_with_parent, free_port
 
 POLL_S = 0.02
 """How often an HTTP client asks whether its job has ended (the same for every service)."""
@@ -344,19 +344,9 @@ class Procs:
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}
 
-    def stop(self) -> None:
-        import signal
-        for proc in self.procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    stop = Stack.stop
+    """The agentq stack's own stop (it reads only `procs`): each process group SIGTERM, then
+    SIGKILL after 15 s."""
 
 
 def wait_http(url: str, timeout_s: float = 60) -> None:
