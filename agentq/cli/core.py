@@ -181,15 +181,6 @@ def log_path(settings, remote: bool = False) -> Path:
     return Path(user_state_dir("agentq", appauthor=False)) / "agentq.log"
 
 
-def _safe_url(url: str) -> str:
-    """A database URL without its password."""
-    from sqlalchemy.engine import make_url
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for display
-        return url.split("@")[-1]
-
-
 @contextmanager
 def _client_errors() -> Iterator[None]:
     """A ClientError (what the API answers with a 4xx) becomes one clean line, exit 1."""

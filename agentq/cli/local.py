@@ -14,9 +14,9 @@ from typing import Iterator
 import click
 
 from agentq import logs
-from agentq.config import get_settings
+from agentq.config import get_settings, shown_url
 from agentq.cli.core import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT,
-                        PROCESS_KINDS, _error_line, _print_ending, _safe_url, _status_line,
+                        PROCESS_KINDS, _error_line, _print_ending, _status_line,
                         log_path, main)
 
 
@@ -267,7 +267,7 @@ def dev(port: int | None, local_model: bool) -> None:
         target = f"the local model {server.alias} at {server.base_url}"
     key = _dev_key(settings)
     port = settings.port
-    click.echo(f"agentq on http://127.0.0.1:{port}  (database {_safe_url(settings.database_url)})")
+    click.echo(f"agentq on http://127.0.0.1:{port}  (database {shown_url(settings.database_url)})")
     click.echo(f"jobs go to {target}")
     click.echo(f"admin key (also in {settings.home / 'dev-key'}): {key}")
     click.echo(f"dashboard: http://127.0.0.1:{port}/ui (sign in with the admin key)")
@@ -486,7 +486,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
     with UnitOfWork(sessions) as uow:
         job = lock_job(uow.session, job_id)
         if job is None:
-            raise click.ClickException(f"no job {job_id} in {_safe_url(settings.database_url)}")
+            raise click.ClickException(f"no job {job_id} in {shown_url(settings.database_url)}")
         if job.status in TERMINAL_STATUSES:
             return f"job {job_id} already {job.status}"
         lease = job.step_lease_until  # UTC-aware on SQLite too (models.UTCDateTime)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from agentq.config import Settings
+from agentq.config import Settings, shown_url
 from agentq.errors import ManifestError, ToolError, ToolTimeout, ValidationFailed
 from agentq.tools.manifest import (NAME_RE, PERMISSION_LEVELS, ToolContext, ToolModule,
                                    define_module)
@@ -504,18 +504,6 @@ def call_http(spec: ModuleSpec, tool: str, arguments: dict, ctx: ToolContext,
 
 # --- the modules this process knows --------------------------------------------------------
 
-def database_address(settings: Settings) -> str:
-    """host:port of the database (the SQLite file's path), for a log line."""
-    from sqlalchemy.engine import make_url
-    try:
-        url = make_url(settings.database_url)
-    except Exception:  # noqa: BLE001 - only for display
-        return "(unparsed URL)"
-    if url.get_backend_name() == "sqlite":
-        return url.database or ":memory:"
-    return f"{url.host or 'localhost'}:{url.port or 5432}"
-
-
 @dataclass
 class Known:
     spec: ModuleSpec
@@ -573,7 +561,7 @@ class RemoteModules:
         self._unread_logged_at = now
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines()
                  or [type(exc).__name__])[0]
-        where = database_address(self.settings)
+        where = shown_url(self.settings.database_url)  # its password masked
         log.warning(f"tool modules not read: the database at {where} did not answer "
                     f"({first[:300]}); said again in {self.UNREAD_LOG_S:g} s if it still "
                     f"does not", extra={"error": type(exc).__name__, "database": where})
