@@ -240,14 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         if lab is None:
             return 4
         results["meta"]["stack_start_s"] = lab.started_in_s
+        settings = lab.settings()
         results["meta"]["settings"] = {
-            "orchestrator_concurrency": lab.settings().orchestrator_concurrency,
-            "orchestrator_pool": lab.settings().orchestrator_pool,
-            "tools_concurrency": lab.settings().tools_concurrency,
-            "db_pool_size": lab.settings().db_pool_size,
-            "tool_join": lab.settings().tool_join,
-            "history_max_messages": lab.settings().history_max_messages,
-            "context_max_tokens": lab.settings().context_max_tokens}
+            name: getattr(settings, name)
+            for name in ("orchestrator_concurrency", "orchestrator_pool", "tools_concurrency",
+                         "db_pool_size", "tool_join", "history_max_messages",
+                         "context_max_tokens")}
     ctx = scenarios.Context(lab, sizes)
     ctx.results = results["scenarios"]
     try:
