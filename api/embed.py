@@ -20,7 +20,7 @@ from flask import Blueprint, g, jsonify
 from sqlalchemy import delete, update
 
 from agentq.db import session_scope, utcnow
-from agentq.errors import ProviderError
+from agentq.errors import ClientError, ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.tokens import count_tokens
 from agentq.loop.budget import roll_period
@@ -47,9 +47,19 @@ def router(settings):
         return _router
 
 
+class EmbedBudgetExceeded(ClientError):
+    """The user's budget cannot pay for the text: 429 with Retry-After (when it resets)."""
+    status = 429
+    code = "budget_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int, **details):
+        super().__init__(message, **details)
+        self.retry_after_s = retry_after_s
+
+
 def _charge(settings, data: dict, model: str, tokens: int):
-    """Take `tokens` from the user's budget and log them; a refusal (a response) when they
-    do not fit. Returns (the token log's id, the user's id) or the refusal."""
+    """Take `tokens` from the user's budget and log them; EmbedBudgetExceeded when they do
+    not fit (the user as resolved is kept). Returns (the token log's id, the user's id)."""
     platform, who = data.get("platform"), data.get("platform_user_id")
     if platform is None:
         platform, who = KEY_PLATFORM, str(g.api_key_id)
@@ -61,24 +71,22 @@ def _charge(settings, data: dict, model: str, tokens: int):
         now = utcnow()
         roll_period(user, now, settings.budget_period_days)
         budget = user.token_budget_monthly
-        if budget is not None and user.tokens_used_this_month + tokens > budget:
-            left = max(0, budget - user.tokens_used_this_month)
-            response = error_response(
-                429, "budget_exceeded",
-                f"The user's monthly token budget cannot pay for this text ({tokens} "
-                f"tokens; {left} left until {user.budget_reset_at.isoformat()}).",
-                {"tokens": tokens, "tokens_left": left, "budget": budget,
-                 "resets_at": user.budget_reset_at.isoformat()})
-            response.headers["Retry-After"] = str(max(1, math.ceil(
-                (user.budget_reset_at - now).total_seconds())))
-            return response
-        user.tokens_used_this_month += tokens
-        log = TokenLog(id=uuid.uuid4(), user_id=user.id, conversation_id=None, job_id=None,
-                       iteration=0, model=model, input_tokens=tokens, output_tokens=0,
-                       cost_estimate=estimate_cost(model, tokens, 0), usage_estimated=True,
-                       created_at=now)
-        session.add(log)
-        return log.id, user.id
+        if budget is None or user.tokens_used_this_month + tokens <= budget:
+            user.tokens_used_this_month += tokens
+            log = TokenLog(id=uuid.uuid4(), user_id=user.id, conversation_id=None,
+                           job_id=None, iteration=0, model=model, input_tokens=tokens,
+                           output_tokens=0, cost_estimate=estimate_cost(model, tokens, 0),
+                           usage_estimated=True, created_at=now)
+            session.add(log)
+            return log.id, user.id
+        left = max(0, budget - user.tokens_used_this_month)
+        resets_at = user.budget_reset_at.isoformat()
+        refusal = EmbedBudgetExceeded(
+            f"The user's monthly token budget cannot pay for this text ({tokens} tokens; "
+            f"{left} left until {resets_at}).",
+            max(1, math.ceil((user.budget_reset_at - now).total_seconds())),
+            tokens=tokens, tokens_left=left, budget=budget, resets_at=resets_at)
+    raise refusal  # once the user (made or rolled to a new period) is committed
 
 
 def _refund(settings, log_id, user_id, tokens: int) -> None:
@@ -96,14 +104,13 @@ def embed():
     model = settings.embedding_model
     tokens = max(1, count_tokens(settings.tokenizer, [data["text"]]))
     charged = _charge(settings, data, model, tokens)
-    if not isinstance(charged, tuple):
-        return charged
     try:
         vector = router(settings).embed(data["text"])
-    except BaseException as exc:
+    except ProviderError as exc:
         _refund(settings, *charged, tokens)
-        if isinstance(exc, ProviderError):
-            return error_response(502, exc.code, "The embedding provider failed.",
-                                  {"attempts": exc.attempts})
+        return error_response(502, exc.code, "The embedding provider failed.",
+                              {"attempts": exc.attempts})
+    except BaseException:
+        _refund(settings, *charged, tokens)
         raise
     return jsonify({"embedding": vector})

@@ -62,7 +62,11 @@ def unavailable_response(what: str):
 def register(app: Flask) -> None:
     @app.errorhandler(ClientError)
     def _client(exc: ClientError):
-        return error_response(exc.status, exc.code, exc.message, exc.details)
+        response = error_response(exc.status, exc.code, exc.message, exc.details)
+        retry_after_s = getattr(exc, "retry_after_s", None)
+        if retry_after_s is not None:  # a 429's wait (RFC 9110 Retry-After)
+            response.headers["Retry-After"] = str(retry_after_s)
+        return response
 
     @app.errorhandler(ValidationError)
     def _validation(exc: ValidationError):
