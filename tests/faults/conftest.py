@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -41,21 +42,29 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session")
-def fault_lab(servers_up):
+def started_lab(broker: str):
+    """A fault lab on `broker` in a scratch directory of its own, for a fixture to yield;
+    stopped after, its directory removed (kept with AGENTQ_FAULT_KEEP: the processes'
+    logs, for a failed run)."""
     from benchmarks.faults import FaultLab
-    scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
-    lab = FaultLab(scratch, broker=BROKER)
+    scratch = Path(tempfile.mkdtemp(prefix=f"agentq-faults-{broker}-"))
+    lab = FaultLab(scratch, broker=broker)
     try:
         lab.start()
     except StackError as exc:
+        lab.stop()
         pytest.fail(str(exc))
     yield lab
     lab.stop()
-    if os.environ.get("AGENTQ_FAULT_KEEP"):  # the processes' logs, for a failed run
+    if os.environ.get("AGENTQ_FAULT_KEEP"):
         print(f"fault lab kept: {scratch}")
     else:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fault_lab(servers_up):
+    yield from started_lab(BROKER)
 
 
 def make_runner(lab):
@@ -80,3 +89,24 @@ def make_runner(lab):
 def run_fault(fault_lab):
     """Run one scenario on the shared lab; assert the promise; return the outcome."""
     return make_runner(fault_lab)
+
+
+def restarted_under_load(run, lab, name: str, server: str, times: int, down_s: float,
+                         pause_s: float):
+    """Scenario `name` on `lab` with its `server` (`redis`, `rabbit`) restarted `times`
+    times while the jobs flow (down `down_s` each, `pause_s` between): every job completes,
+    the server really went away each time (a new process), and the same worker processes
+    carried on (none died and was replaced). Returns the outcome."""
+    pids: list[int] = []
+
+    def restarts(lab):
+        for _ in range(times):
+            getattr(lab, server).restart(down_s=down_s)
+            pids.append(getattr(lab, server).proc.pid)
+            time.sleep(pause_s)
+    workers = {n: p.pid for n, p in lab.stack.procs.items()}
+    outcome = run(name, restarts)
+    assert outcome.statuses == {"completed": outcome.jobs}
+    assert len(set(pids)) == times, pids
+    assert {n: p.pid for n, p in lab.stack.procs.items()} == workers
+    return outcome
