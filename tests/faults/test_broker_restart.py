@@ -85,21 +85,9 @@ def test_a_redis_broker_connection_gets_the_tolerant_transport(private_redis):
 def test_redis_restarts_under_load_kill_no_worker(run_fault, fault_lab):
     """Three restarts of Redis while jobs flow (each loses every key): all workers live on,
     all jobs complete (the sweeper re-drives what the restarts lost)."""
-    import time
-    redis_pids: list[int] = []
-
-    def restarts(lab):
-        for _ in range(3):
-            lab.redis.restart(down_s=1.0)
-            redis_pids.append(lab.redis.proc.pid)
-            time.sleep(2.0)
-    workers = {n: p.pid for n, p in fault_lab.stack.procs.items()}
-    outcome = run_fault("redis_restart_x3", restarts)
-    assert outcome.statuses == {"completed": outcome.jobs}
-    # Redis really went away three times (a new server each time), and the same worker
-    # processes carried on: none died and was replaced
-    assert len(set(redis_pids)) == 3, redis_pids
-    assert {n: p.pid for n, p in fault_lab.stack.procs.items()} == workers
+    from tests.faults.conftest import restarted_under_load
+    restarted_under_load(run_fault, fault_lab, "redis_restart_x3", "redis", times=3,
+                         down_s=1.0, pause_s=2.0)
 
 
 def test_submits_while_redis_is_down_are_written_and_complete(run_fault, fault_lab):
