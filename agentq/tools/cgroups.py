@@ -43,8 +43,6 @@ class CgroupUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Hierarchy:
-    mount: str
-    """Where cgroup v2 is mounted (e.g. /sys/fs/cgroup)."""
     base: str
     """Our own cgroup's directory: where the runs' cgroups are made."""
 
@@ -102,11 +100,11 @@ def setup(mount: str | None = None, path: str | None = None) -> Hierarchy:
         return found
 
 
-def check(mount: str | None = None, path: str | None = None) -> str | None:
+def check() -> str | None:
     """Why per-run groups cannot be set up for this process (None if they can), without
     changing anything."""
     try:
-        _base(mount or cgroup2_mount(), path if path is not None else own_path())
+        _base(cgroup2_mount(), own_path())
     except CgroupUnavailable as exc:
         return str(exc)
     return None
@@ -144,7 +142,7 @@ def _setup(mount: str | None, path: str | None) -> Hierarchy:
     except OSError as exc:
         raise CgroupUnavailable(f"cannot read {base}/cgroup.subtree_control: {exc}") from None
     if all(c in enabled for c in CONTROLLERS):
-        return Hierarchy(mount, base)
+        return Hierarchy(base)
     leaf = os.path.join(base, LEAF)
     try:
         os.mkdir(leaf)
@@ -162,7 +160,7 @@ def _setup(mount: str | None, path: str | None) -> Hierarchy:
         _move_all(base, leaf, only)
         try:
             _write(os.path.join(base, "cgroup.subtree_control"), want)
-            return Hierarchy(mount, base)
+            return Hierarchy(base)
         except OSError as exc:
             if exc.errno != errno.EBUSY:  # EBUSY: a process came in meanwhile
                 raise CgroupUnavailable(

@@ -501,7 +501,7 @@ def test_cgroup_setup_moves_the_service_to_a_leaf_then_enables_the_controllers(
         real_write(path, value)
     monkeypatch.setattr(cgroups, "_write", write)
     found = cgroups.setup(mount=str(tmp_path), path="/svc")
-    assert found == cgroups.Hierarchy(str(tmp_path), str(base))
+    assert found == cgroups.Hierarchy(str(base))
     assert written == [("svc/agentq-worker/cgroup.procs", "101"),
                        ("svc/agentq-worker/cgroup.procs", "102"),
                        ("svc/cgroup.subtree_control", "+memory +pids +cpu")]
@@ -515,7 +515,7 @@ def test_cgroup_setup_moves_the_service_to_a_leaf_then_enables_the_controllers(
 def test_a_runs_group_gets_its_limits_and_reports_cpu_and_oom(tmp_path):
     from agentq.tools import cgroups
     base = _fake_cgroupfs(tmp_path)
-    group = cgroups.RunGroup(cgroups.Hierarchy(str(tmp_path), str(base)),
+    group = cgroups.RunGroup(cgroups.Hierarchy(str(base)),
                              memory_bytes=320 * 2 ** 20, max_pids=64)
     path = Path(group.path)
     assert path.parent == base and path.name.startswith("agentq-run-")
@@ -603,7 +603,7 @@ def test_a_dead_workers_empty_run_groups_are_removed_at_start(tmp_path):
     busy.mkdir()
     (busy / "cgroup.procs").write_text("4242\n")        # a directory rmdir cannot remove
     (base / "agentq-worker").mkdir()
-    assert cgroups.remove_stale(cgroups.Hierarchy(str(tmp_path), str(base))) == 1
+    assert cgroups.remove_stale(cgroups.Hierarchy(str(base))) == 1
     assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["agentq-run-busy",
                                                                      "agentq-worker"]
 
