@@ -553,10 +553,12 @@ class RemoteModules:
     UNREAD_LOG_S = 30.0
     """A database that stays away is told once in this many seconds per process, not at
     every look (a wrong URL made every request and step log it: ~12 lines a second)."""
+    _unread_logged_at = float("-inf")
+    """When this process last said so (time.monotonic())."""
 
     def _unread(self, exc: Exception) -> None:
         now = time.monotonic()
-        if now - getattr(self, "_unread_logged_at", -self.UNREAD_LOG_S) < self.UNREAD_LOG_S:
+        if now - self._unread_logged_at < self.UNREAD_LOG_S:
             return
         self._unread_logged_at = now
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines()
@@ -725,8 +727,7 @@ def spec_of(row) -> ModuleSpec:
                       requires_approval=tuple(approval) if isinstance(approval, list)
                       else bool(approval),
                       timeout_s=defaults.get("timeout_s"),
-                      tenant_id=str(row.tenant_id) if getattr(row, "tenant_id", None)
-                      else None)
+                      tenant_id=str(row.tenant_id) if row.tenant_id else None)
 
 
 def tools_of(module: ToolModule | None) -> list[dict[str, Any]]:
