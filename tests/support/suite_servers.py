@@ -82,13 +82,14 @@ def stop() -> None:
 def _remove_left_behind() -> None:
     """The directories of sessions that were killed (their servers died with them, the
     directory stayed): each names the process that made it."""
+    from tests.support.stack import _pid_alive
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         try:
-            os.kill(int((path / "owner.pid").read_text()), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            owner = int((path / "owner.pid").read_text())
         except (OSError, ValueError):
-            pass  # no pid file yet (a session starting now), or not ours to judge
+            continue  # no pid file yet: a session starting now
+        if not _pid_alive(owner):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _one_line(exc: BaseException) -> str:
