@@ -59,12 +59,16 @@ def job_object(job: Job) -> dict[str, Any]:
 
 def _children(job: Job) -> list[str]:
     """The job's sub-agents (`agents.delegate`), in call order: read through the job's own
-    session (an index lookup); a job object built without one lists none."""
+    session (an index lookup); a job object built without one lists none. A job that has
+    had no model reply yet (every new job: a submission's answer) made no delegate call,
+    so none is read for it."""
     from sqlalchemy.orm import object_session
 
     from agentq.agents import children_of
     session = object_session(job)
-    return children_of(session, job.id) if session is not None else []
+    if session is None or not job.iteration:
+        return []
+    return children_of(session, job.id)
 
 
 def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:
