@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import func, select, update
 
-from agentq.models import (ApiKey, Job, JobInput, Memory, Schedule, ScheduleFiring, Tenant,
-                           ToolCall)
+from agentq.models import ApiKey, Memory, Schedule, ScheduleFiring, Tenant, ToolCall
 from tests.integration.conftest import Client, uid, wait_until
+from tests.security.busy_place import busy_place, count, write_there
 from tests.support.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
@@ -27,12 +27,6 @@ EMBED = text("(an embedding)")
 class Http(Client):
     def call(self, method: str, path: str, body=None):
         return self.http.request(method, self.url(path), json=body, timeout=70)
-
-
-def count(stack, model, *where) -> int:
-    with stack.sessions()() as session:
-        return session.execute(select(func.count()).select_from(model).where(*where)
-                               ).scalar_one()
 
 
 def refused(response, status: int, code: str) -> dict:
@@ -194,54 +188,27 @@ def test_a_tenant_admin_never_reads_another_tenants_jobs(stack, acme, script):
 def test_a_second_key_of_the_tenant_never_reaches_the_first_keys_conversation(
         stack, acme, script, on_busy):
     one, two = acme["one"], acme["two"]
-    user, channel = uid("u"), uid("c")
-    release = threading.Event()  # one's job runs (its model call held) while two tries
-    one_marker = script([text("one's answer", hold=release)])
-    one_job = one.submit(f"{one_marker} one's private question", user=user, channel=channel)
-    try:
-        wait_until(lambda: one.get(f"/v1/jobs/{one_job['id']}").json()["status"]
-                   == "running", what="one's job running")
-
-        def never_sees_one(request):
-            assert "one's private" not in str(request["messages"])
-        two_marker = script([text("two's answer", check=never_sees_one)])
-        # when two writes as the same user at the same place, with each on_busy
-        response = two.post("/v1/messages", json={
-            "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
-            "content": f"{two_marker} two's question", "on_busy": on_busy})
-        # then two gets a job of its own, in a conversation of its own
-        assert response.status_code == 202, response.text
-        two_job = response.json()
-        assert two_job["id"] != one_job["id"]
-        assert two_job["conversation_id"] != one_job["conversation_id"]
-        assert one_job["id"] not in response.text
-        assert two.wait(two_job["id"])["response"]["content"] == "two's answer"
+    # given one's job running at a place (busy_place: afterwards it must have run
+    # untouched, not cancelled, not steered, its history one's alone)
+    with busy_place(stack, one, script, "one") as place:
+        # when two writes as the same user at the same place, with each on_busy: then two
+        # gets a job of its own, in a conversation of its own
+        two_job = write_there(two, place, script, on_busy, "two")
         # and cannot read, continue, steer or interrupt one's conversation by its id
-        refused(two.get(f"/v1/conversations/{one_job['conversation_id']}/messages"), 404,
-                "not_found")
+        conversation_id = place.job["conversation_id"]
+        refused(two.get(f"/v1/conversations/{conversation_id}/messages"), 404, "not_found")
         for policy in ("steer", "interrupt", "queue"):
             refused(two.post("/v1/continue", json={
-                "conversation_id": one_job["conversation_id"], "content": "x",
-                "on_busy": policy}), 404, "not_found")
-        refused(two.post(f"/v1/jobs/{one_job['id']}/cancel"), 404, "not_found")
+                "conversation_id": conversation_id, "content": "x", "on_busy": policy}),
+                404, "not_found")
+        refused(two.post(f"/v1/jobs/{place.job['id']}/cancel"), 404, "not_found")
         refused(two.post("/v1/schedules", json={
-            "conversation_id": one_job["conversation_id"], "content": "x",
-            "delay_s": 1}), 404, "not_found")
-        assert one.get(f"/v1/jobs/{one_job['id']}").json()["status"] == "running"
-    finally:
-        release.set()
-    ended = one.wait(one_job["id"])
-    assert ended["status"] == "completed" and ended["response"]["content"] == "one's answer"
-    types = [e["type"] for e in one.events(one_job["id"])]
-    assert "cancel_requested" not in types and "steering_queued" not in types
-    assert count(stack, JobInput, JobInput.job_id == uuid.UUID(one_job["id"])) == 0
-    assert count(stack, Job, Job.conversation_id == uuid.UUID(one_job["conversation_id"])) == 1
-    history = one.get(f"/v1/conversations/{one_job['conversation_id']}/messages").json()
-    assert "two's" not in str(history["data"])
+            "conversation_id": conversation_id, "content": "x", "delay_s": 1}),
+            404, "not_found")
     # an admin of the tenant still sees both
     assert acme["admin"].get(f"/v1/jobs/{two_job['id']}").status_code == 200
     assert acme["admin"].get(
-        f"/v1/conversations/{one_job['conversation_id']}/messages").status_code == 200
+        f"/v1/conversations/{conversation_id}/messages").status_code == 200
 
 
 def test_the_same_key_at_the_same_place_keeps_its_conversation(acme, script):

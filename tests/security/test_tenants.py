@@ -12,11 +12,12 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from agentq.models import (ApiKey, Batch, Conversation, FileRecord, Job, JobInput, Message,
+from agentq.models import (ApiKey, Batch, FileRecord, Job, JobInput, Message,
                            WebhookDelivery)
 from tests.integration.conftest import Client, uid
+from tests.security.busy_place import busy_place, count, write_there
 from tests.support.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
@@ -41,12 +42,6 @@ def tenants(stack):
             "a_admin": Client(stack, stack.create_key("a-admin", admin=True, tenant=a)),
             "b": Client(stack, stack.create_key("b", admin=False, tenant=b)),
             "a_id": a, "b_id": b}
-
-
-def count(stack, model, *where) -> int:
-    with stack.sessions()() as session:
-        return session.execute(select(func.count()).select_from(model).where(*where)
-                               ).scalar_one()
 
 
 def snapshot(stack, job_id: str) -> dict:
@@ -78,47 +73,15 @@ def assert_absent(response, *secrets: str) -> None:
 @pytest.mark.parametrize("on_busy", ["reject", "steer", "interrupt", "queue"])
 def test_a_message_to_another_tenants_busy_place_never_reaches_its_job(
         stack, tenants, script, on_busy):
-    a, b = tenants["a"], tenants["b"]
-    user, channel = uid("u"), uid("c")
-    release = threading.Event()   # B's job runs (its model call held) until A is answered
-    b_marker = script([text("B's answer", hold=release)])
-    b_job = b.submit(f"{b_marker} B's secret question", user=user, channel=channel)
-    try:
-        _a_writes_to_b_busy_place(stack, a, b, b_job, user, channel, script, on_busy,
-                                  release)
-    finally:
-        release.set()
-
-
-def _a_writes_to_b_busy_place(stack, a, b, b_job, user, channel, script, on_busy, release):
-    wait_until(lambda: b.get(f"/v1/jobs/{b_job['id']}").json()["status"] == "running")
-
-    def never_sees_b(request):
-        assert "B's secret" not in str(request["messages"])
-    a_marker = script([text("A's answer", check=never_sees_b)])
-    # when A writes as the same platform user in the same channel, with each policy
-    response = a.post("/v1/messages", json={
-        "platform": "api", "platform_user_id": user, "platform_channel_id": channel,
-        "content": f"{a_marker} A's question", "on_busy": on_busy})
-    # then A gets a job of its own in a conversation of its own
-    assert response.status_code == 202, response.text
-    a_job = response.json()
-    assert a_job["id"] != b_job["id"] and b_job["id"] not in response.text
-    assert a_job["conversation_id"] != b_job["conversation_id"]
-    assert a.wait(a_job["id"])["response"]["content"] == "A's answer"
-    assert b.get(f"/v1/jobs/{b_job['id']}").json()["status"] == "running"  # still held
-    release.set()
-    # and B's job ran untouched: not cancelled, not steered, its history B's alone
-    ended = b.wait(b_job["id"])
-    assert ended["status"] == "completed" and ended["response"]["content"] == "B's answer"
-    types = [e["type"] for e in b.events(b_job["id"])]
-    assert "cancel_requested" not in types and "steering_queued" not in types
-    assert count(stack, JobInput, JobInput.job_id == uuid.UUID(b_job["id"])) == 0
-    history = b.get(f"/v1/conversations/{b_job['conversation_id']}/messages").json()["data"]
-    assert "A's" not in str(history)
+    # given B's job running at a place (busy_place: afterwards it must have run untouched,
+    # not cancelled, not steered, its history B's alone)
+    with busy_place(stack, tenants["b"], script, "B") as place:
+        # when A writes as the same platform user in the same channel, with each policy:
+        # then A gets a job of its own in a conversation of its own
+        a_job = write_there(tenants["a"], place, script, on_busy, "A")
     # the same platform user under two tenants is two users
     with stack.sessions()() as session:
-        users = {session.get(Job, uuid.UUID(j["id"])).user_id for j in (a_job, b_job)}
+        users = {session.get(Job, uuid.UUID(j["id"])).user_id for j in (a_job, place.job)}
     assert len(users) == 2
 
 
