@@ -8,10 +8,13 @@ from agentq.keys import create_key
 from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
 
 
-def _client(h):
+def _client(h, operator: bool = False):
+    """The app in this process, and the headers of a new admin key (an operator's with
+    `operator`, as only the server makes one)."""
     from api import create_app
     with session_scope(h.settings) as session:
-        _, key = create_key(session, "branches", admin=True)
+        _, key = create_key(session, "ops" if operator else "branches", admin=True,
+                            operator=operator)
     client = create_app(h.settings).test_client()
     return client, {"Authorization": f"Bearer {key}"}
 
@@ -65,12 +68,7 @@ def test_a_branch_at_a_message_of_another_conversation_is_404(make):
 
 def test_an_operator_and_a_tenant_admin_in_one_process(make):
     # given an operator key (made on the server) and the app in one process on SQLite
-    h = make()
-    from api import create_app
-    with session_scope(h.settings) as session:
-        _, operator = create_key(session, "ops", admin=True, operator=True)
-    client = create_app(h.settings).test_client()
-    ops = {"Authorization": f"Bearer {operator}"}
+    client, ops = _client(make(), operator=True)
     # when it makes a tenant, sets its quotas and makes the tenant's admin
     tenant = client.post("/v1/admin/tenants", headers=ops, json={"name": "acme"})
     assert tenant.status_code == 201, tenant.get_data(as_text=True)
