@@ -74,7 +74,9 @@ def test_a_mistyped_database_url_is_one_line_naming_it_as_typed(tmp_path, url, a
     shown = url.replace(":s3cret-pw@", ":***@")
     assert line.startswith(f"Error: configuration: AGENTQ_DATABASE_URL: '{shown}'"), line
     assert "s3cret-pw" not in line and "psycopg2" not in line
-    assert "postgresql://user:password@host:port/name" in line or "port" in line
+    # what to type instead: a port that is a number, or a URL of a database agentq runs on
+    assert ("the port is not a number from 1 to 65535" if "54x2" in url
+            else "postgresql://user:password@host:port/name") in line, line
 
 
 def test_an_unreachable_database_is_named_as_typed(tmp_path):
