@@ -149,7 +149,7 @@ class LLMRouter:
     # --- providers ----------------------------------------------------------------------
 
     def _entry(self, model: str):
-        return (getattr(self._settings, "models", None) or {}).get(model)
+        return self._settings.models.get(model)
 
     def _client_for(self, model: str) -> openai.OpenAI:
         """This thread's client of the model's provider."""

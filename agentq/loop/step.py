@@ -214,7 +214,7 @@ class Stepper:
         self.registry = registry
         self.sessions = sessions
         self.hooks = hooks if hooks is not None else Hooks.load(settings.hooks_enabled)
-        self.strategy = load_strategy(getattr(settings, "compaction_strategy", "default"))
+        self.strategy = load_strategy(settings.compaction_strategy)
         self.leases = leases or LeaseKeeper(sessions, settings.step_deadline_s)
         self.cancels = cancels or CancelWatch(sessions)
         self._question_vectors: dict[tuple[str, str], list[float]] = {}
