@@ -19,14 +19,15 @@ import time
 import uuid
 from typing import Any, Mapping
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings, get_settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.models import Tenant
+from agentq.loop.effects import NextStep
+from agentq.models import Job, Tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000001")
 """Made by the migration that introduced tenants; the rows and keys from before it."""
@@ -197,22 +198,12 @@ _LIVE = ("queued", "running", "waiting")
 _NOT_ADMITTED = ("conversation", "batch", QUOTA_WAIT)
 
 
-_RUNNING = None
-
-
-def _running_statement():
-    """Built once, with bind parameters (a statement built per call cost more of the
-    caller's CPU than Postgres spends running it)."""
-    global _RUNNING
-    if _RUNNING is None:
-        from sqlalchemy import bindparam
-
-        from agentq.models import Job
-        _RUNNING = select(func.count()).select_from(Job).where(
-            Job.tenant_id == bindparam("tenant_id"), Job.status.in_(_LIVE),
-            or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(_NOT_ADMITTED)),
-            Job.id.not_in(bindparam("aside", expanding=True)))
-    return _RUNNING
+_RUNNING = select(func.count()).select_from(Job).where(
+    Job.tenant_id == bindparam("tenant_id"), Job.status.in_(_LIVE),
+    or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(_NOT_ADMITTED)),
+    Job.id.not_in(bindparam("aside", expanding=True)))
+"""`running_count`'s statement, built once with bind parameters (a statement built per
+call cost more of the caller's CPU than Postgres spends running it)."""
 
 
 def _runs(job) -> bool:
@@ -227,12 +218,11 @@ def running_count(session: Session, tenant_id: uuid.UUID,
     Through the partial index of its live jobs, as this session sees them: a job it changed
     and has not written yet (a step's unit of work writes at its commit: the job ending,
     the one handed its conversation) counts as it is now."""
-    from agentq.models import Job
     changed = [o for o in (*session.new, *session.dirty)
                if isinstance(o, Job) and o.tenant_id == tenant_id]
     aside = {o.id for o in changed} | ({besides} if besides is not None else set())
-    stored = session.execute(_running_statement(), {"tenant_id": tenant_id,
-                                                    "aside": list(aside)}).scalar_one()
+    stored = session.execute(_RUNNING, {"tenant_id": tenant_id, "aside": list(aside)}
+                             ).scalar_one()
     return stored + sum(1 for o in changed if o.id != besides and _runs(o))
 
 
@@ -251,8 +241,6 @@ def admit_quota_waiters(uow, tenant_id: uuid.UUID, settings: Settings | None = N
     """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
     as there is room for now (each locked, skipping one another process is starting).
     Called when a job of the tenant ends, and by the sweeper. Returns how many."""
-    from agentq.loop.effects import NextStep
-    from agentq.models import Job
     session = uow.session
     waits = (Job.tenant_id == tenant_id, Job.waiting_for == QUOTA_WAIT, Job.status == "queued")
     if session.execute(select(Job.id).where(*waits).limit(1)).first() is None:
@@ -275,6 +263,5 @@ def admit_quota_waiters(uow, tenant_id: uuid.UUID, settings: Settings | None = N
 
 
 def tenants_waiting_for_quota(session: Session) -> list[uuid.UUID]:
-    from agentq.models import Job
     return list(session.execute(select(Job.tenant_id).where(
         Job.waiting_for == QUOTA_WAIT, Job.status == "queued").distinct()).scalars())
