@@ -313,14 +313,10 @@ def compare(job_id: str):
 def _overview_scope() -> tuple[Any, str]:
     """(what the overview counts, said in words): an operator every tenant's jobs, a tenant
     admin its tenant's, another key its own (as the API shows jobs)."""
-    if g.get("is_operator"):
+    if g.is_operator:
         return (lambda query: query), "every tenant's jobs (an operator key)"
-    if g.is_admin:
-        return (lambda query: query.where(Job.tenant_id == g.tenant_id)), \
-            "this tenant's jobs (an admin key)"
-    return (lambda query: query.where(Job.tenant_id == g.tenant_id,
-                                      Job.api_key_id == g.api_key_id)), \
-        "the jobs of this key"
+    return _visible, ("this tenant's jobs (an admin key)" if g.is_admin
+                      else "the jobs of this key")
 
 
 @bp.get("/overview")
