@@ -117,7 +117,7 @@ def _base(mount: str | None, path: str | None) -> str:
     if path is None:
         raise CgroupUnavailable("this process is in no cgroup v2 group (/proc/self/cgroup "
                                 "has no 0:: line)")
-    here = os.path.join(mount, path.lstrip("/"))
+    here = os.path.normpath(os.path.join(mount, path.lstrip("/")))
     base = os.path.dirname(here) if os.path.basename(here) == LEAF else here
     try:
         available = _read(os.path.join(base, "cgroup.controllers")).split()

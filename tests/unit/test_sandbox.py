@@ -474,42 +474,73 @@ def test_what_the_code_left_running_is_gone_when_the_run_answers(scratch_dir):
 # --- per-run cgroups (agentq.tools.cgroups) on a cgroup v2 tree laid out as the kernel's ---
 
 def _fake_cgroupfs(root, *, controllers="cpuset cpu io memory hugetlb pids rdma",
-                   procs=(101, 102)):
-    """A directory shaped like a delegated cgroup v2 group (`/svc`) at the start: the
-    controllers offered, none enabled for children, the service's processes in it."""
-    base = root / "svc"
-    base.mkdir(parents=True)
+                   procs=(101, 102), name="svc"):
+    """A directory shaped like a delegated cgroup v2 group (`/<name>`; "" for the top of the
+    hierarchy, a container's own) at the start: the controllers offered, none enabled for
+    children, the service's processes in it."""
+    base = root / name
+    base.mkdir(parents=True, exist_ok=True)
     (base / "cgroup.controllers").write_text(controllers + "\n")
     (base / "cgroup.subtree_control").write_text("")
     (base / "cgroup.procs").write_text("".join(f"{p}\n" for p in procs))
     return base
 
 
-def test_cgroup_setup_moves_the_service_to_a_leaf_then_enables_the_controllers(
-        tmp_path, monkeypatch):
+@pytest.fixture
+def kernel_writes(tmp_path, monkeypatch):
+    """cgroups' writes, recorded ((path below tmp_path, value)) and answered as the kernel
+    does: a pid written to a group's cgroup.procs leaves the base group's; controllers are
+    not enabled for the children of a group that still holds processes (EBUSY, cgroup v2's
+    no-internal-process rule)."""
     from agentq.tools import cgroups
-    base = _fake_cgroupfs(tmp_path)
     written: list[tuple[str, str]] = []
     real_write = cgroups._write
 
     def write(path, value):
         written.append((os.path.relpath(path, tmp_path), value))
-        if path.endswith("cgroup.procs"):        # the kernel moves the pid out of the base
-            procs = (base / "cgroup.procs").read_text().split()
-            (base / "cgroup.procs").write_text("".join(f"{p}\n" for p in procs
-                                                       if p != value))
+        here = Path(path).parent
+        if path.endswith("cgroup.procs") and (here.parent / "cgroup.procs").is_file():
+            left = here.parent / "cgroup.procs"
+            left.write_text("".join(f"{p}\n" for p in left.read_text().split()
+                                    if p != value))
+        if path.endswith("cgroup.subtree_control") and (here / "cgroup.procs").read_text():
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
         real_write(path, value)
     monkeypatch.setattr(cgroups, "_write", write)
+    return written
+
+
+def test_cgroup_setup_moves_the_service_to_a_leaf_then_enables_the_controllers(
+        tmp_path, kernel_writes):
+    from agentq.tools import cgroups
+    base = _fake_cgroupfs(tmp_path)
     found = cgroups.setup(mount=str(tmp_path), path="/svc")
     assert found == cgroups.Hierarchy(str(base))
-    assert written == [("svc/agentq-worker/cgroup.procs", "101"),
-                       ("svc/agentq-worker/cgroup.procs", "102"),
-                       ("svc/cgroup.subtree_control", "+memory +pids +cpu")]
+    assert kernel_writes == [("svc/agentq-worker/cgroup.procs", "101"),
+                             ("svc/agentq-worker/cgroup.procs", "102"),
+                             ("svc/cgroup.subtree_control", "+memory +pids +cpu")]
     # a pool process started later, already in the leaf, finds it done
     (base / "cgroup.subtree_control").write_text("cpu memory pids\n")
-    written.clear()
+    kernel_writes.clear()
     assert cgroups.setup(mount=str(tmp_path), path="/svc/agentq-worker") == found
-    assert written == []
+    assert kernel_writes == []
+
+
+def test_cgroup_setup_at_the_top_of_the_hierarchy_moves_only_this_process(tmp_path,
+                                                                          kernel_writes):
+    # a container's own cgroup: its other processes are not ours to move
+    from agentq.tools import cgroups
+    me = str(os.getpid())
+    base = _fake_cgroupfs(tmp_path, procs=(int(me),), name="")
+    assert cgroups.setup(mount=str(tmp_path), path="/") == cgroups.Hierarchy(str(base))
+    assert kernel_writes == [("agentq-worker/cgroup.procs", me),
+                             ("cgroup.subtree_control", "+memory +pids +cpu")]
+    # another process there: the controllers cannot be enabled, and it says so
+    (base / "cgroup.procs").write_text(f"{me}\n4242\n")
+    (base / "cgroup.subtree_control").write_text("")
+    with pytest.raises(cgroups.CgroupUnavailable, match="keeps processes of its own"):
+        cgroups.setup(mount=str(tmp_path), path="/")
+    assert (base / "cgroup.procs").read_text() == "4242\n"
 
 
 def test_a_runs_group_gets_its_limits_and_reports_cpu_and_oom(tmp_path):
@@ -529,6 +560,75 @@ def test_a_runs_group_gets_its_limits_and_reports_cpu_and_oom(tmp_path):
     assert (path / "cgroup.procs").read_text() == "4242"
 
 
+def _as_our_cgroups(monkeypatch, root, path="/svc"):
+    """The sandbox takes the tree under `root` for this process's cgroup v2 delegation."""
+    from agentq.tools import cgroups
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: str(root))
+    monkeypatch.setattr(cgroups, "own_path", lambda: path)
+    monkeypatch.setattr(cgroups, "_ready", {})
+    monkeypatch.setenv(sandbox.CGROUP_ENV, "required")
+
+
+def test_a_run_goes_into_a_group_of_its_own_before_its_code_runs(
+        tmp_path, monkeypatch, kernel_writes, scratch_dir):
+    # this machine's cgroups may not be delegable: a v2 tree of files stands for them
+    from agentq.tools import cgroups
+    _fake_cgroupfs(tmp_path)
+    _as_our_cgroups(monkeypatch, tmp_path)
+    ran_when_moved: list[bool] = []
+    recorded = cgroups._write
+
+    def write(path, value):
+        if path.endswith("cgroup.procs"):
+            ran_when_moved.append((scratch_dir / "ran").exists())
+        recorded(path, value)
+    monkeypatch.setattr(cgroups, "_write", write)
+    result = run("import os; os.memfd_create('x'); open('ran', 'w'); print('ran')",
+                 memory_mb=128, scratch_dir=str(scratch_dir))
+    assert result["stdout"] == "ran\n", result   # memfd is allowed: memory.max counts it
+    assert not (result["cpu_limited"] or result["memory_limited"]), result
+    runs = [(path, value) for path, value in kernel_writes
+            if path.startswith("svc/agentq-run-")]
+    group = runs[0][0].split("/")[1]
+    assert [(path.split("/")[2], value) for path, value in runs[:5]] == [
+        ("memory.max", str(sandbox._run_memory_bytes(128))), ("memory.swap.max", "0"),
+        ("memory.oom.group", "1"), ("pids.max", str(sandbox.MAX_PROCESSES)),
+        ("cpu.max", f"{cgroups.RUN_CPUS * cgroups.CPU_PERIOD_US} {cgroups.CPU_PERIOD_US}")]
+    # bwrap and its sandbox's pid 1, each moved in before the code ran (after the service's
+    # two processes went to the leaf at set-up)
+    moved = runs[5:]
+    assert [path for path, _ in moved] == [f"svc/{group}/cgroup.procs"] * 2, runs
+    assert len({int(pid) for _, pid in moved}) == 2, moved
+    assert ran_when_moved == [False] * 4 and (scratch_dir / "ran").exists()
+
+
+@pytest.mark.parametrize("counter, content, limited", [
+    ("cpu.stat", "usage_usec 999000000\n", "cpu_limited"),
+    ("memory.events", "oom 1\noom_kill 1\n", "memory_limited"),
+])
+def test_a_runs_group_says_when_it_spent_its_cpu_or_was_oom_killed(
+        tmp_path, monkeypatch, kernel_writes, scratch_dir, counter, content, limited):
+    # the kernel's counts in the run's group: past its CPU budget the meter kills the run;
+    # an OOM kill in it is memory_limited
+    from agentq.tools import cgroups
+    _fake_cgroupfs(tmp_path)
+    _as_our_cgroups(monkeypatch, tmp_path)
+    made = cgroups.RunGroup.__init__
+
+    def with_counts(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        Path(self.path, counter).write_text(content)
+    monkeypatch.setattr(cgroups.RunGroup, "__init__", with_counts)
+    result = run("import time; open('ran', 'w'); time.sleep(30)" if limited == "cpu_limited"
+                 else "print('ran')", scratch_dir=str(scratch_dir), wall_s=60)
+    assert result[limited] is True and result["timed_out"] is False, result
+    if limited == "cpu_limited":                 # stopped at the first reading, before it ran
+        assert result["exit_signal"] == "SIGKILL", result
+        assert not (scratch_dir / "ran").exists()
+    else:
+        assert result["stdout"] == "ran\n", result
+
+
 @pytest.mark.parametrize("controllers, reason", [
     ("hugetlb", "no memory/pids/cpu controller (it offers hugetlb): on a hybrid host"),
     ("cpu memory", "no pids controller"),
@@ -537,10 +637,7 @@ def test_the_sandbox_refuses_to_run_without_its_cgroups(tmp_path, monkeypatch, s
                                                         controllers, reason):
     from agentq.tools import cgroups
     _fake_cgroupfs(tmp_path, controllers=controllers)
-    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: str(tmp_path))
-    monkeypatch.setattr(cgroups, "own_path", lambda: "/svc")
-    monkeypatch.setattr(cgroups, "_ready", {})
-    monkeypatch.setenv(sandbox.CGROUP_ENV, "required")
+    _as_our_cgroups(monkeypatch, tmp_path)
     with pytest.raises(SandboxUnavailable, match=re.escape(reason)) as info:
         run("open('ran', 'w')", scratch_dir=str(scratch_dir))
     assert "The code was not run" in str(info.value)
