@@ -46,7 +46,7 @@ QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
     "/ui/sign-in": {"next"},
     "/ui/schedules": {"message"},
     "/ui/jobs": {"status", "finish_reason", "user", "since", "until", "rows"},
-    "/ui/jobs/<job_id>": {"message"},
+    "/ui/jobs/<job_id>": {"message", "part"},
     "/ui/jobs/<job_id>/events": {"after"},
     "/ui/overview": {"part"},
 }
@@ -219,6 +219,9 @@ def job(job_id: str):
         usage = session.execute(select(TokenLog).where(TokenLog.job_id == row.id)
                                 .order_by(TokenLog.iteration)).scalars().all()
         waterfall = timeline.build(row, event_rows, call_rows, usage, utcnow())
+        if request.args.get("part") == "waterfall":  # the live page's redraw
+            return render_template("ui/waterfall.html", waterfall=waterfall,
+                                   duration=timeline.duration, pretty=_pretty)
         question = _first_line(row.content)
         models = ", ".join(_used_models(usage)) or row.model or ""
         deliveries = [delivery_object(d) for d in session.execute(

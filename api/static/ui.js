@@ -34,11 +34,12 @@ function followJob(root) {
   const source = new EventSource(url);
   let redraw = null;
   const redrawWaterfall = () => {
-    // the waterfall is drawn by the server: read the page again, take its new waterfall
+    // the waterfall is drawn by the server: read it again (that part of the page alone)
     if (redraw) return;
     redraw = window.setTimeout(async () => {
       redraw = null;
-      const response = await fetch(window.location.href, {credentials: "same-origin"});
+      const response = await fetch(window.location.pathname + "?part=waterfall",
+                                   {credentials: "same-origin"});
       if (!response.ok) return;
       const fresh = new DOMParser().parseFromString(await response.text(), "text/html")
         .getElementById("waterfall");

@@ -602,6 +602,12 @@ def test_a_live_job_s_waterfall_grows_as_it_runs(page, client, script):
             "true"
         assert page.locator("#job-status").inner_text() == "running"
         assert tool.locator(".wf-duration").inner_text().endswith("so far")
+        # what the page reads to redraw it: the waterfall alone, not the whole page
+        part = page.request.get(f"/ui/jobs/{job['id']}?part=waterfall")
+        assert part.ok, part.status
+        assert part.text().lstrip().startswith('<section id="waterfall"')
+        assert "<html" not in part.text() and 'id="timeline"' not in part.text()
+        assert 'data-label="Tool: flaky.gated"' in part.text()
     finally:
         gate.close()
     assert client.wait(job["id"])["status"] == "completed"
