@@ -299,15 +299,16 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
     key is revoked)."""
     from agentq.loop.submit import Submission, submit
     session = uow.session
-    schedule = session.execute(
-        select(Schedule).where(Schedule.id == schedule_id, Schedule.status == "active",
-                               Schedule.next_run_at <= now)
-        .with_for_update(skip_locked=True)).scalar_one_or_none()
-    if schedule is None:
+    claimed = session.execute(
+        select(Schedule, ApiKey.revoked_at)
+        .outerjoin(ApiKey, ApiKey.id == Schedule.api_key_id)
+        .where(Schedule.id == schedule_id, Schedule.status == "active",
+               Schedule.next_run_at <= now)
+        .with_for_update(of=Schedule, skip_locked=True)).one_or_none()
+    if claimed is None:
         raise _NothingToFire
-    if schedule.api_key_id is not None and session.execute(
-            select(ApiKey.revoked_at).where(ApiKey.id == schedule.api_key_id)
-    ).scalar_one_or_none() is not None:
+    schedule, key_revoked_at = claimed
+    if key_revoked_at is not None:
         log.info("schedule of a revoked key cancelled", extra={"schedule_id": str(schedule.id)})
         schedule.status, schedule.next_run_at = "cancelled", None
         schedule.cancelled_at = schedule.cancelled_at or now
