@@ -702,10 +702,10 @@ def _run(code: str, *, cpu_s: float, memory_mb: int, wall_s: float, max_output_c
             "truncated": stdout_cut or stderr_cut or ended.output_limited}
 
 
-def prepare() -> str | None:
+def prepare() -> None:
     """At a worker's start, before its pool forks: the process made non-dumpable and the
-    cgroup delegation set up (its pool processes start in the worker's leaf group). Returns
-    why the sandbox cannot run code here (logged), or None."""
+    cgroup delegation set up (its pool processes start in the worker's leaf group). Where
+    the sandbox cannot run code here, logs why (each run then refuses, saying so too)."""
     try:
         _not_dumpable()
         hierarchy = _hierarchy()
@@ -714,10 +714,9 @@ def prepare() -> str | None:
             cgroups.remove_stale(hierarchy)
     except (SandboxUnavailable, seccomp.SeccompUnavailable) as exc:
         log.error("sandbox unavailable at start", extra={"problem": str(exc)})
-        return str(exc)
+        return
     log.info("sandbox ready", extra={
         "cgroup": hierarchy.base if hierarchy is not None else None})
-    return None
 
 
 def _hierarchy() -> cgroups.Hierarchy | None:
@@ -912,8 +911,8 @@ def _start_failure(child: _Child, stderr: _Capture) -> SandboxUnavailable:
 
 
 def _collect(child: _Child, status_fd: int, reports: list[dict[str, Any]], deadline: float,
-             max_chars: int, meter: _Meter | None = None,
-             cpu_budget_s: float = math.inf) -> tuple[dict[str, _Capture], _Ended]:
+             max_chars: int, meter: _Meter | None,
+             cpu_budget_s: float) -> tuple[dict[str, _Capture], _Ended]:
     """Read the pipes and the status lines until EOF and bwrap's exit; kill the sandbox at
     the wall deadline, when the whole run's CPU time passes `cpu_budget_s` or its memory
     its limit (`meter`), past OUTPUT_KILL_BYTES of output or STATUS_MAX_BYTES of status."""

@@ -602,6 +602,30 @@ def test_a_run_goes_into_a_group_of_its_own_before_its_code_runs(
     assert ran_when_moved == [False] * 4 and (scratch_dir / "ran").exists()
 
 
+def test_a_worker_prepares_the_sandbox_at_start(tmp_path, monkeypatch, kernel_writes,
+                                                caplog):
+    # tasks.app's worker_init hook, in the tools-slow worker before its pool forks
+    from agentq.tools import cgroups
+    base = _fake_cgroupfs(tmp_path)
+    (base / "agentq-run-dead").mkdir()                  # a run of a worker that died
+    _as_our_cgroups(monkeypatch, tmp_path)
+    with caplog.at_level("INFO", logger=sandbox.__name__):
+        sandbox.prepare()
+    assert ("svc/cgroup.subtree_control", "+memory +pids +cpu") in kernel_writes
+    assert not (base / "agentq-run-dead").exists()
+    assert [(r.getMessage(), r.cgroup) for r in caplog.records] == [("sandbox ready",
+                                                                     str(base))]
+    # where the delegation is impossible it says why, and does not raise (the worker runs
+    # its other tools; each code run refuses, saying so too)
+    caplog.clear()
+    monkeypatch.setattr(cgroups, "_ready", {})
+    (base / "cgroup.controllers").write_text("hugetlb\n")
+    with caplog.at_level("INFO", logger=sandbox.__name__):
+        sandbox.prepare()
+    assert [r.getMessage() for r in caplog.records] == ["sandbox unavailable at start"]
+    assert "no memory/pids/cpu controller" in caplog.records[0].problem
+
+
 @pytest.mark.parametrize("counter, content, limited", [
     ("cpu.stat", "usage_usec 999000000\n", "cpu_limited"),
     ("memory.events", "oom 1\noom_kill 1\n", "memory_limited"),
