@@ -18,7 +18,7 @@ import pytest
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import text
 from tests.support.services import PrivateRedis
-from tests.support.stack import Stack, StackError, create_database, drop_database
+from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
 STARTED_WITHIN_S = 60
@@ -30,24 +30,13 @@ reconnection, one model call; far below the 300 s step deadline."""
 def outage_stack(servers_up, llm, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("broker-away")
     redis = PrivateRedis(scratch).start()
-    name = f"agentq_broker_away_{os.getpid()}"
-    stack = None
+    env = {**TEST_ENV, "AGENTQ_STEP_DEADLINE_S": "300", "AGENTQ_SWEEP_INTERVAL_S": "1"}
     try:
-        database = create_database(name)
-        env = {**TEST_ENV, "AGENTQ_BROKER_URL": redis.url, "AGENTQ_STEP_DEADLINE_S": "300",
-               "AGENTQ_SWEEP_INTERVAL_S": "1"}
-        stack = Stack(database, llm.base_url, scratch, env,
-                      workers=("orchestrator", "tools"), beat=True)
-        try:
-            stack.start()
-        except StackError as exc:
-            pytest.fail(str(exc))
-        yield stack, redis, Client(stack, stack.create_key("away", admin=True))
+        with own_stack("broker_away", llm.base_url, scratch, env, beat=True,
+                       broker_url=redis.url) as stack:
+            yield stack, redis, Client(stack, stack.create_key("away", admin=True))
     finally:
-        if stack is not None:
-            stack.stop()
         redis.stop()
-        drop_database(name)
 
 
 def test_a_job_accepted_while_redis_is_away_starts_soon_after_it_is_back(outage_stack,

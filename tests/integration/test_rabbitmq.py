@@ -12,7 +12,6 @@ test_webhooks.py on RabbitMQ (AGENTQ_TEST_BROKER=amqp, .ci/run's second run).
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -22,32 +21,19 @@ import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import call, text, tool_calls
-from tests.support.stack import (RABBITMQ_URL, ROOT, Stack, StackError, create_database,
-                                 die_with_parent, drop_database, free_port, rabbitmq_vhost,
-                                 rabbitmqctl)
+from tests.support.stack import (RABBITMQ_URL, ROOT, WORKERS, die_with_parent, free_port,
+                                 own_stack, rabbitmq_vhost, rabbitmqctl)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def amqp(servers_up, llm, tmp_path_factory):
+    """No AGENTQ_RESULT_BACKEND_URL: the default, the database."""
     vhost = rabbitmq_vhost("own")
-    name = f"agentq_amqp_{os.getpid()}"
-    stack = None
-    try:
-        database = create_database(name)
-        env = {**TEST_ENV, "AGENTQ_BROKER_URL": f"{RABBITMQ_URL}/{vhost}"}
-        stack = Stack(database, llm.base_url, tmp_path_factory.mktemp("amqp"), env)
-        stack.env.pop("AGENTQ_RESULT_BACKEND_URL", None)  # the default: the database
-        try:
-            stack.start()
-        except StackError as exc:
-            pytest.fail(str(exc))
+    with own_stack("amqp", llm.base_url, tmp_path_factory.mktemp("amqp"), TEST_ENV,
+                   workers=WORKERS, beat=True, broker_url=f"{RABBITMQ_URL}/{vhost}") as stack:
         yield stack, vhost, Client(stack, stack.create_key("amqp", admin=True))
-    finally:
-        if stack is not None:
-            stack.stop()
-        drop_database(name)
 
 
 def queues(vhost: str) -> dict[str, tuple[str, bool]]:

@@ -391,23 +391,28 @@ class Stack:
 @contextlib.contextmanager
 def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
               workers=("orchestrator", "tools"), pythonpath: Path | None = None,
-              beat: bool = False, database_via: Callable[[str], str] | None = None):
+              beat: bool = False, database_via: Callable[[str], str] | None = None,
+              broker_url: str | None = None):
     """A stack of its own: its own Redis server on a free port (so its queues are nobody
     else's), its own database, the given settings; stopped and dropped after.
     `database_via`: the URL its processes reach that database by (through a pooler, say),
-    from the database's own URL."""
+    from the database's own URL. `broker_url`: a broker the test runs itself (a server it
+    stops, a RabbitMQ vhost) instead of that Redis."""
     import shutil
-    redis_port = free_port()
-    redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port",
-                              str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                             preexec_fn=die_with_parent)
+    redis = None
+    if broker_url is None:
+        redis_port = free_port()
+        redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port",
+                                  str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                                 preexec_fn=die_with_parent)
+        broker_url = f"redis://127.0.0.1:{redis_port}/0"
     database_name = f"agentq_{name}_{os.getpid()}"
     stack = None
     try:
         database = create_database(database_name)
         stack = Stack(database_via(database) if database_via else database, llm_base_url,
-                      scratch, {**env, "AGENTQ_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"},
+                      scratch, {**env, "AGENTQ_BROKER_URL": broker_url},
                       workers=workers, beat=beat)
         if pythonpath is not None:
             stack.env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}"
@@ -416,6 +421,7 @@ def own_stack(name: str, llm_base_url: str, scratch: Path, env: dict[str, str],
     finally:  # a failed set-up too: nothing left running, no database left behind
         if stack is not None:
             stack.stop()
-        redis.terminate()
-        redis.wait(timeout=30)
+        if redis is not None:
+            redis.terminate()
+            redis.wait(timeout=30)
         drop_database(database_name)
