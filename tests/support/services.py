@@ -118,7 +118,7 @@ class PrivateRabbitMQ:
     whole process group) and starts it again on the same ports with the same data: durable
     queues and their messages come back, connections do not.
 
-        rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.stop()
+        rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.destroy()
     """
 
     def __init__(self, scratch: Path, port: int | None = None):
@@ -180,18 +180,9 @@ class PrivateRabbitMQ:
             self.proc.wait()
         _wait_port(self.port, False)
 
-    def stop(self) -> None:
-        """SIGTERM (RabbitMQ's orderly shutdown), SIGKILL after 30 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def restart(self, down_s: float = 0.0, crash: bool = True) -> None:
-        """Killed (`crash`) or stopped in order, down `down_s`, started on the same ports."""
-        self.kill() if crash else self.stop()
+    def restart(self, down_s: float = 0.0) -> None:
+        """Killed, down `down_s`, started on the same ports."""
+        self.kill()
         time.sleep(down_s)
         self.start()
 
