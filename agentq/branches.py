@@ -105,16 +105,3 @@ def is_branch_start(session: Session, job: Job, conversation: Conversation) -> b
     return not session.execute(select(exists().where(
         Message.conversation_id == conversation.id, Message.job_id.is_not(None),
         Message.job_id != job.id))).scalar()
-
-
-def conversation_object(conversation: Conversation) -> dict:
-    """GET /v1/conversations/<id>."""
-    branched = None
-    if conversation.branched_from_conversation_id is not None:
-        branched = {"conversation_id": str(conversation.branched_from_conversation_id),
-                    "message_id": (str(conversation.branched_from_message_id)
-                                   if conversation.branched_from_message_id else None)}
-    return {"id": str(conversation.id),
-            "created_at": conversation.started_at.isoformat(),
-            "persona_id": str(conversation.persona_id) if conversation.persona_id else None,
-            "branched_from": branched, "active_project": conversation.active_project}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agentq.models import Batch, Job, WebhookDelivery
+from agentq.models import Batch, Conversation, Job, WebhookDelivery
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -69,6 +69,17 @@ def _children(job: Job) -> list[str]:
     if session is None or not job.iteration:
         return []
     return children_of(session, job.id)
+
+
+def conversation_object(conversation: Conversation) -> dict[str, Any]:
+    """GET /v1/conversations/<id>."""
+    branched = None
+    if conversation.branched_from_conversation_id is not None:
+        branched = {"conversation_id": str(conversation.branched_from_conversation_id),
+                    "message_id": _id(conversation.branched_from_message_id)}
+    return {"id": str(conversation.id), "created_at": _iso(conversation.started_at),
+            "persona_id": _id(conversation.persona_id), "branched_from": branched,
+            "active_project": conversation.active_project}
 
 
 def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:

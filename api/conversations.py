@@ -12,7 +12,7 @@ from agentq.errors import ValidationFailed
 from agentq.loop.submit import Submission
 from agentq.models import Message
 from agentq.uow import UnitOfWork
-from agentq.views import job_object
+from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.schemas import BranchRequestSchema, ConversationUpdateSchema
@@ -58,7 +58,7 @@ def list_messages(conversation_id: str):
 def get_conversation(conversation_id: str):
     ident = parse_uuid(conversation_id, "conversation")
     with session_scope(g.settings) as session:
-        return jsonify(branches.conversation_object(load_conversation(session, ident)))
+        return jsonify(conversation_object(load_conversation(session, ident)))
 
 
 @bp.patch("/v1/conversations/<conversation_id>")
@@ -72,7 +72,7 @@ def update_conversation(conversation_id: str):
         project = data["active_project"]
         conversation.active_project = project if project and project.strip() else None
         session.flush()
-        return jsonify(branches.conversation_object(conversation))
+        return jsonify(conversation_object(conversation))
 
 
 @bp.post("/v1/conversations/<conversation_id>/branch")
