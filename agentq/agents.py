@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import ToolError
-from agentq.lifecycle import JobStatus, WaitingFor, new_job
+from agentq.loop.lifecycle import JobStatus, WaitingFor, new_job
 from agentq.loop.effects import DispatchTools, NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall
 from agentq.tools.registry import ToolRegistry, ToolResult
@@ -275,7 +275,7 @@ def cancel_children(sessions: sessionmaker, job_id: uuid.UUID) -> int:
     (the child's row alone locked: never a parent's while a child's is waited for)."""
     from agentq.loop.busy import lock_job
     from agentq.loop.submit import cancel
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     with sessions() as session:
         ids = list(session.execute(select(Job.id).where(
             Job.parent_job_id == job_id, Job.status.in_(LIVE))).scalars())
@@ -293,7 +293,7 @@ def cancel_children(sessions: sessionmaker, job_id: uuid.UUID) -> int:
 
 def sweep(settings: Settings, sessions: sessionmaker) -> int:
     """The sweeper's safety net for sub-agents (a crash between two units of work)."""
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     stale = utcnow() - timedelta(seconds=settings.step_deadline_s)
     parents = aliased(Job)
     with sessions() as session:

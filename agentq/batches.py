@@ -16,10 +16,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
-from agentq.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
+from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
 from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.models import TERMINAL_STATUSES, Batch, Job
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.views import COUNT_KEYS
 
 
@@ -148,7 +148,7 @@ def add_replays(uow: UnitOfWork, settings, batch: Batch, originals: list[Job], m
                 *, model: str | None, persona_id: uuid.UUID | None,
                 api_key_id: uuid.UUID | None) -> None:
     """One waiting replay per ended job, in the order given (custom_id: the original)."""
-    from agentq.replay import create_replay
+    from agentq.loop.replay import create_replay
     for index, original in enumerate(originals):
         job = create_replay(uow, settings, original, mode, model=model,
                             persona_id=persona_id, api_key_id=api_key_id, batch_id=batch.id)

@@ -21,7 +21,7 @@ from agentq.db import utcnow
 from agentq.errors import NotFound
 from agentq.loop.submit import Submission, Submitted, submit
 from agentq.models import Conversation, ConversationSummary, Job, Message
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 
 @dataclass

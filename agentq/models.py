@@ -379,7 +379,7 @@ class ToolCall(Base):
     `awaiting` (approval) → pending (approved) | failed (denied, timed out) | cancelled."""
     approval_expires_at: Mapped[datetime | None]
     """Set when the call was held for approval (and kept after): an awaiting call is denied
-    after this (agentq.approvals)."""
+    after this (agentq.loop.approvals)."""
     result: Mapped[dict[str, Any] | None]
     """{"ok": bool, "result": ..., "error": {"code", "message"}} as the model will read it."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,4 +1,4 @@
-"""The in-process effect runner: a dispatcher (`agentq.uow`) that handles every effect in
+"""The in-process effect runner: a dispatcher (`agentq.loop.uow`) that handles every effect in
 this process, without a broker.
 
 The unit tests drive jobs with it (a scripted model, a SQLite or Postgres database) and the
@@ -26,7 +26,7 @@ import uuid
 from collections import deque
 from typing import Iterator, Sequence, assert_never
 
-from agentq import uow as units
+from agentq.loop import uow as units
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
                                  NextStep, RevokeTools, SendWebhooks)
 

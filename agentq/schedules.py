@@ -42,7 +42,7 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
 from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 

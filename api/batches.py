@@ -10,14 +10,15 @@ from flask import Blueprint, Response, g, jsonify, request
 from marshmallow import ValidationError
 from sqlalchemy import select
 
-from agentq import batches, replay
+from agentq import batches
+from agentq.loop import replay
 from agentq.db import session_factory, session_scope
 from agentq.errors import (Conflict, NotFound, UnknownQueryParameter, UnsupportedMediaType,
                            ValidationFailed)
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission
 from agentq.models import Batch, Conversation, Job
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json, utf8

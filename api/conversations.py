@@ -6,12 +6,13 @@ from __future__ import annotations
 from flask import Blueprint, g, jsonify, request
 from sqlalchemy import select
 
-from agentq import branches, replay
+from agentq import branches
+from agentq.loop import replay
 from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
 from agentq.loop.submit import Submission
 from agentq.models import Message
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid

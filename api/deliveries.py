@@ -10,7 +10,7 @@ from sqlalchemy import select
 from agentq.db import session_factory, session_scope
 from agentq.loop.effects import SendWebhooks
 from agentq.models import Job
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.views import delivery_object
 from agentq.webhooks import secrets
 from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event

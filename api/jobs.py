@@ -1,6 +1,6 @@
 """Submit and poll: POST /v1/messages, POST /v1/continue, GET /v1/jobs/<id>,
 POST /v1/jobs/<id>/cancel, GET /v1/jobs/<id>/events (JSON, or server-sent events),
-POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (agentq.approvals)."""
+POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (agentq.loop.approvals)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ from agentq.loop.store import event_dict
 from agentq.loop.submit import Submission, cancel, submit
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobEvent
 from agentq.notify import hub_for
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
@@ -259,7 +259,7 @@ def _decide(job_id: str, decide) -> object:
 @require_key()
 def approve_tool_call(job_id: str, tool_use_id: str):
     """Run a call that waits for approval, optionally with edited arguments."""
-    from agentq.approvals import approve
+    from agentq.loop.approvals import approve
     from agentq.tools.registry import get_registry
     data = ApproveRequestSchema().load(_optional_body())
     registry = get_registry(g.settings)
@@ -271,7 +271,7 @@ def approve_tool_call(job_id: str, tool_use_id: str):
 @require_key()
 def deny_tool_call(job_id: str, tool_use_id: str):
     """Refuse a call that waits for approval; the model reads a `denied` tool error."""
-    from agentq.approvals import deny
+    from agentq.loop.approvals import deny
     data = DenyRequestSchema().load(_optional_body())
     return _decide(job_id, lambda uow, ident: deny(uow, ident, tool_use_id, data["reason"]))
 

@@ -911,7 +911,7 @@ class ScheduleQuerySchema(StrictSchema):
     limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
 
 
-# --- approvals (api/jobs.py, agentq.approvals) ----------------------------------------------
+# --- approvals (api/jobs.py, agentq.loop.approvals) ----------------------------------------------
 
 class ApproveRequestSchema(StrictSchema):
     arguments = fields.Dict(keys=fields.String(), load_default=None, allow_none=True,

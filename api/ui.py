@@ -20,14 +20,14 @@ from flask import (Blueprint, Response, abort, g, redirect, render_template, req
 from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
-from agentq import replay
+from agentq.loop import replay
 from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop.store import event_dict
 from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, TokenLog, ToolCall,
                            UserPlatformLink, WebhookDelivery)
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.views import SHOWN_WAITS, batch_object, delivery_object, job_object
 from api import ui_overview
 from api import ui_timeline as timeline
@@ -231,7 +231,7 @@ def job(job_id: str):
             _visible(select(Job.id)).where(Job.replay_of == row.id)
             .order_by(Job.created_at)).scalars()]
         body = job_object(row)
-    from agentq.approvals import AWAITING
+    from agentq.loop.approvals import AWAITING
     awaiting = [c for c in calls.values() if c["status"] == AWAITING]
     return render_template("ui/job.html", job=body, events=events, calls=calls,
                            awaiting=awaiting, live=LIVE, deliveries=deliveries,
@@ -265,7 +265,7 @@ def cancel(job_id: str):
 def decide(job_id: str, tool_use_id: str, decision: str):
     """Approve or deny a call waiting for approval, through the API's own route logic
     (POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny)."""
-    from agentq.approvals import approve, deny
+    from agentq.loop.approvals import approve, deny
     from agentq.tools.registry import get_registry
     from api.jobs import _decide
     if decision not in ("approve", "deny"):

@@ -35,7 +35,7 @@ class Floor:
         from agentq.loop.identity import Incoming
         from agentq.loop.submit import Submission, submit
         from agentq.runner import InProcessRunner
-        from agentq.uow import UnitOfWork
+        from agentq.loop.uow import UnitOfWork
         runner = InProcessRunner(self.stepper, self.settings)
         t0 = time.time()
         with runner.installed():

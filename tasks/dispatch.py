@@ -1,4 +1,4 @@
-"""Effects → Celery messages: this process's dispatcher (`agentq.uow`), called only after
+"""Effects → Celery messages: this process's dispatcher (`agentq.loop.uow`), called only after
 the transaction that wrote the rows has committed. A step's tool calls go out as a chord:
 one task per call on its module's queue, the next step as the callback, and an error
 callback so a hard failure still advances (a single call carries the two as its link and
@@ -15,7 +15,8 @@ from typing import Sequence, assert_never
 
 from celery import chord, group
 
-from agentq import tracing, uow
+from agentq import tracing
+from agentq.loop import uow
 from agentq.config import get_settings
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
                                  NextStep, RevokeTools, SendWebhooks)

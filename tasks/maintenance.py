@@ -14,7 +14,7 @@ from tasks.base import AgentqTask, maintenance_run, services
 def sweep() -> int:
     """Stalled jobs re-driven, waiting ones started, overdue provider attempts re-sent,
     approvals past their deadline denied: each in its unit of work. Returns how many."""
-    from agentq.approvals import expire
+    from agentq.loop.approvals import expire
     s = services()
     return maintenance_run(names.SWEEP, lambda: (
         sweep_jobs(s.settings, s.sessions) + sweep_waiting(s.settings, s.sessions)

@@ -326,7 +326,7 @@ def _submit_one(settings, content: str, user_id: str, channel: str) -> uuid.UUID
     from agentq.db import session_factory
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     import tasks.dispatch  # noqa: F401  (the job's first step goes out through it)
     with UnitOfWork(session_factory(settings)) as uow:
         return create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
@@ -476,11 +476,11 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
     POST /v1/jobs/<id>/cancel: one that never started ends at once, a running one at its
     next step boundary. Returns what happened, in one line."""
     from agentq.db import session_factory, utcnow
-    from agentq.lifecycle import StopReason, end_job
+    from agentq.loop.lifecycle import StopReason, end_job
     from agentq.loop.busy import lock_job, request_cancel
     from agentq.loop.effects import NextStep
     from agentq.loop.submit import cancel
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
     sessions = session_factory(settings)
     with UnitOfWork(sessions) as uow:
@@ -519,7 +519,7 @@ def _cancel_local(settings, job_id: uuid.UUID) -> None:
     from agentq.db import session_factory
     from agentq.loop.submit import cancel
     from agentq.models import Job
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
     with UnitOfWork(session_factory(settings)) as uow:
         job = uow.session.get(Job, job_id)

@@ -28,7 +28,7 @@ from agentq.errors import Conflict, NotFound
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobInput, ToolCall
 
 if TYPE_CHECKING:
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
 
 CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
                          "error": {"code": "cancelled",

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from agentq.llm.types import LLMReply
 
-from agentq.lifecycle import StopReason
+from agentq.loop.lifecycle import StopReason
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What a unit of work asks for once its transaction has committed: plain values, so
-nothing in the loop knows Celery. `agentq.uow` hands them to this process's dispatcher
+nothing in the loop knows Celery. `agentq.loop.uow` hands them to this process's dispatcher
 (`tasks.dispatch` sends Celery messages; `agentq.runner` runs them in-process); each
 dispatcher handles every type below, and none opens a database session to do so."""
 from __future__ import annotations

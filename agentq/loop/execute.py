@@ -32,7 +32,7 @@ from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 _calls, _jobs = ToolCall.__table__, Job.__table__

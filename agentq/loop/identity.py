@@ -147,7 +147,7 @@ def resolve_conversation(session: Session, user: User, incoming: Incoming,
                          owner: uuid.UUID | None = None) -> Conversation:
     key = scope_key(user.tenant_id, incoming.platform, incoming.platform_channel_id,
                     incoming.platform_thread_id, owner)
-    # last_active_at moves when a job lets the conversation go (agentq.lifecycle), under the
+    # last_active_at moves when a job lets the conversation go (agentq.loop.lifecycle), under the
     # lock order of the writer; touching the row here would lock it before the job it waits
     # for.
     conversation = session.execute(_FIND_CONVERSATION,

@@ -16,7 +16,7 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.effects import NextStep
 from agentq.models import Job
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200

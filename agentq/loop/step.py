@@ -59,13 +59,14 @@ from agentq.errors import ProviderError
 from agentq.llm.cancel import CallCancelled, cancellable
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply, ToolSpec
-from agentq import agents, approvals, memory, replay
+from agentq import agents, memory
+from agentq.loop import approvals, replay
 from agentq import branches
 from agentq.hooks import Hooks, compact_with, load_strategy
 from agentq.loop import budget, context
 from agentq.loop import layers as context_layers
-from agentq.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
-                              WaitingFor, end_job)
+from agentq.loop.lifecycle import (EXECUTION_LIMITS, LIVE_STATUSES, Phase, StopReason,
+                                   WaitingFor, end_job)
 from agentq.loop.decision import (CANCELLED, Finish, Limits, RunTools, Stop, WaitForProvider,
                                   check_limits, decide, effective_limits,
                                   remaining_output_budget, wait_for_provider)
@@ -79,7 +80,7 @@ from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Mes
                            Persona, ToolCall, User)
 from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Appending to a conversation's messages and a job's events, with their sequence numbers.
 
-Events are recorded through a unit of work (`agentq.uow`), which writes them here before
+Events are recorded through a unit of work (`agentq.loop.uow`), which writes them here before
 its commit and announces them to the observers registered with `on_events` after it.
 
 Both counters live on the parent row and are advanced by one `UPDATE … RETURNING`, so
@@ -38,7 +38,7 @@ def on_events(hook: EventHook) -> None:
 
 
 def notify(job_id: str, events: list[dict[str, Any]]) -> None:
-    """Tell the observers of events just committed (`agentq.uow` calls this)."""
+    """Tell the observers of events just committed (`agentq.loop.uow` calls this)."""
     for hook in _event_hooks:
         try:
             hook(job_id, events)
@@ -67,7 +67,7 @@ def _advance(table, counter: str, stamp: str | None = None):
 
 _ADVANCE_MESSAGES = _advance(_conversations, "message_seq")
 """Only the counter: a conversation's last_active_at is set when its job lets it go
-(agentq.lifecycle). It is in `ix_conversations_idle`, and an update that changes an indexed
+(agentq.loop.lifecycle). It is in `ix_conversations_idle`, and an update that changes an indexed
 column is never heap-only: moved with each of a job's five or so messages, it made each of
 those updates write all five of the table's indexes anew (2.0 kB of WAL a job)."""
 _ADVANCE_EVENTS = _advance(_jobs, "event_seq", "last_progress_at")

@@ -1,7 +1,7 @@
 """A message in: resolve who and where, register attachments, and either create a job or,
 when the conversation is busy, apply the message's `on_busy` policy (agentq.loop.busy).
 
-It runs in the caller's unit of work (`agentq.uow`): the job's first step goes out as an
+It runs in the caller's unit of work (`agentq.loop.uow`): the job's first step goes out as an
 effect after the commit, so a worker never reads a job row that is not there yet.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from agentq.db import insert_new, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
                               request_cancel, steer)
-from agentq.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.lifecycle import StopReason, WaitingFor, end_job, new_job
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
 from agentq.models import Conversation, FileRecord, Job, Persona, User
 from agentq.tenants import DEFAULT_TENANT_ID, may_start
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 
 
 @dataclass
@@ -187,7 +187,7 @@ def interrupt(uow: UnitOfWork, owner: Job) -> None:
                 {"code": "cancelled", "message": "Interrupted by a new message."})
         return
     if owner.status == "waiting":  # for a person's approval: those calls never run
-        from agentq.approvals import cancel_awaiting
+        from agentq.loop.approvals import cancel_awaiting
         cancel_awaiting(uow, owner)
     revoked = request_cancel(uow, owner)
     if revoked:

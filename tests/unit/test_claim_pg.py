@@ -11,7 +11,7 @@ from sqlalchemy import select
 from agentq.loop.busy import request_cancel
 from agentq.loop.store import append_messages
 from agentq.models import Conversation, Job, JobEvent, Message
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
 
 JOIN_S = 60

@@ -38,7 +38,7 @@ def test_jobs_list_reads_the_database(tmp_path, monkeypatch):
     from agentq.db import dispose_engines, session_factory
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
     monkeypatch.setenv("AGENTQ_HOME", str(tmp_path))
     set_settings(settings)

@@ -69,7 +69,7 @@ def test_memory_remember_writes_once_per_tool_call(settings, monkeypatch):
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.tools.manifest import ToolContext
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
 
     class Router:
         def embed(self, text, model=None):

@@ -127,7 +127,7 @@ def test_each_tenant_and_user_gets_its_own_memories(h):
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.tenants import create_tenant
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     with h.sessions() as session, session.begin():
         other_id = create_tenant(session, "other").id
     with UnitOfWork(h.sessions) as uow:

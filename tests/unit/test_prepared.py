@@ -153,7 +153,7 @@ def test_a_relaxed_unit_of_work_skips_its_flush_and_the_next_one_does_not(engine
     # given a pool of one connection (prepared statements on or off)
     from sqlalchemy.orm import sessionmaker
 
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
     sessions = sessionmaker(bind=engines(threshold=threshold), expire_on_commit=False)
     # when a unit of work that may be lost in a crash runs, then a durable one
     for _ in range(2):

@@ -15,7 +15,7 @@ from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop.execute import execute_tool_call
 from agentq.loop.identity import Incoming
-from agentq import uow
+from agentq.loop import uow
 from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job

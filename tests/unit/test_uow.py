@@ -1,4 +1,4 @@
-"""The unit of work (agentq.uow) keeps commit → announce → dispatch, and the two effect
+"""The unit of work (agentq.loop.uow) keeps commit → announce → dispatch, and the two effect
 dispatchers (the in-process runner, Celery's) each handle every effect type."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from agentq import uow as units
+from agentq.loop import uow as units
 from agentq.db import session_factory, utcnow
 from agentq.loop import store
 from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
@@ -23,7 +23,7 @@ from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
 from agentq.models import Job, JobEvent
 from agentq.runner import InProcessRunner
-from agentq.uow import NoDispatcher, UnitOfWork
+from agentq.loop.uow import NoDispatcher, UnitOfWork
 from tests.unit.test_step import _settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ from standardwebhooks import Webhook
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.errors import Conflict
-from agentq.lifecycle import end_job
+from agentq.loop.lifecycle import end_job
 from agentq.loop.effects import JobEnded, SendWebhooks
 from agentq.loop.identity import Incoming
-from agentq.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep_deliveries
 from agentq.models import Job, WebhookDelivery

@@ -33,7 +33,7 @@ from agentq.models import Conversation, Job, ToolCall
 from agentq.tenants import admit_quota_waiters, may_start
 
 if TYPE_CHECKING:
-    from agentq.uow import UnitOfWork
+    from agentq.loop.uow import UnitOfWork
 
 
 class JobStatus(enum.StrEnum):
