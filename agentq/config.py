@@ -560,7 +560,7 @@ def check_database_url(url: str) -> str:
                           f"{expected}")
     if not scheme.startswith("sqlite"):
         try:
-            urlsplit(stripped).port
+            urlsplit(stripped).port  # noqa: B018 - reading it raises on a port that is not a number
         except ValueError:
             raise ConfigError("AGENTQ_DATABASE_URL",
                               f"{shown_url(stripped)!r}: the port is not a number from 1 "

@@ -36,7 +36,8 @@ def create_key(session: Session, name: str, admin: bool = False,
         raise ValueError("a key needs a name")
     key = KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
     row = ApiKey(id=uuid.uuid4(), tenant_id=tenant_id, name=name.strip()[:MAX_NAME_CHARS],
-                 key_hash=hash_key(key), prefix=key[:10], is_admin=admin or operator, is_operator=operator,
+                 key_hash=hash_key(key), prefix=key[:10], is_admin=admin or operator,
+                 is_operator=operator,
                  created_at=utcnow())
     session.add(row)
     session.flush()

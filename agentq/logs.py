@@ -7,13 +7,15 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from agentq import tracing
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context",
-                                                                           default={})
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "log_context", default=MappingProxyType({}))
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message",
                                                                           "asctime"}
 

@@ -123,7 +123,7 @@ class InProcessRunner:
         stepper = self._stepper()
         try:
             stepper.run(job_id, iteration, cause)
-        except Exception as exc:  # what the orchestrator task does with a bug in a step
+        except Exception as exc:  # noqa: BLE001 - what the orchestrator task does with a bug in a step
             stepper.fail(job_id, exc)
 
     def _tools(self, job_id: str, iteration: int,

@@ -281,7 +281,7 @@ def _watch_modules(celery_app: Celery, hostname: str, speeds: tuple[str, ...]) -
                 celery_app.control.cancel_consumer(queue, destination=[hostname], reply=False)
                 log.info("stopped consuming module queue", extra={"queue": queue})
             consumed = wanted | local
-        except Exception as exc:  # the broker or database is away: try again next time
+        except Exception as exc:  # noqa: BLE001 - the broker or database is away: try again next time
             log.warning("module queues not updated", extra={"error": type(exc).__name__})
 
 

@@ -247,7 +247,7 @@ class ToolRegistry:
                                            "tool_use_id": ctx.tool_use_id,
                                            "ms": round((time.monotonic() - started) * 1000)})
                 return ToolResult(ok=True, result=value, attempts=attempt)
-            except Exception as exc:  # a tool's failure is data, whatever it raised
+            except Exception as exc:  # noqa: BLE001 - a tool's failure is data, whatever it raised
                 last = exc
                 retryable = getattr(exc, "retryable", True)
                 log.warning("tool failed", extra={"tool": name, "attempt": attempt,

@@ -397,7 +397,7 @@ def fetch_http_manifest(spec: ModuleSpec, settings: Settings) -> dict[str, Any]:
     except httpx.TimeoutException:
         raise ManifestError(spec.name, f"GET /manifest did not answer within "
                                        f"{settings.module_fetch_timeout_s:g} s") from None
-    except Exception as exc:  # connection refused, a URL httpx cannot use, ...
+    except Exception as exc:  # noqa: BLE001 - connection refused, a URL httpx cannot use, ...
         raise ManifestError(spec.name, f"GET /manifest failed: {type(exc).__name__}; is the "
                                        "module running at its url?") from None
     if response.status_code != 200:
@@ -545,7 +545,7 @@ class RemoteModules:
         try:
             for spec in self._load_rows():
                 by_name.setdefault(spec.name, spec)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged by _unread; the last view stands
             read = False
             self._unread(exc)
         return sorted(by_name.values(), key=lambda s: s.name), read
@@ -575,7 +575,7 @@ class RemoteModules:
         view."""
         try:  # not under the lock: Redis may take its time to answer, or not answer
             version = self.store.version()
-        except Exception as exc:  # Redis away: the broker is too; keep what we know
+        except Exception as exc:  # noqa: BLE001 - Redis away: the broker is too; keep what we know
             log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
             with self._loaded:
                 return dict(self._known)
@@ -594,7 +594,7 @@ class RemoteModules:
             specs, read = self._specs()
             if read or not known:  # unread: the last view, if there is one, stands
                 known = {s.name: self._load(s) for s in specs}
-        except Exception as exc:  # Redis away mid-way: keep the last view, try again later
+        except Exception as exc:  # noqa: BLE001 - Redis away mid-way: keep the last view, try again later
             log.warning("tool modules not re-read", extra={"error": type(exc).__name__})
         finally:
             with self._loaded:

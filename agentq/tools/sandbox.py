@@ -832,7 +832,7 @@ class _ProcMeter(_Meter):
 
     def sample(self) -> tuple[float, bool]:
         root = f"/proc/{self.ns_pid}/root/proc"
-        cpu_ticks = private_pages = 0
+        cpu_ticks = 0
         try:
             if not self.ready:
                 self.ready = (os.readlink(f"{root}/1/ns/pid")

@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001_initial_schema
-Revises: 
+Revises:
 Create Date: 2026-11-21 20:38:01.808802
 """
 from __future__ import annotations
