@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import ToolError
-from agentq.loop.lifecycle import JobStatus, WaitingFor, new_job
 from agentq.loop.effects import DispatchTools, NextStep
+from agentq.loop.lifecycle import JobStatus, WaitingFor, new_job
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall
 from agentq.tools.registry import ToolRegistry, ToolResult
 

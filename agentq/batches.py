@@ -16,10 +16,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
-from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
 from agentq.loop.effects import BatchEnded, SendWebhooks
-from agentq.models import TERMINAL_STATUSES, Batch, Job
+from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
 from agentq.loop.uow import UnitOfWork
+from agentq.models import TERMINAL_STATUSES, Batch, Job
 from agentq.views import COUNT_KEYS
 
 

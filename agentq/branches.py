@@ -20,8 +20,8 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import NotFound
 from agentq.loop.submit import Submission, Submitted, submit
-from agentq.models import Conversation, ConversationSummary, Job, Message
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Conversation, ConversationSummary, Job, Message
 
 
 @dataclass

@@ -55,8 +55,15 @@ if ENABLED:
     os.environ.setdefault(ENV_DIR, str(metrics_dir()))
     Path(os.environ[ENV_DIR]).mkdir(parents=True, exist_ok=True)
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter,  # noqa: E402
-                               Gauge, Histogram, generate_latest, multiprocess)
+from prometheus_client import (  # noqa: E402
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -7,7 +7,6 @@ from alembic import command
 from alembic.config import Config
 
 import migrations
-
 from agentq.config import Settings, get_settings
 
 SCRIPT_LOCATION = Path(migrations.__file__).resolve().parent

@@ -18,8 +18,16 @@ from sqlalchemy import event
 from agentq.errors import Conflict, Forbidden, ManifestError, NotFound, ValidationFailed
 from agentq.models import ToolModuleRow
 from agentq.tools.registry import ToolRegistry
-from agentq.tools.remote import (Known, ModuleSpec, build_module, check_approval_names,
-                                 check_spec, module_object, spec_of, tools_of)
+from agentq.tools.remote import (
+    Known,
+    ModuleSpec,
+    build_module,
+    check_approval_names,
+    check_spec,
+    module_object,
+    spec_of,
+    tools_of,
+)
 
 log = logging.getLogger(__name__)
 

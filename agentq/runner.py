@@ -27,8 +27,16 @@ from collections import deque
 from typing import Iterator, Sequence, assert_never
 
 from agentq.loop import uow as units
-from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
-                                 NextStep, RevokeTools, SendWebhooks)
+from agentq.loop.effects import (
+    AdmitBatch,
+    BatchEnded,
+    DispatchTools,
+    Effect,
+    JobEnded,
+    NextStep,
+    RevokeTools,
+    SendWebhooks,
+)
 
 
 class InProcessRunner:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as dt_timezone, tzinfo
+from datetime import datetime, timedelta, tzinfo
+from datetime import timezone as dt_timezone
 from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -41,8 +42,8 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
 from agentq.loop.uow import UnitOfWork
+from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,23 @@ def create_app(settings: Settings | None = None) -> Flask:
     limits.register(app, settings.max_body_bytes)
     ratelimit.register(app, settings)
 
-    from agentq.notify import hub_for
     from agentq import metrics as recording
-    from api import (admin, batches, conversations, deliveries, embed, errors, files,
-                     health, jobs, metrics, modules, schedules, ui)
+    from agentq.notify import hub_for
+    from api import (
+        admin,
+        batches,
+        conversations,
+        deliveries,
+        embed,
+        errors,
+        files,
+        health,
+        jobs,
+        metrics,
+        modules,
+        schedules,
+        ui,
+    )
     hub_for(settings)
     recording.install()
     from agentq import tracing

@@ -15,19 +15,27 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import (Blueprint, Response, abort, g, redirect, render_template, request,
-                   url_for)
+from flask import Blueprint, Response, abort, g, redirect, render_template, request, url_for
 from sqlalchemy import and_, or_, select
 
 from agentq import batches as batch_rows
-from agentq.loop import replay
 from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
 from agentq.keys import lookup
+from agentq.loop import replay
 from agentq.loop.store import event_dict
-from agentq.models import (FINISH_REASONS, Batch, Job, JobEvent, Schedule, TokenLog, ToolCall,
-                           UserPlatformLink, WebhookDelivery)
 from agentq.loop.uow import UnitOfWork
+from agentq.models import (
+    FINISH_REASONS,
+    Batch,
+    Job,
+    JobEvent,
+    Schedule,
+    TokenLog,
+    ToolCall,
+    UserPlatformLink,
+    WebhookDelivery,
+)
 from agentq.views import SHOWN_WAITS, batch_object, delivery_object, job_object
 from api import ui_overview
 from api import ui_timeline as timeline

@@ -6,6 +6,7 @@ from typing import Any
 from flask import Response, jsonify
 
 from agentq.models import Message
+
 # job_object lives in the library (webhook payloads carry it too); re-exported here.
 from agentq.views import _id, _iso, job_object  # noqa: F401
 

@@ -34,6 +34,7 @@ from benchmarks import harness
 from benchmarks.burst import READY, ROUND
 from benchmarks.harness import BENCH_REDIS_URL, ROOT
 from benchmarks.observability import log
+
 MEASURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "jobs/s": lambda r: r.get("jobs_per_s"),
     "agentq CPU ms/job": lambda r: r["agentq_cpu_ms_per_job"],

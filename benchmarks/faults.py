@@ -685,8 +685,8 @@ def scenario(name: str) -> Callable[[FaultLab], None] | None:
 
 
 def main(args) -> int:
-    import tempfile
     import sys
+    import tempfile
     broker = getattr(args, "broker", "redis")
     names = args.only or [n for n in SCENARIOS
                           if broker == "amqp" or n != "rabbitmq_restart"]

@@ -34,8 +34,8 @@ class Floor:
         run in this process, in order (`agentq.runner`), as a worker would run them."""
         from agentq.loop.identity import Incoming
         from agentq.loop.submit import Submission, submit
-        from agentq.runner import InProcessRunner
         from agentq.loop.uow import UnitOfWork
+        from agentq.runner import InProcessRunner
         runner = InProcessRunner(self.stepper, self.settings)
         t0 = time.time()
         with runner.installed():

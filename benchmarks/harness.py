@@ -35,10 +35,17 @@ from typing import Any, Iterable  # noqa: E402
 import requests  # noqa: E402
 
 from tests.support import stack as stack_mod  # noqa: E402
-from tests.support.stack import (ROOT, Stack, StackError, answers, create_database,  # noqa: E402
-                                 die_with_parent,
-                                 drop_database, flush_redis)
 from tests.support.services import terminate  # noqa: E402
+from tests.support.stack import (  # noqa: E402
+    ROOT,
+    Stack,
+    StackError,
+    answers,
+    create_database,
+    die_with_parent,
+    drop_database,
+    flush_redis,
+)
 
 TERMINAL = ("completed", "failed", "cancelled")
 SERVER_START_TIMEOUT_S = 15

@@ -173,9 +173,9 @@ def probe_sdk(lab: _FakeLab) -> dict[str, Any]:
 def probe_window(lab: _FakeLab) -> dict[str, Any]:
     import psycopg2
 
+    import benchmarks.scenarios as scenarios
     from benchmarks.floor import new_ids
     from benchmarks.scenarios import seed_conversation
-    import benchmarks.scenarios as scenarios
     user, channel = new_ids()
     analyze = scenarios.analyze_messages
     scenarios.analyze_messages = lambda _lab: None  # seed without fresh statistics

@@ -41,7 +41,8 @@ from typing import Any, Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
-from agentq.memory import RECALL_K as K, VECTOR_SCHEMA, pgvector_query, vector_literal
+from agentq.memory import RECALL_K as K
+from agentq.memory import VECTOR_SCHEMA, pgvector_query, vector_literal
 from benchmarks.observability import loadavg, log
 
 EF_SEARCH = [40, 100, 200]

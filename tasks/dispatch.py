@@ -16,10 +16,18 @@ from typing import Sequence, assert_never
 from celery import chord, group
 
 from agentq import tracing
-from agentq.loop import uow
 from agentq.config import get_settings
-from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
-                                 NextStep, RevokeTools, SendWebhooks)
+from agentq.loop import uow
+from agentq.loop.effects import (
+    AdmitBatch,
+    BatchEnded,
+    DispatchTools,
+    Effect,
+    JobEnded,
+    NextStep,
+    RevokeTools,
+    SendWebhooks,
+)
 from tasks import names
 from tasks.app import ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE, app
 

@@ -2,8 +2,8 @@
 database blip and logs one line when it could not (tasks.base.maintenance_run)."""
 from __future__ import annotations
 
-from agentq.loop.sweeper import sweep as sweep_jobs
 from agentq.loop.provider_wait import sweep_provider_waits
+from agentq.loop.sweeper import sweep as sweep_jobs
 from agentq.loop.sweeper import sweep_waiting
 from tasks import names
 from tasks.app import app

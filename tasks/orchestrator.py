@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import logging
 
-from agentq import logs, tracing
-from tasks import names
-from tasks.app import app
-from agentq.db import DATABASE_UNREACHABLE
-from tasks.base import DATABASE_RETRIES, AgentqTask, services
 # every worker loads this module (tasks.app's `include`): its units of work send effects
 # as Celery messages through tasks.dispatch, which registers itself on import
 import tasks.dispatch  # noqa: E402,F401
-
+from agentq import logs, tracing
+from agentq.db import DATABASE_UNREACHABLE
+from tasks import names
+from tasks.app import app
+from tasks.base import DATABASE_RETRIES, AgentqTask, services
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,17 @@ if _cgroups.check() is not None:
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import ScriptedLLM
-from tests.support.stack import (REDIS_URL, Stack, StackError, answers, create_database,
-                                 drop_database, flush_redis, pg_admin_url, worker_redis_url)
+from tests.support.stack import (
+    REDIS_URL,
+    Stack,
+    StackError,
+    answers,
+    create_database,
+    drop_database,
+    flush_redis,
+    pg_admin_url,
+    worker_redis_url,
+)
 from tests.support.suite_servers import STARTED_ERROR
 
 

@@ -9,7 +9,7 @@ commands live by what they work on:
   remote    submit, jobs …: a running API over HTTP
   batches   batch, replay: batches over HTTP
 """
-from agentq.cli.core import main  # noqa: F401  (the console script: agentq.cli:main)
 # the commands, by what they work on (each module adds its own to `main` on import)
 from agentq.cli import batches, local, operate, remote  # noqa: F401
+from agentq.cli.core import main  # noqa: F401  (the console script: agentq.cli:main)
 from agentq.cli.local import _describe  # noqa: F401  (the progress lines' words)

@@ -11,7 +11,6 @@ import click
 from agentq import logs
 from agentq.config import get_settings
 
-
 PROCESS_KINDS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
 # How `agentq run` and `agentq submit --wait` exit: how the job ended, so a script can tell

@@ -14,10 +14,19 @@ from typing import Iterator
 import click
 
 from agentq import logs
+from agentq.cli.core import (
+    EXIT_CODES_HELP,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_TIMEOUT,
+    PROCESS_KINDS,
+    _error_line,
+    _print_ending,
+    _status_line,
+    log_path,
+    main,
+)
 from agentq.config import get_settings, shown_url
-from agentq.cli.core import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT,
-                        PROCESS_KINDS, _error_line, _print_ending, _status_line,
-                        log_path, main)
 
 
 # --- processes --------------------------------------------------------------------------
@@ -323,11 +332,11 @@ def run(content: str, user_id: str, channel: str, timeout_s: float,
 
 
 def _submit_one(settings, content: str, user_id: str, channel: str) -> uuid.UUID:
+    import tasks.dispatch  # noqa: F401  (the job's first step goes out through it)
     from agentq.db import session_factory
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
     from agentq.loop.uow import UnitOfWork
-    import tasks.dispatch  # noqa: F401  (the job's first step goes out through it)
     with UnitOfWork(session_factory(settings)) as uow:
         return create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
                                                     content)).id
@@ -475,13 +484,13 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
     out) is ended at once, handing its conversation to the next job; otherwise as
     POST /v1/jobs/<id>/cancel: one that never started ends at once, a running one at its
     next step boundary. Returns what happened, in one line."""
+    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
     from agentq.db import session_factory, utcnow
-    from agentq.loop.lifecycle import StopReason, end_job
     from agentq.loop.busy import lock_job, request_cancel
     from agentq.loop.effects import NextStep
+    from agentq.loop.lifecycle import StopReason, end_job
     from agentq.loop.submit import cancel
     from agentq.loop.uow import UnitOfWork
-    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
     sessions = session_factory(settings)
     with UnitOfWork(sessions) as uow:
         job = lock_job(uow.session, job_id)
@@ -516,11 +525,11 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
 
 def _cancel_local(settings, job_id: uuid.UUID) -> None:
     """What POST /v1/jobs/<id>/cancel does, on this process's own database and broker."""
+    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
     from agentq.db import session_factory
     from agentq.loop.submit import cancel
-    from agentq.models import Job
     from agentq.loop.uow import UnitOfWork
-    import tasks.dispatch  # noqa: F401  (the cancel's effects go out through it)
+    from agentq.models import Job
     with UnitOfWork(session_factory(settings)) as uow:
         job = uow.session.get(Job, job_id)
         if job is None or job.status in TERMINAL_STATUSES:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from agentq.config import get_settings
 from agentq.cli.core import _client_errors, main
+from agentq.config import get_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

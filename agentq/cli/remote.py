@@ -8,11 +8,18 @@ import time
 
 import click
 
-from agentq.config import get_settings
-from agentq.cli.core import (EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_TIMEOUT, REMOTE_MARK,
-                        _client_errors, _error_line, _print_ending, main)
+from agentq.cli.core import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_TIMEOUT,
+    REMOTE_MARK,
+    _client_errors,
+    _error_line,
+    _print_ending,
+    main,
+)
 from agentq.cli.local import _describe
-
+from agentq.config import get_settings
 
 # --- a running API, over HTTP, for people ----------------------------------------------
 ON_BUSY_CHOICES = ("queue", "steer", "interrupt", "reject")

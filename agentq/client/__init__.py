@@ -8,10 +8,27 @@
         print(job.status, job.content)
 """
 from agentq.client._clients import AgentQ, AsyncAgentQ, verify_webhook
-from agentq.client._core import (AgentQError, ApiError, Batch, BatchCounts, BatchResult,
-                                 Conflict, Delivery, Event, File, Job, NotFound, Response,
-                                 Timeout, ToolCall, TransportError, Unavailable, Usage,
-                                 WebhookEvent, WebhookVerificationError)
+from agentq.client._core import (
+                                 AgentQError,
+                                 ApiError,
+                                 Batch,
+                                 BatchCounts,
+                                 BatchResult,
+                                 Conflict,
+                                 Delivery,
+                                 Event,
+                                 File,
+                                 Job,
+                                 NotFound,
+                                 Response,
+                                 Timeout,
+                                 ToolCall,
+                                 TransportError,
+                                 Unavailable,
+                                 Usage,
+                                 WebhookEvent,
+                                 WebhookVerificationError,
+)
 
 __all__ = ["AgentQ", "AsyncAgentQ", "verify_webhook", "AgentQError", "ApiError", "Batch",
            "BatchCounts", "BatchResult", "Conflict", "Delivery", "Event", "File", "Job",

@@ -16,12 +16,27 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
 
 import httpx
 from httpx_sse import aconnect_sse, connect_sse
-from tenacity import (AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt,
-                      wait_exponential)
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 import agentq.client._core as _core
-from agentq.client._core import (ApiError, Batch, BatchResult, Call, Delivery, Event, Job,
-                                 Timeout, TransportError, Unavailable)
+from agentq.client._core import (
+    ApiError,
+    Batch,
+    BatchResult,
+    Call,
+    Delivery,
+    Event,
+    Job,
+    Timeout,
+    TransportError,
+    Unavailable,
+)
 
 DEFAULT_URL = "http://127.0.0.1:5000"
 SSE_READ_TIMEOUT_S = 45.0  # the API sends a keep-alive every 15 s

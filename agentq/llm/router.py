@@ -25,8 +25,13 @@ from typing import Any, Callable, TypeVar
 
 import httpx2
 import openai
-from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
-                      wait_random_exponential)
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from agentq import metrics, tracing
 from agentq.config import Settings
@@ -37,8 +42,15 @@ from agentq.llm.clients import ClientShards, abortable_http_client, clients_for
 from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate, provider_name
 from agentq.llm.names import NameMap
 from agentq.llm.types import LLMReply, ToolSpec
-from agentq.llm.wire import (BadResponse, chat_body, chat_request, embedding_vector,
-                             error_text, parse_chat, stream_body)
+from agentq.llm.wire import (
+    BadResponse,
+    chat_body,
+    chat_request,
+    embedding_vector,
+    error_text,
+    parse_chat,
+    stream_body,
+)
 
 log = logging.getLogger(__name__)
 

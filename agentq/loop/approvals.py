@@ -36,9 +36,9 @@ from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ToolError, ValidationFailed
 from agentq.loop.busy import lock_job
 from agentq.loop.effects import DispatchTools, NextStep, SendWebhooks
+from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
 from agentq.tools.registry import ToolRegistry
-from agentq.loop.uow import UnitOfWork
 from agentq.webhooks.delivery import APPROVAL_EVENT_TYPE, enqueue_event
 
 log = logging.getLogger(__name__)

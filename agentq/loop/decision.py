@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from agentq.llm.types import LLMReply
-
 from agentq.loop.lifecycle import StopReason
 
 

@@ -20,11 +20,11 @@ from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import NotFound, ValidationFailed
 from agentq.llm.types import LLMReply
-from agentq.loop.lifecycle import ReplayMode, WaitingFor, new_job
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep
-from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
+from agentq.loop.lifecycle import ReplayMode, WaitingFor, new_job
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
 
 MODES = ("recorded", "live")
 

@@ -16,15 +16,21 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import insert_new, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
-from agentq.loop.busy import (active_job, busy_conflict, lock_conversation, lock_job,
-                              request_cancel, steer)
-from agentq.loop.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.busy import (
+    active_job,
+    busy_conflict,
+    lock_conversation,
+    lock_job,
+    request_cancel,
+    steer,
+)
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
+from agentq.loop.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, FileRecord, Job, Persona, User
 from agentq.tenants import DEFAULT_TENANT_ID, may_start
-from agentq.loop.uow import UnitOfWork
 
 
 @dataclass

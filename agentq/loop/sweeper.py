@@ -23,10 +23,10 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
-from agentq.loop.lifecycle import StopReason, end_job
 from agentq.loop.effects import NextStep
-from agentq.models import Batch, Job, WebhookDelivery
+from agentq.loop.lifecycle import StopReason, end_job
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Batch, Job, WebhookDelivery
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200

@@ -19,8 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from agentq.config import Settings
-from agentq.errors import (ManifestError, ToolArgumentsInvalid, ToolError, ToolNotFound,
-                           ToolNotPermitted, ToolTimeout)
+from agentq.errors import (
+    ManifestError,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolNotFound,
+    ToolNotPermitted,
+    ToolTimeout,
+)
 from agentq.llm.types import ToolSpec
 from agentq.tools.manifest import ToolContext, ToolDef, ToolModule, permission_rank
 

@@ -33,8 +33,7 @@ import httpx
 
 from agentq.config import Settings, shown_url
 from agentq.errors import ManifestError, ToolError, ToolTimeout, ValidationFailed
-from agentq.tools.manifest import (NAME_RE, PERMISSION_LEVELS, ToolContext, ToolModule,
-                                   define_module)
+from agentq.tools.manifest import NAME_RE, PERMISSION_LEVELS, ToolContext, ToolModule, define_module
 from agentq.webhooks import urls
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ Create Date: 2026-11-21 20:49:41.665467
 """
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0002_clients_batches_replay'

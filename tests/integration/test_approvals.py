@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from agentq.models import Job, ToolCall
-from tests.integration.conftest import wait_until, uid
+from tests.integration.conftest import uid, wait_until
 from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
 from tests.support.scripted_llm import call, text, tool_calls
 

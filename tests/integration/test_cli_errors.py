@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stack import (ROOT, create_empty_database, drop_database, free_port,
-                                 pg_admin_url)
+from tests.support.stack import ROOT, create_empty_database, drop_database, free_port, pg_admin_url
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from agentq import memory, migrate
 from agentq.config import Settings
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
-from agentq.runner import InProcessRunner
 from agentq.loop.uow import UnitOfWork
+from agentq.runner import InProcessRunner
 from tests.support.pgvector_server import pgvector_postgres, scratch_dir
 from tests.support.stack import create_database, drop_database
 

@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 import redis
-from sqlalchemy import select, text as sql
+from sqlalchemy import select
+from sqlalchemy import text as sql
 
 from agentq.models import Job
-from tests.integration.conftest import (TEST_ENV, Client, assert_one_tool_turn_told, uid,
-                                        wait_until)
+from tests.integration.conftest import TEST_ENV, Client, assert_one_tool_turn_told, uid, wait_until
 from tests.support.scripted_llm import call, text, tool_calls
 from tests.support.stack import own_stack
 

@@ -8,8 +8,15 @@ import time
 
 import pytest
 
-from agentq.client import (AgentQ, AsyncAgentQ, Conflict, NotFound, Timeout,
-                           WebhookVerificationError, verify_webhook)
+from agentq.client import (
+    AgentQ,
+    AsyncAgentQ,
+    Conflict,
+    NotFound,
+    Timeout,
+    WebhookVerificationError,
+    verify_webhook,
+)
 from tests.integration.conftest import TEST_ENV, own_events_start, uid
 from tests.integration.test_clients import gate, held  # noqa: F401  (gate: a fixture)
 from tests.integration.test_webhooks import receiver  # noqa: F401  (a fixture)

@@ -21,8 +21,16 @@ import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import call, text, tool_calls
-from tests.support.stack import (RABBITMQ_URL, ROOT, WORKERS, die_with_parent, free_port,
-                                 own_stack, rabbitmq_vhost, rabbitmqctl)
+from tests.support.stack import (
+    RABBITMQ_URL,
+    ROOT,
+    WORKERS,
+    die_with_parent,
+    free_port,
+    own_stack,
+    rabbitmq_vhost,
+    rabbitmqctl,
+)
 
 pytestmark = pytest.mark.integration
 

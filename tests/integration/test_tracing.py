@@ -14,12 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest, ExportTraceServiceResponse)
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.scripted_llm import call, text, tool_calls
-from tests.support.stack import (Stack, create_database, drop_database, free_port,
-                                 die_with_parent)
+from tests.support.stack import Stack, create_database, die_with_parent, drop_database, free_port
 
 pytestmark = pytest.mark.integration
 SPANS_TIMEOUT_S = 60

@@ -23,8 +23,15 @@ import pytest
 from agentq.loop.context import render_tool_result
 from agentq.tools import sandbox
 from agentq.tools.sandbox import run_python
-from tests.security.attacks import (FLOOD_STDOUT, HOLD_640_MIB, SUPERVISOR_ATTACK,
-                                    SUPERVISOR_ATTACK_REFUSED, SYSCALLS, held_mib, pg_write)
+from tests.security.attacks import (
+    FLOOD_STDOUT,
+    HOLD_640_MIB,
+    SUPERVISOR_ATTACK,
+    SUPERVISOR_ATTACK_REFUSED,
+    SYSCALLS,
+    held_mib,
+    pg_write,
+)
 from tool_workers.code import MODULE as CODE_MODULE
 
 LIMITS = dict(cpu_s=5, memory_mb=256, wall_s=60, max_output_chars=4000)
@@ -627,6 +634,7 @@ def test_an_unprivileged_worker_runs_the_code_as_itself_out_of_its_reach():
     if os.getuid() != 0:
         pytest.skip("this suite runs unprivileged: every test here is that case")
     import pyseccomp
+
     import agentq
     home = Path(tempfile.mkdtemp(prefix="agentq-unprivileged-"))
     try:

@@ -17,8 +17,14 @@ from sqlalchemy import func, inspect, select
 from agentq.models import ApiKey
 from agentq.tools import sandbox
 from tests.integration.conftest import uid
-from tests.security.attacks import (FLOOD_STDOUT, HOLD_640_MIB, SUPERVISOR_ATTACK,
-                                    SUPERVISOR_ATTACK_REFUSED, held_mib, pg_write)
+from tests.security.attacks import (
+    FLOOD_STDOUT,
+    HOLD_640_MIB,
+    SUPERVISOR_ATTACK,
+    SUPERVISOR_ATTACK_REFUSED,
+    held_mib,
+    pg_write,
+)
 from tests.support.scripted_llm import call, text, tool_calls
 from tool_workers.code import MEMORY_MB
 

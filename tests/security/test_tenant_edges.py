@@ -29,10 +29,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from agentq.models import (Batch, FileRecord, Job, Persona, Schedule, Tenant, TokenLog,
-                           ToolModuleRow, User, UserPlatformLink)
+from agentq.models import (
+    Batch,
+    FileRecord,
+    Job,
+    Persona,
+    Schedule,
+    Tenant,
+    TokenLog,
+    ToolModuleRow,
+    User,
+    UserPlatformLink,
+)
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
-from tests.integration.test_tool_modules import SECRET as MODULE_SECRET, ModuleProcess
+from tests.integration.test_tool_modules import SECRET as MODULE_SECRET
+from tests.integration.test_tool_modules import ModuleProcess
 from tests.integration.test_webhooks import Receiver, receiver  # noqa: F401 - a fixture
 from tests.support.scripted_llm import call, text, tool_calls
 from tests.support.stack import own_stack

@@ -14,8 +14,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from agentq.models import (ApiKey, Batch, FileRecord, Job, JobInput, Message,
-                           WebhookDelivery)
+from agentq.models import ApiKey, Batch, FileRecord, Job, JobInput, Message, WebhookDelivery
 from tests.integration.conftest import Client, uid
 from tests.security.busy_place import busy_place, count, write_there
 from tests.support.scripted_llm import call, text, tool_calls
@@ -422,7 +421,8 @@ def test_the_cli_lists_tenants_and_refuses_a_key_of_an_unknown_tenant(stack, ten
 def test_the_migration_puts_existing_rows_and_keys_in_the_default_tenant(servers_up):
     import os
 
-    from sqlalchemy import create_engine, text as sql
+    from sqlalchemy import create_engine
+    from sqlalchemy import text as sql
 
     from agentq import migrate
     from agentq.config import Settings

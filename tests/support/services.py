@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tests.support.stack import StackError, answers, free_port
 
+
 def _pg_bin() -> Path:
     """AGENTQ_PG_BIN, else the newest /usr/lib/postgresql/<version>/bin with initdb (Debian's
     `postgresql` package: 15 on bookworm, 17 on trixie)."""

@@ -238,6 +238,7 @@ def create_database(name: str) -> str:
 
 def drop_database(name: str) -> None:
     import psycopg2
+
     from agentq.db import dispose_engines
     dispose_engines()
     admin = psycopg2.connect(pg_admin_url())

@@ -16,8 +16,8 @@ from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.models import FileRecord, Tenant, User
 from agentq.tenants import DEFAULT_TENANT_ID
 from agentq.tools.manifest import ToolContext
-from tool_workers.files import read_document
 from tests.support import sqlite_template
+from tool_workers.files import read_document
 
 CSV = "name,score\n" + "".join(f"row{i},{i * 3}\n" for i in range(2000))
 

@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from agentq.loop.busy import request_cancel
 from agentq.loop.store import append_messages
-from agentq.models import Conversation, Job, JobEvent, Message
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Conversation, Job, JobEvent, Message
 from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
 
 JOIN_S = 60

@@ -10,9 +10,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agentq.client import (AgentQ, AgentQError, ApiError, Conflict, Job, NotFound,
-                           TransportError, Unavailable)
-from agentq.client import _core
+from agentq.client import (
+    AgentQ,
+    AgentQError,
+    ApiError,
+    Conflict,
+    Job,
+    NotFound,
+    TransportError,
+    Unavailable,
+    _core,
+)
 
 JOB = {"id": "j1", "status": "completed", "finish_reason": "end_turn",
        "conversation_id": "c1", "created_at": "2026-11-22T10:00:00+00:00",

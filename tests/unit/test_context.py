@@ -7,8 +7,15 @@ import json
 import pytest
 
 from agentq.config import Settings
-from agentq.loop.context import (StoredMessage, build, estimate_tokens, render_tool_result,
-                                 to_provider, truncate, window)
+from agentq.loop.context import (
+    StoredMessage,
+    build,
+    estimate_tokens,
+    render_tool_result,
+    to_provider,
+    truncate,
+    window,
+)
 
 
 def _user(seq: int, text: str = "question", tokens: int = 10) -> StoredMessage:
@@ -325,8 +332,16 @@ def test_last_tools_succeeded_reads_the_newest_turn_only():
 
 # --- layered assembly and compaction ---------------------------------------------------
 
-from agentq.loop.context import (Layers, after_summary, assemble, context_window,
-                                 input_budget, plan_compaction, tokens_of, turns)
+from agentq.loop.context import (
+    Layers,
+    after_summary,
+    assemble,
+    context_window,
+    input_budget,
+    plan_compaction,
+    tokens_of,
+    turns,
+)
 
 
 def _inrun(start: int, n_turns: int, calls_per_turn: int = 1,

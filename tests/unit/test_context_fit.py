@@ -11,15 +11,25 @@ from sqlalchemy import select
 from agentq import memory
 from agentq.db import utcnow
 from agentq.llm.types import LLMReply
-from agentq.loop.context import (SUMMARY_SYSTEM_PROMPT, Layers, StoredMessage, after_summary,
-                                 cap_chars, estimate_tokens, fit_memories, fits,
-                                 memory_reserve, memory_tokens, next_round, plan_compaction,
-                                 tokens_of, turns)
-from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
-                           User)
+from agentq.loop.context import (
+    SUMMARY_SYSTEM_PROMPT,
+    Layers,
+    StoredMessage,
+    after_summary,
+    cap_chars,
+    estimate_tokens,
+    fit_memories,
+    fits,
+    memory_reserve,
+    memory_tokens,
+    next_round,
+    plan_compaction,
+    tokens_of,
+    turns,
+)
+from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, User
 from tests.unit.test_context import _assistant, _inrun, _user
 from tests.unit.test_step import MODEL, Harness, _engines, _settings, modules  # noqa: F401
-
 
 # --- planning, as functions ------------------------------------------------------------
 

@@ -6,8 +6,16 @@ from datetime import datetime, timezone
 import pytest
 
 from agentq.llm.types import LLMReply, ToolCallRequest
-from agentq.loop.decision import (Finish, Limits, PlannedCall, RunTools, Stop, check_limits,
-                                  decide, remaining_output_budget)
+from agentq.loop.decision import (
+    Finish,
+    Limits,
+    PlannedCall,
+    RunTools,
+    Stop,
+    check_limits,
+    decide,
+    remaining_output_budget,
+)
 
 OFFERED = ["math.evaluate", "time.now"]
 

@@ -12,7 +12,8 @@ from agentq.config import Settings
 from agentq.db import dispose_engines, engine_for, session_scope
 from agentq.loop.identity import Incoming, resolve, resolve_conversation, resolve_user
 from agentq.models import Conversation, Persona, User, UserPlatformLink
-from agentq.tenants import DEFAULT_TENANT_ID as T, create_tenant
+from agentq.tenants import DEFAULT_TENANT_ID as T
+from agentq.tenants import create_tenant
 from tests.support import sqlite_template
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)

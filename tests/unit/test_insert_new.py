@@ -11,8 +11,8 @@ from sqlalchemy import event, inspect, select
 
 from agentq.config import Settings
 from agentq.db import dispose_engines, insert_new, session_scope, write_changes
-from agentq.loop.lifecycle import new_job
 from agentq.loop.identity import Incoming, resolve
+from agentq.loop.lifecycle import new_job
 from agentq.models import Job, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T
 from tests.support import sqlite_template

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from agentq.local_model import (MODEL_PATH_ENV, LocalModelError, LocalModelServer, find_model,
-                                free_port)
+from agentq.local_model import (
+    MODEL_PATH_ENV,
+    LocalModelError,
+    LocalModelServer,
+    find_model,
+    free_port,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

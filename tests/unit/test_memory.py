@@ -68,8 +68,8 @@ def test_memory_remember_writes_once_per_tool_call(settings, monkeypatch):
     import tool_workers.memory as tools
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
-    from agentq.tools.manifest import ToolContext
     from agentq.loop.uow import UnitOfWork
+    from agentq.tools.manifest import ToolContext
 
     class Router:
         def embed(self, text, model=None):

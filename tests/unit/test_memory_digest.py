@@ -12,8 +12,7 @@ from sqlalchemy import func, select, update
 from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply
-from agentq.memory_digest import (DIGEST_SYSTEM_PROMPT, SOURCE, digest, digest_id,
-                                  summarize_idle)
+from agentq.memory_digest import DIGEST_SYSTEM_PROMPT, SOURCE, digest, digest_id, summarize_idle
 from agentq.models import Conversation, Job, Memory, TokenLog
 from tests.unit.test_step import MODEL, Harness, _engines, _settings, modules, text  # noqa: F401
 
@@ -126,8 +125,8 @@ def test_each_tenant_and_user_gets_its_own_memories(h):
 
     from agentq.loop.identity import Incoming
     from agentq.loop.submit import Submission, create_job
-    from agentq.tenants import create_tenant
     from agentq.loop.uow import UnitOfWork
+    from agentq.tenants import create_tenant
     with h.sessions() as session, session.begin():
         other_id = create_tenant(session, "other").id
     with UnitOfWork(h.sessions) as uow:

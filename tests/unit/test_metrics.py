@@ -7,8 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
-                               multiprocess)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentq import metrics

@@ -1,7 +1,6 @@
 import pytest
 
-from agentq.llm.names import (API_NAME_MAX_CHARS, NameMap, from_api_name, is_api_name,
-                              to_api_name)
+from agentq.llm.names import API_NAME_MAX_CHARS, NameMap, from_api_name, is_api_name, to_api_name
 
 
 @pytest.mark.parametrize("ours, api", [

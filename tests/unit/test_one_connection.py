@@ -21,9 +21,9 @@ import pytest
 from sqlalchemy import event
 
 from agentq.db import engine_for
+from agentq.loop import uow
 from agentq.loop.step import Stepper
 from agentq.runner import InProcessRunner
-from agentq.loop import uow
 from agentq.tools.registry import ToolRegistry, discover
 from agentq.tools.remote import RemoteModules, Store
 from tests.unit.test_step import calls, text

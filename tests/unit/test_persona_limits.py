@@ -7,9 +7,9 @@ import uuid
 from agentq.db import session_scope
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
+from agentq.loop.uow import UnitOfWork
 from agentq.models import Message, Persona
 from agentq.tenants import DEFAULT_TENANT_ID
-from agentq.loop.uow import UnitOfWork
 from tests.unit.test_step import calls, make, modules  # noqa: F401 (fixtures)
 
 

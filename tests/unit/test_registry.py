@@ -7,8 +7,13 @@ import threading
 import pytest
 
 from agentq.config import Settings
-from agentq.errors import (ManifestError, ToolArgumentsInvalid, ToolError, ToolNotFound,
-                           ToolNotPermitted)
+from agentq.errors import (
+    ManifestError,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolNotFound,
+    ToolNotPermitted,
+)
 from agentq.tools.manifest import ToolContext, define_module
 from agentq.tools.registry import ToolRegistry, discover
 

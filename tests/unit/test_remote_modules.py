@@ -14,8 +14,15 @@ from agentq.errors import ConfigError, ManifestError, ValidationFailed
 from agentq.tools.manifest import ToolContext
 from agentq.tools.mcp import tool_name
 from agentq.tools.registry import ToolRegistry
-from agentq.tools.remote import (ModuleSpec, RemoteModules, Store, build_module, check_spec,
-                                 one_version_read, parse_static)
+from agentq.tools.remote import (
+    ModuleSpec,
+    RemoteModules,
+    Store,
+    build_module,
+    check_spec,
+    one_version_read,
+    parse_static,
+)
 from tests.support.stack import ROOT, die_with_parent, free_port
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -10,8 +10,16 @@ from agentq.config import Settings
 from agentq.errors import ProviderError, ProviderTimeout
 from agentq.llm.router import LLMRouter
 from agentq.llm.types import ToolSpec
-from tests.support.scripted_llm import (ScriptedLLM, call, embedding_vector, error,
-                                        function_call, hang, text, tool_calls)
+from tests.support.scripted_llm import (
+    ScriptedLLM,
+    call,
+    embedding_vector,
+    error,
+    function_call,
+    hang,
+    text,
+    tool_calls,
+)
 
 EVALUATE = ToolSpec("math.evaluate", "Evaluate an arithmetic expression.",
                     {"type": "object", "properties": {"expression": {"type": "string"}},

@@ -13,8 +13,14 @@ from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
 from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
 from agentq.models import Job, Schedule, ScheduleFiring
-from agentq.schedules import (cancel_schedule, create_schedule, fire_due, latest_due,
-                              next_tick, timing)
+from agentq.schedules import (
+    cancel_schedule,
+    create_schedule,
+    fire_due,
+    latest_due,
+    next_tick,
+    timing,
+)
 from agentq.tenants import DEFAULT_TENANT_ID
 from tests.support import sqlite_template
 

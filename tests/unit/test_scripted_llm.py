@@ -9,8 +9,17 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.support.scripted_llm import (EMBEDDING_DIM, ScriptedLLM, call, embedding_vector,
-                                        error, hang, react_responder, text, tool_calls)
+from tests.support.scripted_llm import (
+    EMBEDDING_DIM,
+    ScriptedLLM,
+    call,
+    embedding_vector,
+    error,
+    hang,
+    react_responder,
+    text,
+    tool_calls,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,6 @@
-"""One step of a job, driven without Celery: a scripted model, a SQLite database, and the
-effects each step returns dispatched by hand."""
+"""One step of a job, driven without Celery: a scripted model, a database of the test's
+(SQLite, or Postgres with AGENTQ_UNIT_DB=postgres), and the effects each step returns
+dispatched by hand."""
 from __future__ import annotations
 
 import json
@@ -13,148 +14,22 @@ from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, utcnow
 from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply, ToolCallRequest
-from agentq.loop.execute import execute_tool_call
-from agentq.loop.identity import Incoming
 from agentq.loop import uow
 from agentq.loop.effects import DispatchTools, JobEnded, NextStep
+from agentq.loop.execute import execute_tool_call
+from agentq.loop.identity import Incoming
 from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall, User
 from agentq.runner import InProcessRunner
 from agentq.tools.registry import ToolRegistry, discover
-from tests.support import sqlite_template
-
-MODEL = "gpt-4o-mini"
-
-
-# --- the model's test double -----------------------------------------------------------
-
-def text(content: str, input_tokens: int = 10, output_tokens: int = 5) -> LLMReply:
-    return LLMReply(content, (), "end_turn", MODEL, input_tokens, output_tokens)
-
-
-def calls(*requests: tuple[str, dict | None], content: str = "") -> LLMReply:
-    return LLMReply(content, tuple(ToolCallRequest(f"call_{i}", name, args)
-                                   for i, (name, args) in enumerate(requests)),
-                    "tool_use", MODEL, 10, 5)
-
-
-class ScriptedRouter:
-    """Answers `chat` from a list of replies (or raises the exceptions in it); an extra call
-    fails the test. `forever` answers every call the same way."""
-
-    def __init__(self, *replies, forever: LLMReply | None = None):
-        self.replies = list(replies)
-        self.forever = forever
-        self.requests: list[dict] = []
-
-    def chat(self, messages, tools, model=None, max_tokens=None):
-        self.requests.append({"messages": messages, "tools": [t.name for t in tools],
-                              "model": model, "max_tokens": max_tokens})
-        if self.forever is not None:
-            return self.forever
-        if not self.replies:
-            pytest.fail(f"unexpected model call #{len(self.requests)}")
-        reply = self.replies.pop(0)
-        if isinstance(reply, BaseException):
-            raise reply
-        if callable(reply):  # something happens while the model thinks, then it answers
-            return reply()
-        return reply
-
-    def done(self) -> bool:
-        return not self.replies
-
-
-# --- fixtures and helpers ---------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def modules():
-    return discover()
+from agentq.testing.harness import MODEL, Harness, ScriptedModel as ScriptedRouter, calls, text
+from tests.support import unit_db
 
 
 def _settings(tmp_path, **env) -> Settings:
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path), **env})
-    sqlite_template.upgrade(settings)
-    return settings
-
-
-@pytest.fixture(autouse=True)
-def _engines():
-    yield
-    dispose_engines()
-
-
-class Harness:
-    def __init__(self, settings: Settings, modules, router: ScriptedRouter):
-        self.settings = settings
-        self.router = router
-        self.registry = ToolRegistry(settings, modules)
-        self.sessions = session_factory(settings)
-        self.stepper = Stepper(settings, router, self.registry, self.sessions)
-        self.runner = InProcessRunner(self.stepper, settings)
-        uow.set_dispatcher(self.runner)  # the autouse `effects` fixture restores its own
-
-    def submit(self, content: str = "What is 2+2?", user: str = "u-1",
-               thread: str | None = None) -> str:
-        """A new job; its first step is queued on the runner (a test may run it by hand:
-        a step that runs twice claims nothing the second time)."""
-        with uow.UnitOfWork(self.sessions) as unit:
-            job = create_job(unit, self.settings,
-                             Submission(Incoming("test", user, "chan-1", thread), content))
-            return str(job.id)
-
-    def drive(self, job_id: str, limit: int = 20) -> list:
-        """Run the job to its end, each effect handled as the workers would (the in-process
-        runner); returns the effects its steps sent."""
-        before = len(self.runner.sent)
-        self.stepper.run(job_id, 0, "start")
-        self.runner.run_until_idle(limit=4 * limit)
-        if job_id not in self.runner.ended:
-            pytest.fail("the job did not end")
-        return self.runner.sent[before:]
-
-    def sent_by(self, work, *args, **kwargs) -> list:
-        """Call `work`; the effects its units of work sent (the test runs them by hand)."""
-        before = len(self.runner.sent)
-        work(*args, **kwargs)
-        return self.runner.sent[before:]
-
-    def sweep(self) -> list:
-        """One pass of the sweeper; the effects it sent."""
-        return self.sent_by(sweep, self.settings, self.sessions)
-
-    def job(self, job_id: str) -> Job:
-        with self.sessions() as session:
-            return session.get(Job, uuid.UUID(job_id))
-
-    def rows(self, model, job_id: str, order_by=None) -> list:
-        with self.sessions() as session:
-            query = select(model).where(model.job_id == uuid.UUID(job_id))
-            if order_by is not None:
-                query = query.order_by(order_by)
-            return session.execute(query).scalars().all()
-
-    def user_of(self, job_id: str) -> User:
-        with self.sessions() as session:
-            return session.get(User, self.job(job_id).user_id)
-
-
-@pytest.fixture
-def make(tmp_path, modules):
-    """A harness per call; at teardown every scripted reply must have been asked for (a
-    test states exactly the conversation it expects)."""
-    made: list[Harness] = []
-
-    def factory(*replies, forever=None, **env) -> Harness:
-        made.append(Harness(_settings(tmp_path, **env), modules,
-                            ScriptedRouter(*replies, forever=forever)))
-        return made[-1]
-    yield factory
-    for harness in made:
-        left = harness.router.replies
-        assert not left, f"the scripted model has {len(left)} unused replies: {left!r}"
+    return unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env})
 
 
 # --- a plain answer -------------------------------------------------------------------

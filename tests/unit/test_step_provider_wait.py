@@ -13,8 +13,8 @@ from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.execute import execute_tool_call
 from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.submit import cancel
-from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
 from agentq.views import job_object
 from tests.unit.test_step import _engines, calls, make, modules, text  # noqa: F401
 

@@ -19,8 +19,8 @@ from agentq.db import utcnow
 from agentq.loop.effects import JobEnded, NextStep
 from agentq.loop.sweeper import backlog, redrive_delay_s
 from agentq.models import Job
-from tests.support.stack import create_database, drop_database
 from agentq.tools.registry import discover
+from tests.support.stack import create_database, drop_database
 from tests.unit.test_step import Harness, ScriptedRouter, _settings, calls, text
 
 

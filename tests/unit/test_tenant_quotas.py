@@ -16,9 +16,17 @@ from agentq.loop.decision import RunTools, decide
 from agentq.loop.identity import Incoming, resolve_conversation, resolve_user, scope_key
 from agentq.models import Job, Tenant
 from agentq.schedules import create_schedule, timing
-from agentq.tenants import (DEFAULT_TENANT_ID, QUOTA_NAMES, Quotas, create_tenant,
-                            default_quotas, may_start, quotas_for, running_count,
-                            update_quotas)
+from agentq.tenants import (
+    DEFAULT_TENANT_ID,
+    QUOTA_NAMES,
+    Quotas,
+    create_tenant,
+    default_quotas,
+    may_start,
+    quotas_for,
+    running_count,
+    update_quotas,
+)
 from tests.support import sqlite_template
 from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
 

@@ -14,16 +14,24 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from agentq.loop import uow as units
 from agentq.db import session_factory, utcnow
 from agentq.loop import store
-from agentq.loop.effects import (AdmitBatch, BatchEnded, DispatchTools, Effect, JobEnded,
-                                 NextStep, RevokeTools, SendWebhooks)
+from agentq.loop import uow as units
+from agentq.loop.effects import (
+    AdmitBatch,
+    BatchEnded,
+    DispatchTools,
+    Effect,
+    JobEnded,
+    NextStep,
+    RevokeTools,
+    SendWebhooks,
+)
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
+from agentq.loop.uow import NoDispatcher, UnitOfWork
 from agentq.models import Job, JobEvent
 from agentq.runner import InProcessRunner
-from agentq.loop.uow import NoDispatcher, UnitOfWork
 from tests.unit.test_step import _settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,8 +318,8 @@ def test_a_turn_of_one_call_links_the_next_step_to_it_without_a_chord(tmp_path):
 def test_a_step_s_units_of_work_announce_each_commit(settings, heard, effects):
     """The first transaction's events (the turn began) are heard before the model is
     called; the rest after the reply is stored."""
-    from tests.unit.test_step import Harness, ScriptedRouter, text
     from agentq.tools.registry import discover
+    from tests.unit.test_step import Harness, ScriptedRouter, text
     told_at_model_call: list = []
 
     def answer():

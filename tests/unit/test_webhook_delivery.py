@@ -14,16 +14,22 @@ from standardwebhooks import Webhook
 from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.errors import Conflict
-from agentq.loop.lifecycle import end_job
 from agentq.loop.effects import JobEnded, SendWebhooks
 from agentq.loop.identity import Incoming
-from agentq.loop.uow import UnitOfWork
+from agentq.loop.lifecycle import end_job
 from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep_deliveries
+from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, WebhookDelivery
 from agentq.views import batch_object, job_object
-from agentq.webhooks.delivery import (RETRY_AFTER_MAX_S, Answer, attempt_delivery,
-                                      parse_retry_after, redeliver_job_event, retry_delay_s)
+from agentq.webhooks.delivery import (
+    RETRY_AFTER_MAX_S,
+    Answer,
+    attempt_delivery,
+    parse_retry_after,
+    redeliver_job_event,
+    retry_delay_s,
+)
 from tests.support import sqlite_template
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -11,8 +11,13 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from agentq.errors import ConfigError, ValidationFailed
 from agentq.webhooks import urls
-from agentq.webhooks.signing import (ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
-                                     new_event_id, signed_headers)
+from agentq.webhooks.signing import (
+    ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    new_event_id,
+    signed_headers,
+)
 from agentq.webhooks.urls import check_callback_url, resolve_and_check
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.tools.manifest import ToolContext, define_module
-from agentq.tools.safe_math import MAX_EXPRESSION_CHARS, MathError, evaluate as safe_evaluate
+from agentq.tools.safe_math import MAX_EXPRESSION_CHARS, MathError
+from agentq.tools.safe_math import evaluate as safe_evaluate
 
 TIME_LIMIT_S = 5
 

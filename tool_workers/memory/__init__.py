@@ -11,7 +11,6 @@ from agentq.errors import ProviderError, ToolError
 from agentq.models import Job
 from agentq.tools.manifest import ToolContext, define_module
 
-
 MEMORY_ID_NAMESPACE = uuid.UUID("6b1f4d2e-8c3a-5e7b-9d10-2f4a6c8e0b13")
 """A remembered memory's id is uuid5(this, tool_use_id): one memory per tool call."""
 

@@ -5,7 +5,8 @@ relative name, and uses `datetime` and `zoneinfo` only (absolute imports).
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone, tzinfo
+from datetime import datetime, tzinfo
+from datetime import timezone as dt_timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
