@@ -21,7 +21,6 @@ A bar still open when the page is read ends at the page's `now` and says so (`op
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any

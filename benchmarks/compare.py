@@ -64,7 +64,8 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, read in MEASURES.items():
         values = {tree: [_value(read, r) for r in rounds[tree]] for tree in ("base", "here")}
-        ratios = [round(here / base, 3) for base, here in zip(values["base"], values["here"])
+        ratios = [round(here / base, 3) for base, here in zip(values["base"], values["here"],
+                                                                  strict=False)
                   if base and here is not None]
         out[name] = {
             "base_median": _median(values["base"]), "here_median": _median(values["here"]),

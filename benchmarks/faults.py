@@ -39,8 +39,9 @@ import requests
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from benchmarks.harness import BenchStack, ModelServer
+from benchmarks.netns import Network, Node, node_stack
 from tests.support.services import PrivatePostgres, PrivateRabbitMQ, PrivateRedis
-from tests.support.stack import StackError
+from tests.support.stack import Stack, StackError
 
 ONE_TOOL_JOB = "What is 6*7? turns=1"
 FILE_JOB = "Write it down. tool=create_document turns=1"
@@ -74,7 +75,8 @@ FAULT_ENV = {
     "AGENTQ_STEP_DEADLINE_S": os.environ.get("AGENTQ_FAULT_STEP_DEADLINE_S", "8"),
     "AGENTQ_SWEEP_INTERVAL_S": "2",
     "AGENTQ_REDRIVE_BACKOFF_MAX_S": "30",
-    "AGENTQ_ORCHESTRATOR_CONCURRENCY": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_CONCURRENCY", "200"),
+    "AGENTQ_ORCHESTRATOR_CONCURRENCY": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_CONCURRENCY",
+                                                       "200"),
     "AGENTQ_ORCHESTRATOR_POOL": os.environ.get("AGENTQ_FAULT_ORCHESTRATOR_POOL", "threads"),
     "AGENTQ_LOG_LEVEL": "INFO",
     # every job has a callback: its end event must reach the receiver once, with one id,
@@ -224,17 +226,29 @@ class Receiver:
 class FaultLab:
     """Private Redis + Postgres + model server + the Procfile's processes, and the jobs'
     webhook receiver. `broker="amqp"`: a private RabbitMQ node is the broker (Redis stays
-    the result backend, as docs/deploying.md recommends)."""
+    the result backend, as docs/deploying.md recommends).
+
+    `nodes=N`: N more nodes, each an orchestrator and a tools worker in a network namespace
+    of its own (benchmarks/netns.py), reaching Postgres, the broker and the model server
+    over a link `lab.nodes[i].cut()` takes down; the servers then also listen on the host's
+    address on that network. Root only."""
 
     def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None,
-                 broker: str = "redis"):
+                 broker: str = "redis", nodes: int = 0):
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.redis = PrivateRedis(self.scratch)
         if broker not in ("redis", "amqp"):
             raise ValueError(f"broker: redis or amqp, not {broker!r}")
-        self.rabbit = PrivateRabbitMQ(self.scratch) if broker == "amqp" else None
-        self.pg = PrivatePostgres(self.scratch)
+        self.network = Network().create() if nodes else None
+        self.node_count = nodes
+        self.nodes: list[Node] = []
+        self.node_stacks: list[Stack] = []
+        also = self.network.host_address if self.network else ""
+        self.redis = PrivateRedis(self.scratch, listen_also=also)
+        self.rabbit = PrivateRabbitMQ(self.scratch, listen_also=also) \
+            if broker == "amqp" else None
+        self.pg = PrivatePostgres(self.scratch, listen_also=also,
+                                  clients=str(self.network.subnet) if self.network else "")
         self.extra_env = extra_env or {}
         self.server: ModelServer | None = None
         self.receiver = Receiver(FAULT_ENV["AGENTQ_WEBHOOK_SECRET"])
@@ -252,7 +266,8 @@ class FaultLab:
             self.rabbit.start()
         self.pg.start()
         self.database_url = self.pg.create_database("agentq_faults")
-        self.server = ModelServer()
+        self.server = ModelServer(host=self.network.host_address if self.network
+                                  else "127.0.0.1")
         self.receiver.up()
         env = {**FAULT_ENV,
                "AGENTQ_BROKER_URL": self.rabbit.url if self.rabbit else self.redis.url,
@@ -267,22 +282,33 @@ class FaultLab:
                 made = self.stack.agentq("users", "set", "api", f"coder{n}", "--level", "user")
                 if made.returncode != 0:
                     raise StackError(made.stderr)
+            for _ in range(self.node_count):
+                node = self.network.node()
+                self.nodes.append(node)
+                self.node_stacks.append(node_stack(node, self.stack.env,
+                                                   self.scratch / node.name).start())
         except StackError:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        if self.stack is not None:
-            self.stack.stop()
-        if self.server is not None:
-            self.server.stop()
-        self.receiver.down()
-        self.redis.stop()
-        if self.rabbit is not None:
-            self.rabbit.destroy()
-        self.pg.destroy()
-        self.control.shutdown(wait=False)
+        try:
+            for node_stack_ in self.node_stacks:
+                node_stack_.stop()
+            if self.stack is not None:
+                self.stack.stop()
+            if self.server is not None:
+                self.server.stop()
+            self.receiver.down()
+            self.redis.stop()
+            if self.rabbit is not None:
+                self.rabbit.destroy()
+            self.pg.destroy()
+            self.control.shutdown(wait=False)
+        finally:
+            if self.network is not None:
+                self.network.destroy()
 
     # -- faults -------------------------------------------------------------------------
     def kill9(self, name: str, down_s: float = 0.0) -> None:
@@ -297,11 +323,21 @@ class FaultLab:
         time.sleep(down_s)
         self.stack.spawn(name)
 
+    def _procs(self) -> dict[str, tuple[Stack, str]]:
+        """Every process of the lab by name (a node's as `n<i>-<kind>`): its stack and its
+        name there."""
+        procs = {name: (self.stack, name) for name in self.stack.procs}
+        for node, stack in zip(self.nodes, self.node_stacks):
+            procs.update({f"n{node.index}-{name}": (stack, name) for name in stack.procs})
+        return procs
+
     def alive(self) -> dict[str, bool]:
-        return {name: proc.poll() is None for name, proc in self.stack.procs.items()}
+        return {name: stack.procs[own].poll() is None
+                for name, (stack, own) in self._procs().items()}
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
-        return self.stack.logs[name].read_text(errors="replace")[-chars:]
+        stack, own = self._procs()[name]
+        return stack.logs[own].read_text(errors="replace")[-chars:]
 
     # -- measurements -------------------------------------------------------------------
     def _sql(self, query: str) -> list[tuple]:

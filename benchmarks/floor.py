@@ -2,8 +2,9 @@
 by plain function calls in one process — no HTTP API, no broker, no worker hand-offs.
 
 `submit` (what POST /v1/messages does), then `Stepper.run` for each step and
-`execute_tool_call` for each tool call, in order (the in-process runner, `agentq.runner`), with the real router (the openai SDK)
-against the same model server. What the stack takes beyond this is its machinery.
+`execute_tool_call` for each tool call, in order (the in-process runner, `agentq.runner`),
+with the real router (the openai SDK) against the same model server. What the stack takes
+beyond this is its machinery.
 """
 from __future__ import annotations
 

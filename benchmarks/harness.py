@@ -138,6 +138,7 @@ def _children(pid: int) -> list[int]:
 def rss_bytes(pid: int, with_children: bool = True) -> int:
     """Resident memory of a process (and its children: a prefork pool's processes)."""
     pids = [pid] + (_children(pid) if with_children else [])
+    gone = (OSError, ValueError) if psutil is None else (OSError, psutil.Error)
     total = 0
     for p in pids:
         try:
@@ -147,7 +148,7 @@ def rss_bytes(pid: int, with_children: bool = True) -> int:
                 for line in Path(f"/proc/{p}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
-        except (OSError, ValueError) if psutil is None else (OSError, psutil.Error):
+        except gone:
             continue
     return total
 
@@ -249,9 +250,10 @@ class ModelServerClient:
 class ModelServer(ModelServerClient):
     """`python -m benchmarks.llm_server` as a child process."""
 
-    def __init__(self, latency_s: float = 0.0):
+    def __init__(self, latency_s: float = 0.0, host: str = "127.0.0.1"):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.llm_server", "--latency", str(latency_s)],
+            [sys.executable, "-m", "benchmarks.llm_server", "--latency", str(latency_s),
+             "--host", host],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
             preexec_fn=die_with_parent)

@@ -29,7 +29,8 @@ MAX_TURNS = 25
 ENQUEUERS = 32
 JOB_TIMEOUT_S = 600
 TOOLS = [{"type": "function", "function": {
-    "name": "math_evaluate", "description": "Evaluate an arithmetic expression and return its value.",
+    "name": "math_evaluate",
+    "description": "Evaluate an arithmetic expression and return its value.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                    "required": ["expression"]}}}]
 

@@ -156,15 +156,15 @@ def probe_sdk(lab: _FakeLab) -> dict[str, Any]:
             {"role": "user", "content": "What is 6*7? turns=1"}]
         body = {"model": "gpt-4o-mini", "messages": messages, "tools": tools}
 
-        def raw():
+        def raw(body=body):
             response = router._client().post("/chat/completions", body=body,
                                            cast_to=httpx2.Response,
                                            options={"timeout": 30})
             json.loads(response.read())
 
         out[f"{len(messages)}_messages"] = {
-            "router_chat_ms": _median_ms(lambda: router.chat(messages, specs,
-                                                             model="gpt-4o-mini"), 20),
+            "router_chat_ms": _median_ms(lambda messages=messages: router.chat(
+                messages, specs, model="gpt-4o-mini"), 20),
             "client_post_ms": _median_ms(raw, 20)}
     router.close()
     return out

@@ -306,7 +306,7 @@ def measure_pgvector_case(server, count: int, dims: int, queries: int,
         sessions = sessionmaker(ef_engine, expire_on_commit=False)
         time_recalls(sessions, user_id, model, probe[:2], ef)  # warm the connection, cache
         latency, found = time_recalls(sessions, user_id, model, probe, ef)
-        shares = [len(set(f) & set(e)) / K for f, e in zip(found, exact)]
+        shares = [len(set(f) & set(e)) / K for f, e in zip(found, exact, strict=False)]
         by_ef[str(ef)] = {"latency": latency,
                           "hnsw_recall": round(statistics.fmean(shares), 3),
                           "hnsw_recall_min": min(shares)}

@@ -4,9 +4,10 @@ real Celery workers on their queues, and a scripted OpenAI-compatible server tha
 `openai` SDK in the workers talks to. One stack serves the whole session.
 
 Postgres and Redis are the session's own, started before the tests on free loopback ports
-(tests/support/suite_servers.py, started by the repository's root conftest.py): the suite never connects to
-the machine's servers unless AGENTQ_TEST_PG / AGENTQ_TEST_REDIS name them. When one could
-not be started, the tests that need it are skipped with a message; under CI=true they fail.
+(tests/support/suite_servers.py, started by the repository's root conftest.py): the suite
+never connects to the machine's servers unless AGENTQ_TEST_PG / AGENTQ_TEST_REDIS name them.
+When one could not be started, the tests that need it are skipped with a message; under
+CI=true they fail.
 """
 from __future__ import annotations
 

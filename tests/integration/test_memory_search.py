@@ -73,7 +73,7 @@ def _vector(rng: random.Random, dims: int = DIMS) -> list[float]:
 
 
 def _cosine(a, b) -> float:
-    return (sum(x * y for x, y in zip(a, b))
+    return (sum(x * y for x, y in zip(a, b, strict=True))
             / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))))
 
 

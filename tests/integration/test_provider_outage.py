@@ -112,7 +112,8 @@ def test_a_storm_parks_jobs_which_complete_once_the_provider_recovers(client, ll
         assert c["token_logs"] == [1, 2]
         assert (c["tool_calls"], c["files"], c["tool_attempts"]) == (1, 1, [1])
         events = c["events"]
-        assert events.count("turn_start") == 2 and events.count("message_end") == 3, events  # the question, two replies
+        # the question, two replies
+        assert events.count("turn_start") == 2 and events.count("message_end") == 3, events
         assert events.count("tool_execution_end") == 1 and events.count("job_end") == 1
         assert events.count("waiting_provider") >= 1
         job = c["job"]

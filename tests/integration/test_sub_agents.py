@@ -62,9 +62,9 @@ def test_three_children_run_in_parallel_and_their_answers_reach_the_parent(
     client, seen = agents_client, {}
     holds = [threading.Event() for _ in range(3)]
     markers = [child_script([text(f"answer {name}", hold=hold)])
-               for name, hold in zip("ABC", holds)]
+               for name, hold in zip("ABC", holds, strict=True)]
     marker = script([
-        tool_calls(*(delegate(f"{m} find {name}") for m, name in zip(markers, "ABC"))),
+        tool_calls(*(delegate(f"{m} find {name}") for m, name in zip(markers, "ABC", strict=True))),
         text("all three answered",
              check=lambda request: seen.setdefault("results", tool_results(request))),
     ])
@@ -97,7 +97,7 @@ def test_three_children_run_in_parallel_and_their_answers_reach_the_parent(
     # the children: jobs of their own, in new conversations, started as sub-agents
     started = {s["tool_use_id"]: s["job_id"]
                for s in events_of(client, job["id"], "child_started")}
-    assert started == {c["tool_use_id"]: child for c, child in zip(shown, children)}
+    assert started == {c["tool_use_id"]: child for c, child in zip(shown, children, strict=True)}
     ended = events_of(client, job["id"], "child_ended")
     assert sorted(e["job_id"] for e in ended) == sorted(children)
     assert {e["status"] for e in ended} == {"completed"}

@@ -214,7 +214,7 @@ def test_a_concurrent_runs_scratch_is_not_reachable(scratch_dir):
     results: dict[str, dict] = {}
 
     def run_a():
-        results["a"] = run(f"""
+        results["a"] = run("""
             import os, time
             open("secret", "w").write("A's secret")
             while not os.path.exists("release"):

@@ -4,16 +4,22 @@ from __future__ import annotations
 import itertools
 import json
 
-import pytest
-
 from agentq.config import Settings
 from agentq.loop.context import (
+    Layers,
     StoredMessage,
+    after_summary,
+    assemble,
     build,
+    context_window,
     estimate_tokens,
+    input_budget,
+    plan_compaction,
     render_tool_result,
     to_provider,
+    tokens_of,
     truncate,
+    turns,
     window,
 )
 
@@ -332,17 +338,6 @@ def test_last_tools_succeeded_reads_the_newest_turn_only():
 
 # --- layered assembly and compaction ---------------------------------------------------
 
-from agentq.loop.context import (
-    Layers,
-    after_summary,
-    assemble,
-    context_window,
-    input_budget,
-    plan_compaction,
-    tokens_of,
-    turns,
-)
-
 
 def _inrun(start: int, n_turns: int, calls_per_turn: int = 1,
            result: str = "2") -> list[StoredMessage]:
@@ -350,7 +345,8 @@ def _inrun(start: int, n_turns: int, calls_per_turn: int = 1,
     for t in range(n_turns):
         ids = [f"t{t}_{c}" for c in range(calls_per_turn)]
         for i in ids:
-            out.append(_call(seq, i)); seq += 1
+            out.append(_call(seq, i))
+            seq += 1
         for i in ids:
             out.append(_result(seq, i, result=result, tokens=estimate_tokens(result) + 20))
             seq += 1

@@ -43,7 +43,7 @@ def test_a_client_per_group_of_threads_and_around_again():
     for _ in range(7):
         thread_clients = []
         worker = threading.Thread(
-            target=lambda: thread_clients.extend([shards.client(), shards.client()]))
+            target=lambda out=thread_clients: out.extend([shards.client(), shards.client()]))
         worker.start()
         worker.join()
         assert thread_clients[0] is thread_clients[1]

@@ -37,7 +37,7 @@ FACTS = {
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
+    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 def test_a_question_finds_its_fact_among_unrelated_ones(encoder):
@@ -45,7 +45,7 @@ def test_a_question_finds_its_fact_among_unrelated_ones(encoder):
     facts = list(FACTS.values())
     vectors = encoder.embed(facts)
     # when each question is embedded, then the fact that answers it is the most similar
-    for question, vector in zip(FACTS, encoder.embed(list(FACTS))):
+    for question, vector in zip(FACTS, encoder.embed(list(FACTS)), strict=True):
         scores = [cosine(vector, v) for v in vectors]
         assert facts[scores.index(max(scores))] == FACTS[question], (question, scores)
 

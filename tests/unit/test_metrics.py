@@ -78,7 +78,7 @@ def test_events_are_counted_by_their_labels():
         {"type": "job_redriven", "data": {}},
         {"type": "turn_start", "data": {}},
     ])
-    assert [a - b for a, b in zip(counts(), before)] == [1, 1, 7, 1]
+    assert [a - b for a, b in zip(counts(), before, strict=True)] == [1, 1, 7, 1]
     # and the scrape (every process's files) holds at least this process's counts
     assert value("agentq_tokens_total", model="unit-model", direction="output") >= 7
 

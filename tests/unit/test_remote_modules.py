@@ -21,7 +21,6 @@ from agentq.tools.remote import (
     build_module,
     check_spec,
     one_version_read,
-    parse_static,
 )
 from tests.support.stack import ROOT, die_with_parent, free_port
 

@@ -334,13 +334,13 @@ def test_file_system_is_read_only_outside_the_scratch_dir(scratch_dir, tmp_path)
 
 
 def test_writing_past_the_scratch_or_tmp_size_fails_inside_the_code():
-    result = run(f"""
+    result = run("""
         import errno, os
         for where in (".", "/tmp"):
             written = 0
             try:
                 for i in range(100):     # files of 8 MiB, each under the file-size limit
-                    with open(os.path.join(where, f"part{{i}}"), "wb") as out:
+                    with open(os.path.join(where, f"part{i}"), "wb") as out:
                         for _ in range(8):
                             out.write(b"0" * 2 ** 20)
                             written += 2 ** 20
