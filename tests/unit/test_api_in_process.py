@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agentq.db import session_scope
 from agentq.keys import create_key
-from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
+from agentq.testing.harness import text
 
 
 def _client(h, operator: bool = False):

@@ -11,12 +11,11 @@ import pytest
 
 from agentq import attachments
 from agentq.attachments import AttachmentError
-from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.models import FileRecord, Tenant, User
 from agentq.tenants import DEFAULT_TENANT_ID
 from agentq.tools.manifest import ToolContext
-from tests.support import sqlite_template
+from tests.support import unit_db
 from tool_workers.files import read_document
 
 CSV = "name,score\n" + "".join(f"row{i},{i * 3}\n" for i in range(2000))
@@ -92,9 +91,8 @@ def test_size_cap_content_type_and_redirects(server):
 
 @pytest.fixture
 def db(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
-                                  "AGENTQ_ATTACHMENT_ALLOW_PRIVATE": "1"})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path),
+                                 "AGENTQ_ATTACHMENT_ALLOW_PRIVATE": "1"})
     yield settings, session_factory(settings)
     dispose_engines()
 

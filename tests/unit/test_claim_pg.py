@@ -6,13 +6,21 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 from sqlalchemy import select
 
 from agentq.loop.busy import request_cancel
 from agentq.loop.store import append_messages
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, JobEvent, Message
-from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+
+
+@pytest.fixture
+def make(make_pg):
+    """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: row locks and
+    `UPDATE … RETURNING` are what is tested."""
+    return make_pg
+
 
 JOIN_S = 60
 """A failure bound for a thread that waits on a row lock, never a measured margin."""
@@ -236,7 +244,7 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
 
     from agentq.loop.execute import _prepare
     from agentq.models import ToolCall
-    from tests.unit.test_step import calls, text
+    from agentq.testing.harness import calls, text
     h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"))
     job_id = h.submit()
     h.stepper.run(job_id, 0, "start")
@@ -263,7 +271,7 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
 
 def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     # given a conversation with one job answered, and a second job in it
-    from tests.unit.test_step import text
+    from agentq.testing.harness import text
     h = make(text("first answer"), text("second answer"))
     thread = f"t-{uuid.uuid4().hex[:8]}"  # a conversation of its own in the module's database
     h.drive(h.submit("first question", thread=thread))
@@ -322,7 +330,7 @@ def test_a_steps_messages_update_the_conversation_row_heap_only(make):
 
 def test_a_conversation_is_active_until_its_job_lets_it_go(make):
     # given a conversation whose job has written its question and a reply
-    from tests.unit.test_step import text
+    from agentq.testing.harness import text
     h = make(text("4"))
     job_id = h.submit()
     conversation_id = h.job(job_id).conversation_id

@@ -22,28 +22,13 @@ from agentq.loop.context import (
     turns,
     window,
 )
-
-
-def _user(seq: int, text: str = "question", tokens: int = 10) -> StoredMessage:
-    return StoredMessage(seq, "user", text, tokens)
-
-
-def _assistant(seq: int, text: str = "answer", tokens: int = 10) -> StoredMessage:
-    return StoredMessage(seq, "assistant", text, tokens)
-
-
-def _call(seq: int, tool_use_id: str, name: str = "math.evaluate",
-          arguments: dict | None = None, tokens: int = 10) -> StoredMessage:
-    body = {"name": name, "arguments": {"expression": "1+1"} if arguments is None else arguments,
-            "tool_use_id": tool_use_id}
-    return StoredMessage(seq, "tool_call", json.dumps(body), tokens)
-
-
-def _result(seq: int, tool_use_id: str, result=2, ok: bool = True, tokens: int = 10,
-            error: dict | None = None) -> StoredMessage:
-    body = {"name": "math.evaluate", "tool_use_id": tool_use_id, "ok": ok,
-            "result": result if ok else None, "error": error}
-    return StoredMessage(seq, "tool_result", json.dumps(body), tokens)
+from tests.support.stored_messages import (
+    assistant_message as _assistant,
+    call_message as _call,
+    in_run as _inrun,
+    result_message as _result,
+    user_message as _user,
+)
 
 
 def _newest_first(messages: list[StoredMessage]) -> list[StoredMessage]:
@@ -337,20 +322,6 @@ def test_last_tools_succeeded_reads_the_newest_turn_only():
 
 
 # --- layered assembly and compaction ---------------------------------------------------
-
-
-def _inrun(start: int, n_turns: int, calls_per_turn: int = 1,
-           result: str = "2") -> list[StoredMessage]:
-    out, seq = [], start
-    for t in range(n_turns):
-        ids = [f"t{t}_{c}" for c in range(calls_per_turn)]
-        for i in ids:
-            out.append(_call(seq, i))
-            seq += 1
-        for i in ids:
-            out.append(_result(seq, i, result=result, tokens=estimate_tokens(result) + 20))
-            seq += 1
-    return out
 
 
 def test_the_question_survives_any_number_of_in_run_messages():

@@ -28,8 +28,9 @@ from agentq.loop.context import (
     turns,
 )
 from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, User
-from tests.unit.test_context import _assistant, _inrun, _user
-from tests.unit.test_step import MODEL, Harness, _engines, _settings, modules  # noqa: F401
+from tests.unit.test_context import _inrun, _user
+from agentq.testing.harness import MODEL, Harness
+from tests.support import unit_db
 
 # --- planning, as functions ------------------------------------------------------------
 
@@ -124,7 +125,7 @@ class Router:
 @pytest.fixture
 def harness(tmp_path, modules):
     def make(**env) -> Harness:
-        h = Harness(_settings(tmp_path, **env), modules, None)
+        h = Harness(unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env}), modules, None)
         h.router = h.stepper.router = Router()
         return h
     return make

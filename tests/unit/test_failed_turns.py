@@ -11,7 +11,7 @@ from agentq.errors import ProviderError
 from agentq.hooks import Hooks
 from agentq.loop.effects import JobEnded
 from agentq.models import JobEvent
-from tests.unit.test_step import MODEL, ScriptedRouter, _engines, make, modules  # noqa: F401
+from agentq.testing.harness import MODEL
 
 
 class Recorder:

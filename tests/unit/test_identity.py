@@ -8,23 +8,21 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import event, func, select
 
-from agentq.config import Settings
 from agentq.db import dispose_engines, engine_for, session_scope
 from agentq.loop.identity import Incoming, resolve, resolve_conversation, resolve_user
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T
 from agentq.tenants import create_tenant
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.fixture
 def settings(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
-                                  "AGENTQ_GUEST_MONTHLY_TOKENS": "1234",
-                                  "AGENTQ_BUDGET_PERIOD_DAYS": "7"})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path),
+                                 "AGENTQ_GUEST_MONTHLY_TOKENS": "1234",
+                                 "AGENTQ_BUDGET_PERIOD_DAYS": "7"})
     yield settings
     dispose_engines()
 
@@ -56,7 +54,7 @@ def test_first_contact_creates_a_guest_with_a_link_and_the_guest_budget(settings
         assert stored.tokens_used_this_month == 0
         assert stored.budget_reset_at == T0 + timedelta(days=7)
         links = session.execute(select(UserPlatformLink)).scalars().all()
-        assert [(l.user_id, l.platform, l.platform_user_id) for l in links] == [
+        assert [(k.user_id, k.platform, k.platform_user_id) for k in links] == [
             (user_id, "discord", "u-1")]
 
 

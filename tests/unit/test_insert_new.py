@@ -9,21 +9,19 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import event, inspect, select
 
-from agentq.config import Settings
 from agentq.db import dispose_engines, insert_new, session_scope, write_changes
 from agentq.loop.identity import Incoming, resolve
 from agentq.loop.lifecycle import new_job
 from agentq.models import Job, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.fixture
 def place(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path)})
     with session_scope(settings) as session:
         user, _, conversation = resolve(session, T, Incoming("cli", "u1", "c1"), settings)
         ids = user.id, conversation.id

@@ -7,17 +7,15 @@ import uuid
 import pytest
 
 from agentq import memory
-from agentq.config import Settings
 from agentq.db import dispose_engines, session_factory, session_scope, utcnow
 from agentq.models import Memory, Tenant, User
 from agentq.tenants import DEFAULT_TENANT_ID
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 
 @pytest.fixture
 def settings(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path)})
     yield settings
     dispose_engines()
 

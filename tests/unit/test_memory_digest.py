@@ -7,14 +7,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply
 from agentq.memory_digest import DIGEST_SYSTEM_PROMPT, SOURCE, digest, digest_id, summarize_idle
-from agentq.models import Conversation, Job, Memory, TokenLog
-from tests.unit.test_step import MODEL, Harness, _engines, _settings, modules, text  # noqa: F401
+from agentq.models import Conversation, Memory, TokenLog
+from agentq.testing.harness import MODEL, Harness, text
+from tests.support import unit_db
 
 
 class Router:
@@ -37,7 +38,8 @@ class Router:
 
 @pytest.fixture
 def h(tmp_path, modules):
-    harness = Harness(_settings(tmp_path, AGENTQ_MEMORY_IDLE_S="600"), modules, None)
+    harness = Harness(unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_MEMORY_IDLE_S": "600"}),
+                      modules, None)
     harness.router = harness.stepper.router = Router()
     return harness
 

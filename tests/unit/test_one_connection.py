@@ -26,8 +26,14 @@ from agentq.loop.step import Stepper
 from agentq.runner import InProcessRunner
 from agentq.tools.registry import ToolRegistry, discover
 from agentq.tools.remote import RemoteModules, Store
-from tests.unit.test_step import calls, text
-from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+from agentq.testing.harness import calls, text
+
+
+@pytest.fixture
+def make(make_pg):
+    """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the
+    connections counted are Postgres's."""
+    return make_pg
 
 
 class Checkouts:

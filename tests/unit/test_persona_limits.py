@@ -10,7 +10,7 @@ from agentq.loop.submit import Submission, create_job
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Message, Persona
 from agentq.tenants import DEFAULT_TENANT_ID
-from tests.unit.test_step import calls, make, modules  # noqa: F401 (fixtures)
+from agentq.testing.harness import calls
 
 
 def _persona(h, limits: dict) -> None:

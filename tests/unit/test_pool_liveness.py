@@ -17,7 +17,6 @@ from sqlalchemy import event, text
 from agentq.config import Settings
 from agentq.db import make_engine
 from tests.support.stack import PG_ADMIN_URL
-from tests.unit.test_sweeper import pg_url  # noqa: F401  (fixture)
 
 GONE_WITHIN_S = 60.0
 """How long a terminated backend may take to leave pg_stat_activity: a bound on a wait

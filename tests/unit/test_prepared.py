@@ -14,7 +14,6 @@ from sqlalchemy import text
 from agentq import prepared
 from agentq.config import Settings
 from agentq.db import make_engine
-from tests.unit.test_sweeper import pg_url  # noqa: F401  (fixture)
 
 ROW = text("INSERT INTO probe (id, n, label, at, amount, doc) "
            "VALUES (CAST(:id AS UUID), :n, :label, :at, :amount, CAST(:doc AS JSONB)) "

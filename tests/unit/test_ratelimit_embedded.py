@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from agentq.config import Settings, set_settings
+from agentq.config import set_settings
 from agentq.db import dispose_engines, session_scope
 from agentq.keys import create_key
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 
 @pytest.fixture
 def api(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
-                                  "AGENTQ_QUOTA_REQUESTS_PER_SECOND": "3",
-                                  "AGENTQ_QUOTA_STREAMS_PER_KEY": "1"})
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path),
+                                 "AGENTQ_QUOTA_REQUESTS_PER_SECOND": "3",
+                                 "AGENTQ_QUOTA_STREAMS_PER_KEY": "1"})
     assert settings.embedded_broker
-    sqlite_template.upgrade(settings)
     with session_scope(settings) as session:
         _, key = create_key(session, "embedded", admin=False)
     from api import create_app

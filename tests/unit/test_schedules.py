@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
-from agentq.config import Settings
 from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
 from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
@@ -22,7 +21,7 @@ from agentq.schedules import (
     timing,
 )
 from agentq.tenants import DEFAULT_TENANT_ID
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 T0 = datetime(2030, 3, 30, 23, 59, 58, tzinfo=timezone.utc)
 
@@ -71,8 +70,7 @@ def test_catch_up_fires_once_for_the_latest_tick():
 
 @pytest.fixture()
 def embedded(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path)})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path)})
     with session_scope(settings) as session:
         incoming = Incoming("cli", "u1", "c1")
         user = resolve_user(session, DEFAULT_TENANT_ID, incoming, settings)

@@ -10,26 +10,14 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from agentq.config import Settings
-from agentq.db import dispose_engines, session_factory, utcnow
+from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop import uow
 from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.execute import execute_tool_call
-from agentq.loop.identity import Incoming
-from agentq.loop.step import Stepper
-from agentq.loop.submit import Submission, create_job
-from agentq.loop.sweeper import sweep
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall, User
-from agentq.runner import InProcessRunner
-from agentq.tools.registry import ToolRegistry, discover
-from agentq.testing.harness import MODEL, Harness, ScriptedModel as ScriptedRouter, calls, text
-from tests.support import unit_db
-
-
-def _settings(tmp_path, **env) -> Settings:
-    return unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env})
+from agentq.testing.harness import MODEL, calls, text
 
 
 # --- a plain answer -------------------------------------------------------------------
@@ -371,7 +359,7 @@ def test_the_sweeper_redispatches_tool_calls_that_never_ran(make):
              AGENTQ_STEP_DEADLINE_S="1")
     job_id = h.submit()
     (dispatch,) = h.stepper.run(job_id, 0, "start")
-    _backdate(h, job_id)
+    h.backdate(job_id)
     # when the sweeper re-drives it
     (redrive,) = h.sweep()
     again = h.stepper.run(redrive.job_id, redrive.iteration, redrive.cause)
@@ -425,18 +413,12 @@ def test_file_urls_in_tool_results_become_the_response_files(make):
 
 # --- the sweeper ----------------------------------------------------------------------
 
-def _backdate(h: Harness, job_id: str, seconds: float = 60) -> None:
-    with h.sessions() as session, session.begin():
-        session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
-            last_progress_at=utcnow() - timedelta(seconds=seconds)))
-
-
 def test_the_sweeper_redrives_a_job_whose_first_step_never_ran(make):
     # given a queued job whose start message was lost
     h = make(text("recovered"), AGENTQ_STEP_DEADLINE_S="1")
     job_id = h.submit()
     fresh = h.submit("a fresh job", user="u-2", thread="t")
-    _backdate(h, job_id)
+    h.backdate(job_id)
     # when
     effects = h.sweep()
     # then only the stalled job is re-driven, at its step
@@ -461,7 +443,7 @@ def test_the_sweeper_fails_a_job_whose_step_crashes_past_max_redrives(make):
             assert h.stepper._claim(session, uuid.UUID(job_id), 0, uuid.uuid4().hex)
             session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(
                 step_lease_until=utcnow() - timedelta(seconds=1)))
-        _backdate(h, job_id)
+        h.backdate(job_id)
         rounds.append(h.sweep())
     # then
     assert rounds == [[NextStep(job_id, 0, "sweeper")], [NextStep(job_id, 0, "sweeper")],
@@ -471,7 +453,7 @@ def test_the_sweeper_fails_a_job_whose_step_crashes_past_max_redrives(make):
     assert job.response["error"]["code"] == "stalled"
     assert h.router.requests == []
     # and a later sweep leaves the ended job alone
-    _backdate(h, job_id)
+    h.backdate(job_id)
     assert h.sweep() == []
 
 

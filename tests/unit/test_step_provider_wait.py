@@ -16,7 +16,7 @@ from agentq.loop.submit import cancel
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
 from agentq.views import job_object
-from tests.unit.test_step import _engines, calls, make, modules, text  # noqa: F401
+from agentq.testing.harness import calls, text
 
 WAIT_ENV = {"AGENTQ_PROVIDER_WAIT_S": "600", "AGENTQ_PROVIDER_RETRY_BASE_S": "10",
             "AGENTQ_PROVIDER_RETRY_MAX_S": "60"}
@@ -99,7 +99,8 @@ def test_the_job_goes_on_when_the_provider_recovers_without_duplicates(make):
     types = event_types(h, job_id)
     assert types.count("turn_start") == 2 and types.count("turn_end") == 2, types
     assert types.count("waiting_provider") == 2
-    assert types.count("tool_execution_end") == 1 and types.count("message_end") == 3  # the question, two replies
+    # the question, two replies
+    assert types.count("tool_execution_end") == 1 and types.count("message_end") == 3
     # a late duplicate of the delayed message does nothing
     assert h.stepper.run(job_id, 1, "provider") == []
 

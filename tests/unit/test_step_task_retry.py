@@ -6,14 +6,21 @@ minutes for the sweeper. The task runs eagerly (`apply`): Celery then runs its r
 once, in order, as a worker would run them after their countdowns."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agentq.loop.step import Stepper
 from agentq.models import ToolCall
 from tasks import base, orchestrator, tools
-from tests.unit.test_step import calls, text
-from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+from agentq.testing.harness import calls, text
+
+
+@pytest.fixture
+def make(make_pg):
+    """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the
+    database errors tested are psycopg2's."""
+    return make_pg
 
 
 class Unreachable:

@@ -11,7 +11,7 @@ from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.execute import execute_tool_call
 from agentq.loop.sweeper import sweep_waiting
 from agentq.models import Job, JobEvent, ToolCall
-from tests.unit.test_step import _backdate, calls, make, modules, text  # noqa: F401
+from agentq.testing.harness import calls, text
 
 AGENTS = {"AGENTQ_DEFAULT_MODULES": "agents,math", "AGENTQ_STEP_DEADLINE_S": "1"}
 
@@ -54,7 +54,7 @@ def test_a_parent_whose_wake_up_was_lost_is_re_driven_by_the_sweeper(make):
     ended = h.sent_by(h.stepper.run, child, 0, "start")
     assert NextStep(parent, 1, "callback") in ended and JobEnded(child, "completed") in ended
     assert h.job(parent).status == "running"  # woken in the child's own transaction
-    _backdate(h, parent)
+    h.backdate(parent)
     # then the sweeper re-drives it, and it answers from the child's result
     assert h.sweep() == [NextStep(parent, 1, "sweeper")]
     assert h.stepper.run(parent, 1, "sweeper") == [JobEnded(parent, "completed")]
@@ -79,7 +79,7 @@ def test_a_waiting_parent_whose_delegate_task_was_lost_gets_it_sent_again(make):
     assert (h.job(parent).status, h.job(parent).waiting_for) == ("waiting", "children")
 
     # when a step deadline passes, the sweeper sends the lost call again
-    _backdate(h, parent)
+    h.backdate(parent)
     resent = h.sent_by(sweep_waiting, h.settings, h.sessions)
     assert [e for e in resent if isinstance(e, DispatchTools)] == [
         DispatchTools(parent, 1, ((second, "tools.agents", h.settings.tool_time_limit_s),))]

@@ -7,7 +7,6 @@ counts; it is sent again after a delay that doubles up to AGENTQ_REDRIVE_BACKOFF
 """
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from datetime import timedelta
@@ -19,31 +18,13 @@ from agentq.db import utcnow
 from agentq.loop.effects import JobEnded, NextStep
 from agentq.loop.sweeper import backlog, redrive_delay_s
 from agentq.models import Job
-from agentq.tools.registry import discover
-from tests.support.stack import create_database, drop_database
-from tests.unit.test_step import Harness, ScriptedRouter, _settings, calls, text
-
-
-@pytest.fixture(scope="module")
-def pg_url(servers_up):
-    name = f"agentq_sweeper_{os.getpid()}"
-    yield create_database(name)
-    drop_database(name)
+from agentq.testing.harness import Harness, calls, text
+from tests.support import unit_db
 
 
 @pytest.fixture
-def make(tmp_path, pg_url):
-    modules = discover()
-
-    def factory(*replies, **env) -> Harness:
-        h = Harness(_settings(tmp_path, AGENTQ_DATABASE_URL=pg_url,
-                              AGENTQ_STEP_DEADLINE_S="10", **env),
-                    modules, ScriptedRouter(*replies))
-        with h.sessions() as session, session.begin():  # each test sees only its jobs
-            session.execute(update(Job).where(Job.status.in_(("queued", "running")))
-                            .values(status="cancelled"))
-        return h
-    return factory
+def make(make_pg):
+    return make_pg
 
 
 def _time_passes(h: Harness, job_id: str, *, past_backoff: bool = True) -> None:
@@ -157,8 +138,8 @@ def test_progress_resets_the_crash_count(make):
 
 
 def test_the_delay_doubles_from_the_deadline_to_the_cap(tmp_path):
-    settings = _settings(tmp_path, AGENTQ_STEP_DEADLINE_S="20",
-                         AGENTQ_REDRIVE_BACKOFF_MAX_S="300")
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_STEP_DEADLINE_S": "20",
+                                "AGENTQ_REDRIVE_BACKOFF_MAX_S": "300"})
     assert [redrive_delay_s(settings, n) for n in range(6)] == [20, 40, 80, 160, 300, 300]
     assert redrive_delay_s(settings, 10_000) == 300
 

@@ -27,14 +27,13 @@ from agentq.tenants import (
     running_count,
     update_quotas,
 )
-from tests.support import sqlite_template
-from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
+from agentq.testing.harness import text
+from tests.support import unit_db
 
 
 @pytest.fixture()
 def settings(tmp_path):
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path), "AGENTQ_QUOTA_SCHEDULES": "7"})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_QUOTA_SCHEDULES": "7"})
     return settings
 
 

@@ -17,7 +17,7 @@ from agentq.loop.effects import DispatchTools
 from agentq.loop.execute import execute_tool_call
 from agentq.models import FileRecord, JobEvent, ToolCall
 from agentq.tools.manifest import ToolContext, define_module
-from tests.unit.test_step import _engines, calls, make, modules, text  # noqa: F401
+from agentq.testing.harness import calls, text
 
 
 def _spec(**extra) -> dict:

@@ -12,7 +12,7 @@ from agentq.errors import ProviderError
 from agentq.keys import create_key
 from api import ui_overview
 from api.ui_overview import percentile
-from tests.unit.test_step import _engines, make, modules, text  # noqa: F401  (fixtures)
+from agentq.testing.harness import text
 
 
 def number(page: str, ident: str) -> str:

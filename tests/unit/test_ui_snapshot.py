@@ -19,8 +19,8 @@ from sqlalchemy import event, func, select
 from agentq.db import engine_for, session_scope, snapshot_scope
 from agentq.keys import create_key
 from agentq.models import ApiKey
-from tests.unit.test_step import _settings, text
-from tests.unit.test_sweeper import make, pg_url  # noqa: F401  (fixtures)
+from agentq.testing.harness import text
+from tests.support import unit_db
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_a_snapshot_does_not_see_what_commits_after_its_first_read(database, tmp
                                                                    pg_url):  # noqa: F811
     # given a snapshot that has read the keys once
     env = {"AGENTQ_DATABASE_URL": pg_url} if database == "postgres" else {}
-    settings = _settings(tmp_path, **env)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env}, backend=database)
     count = select(func.count()).select_from(ApiKey)
     with snapshot_scope(settings) as snapshot:
         before = snapshot.execute(count).scalar_one()

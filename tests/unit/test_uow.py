@@ -32,7 +32,7 @@ from agentq.loop.submit import Submission, create_job
 from agentq.loop.uow import NoDispatcher, UnitOfWork
 from agentq.models import Job, JobEvent
 from agentq.runner import InProcessRunner
-from tests.unit.test_step import _settings
+from tests.support import unit_db
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_LIMIT_S = 120
@@ -41,7 +41,7 @@ SUBPROCESS_LIMIT_S = 120
 
 @pytest.fixture
 def settings(tmp_path):
-    return _settings(tmp_path)
+    return unit_db.settings({"AGENTQ_HOME": str(tmp_path)})
 
 
 @pytest.fixture
@@ -319,14 +319,14 @@ def test_a_step_s_units_of_work_announce_each_commit(settings, heard, effects):
     """The first transaction's events (the turn began) are heard before the model is
     called; the rest after the reply is stored."""
     from agentq.tools.registry import discover
-    from tests.unit.test_step import Harness, ScriptedRouter, text
+    from agentq.testing.harness import Harness, ScriptedModel, text
     told_at_model_call: list = []
 
     def answer():
         told_at_model_call.extend(heard)
         return text("4")
 
-    h = Harness(settings, discover(), ScriptedRouter(answer))
+    h = Harness(settings, discover(), ScriptedModel(answer))
     job_id = h.submit()
     h.drive(job_id)
     assert [kinds for _, kinds in told_at_model_call] == [

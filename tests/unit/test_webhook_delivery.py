@@ -30,7 +30,7 @@ from agentq.webhooks.delivery import (
     redeliver_job_event,
     retry_delay_s,
 )
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 URL = "https://93.184.216.34/hooks/agentq"  # public literal: checked, never connected to
@@ -44,10 +44,9 @@ def _engines():
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
-                                  "AGENTQ_WEBHOOK_SECRET": SECRET,
-                                  "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0,0,0"})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path),
+                                 "AGENTQ_WEBHOOK_SECRET": SECRET,
+                                 "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0,0,0"})
     return settings
 
 

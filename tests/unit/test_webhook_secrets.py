@@ -12,7 +12,7 @@ from agentq.db import dispose_engines, session_scope, utcnow
 from agentq.models import Tenant
 from agentq.tenants import DEFAULT_TENANT_ID, create_tenant
 from agentq.webhooks import secrets
-from tests.support import sqlite_template
+from tests.support import unit_db
 
 SETTING = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SETTING_NEXT = "whsec_c29tZS1vdGhlci1zZWNyZXQtbm90LXRoZS1tb2R1bGU="
@@ -26,9 +26,8 @@ def _engines():
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    settings = Settings.from_env({"AGENTQ_HOME": str(tmp_path),
-                                  "AGENTQ_WEBHOOK_SECRET": f"{SETTING} {SETTING_NEXT}"})
-    sqlite_template.upgrade(settings)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path),
+                                 "AGENTQ_WEBHOOK_SECRET": f"{SETTING} {SETTING_NEXT}"})
     return settings
 
 
