@@ -55,7 +55,7 @@ def one_run(home: Path, base_url: str) -> dict:
 def main(runs: int, results_dir: Path) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from tests.support.scripted_llm import ScriptedLLM, react_responder
+    from agentq.testing.scripted_llm import ScriptedLLM, react_responder
     rows = []
     with ScriptedLLM(responder=react_responder()) as llm, \
             tempfile.TemporaryDirectory(prefix="agentq-bench-embedded-") as scratch:

@@ -1,4 +1,4 @@
-"""The benchmarks' model server: `tests.support.scripted_llm` in its own process, with a
+"""The benchmarks' model server: `agentq.testing.scripted_llm` in its own process, with a
 ReAct responder, latency changeable at run time, and nothing recorded per request.
 
     python -m benchmarks.llm_server --port 0 --latency 0
@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any
 
-from tests.support.scripted_llm import ScriptedLLM, _error_body, call, text, tool_calls
+from agentq.testing.scripted_llm import ScriptedLLM, _error_body, call, text, tool_calls
 
 TURNS_RE = re.compile(r"turns=(\d+)")
 TOOL_RE = re.compile(r"tool=(create_document|run_python)(?::(\d+(?:\.\d+)?))?")

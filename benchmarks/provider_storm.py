@@ -28,7 +28,7 @@ import requests
 from sqlalchemy import func, select
 
 from agentq.models import Job, Message, TokenLog, ToolCall
-from tests.support.scripted_llm import ScriptedLLM, error, hang, passes, react_responder
+from agentq.testing.scripted_llm import ScriptedLLM, error, hang, passes, react_responder
 from tests.support.stack import Stack, create_database, drop_database, flush_redis
 
 STORM_ENV = {"AGENTQ_MODEL": "gpt-4o-mini", "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",

@@ -33,7 +33,7 @@ if _cgroups.check() is not None:
     os.environ.setdefault("AGENTQ_SANDBOX_CGROUP", "off")
 
 from tests.integration.conftest import TEST_ENV, Client, uid
-from tests.support.scripted_llm import ScriptedLLM
+from agentq.testing.scripted_llm import ScriptedLLM
 from tests.support.stack import (
     REDIS_URL,
     Stack,

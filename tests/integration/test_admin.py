@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import Client, uid
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

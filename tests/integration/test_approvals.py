@@ -16,7 +16,7 @@ from sqlalchemy import select
 from agentq.models import Job, ToolCall
 from tests.integration.conftest import uid, wait_until
 from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60

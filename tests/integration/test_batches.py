@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.models import Job
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
 LINE = re.compile(r"echo-(\w+) line (\d+)")

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from tests.integration.conftest import Client, uid
-from tests.support.scripted_llm import text
+from agentq.testing.scripted_llm import text
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid
-from tests.support.scripted_llm import text
+from agentq.testing.scripted_llm import text
 from tests.support.services import PrivateRedis
 from tests.support.stack import own_stack
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.integration.conftest import uid
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

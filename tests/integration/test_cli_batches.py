@@ -8,7 +8,7 @@ import pytest
 
 from tests.integration.conftest import uid
 from tests.integration.test_cli import agentq
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall
 from tests.integration.conftest import uid
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.stack import REDIS_URL
 from tests.support.tool_gate import ToolGate
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.integration.test_hooks import DIST, _calls
-from tests.support.scripted_llm import text
+from agentq.testing.scripted_llm import text
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 from tests.support.stack import ROOT, own_stack
 
 pytestmark = pytest.mark.integration

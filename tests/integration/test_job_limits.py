@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import uid
-from tests.support.scripted_llm import call, tool_calls
+from agentq.testing.scripted_llm import call, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from agentq.db import utcnow
 from agentq.loop.context import SUMMARY_SYSTEM_PROMPT, estimate_tokens, summary_max_tokens
 from agentq.models import Conversation, ConversationSummary, Message, TokenLog
 from tests.integration.conftest import TEST_ENV, Client, uid
-from tests.support.scripted_llm import Reply, ScriptedLLM, call, text, tool_calls
+from agentq.testing.scripted_llm import Reply, ScriptedLLM, call, text, tool_calls
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from agentq.models import Job, TokenLog, ToolCall, WebhookDelivery
 from tests.integration.conftest import uid
 from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
 SETTLE_S = 60  # counters are written after each commit; the scrape may run just before

@@ -12,7 +12,7 @@ import redis
 
 from agentq.llm.gate import KEY_PREFIX, provider_name
 from tests.integration.conftest import TEST_ENV, Client, uid
-from tests.support.scripted_llm import ScriptedLLM, error, text
+from agentq.testing.scripted_llm import ScriptedLLM, error, text
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

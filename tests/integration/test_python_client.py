@@ -20,7 +20,7 @@ from agentq.client import (
 from tests.integration.conftest import TEST_ENV, own_events_start, uid
 from tests.integration.test_clients import gate, held  # noqa: F401  (gate: a fixture)
 from tests.integration.test_webhooks import receiver  # noqa: F401  (a fixture)
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

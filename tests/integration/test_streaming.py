@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from tests.integration.conftest import Client, uid, wait_until
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60

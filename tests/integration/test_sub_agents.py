@@ -15,7 +15,7 @@ import pytest
 
 from agentq.models import Job
 from tests.integration.conftest import Client, uid, wait_until
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.integration.conftest import uid
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.stack import ROOT, die_with_parent, free_port
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from agentq.models import JobInput
 from tests.integration.conftest import uid
 from tests.integration.test_clients import gate, tool_gate, wait_until  # noqa: F401  (fixtures)
-from tests.support.scripted_llm import call, error, text, tool_calls
+from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.integration.conftest import Client, uid, wait_until
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 import api
 from agentq import config
 from agentq.config import Settings
-from tests.support.scripted_llm import text
+from agentq.testing.scripted_llm import text
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from agentq.models import Job, JobInput
 from tests.integration.conftest import Client, uid, wait_until
-from tests.support.scripted_llm import text
+from agentq.testing.scripted_llm import text
 
 
 def count(stack, model, *where) -> int:

@@ -25,7 +25,7 @@ from tests.security.attacks import (
     held_mib,
     pg_write,
 )
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tool_workers.code import MEMORY_MB
 
 

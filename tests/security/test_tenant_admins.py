@@ -17,7 +17,7 @@ from sqlalchemy import func, select, update
 from agentq.models import ApiKey, Memory, Schedule, ScheduleFiring, Tenant, ToolCall
 from tests.integration.conftest import Client, uid, wait_until
 from tests.security.busy_place import busy_place, count, write_there
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 FACT = "The user's locker code is 4711."

@@ -45,7 +45,7 @@ from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from tests.integration.test_tool_modules import SECRET as MODULE_SECRET
 from tests.integration.test_tool_modules import ModuleProcess
 from tests.integration.test_webhooks import Receiver, receiver  # noqa: F401 - a fixture
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

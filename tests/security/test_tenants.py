@@ -17,7 +17,7 @@ from sqlalchemy import select
 from agentq.models import ApiKey, Batch, FileRecord, Job, JobInput, Message, WebhookDelivery
 from tests.integration.conftest import Client, uid
 from tests.security.busy_place import busy_place, count, write_there
-from tests.support.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 ENDED = ("completed", "failed", "cancelled")

@@ -2,7 +2,7 @@
 says through Redis that it has started, then blocks until the test opens its gate. A test
 that acts while a tool runs (steers, interrupts, cancels) waits for `started()` and opens the
 gate after acting, so the tool is still running when the test acts however slow the machine
-(a tool that merely sleeps may have ended first). It is `hold=` (tests/support/scripted_llm)
+(a tool that merely sleeps may have ended first). It is `hold=` (agentq/testing/scripted_llm.py)
 for tools: the tool runs in a worker process, so the gate lives in the stack's Redis, not in
 a threading.Event of the test's process."""
 from __future__ import annotations

@@ -9,7 +9,7 @@ from agentq.config import Settings
 from agentq.llm import clients
 from agentq.llm.clients import ClientShards, clients_for
 from agentq.llm.router import LLMRouter
-from tests.support.scripted_llm import ScriptedLLM, text
+from agentq.testing.scripted_llm import ScriptedLLM, text
 
 
 def on_threads(n, fn):

@@ -198,7 +198,7 @@ def test_the_router_stops_calling_a_provider_whose_circuit_is_open(make):
     from agentq.config import Settings
     from agentq.errors import ProviderError
     from agentq.llm.router import LLMRouter
-    from tests.support.scripted_llm import ScriptedLLM, error, text
+    from agentq.testing.scripted_llm import ScriptedLLM, error, text
     gate = make(breaker_failures=4, breaker_window_s=60, breaker_open_s=30)
     settings = Settings.from_env({"AGENTQ_MODEL": "m1", "AGENTQ_FALLBACK_MODELS": "m2",
                                   "AGENTQ_LLM_RETRIES": "1", "AGENTQ_LLM_RETRY_BASE_S": "0.001",

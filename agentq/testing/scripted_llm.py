@@ -1,4 +1,5 @@
-"""A scripted OpenAI-compatible HTTP server for tests and benchmarks.
+"""A scripted OpenAI-compatible HTTP server for tests and benchmarks (agentq's and yours:
+docs/testing.md). The model a real stack's workers talk to through the `openai` SDK.
 
 It runs an asyncio server in a background thread: thousands of concurrent connections, each
 waiting out an artificial latency with `asyncio.sleep`, cost next to nothing, so the server
@@ -21,7 +22,7 @@ A provider outage lasts as long as a test says, not a number of requests:
     ...                          # next of these, in a cycle, until
     llm.calm(key)                # the provider recovers: the script answers again
 
-Standalone (benchmarks): `python -m tests.support.scripted_llm --port 8900 --latency 0.5
+Standalone (benchmarks): `python -m agentq.testing.scripted_llm --port 8900 --latency 0.5
 --responder react` prints its base_url; `GET /stats` (or SIGUSR1) reports its request rate.
 """
 from __future__ import annotations
