@@ -28,9 +28,10 @@ from agentq.loop.context import (
     turns,
 )
 from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, User
-from tests.unit.test_context import _inrun, _user
 from agentq.testing.harness import MODEL, Harness
 from tests.support import unit_db
+from tests.support.stored_messages import in_run as _inrun
+from tests.support.stored_messages import user_message as _user
 
 # --- planning, as functions ------------------------------------------------------------
 
