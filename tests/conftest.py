@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,37 @@ def script(llm, request):
     key = uid("s").replace("-", "_")
     yield lambda replies: llm.script(key, replies)
     llm.assert_done(key)
+
+
+@pytest.fixture()
+def gate():
+    """Model replies scripted with `held(…, gate)` (agentq.testing.scripted_llm) wait until
+    the test sets it: a job stays in its model call for as long as the test needs, however
+    slow the machine."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture()
+def tool_gate():
+    """`flaky.gated` calls given `tool_gate.args()` wait until the test opens it: a job stays
+    in its tool call for as long as the test needs, however slow the machine."""
+    from tests.support.tool_gate import ToolGate
+    gate = ToolGate(REDIS_URL)
+    yield gate
+    gate.close()
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    """A webhook endpoint on loopback (tests/support/webhook_receiver.py), one a module."""
+    from tests.support.webhook_receiver import Receiver
+    server = Receiver()
+    server.thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
 
 
 @pytest.fixture

@@ -155,6 +155,12 @@ def passes() -> Reply:
     return Reply(kind="pass")
 
 
+def held(reply: Reply, gate: threading.Event) -> Reply:
+    """`reply`, sent only once `gate` is set (see `Reply.hold`): any kind of reply."""
+    reply.hold = gate
+    return reply
+
+
 def react_responder(tool_name: str = "math.evaluate", arguments: dict | None = None,
                     tool_turns: int = 1, final_text: str = "The answer is 42.") -> Responder:
     """`tool_turns` tool-call replies (counted from the assistant tool calls already in the

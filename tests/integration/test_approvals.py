@@ -15,7 +15,6 @@ from sqlalchemy import select
 
 from agentq.models import Job, ToolCall
 from tests.integration.conftest import uid, wait_until
-from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
 from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration

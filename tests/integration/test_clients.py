@@ -11,9 +11,7 @@ from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall
 from tests.integration.conftest import uid
-from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.support.stack import REDIS_URL
-from tests.support.tool_gate import ToolGate
+from agentq.testing.scripted_llm import call, held, text, tool_calls
 
 pytestmark = pytest.mark.integration
 
@@ -26,29 +24,6 @@ def wait_until(predicate, timeout_s=120, every_s=0.05):
             return value
         time.sleep(every_s)
     raise AssertionError("condition not met in time")
-
-
-@pytest.fixture()
-def gate():
-    """Model replies scripted with `held(…, gate)` wait until the test sets it: a job stays
-    in its model call for as long as the test needs, however slow the machine."""
-    event = threading.Event()
-    yield event
-    event.set()
-
-
-@pytest.fixture()
-def tool_gate():
-    """`flaky.gated` calls given `tool_gate.args()` wait until the test opens it: a job stays
-    in its tool call for as long as the test needs, however slow the machine."""
-    gate = ToolGate(REDIS_URL)
-    yield gate
-    gate.close()
-
-
-def held(reply, gate):
-    reply.hold = gate
-    return reply
 
 
 def status_of(client, job_id):

@@ -14,7 +14,6 @@ from sqlalchemy import func, select
 
 from agentq.models import Job, TokenLog, ToolCall, WebhookDelivery
 from tests.integration.conftest import uid
-from tests.integration.test_webhooks import receiver  # noqa: F401 (a fixture)
 from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration

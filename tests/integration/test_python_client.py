@@ -18,9 +18,7 @@ from agentq.client import (
     verify_webhook,
 )
 from tests.integration.conftest import TEST_ENV, own_events_start, uid
-from tests.integration.test_clients import gate, held  # noqa: F401  (gate: a fixture)
-from tests.integration.test_webhooks import receiver  # noqa: F401  (a fixture)
-from agentq.testing.scripted_llm import call, text, tool_calls
+from agentq.testing.scripted_llm import call, held, text, tool_calls
 
 pytestmark = pytest.mark.integration
 

@@ -17,46 +17,12 @@ import requests
 
 from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.support.module_process import OTHER_SECRET, SECRET, ModuleProcess
 from tests.support.stack import ROOT, die_with_parent, free_port
 
 pytestmark = pytest.mark.integration
 
-SECRET = "whsec_bW9kdWxlLXNlY3JldC1mb3ItdGVzdHMtMTIzNDU2Nzg="
-OTHER_SECRET = "whsec_c29tZS1vdGhlci1zZWNyZXQtbm90LXRoZS1tb2R1bGU="
 WAIT_S = 30
-
-
-class ModuleProcess:
-    """examples/http_module.py in its own process."""
-
-    def __init__(self, name: str, secret: str | None = SECRET, *extra: str,
-                 port: int | None = None):
-        self.name, self.secret, self.extra = name, secret, extra
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "ModuleProcess":
-        command = [sys.executable, "-m", "examples.http_module", "--port", str(self.port),
-                   "--name", self.name, *(["--secret", self.secret] if self.secret else []),
-                   *self.extra]
-        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=die_with_parent)
-        line = self.proc.stdout.readline()
-        assert line.strip() == self.url, line
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc.stdout.close()
-
-    def stats(self) -> dict:
-        return requests.get(f"{self.url}/stats", timeout=10).json()
 
 
 @pytest.fixture

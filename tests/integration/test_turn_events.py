@@ -10,8 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from agentq.models import JobInput
-from tests.integration.conftest import uid
-from tests.integration.test_clients import gate, tool_gate, wait_until  # noqa: F401  (fixtures)
+from tests.integration.conftest import uid, wait_until
 from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration

@@ -466,7 +466,7 @@ def test_the_default_quotas_apply_without_a_setting(stack, client):
 
 def test_modules_past_the_tenants_quota_are_422_and_never_fetched(stack, client):
     from agentq.models import ToolModuleRow
-    from tests.integration.test_tool_modules import SECRET, ModuleProcess
+    from tests.support.module_process import SECRET, ModuleProcess
     tenant_id = stack.create_tenant(uid("mods"))
     assert client.http.patch(client.url(f"/v1/admin/tenants/{tenant_id}"),
                              json={"quotas": {"modules": 1}}, timeout=70).status_code == 200

@@ -42,10 +42,10 @@ from agentq.models import (
     UserPlatformLink,
 )
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
-from tests.integration.test_tool_modules import SECRET as MODULE_SECRET
-from tests.integration.test_tool_modules import ModuleProcess
-from tests.integration.test_webhooks import Receiver, receiver  # noqa: F401 - a fixture
+from tests.support.module_process import SECRET as MODULE_SECRET
+from tests.support.module_process import ModuleProcess
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.support.webhook_receiver import Receiver
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
