@@ -3,22 +3,15 @@ the real stack."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
 from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.support.stack import ROOT
+from tests.support.cli_run import agentq
 
 pytestmark = pytest.mark.integration
-
-
-def agentq(stack, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
-    return subprocess.run([stack.agentq_bin(), *args], cwd=ROOT, env={**base, **(env or {})},
-                          capture_output=True, text=True, timeout=90)
 
 
 def test_submit_wait_prints_the_events_on_stderr_and_only_the_answer_on_stdout(

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.integration.conftest import uid
-from tests.integration.test_cli import agentq
+from tests.support.cli_run import agentq
 from agentq.testing.scripted_llm import call, error, text, tool_calls
 
 pytestmark = pytest.mark.integration

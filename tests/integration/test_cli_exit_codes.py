@@ -8,52 +8,15 @@ in-process broker and worker), pointed at the scripted server by OPENAI_BASE_URL
 script's marker rides in the system prompt, so the user's message is the README's own."""
 from __future__ import annotations
 
-import os
-import re
-import shlex
 import signal
-import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.support.stack import ROOT
+from tests.support.cli_run import RUN_TIMEOUT_S, agentq_run, finish, readme_run_command
 
 pytestmark = pytest.mark.integration
-
-RUN_TIMEOUT_S = 180
-
-
-def readme_run_command() -> list[str]:
-    """The `agentq run …` part of the README's first command (after the last `&&`)."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```\n(.*?)\n```", readme, re.S)
-    first = next(b for b in blocks if "agentq run" in b)
-    command = first.split("&&")[-1].strip()
-    argv = shlex.split(command)
-    assert Path(argv[0]).name == "agentq" and argv[1] == "run", argv
-    return argv[1:]
-
-
-def agentq_run(home: Path, marker: str, llm, *extra: str, options: tuple[str, ...] = (),
-               **env: str) -> subprocess.Popen:
-    """`agentq [options] run <the README's question> [extra]`."""
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("AGENTQ_", "OPENAI_", "PROMETHEUS_"))}
-    clean.update({"AGENTQ_HOME": str(home), "OPENAI_BASE_URL": llm.base_url,
-                  "OPENAI_API_KEY": "sk-test", "AGENTQ_LLM_RETRIES": "0",
-                  "AGENTQ_SYSTEM_PROMPT": f"You are a test. {marker}", **env})
-    agentq = str(Path(os.sys.executable).with_name("agentq"))
-    return subprocess.Popen([agentq, *options, *readme_run_command(), *extra], cwd=ROOT,
-                            env=clean,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    return process.returncode, out, err
 
 
 def test_the_readme_command_is_agentq_run_with_the_question():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_cli_exit_codes import agentq_run, finish
+from tests.support.cli_run import agentq_run, finish
 from agentq.testing.scripted_llm import text
 from tests.support.stack import ROOT
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid
-from tests.integration.test_hooks import DIST, _calls
+from tests.support.hook_log import DIST, _calls
 from agentq.testing.scripted_llm import text
 from tests.support.stack import own_stack
 

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.support.stack import ROOT, own_stack
+from tests.support.hook_log import DIST, _calls
+from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration
-DIST = ROOT / "tests" / "support" / "hooks_dist"
 
 
 @pytest.fixture(scope="module")
@@ -26,25 +25,6 @@ def hooked(servers_up, llm, tmp_path_factory):
                    {**TEST_ENV, "AGENTQ_TEST_HOOK_LOG": str(hook_log)},
                    pythonpath=DIST) as stack:
         yield stack, Client(stack, stack.create_key("hooks", admin=True)), hook_log
-
-
-LOOP_HOOKS = ("after_loop", "after_compaction")
-"""Left out of `_calls` unless asked for (tests/integration/test_compaction_strategy.py)."""
-
-
-def _calls(hook_log: Path, job_id: str, expect: int = 0,
-           hooks: tuple[str, ...] | None = None) -> list[dict]:
-    """The turn hooks' calls logged for a job (`hooks`: those hooks' instead); `expect`:
-    wait until that many are (after_turn runs once the turn's end has committed, so it
-    may come after the job reads as ended)."""
-    while True:  # calls that never come are the test's timeout
-        calls = [] if not hook_log.exists() else [
-            c for c in map(json.loads, hook_log.read_text().splitlines())
-            if c["job_id"] == job_id and (
-                c["hook"] in hooks if hooks else c["hook"] not in LOOP_HOOKS)]
-        if len(calls) >= expect:
-            return calls
-        time.sleep(0.05)
 
 
 def test_a_hook_stops_a_job_before_its_model_call(hooked, script):

@@ -21,6 +21,7 @@ from sqlalchemy import func, select, update
 from agentq.models import Job, Schedule, ScheduleFiring
 from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.support.schedules import conversation_of, fired, schedule, sentinel
 from tests.support.stack import ROOT, die_with_parent
 
 pytestmark = pytest.mark.integration
@@ -81,14 +82,6 @@ def start_stack_beat(stack) -> None:
     wait_until(lambda: b" ready." in log.read_bytes(), what="the stack's beat ready")
 
 
-def conversation_of(client, llm, key: str) -> str:
-    """A conversation (one finished job) whose history carries `script:<key>`."""
-    marker = llm.script(key, [text("ok")])
-    job = client.submit(f"{marker} start")
-    assert client.wait(job["id"])["status"] == "completed"
-    return job["conversation_id"]
-
-
 def firings(stack, schedule_id: str) -> list[ScheduleFiring]:
     with stack.sessions()() as session:
         return list(session.execute(select(ScheduleFiring).where(
@@ -100,31 +93,6 @@ def jobs_of(stack, schedule_id: str) -> list[Job]:
     with stack.sessions()() as session:
         return list(session.execute(select(Job).where(
             Job.meta["schedule_id"].as_string() == schedule_id)).scalars())
-
-
-def schedule(client, conversation_id: str, content: str, **when) -> dict:
-    response = client.post("/v1/schedules", json={"conversation_id": conversation_id,
-                                                  "content": content, **when})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def sentinel(client, llm) -> None:
-    """A schedule made now, on a conversation of its own, has fired and its job ended:
-    beat has run since anything made before this call became due."""
-    key = uid("sentinel").replace("-", "_")
-    conversation_id = conversation_of(client, llm, key)
-    llm.script(key, [text("sentinel")])
-    body = schedule(client, conversation_id, f"script:{key} sentinel", delay_s=0)
-    client.wait(fired(client, body["id"])["firings"][0]["job_id"])
-    llm.assert_done(key)
-
-
-def fired(client, schedule_id: str, at_least: int = 1) -> dict:
-    def done():
-        body = client.get(f"/v1/schedules/{schedule_id}").json()
-        return body if body["runs"] >= at_least else None
-    return wait_until(done, what=f"schedule {schedule_id} fired {at_least}x")
 
 
 def test_a_schedule_fires_once_at_its_time_with_two_beats(stack, client, llm, second_beat):

@@ -254,7 +254,7 @@ def test_a_job_shows_the_limits_it_asked_for_and_the_limits_that_apply(stack, cl
 # --- item 9: a deleted schedule -----------------------------------------------------------------
 
 def test_a_deleted_schedule_stays_readable_as_cancelled_and_never_fires(client, llm):
-    from tests.integration.test_schedules import conversation_of, schedule, sentinel
+    from tests.support.schedules import conversation_of, schedule, sentinel
     key = uid("del").replace("-", "_")
     conversation_id = conversation_of(client, llm, key)
     doomed = schedule(client, conversation_id, f"script:{key} never", delay_s=2)
