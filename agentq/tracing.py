@@ -7,7 +7,8 @@ On when an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 installed; `AGENTQ_TRACING=0` turns it off. Otherwise nothing is set up, and the spans below
 are the OpenTelemetry API's no-op spans (or none at all without the package): no cost.
 
-What makes the spans (the maintained instrumentations, not ours):
+What makes the spans (the maintained instrumentations, not ours, set up by the composition
+roots on top of `configure`: `create_app` instruments Flask, `tasks.tracing` Celery):
   * opentelemetry-instrumentation-flask: a server span for each API request;
   * opentelemetry-instrumentation-celery: a consumer span for each run
     (`run/orchestrator.step`, `run/tools.execute`, ...), a child of the span that sent the
@@ -38,9 +39,8 @@ log = logging.getLogger(__name__)
 
 try:
     from opentelemetry import trace
-    from opentelemetry.propagate import inject
 except ImportError:  # the otel extra is not installed: tracing is off
-    trace = inject = None
+    trace = None
 
 _configured = False
 _enabled = False
@@ -55,9 +55,10 @@ def wanted() -> bool:
                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
-def configure(service: str, *, flask_app=None, celery: bool = False) -> bool:
-    """Set up this process's tracer provider and instrumentations; True when tracing is on.
-    Call once per process (again with flask_app/celery to instrument them)."""
+def configure(service: str) -> bool:
+    """Set up this process's tracer provider; True when tracing is on. Call once per process
+    (again is a no-op); the roots then instrument Flask (`api.create_app`) and Celery
+    (`tasks.tracing.configure`)."""
     global _configured, _enabled, _tracer
     if not wanted():
         return False
@@ -77,46 +78,17 @@ def configure(service: str, *, flask_app=None, celery: bool = False) -> bool:
         trace.set_tracer_provider(provider)
         _tracer = trace.get_tracer("agentq")
         _enabled = True
-    if flask_app is not None:
-        from opentelemetry.instrumentation.flask import FlaskInstrumentor
-        FlaskInstrumentor().instrument_app(flask_app, excluded_urls="health,metrics")
-    if celery:
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-        instrumentor = CeleryInstrumentor()
-        if not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument()
-            _publish_context_only(instrumentor)
     return True
 
 
-def _publish_context_only(instrumentor) -> None:
-    """Replace the Celery instrumentation's producer spans with the context alone: a task
-    sent carries the current span's context in its headers (as the instrumentation would
-    inject its producer span's), and no span is made for the send."""
-    from celery import signals
-    before = getattr(instrumentor, "_trace_before_publish", None)
-    after = getattr(instrumentor, "_trace_after_publish", None)
-    if before is None or after is None:  # another version: keep its producer spans
-        log.warning("tracing.producer_spans_kept: the celery instrumentation has no "
-                    "_trace_before_publish/_trace_after_publish to replace")
-        return
-    signals.before_task_publish.disconnect(before)
-    signals.after_task_publish.disconnect(after)
-    signals.before_task_publish.connect(_inject_context, weak=False)
-
-
-def _inject_context(headers=None, **_kwargs) -> None:
-    if headers is not None:
-        inject(headers)
-
-
-def after_fork() -> None:
+def after_fork() -> bool:
     """A forked pool process gets a provider of its own (the parent's export thread did not
-    survive the fork)."""
+    survive the fork); True when tracing is on."""
     global _configured
-    if _enabled:
-        _configured = False
-        configure("worker", celery=True)
+    if not _enabled:
+        return False
+    _configured = False
+    return configure("worker")
 
 
 @contextmanager

@@ -22,7 +22,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     limits.register(app, settings.max_body_bytes)
     ratelimit.register(app, settings)
 
-    from agentq import metrics as recording
     from agentq.notify import hub_for
     from api import (
         admin,
@@ -40,9 +39,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         ui,
     )
     hub_for(settings)
+    from tasks import metrics as recording
     recording.install()
-    from agentq import tracing
-    tracing.configure("api", flask_app=app, celery=True)
+    from tasks import tracing
+    if tracing.configure("api"):  # the API's sends carry the trace to the workers
+        from opentelemetry.instrumentation.flask import FlaskInstrumentor
+        FlaskInstrumentor().instrument_app(app, excluded_urls="health,metrics")
     import tasks.dispatch  # noqa: F401  (after the tracing: this process's effect dispatcher)
     errors.register(app)
     for module in (jobs, conversations, files, health, embed, deliveries, batches, admin,

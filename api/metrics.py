@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus' text format, summed over every process of this machine
-(agentq/metrics.py; the names are in docs/metrics.md). No key unless AGENTQ_METRICS_TOKEN is
+(tasks/metrics.py; the names are in docs/metrics.md). No key unless AGENTQ_METRICS_TOKEN is
 set; then `Authorization: Bearer <token>`."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import hmac
 
 from flask import Blueprint, Response, g, request
 
-from agentq import metrics
 from agentq.errors import Unauthorized
+from tasks import metrics as recording
 
 bp = Blueprint("metrics", __name__)
 
@@ -21,5 +21,5 @@ def scrape():
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise Unauthorized("GET /metrics needs the metrics token "
                                "(Authorization: Bearer <AGENTQ_METRICS_TOKEN>).")
-    body, content_type = metrics.render(g.settings)
+    body, content_type = recording.render(g.settings)
     return Response(body, content_type=content_type)

@@ -209,7 +209,7 @@ def _refresh(name: str, compute: Callable[[], Any]) -> None:
 
 def queue_names(settings) -> list[str]:
     from agentq.tools.registry import get_registry
-    from tasks.app import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
+    from tasks.names import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
     registry = get_registry(settings)
     names = [ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE, MAINTENANCE_QUEUE,
              *registry.all_queues(slow=False), *registry.all_queues(slow=True)]
@@ -237,13 +237,14 @@ def _read_queue_depths(settings) -> list[dict[str, Any]]:
                 for name in names:
                     pipe.llen(name)
                 depths = [int(n) for n in pipe.execute()]
-            return [{"queue": n, "depth": d} for n, d in zip(names, depths)]
+            return [{"queue": n, "depth": d} for n, d in zip(names, depths, strict=True)]
         except Exception as exc:  # noqa: BLE001 - shown as unknown on the page
             log.warning("overview: queue depths unreadable", extra={"error": repr(exc)})
             return [{"queue": n, "depth": None} for n in names]
         finally:
             client.close()
-    return [{"queue": n, "depth": d} for n, d in zip(names, _declared_depths(names))]
+    return [{"queue": n, "depth": d} for n, d in zip(names, _declared_depths(names),
+                                                             strict=True)]
 
 
 def _declared_depths(names: list[str]) -> list[int | None]:

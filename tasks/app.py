@@ -12,14 +12,12 @@ from __future__ import annotations
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from agentq import logs, metrics, tracing
+from agentq import logs
 from agentq.config import Settings, get_settings
 from agentq.db import make_sqlite_folder
-from tasks import names
+from tasks import metrics, names, tracing
+from tasks.names import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
 
-ORCHESTRATOR_QUEUE = "orchestrator"
-MAINTENANCE_QUEUE = "maintenance"
-WEBHOOKS_QUEUE = "webhooks"
 REDIS_VISIBILITY_TIMEOUT_S = 3600
 QUORUM = {"x-queue-type": "quorum"}
 AMQP_HEARTBEAT_S = 30
@@ -287,4 +285,4 @@ def _watch_modules(celery_app: Celery, hostname: str, speeds: tuple[str, ...]) -
 
 metrics.install()
 app = make_celery(get_settings())
-tracing.configure("worker", celery=True)
+tracing.configure("worker")

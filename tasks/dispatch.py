@@ -29,7 +29,8 @@ from agentq.loop.effects import (
     SendWebhooks,
 )
 from tasks import names
-from tasks.app import ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE, app
+from tasks.app import app
+from tasks.names import ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
 
 log = logging.getLogger(__name__)
 HARD_LIMIT_MARGIN_S = 30

@@ -8,7 +8,7 @@ import threading
 
 from agentq.config import Settings
 from tasks import names
-from tasks.app import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
+from tasks.names import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
 
 log = logging.getLogger(__name__)
 EMBEDDED_CONCURRENCY = 16

@@ -1,7 +1,9 @@
-"""Every task's name, in one place. A task registers under its name here (the decorators of
-tasks/orchestrator.py, tools.py, webhooks.py, maintenance.py) and a sender sends by it
-(`app.send_task`, `app.signature`: tasks/dispatch.py, tasks/embedded.py), so no sender
-imports a task module: the API and the dispatcher load neither the step nor the tools.
+"""Every task's name and every fixed queue's, in one place. A task registers under its name
+here (the decorators of tasks/orchestrator.py, tools.py, webhooks.py, maintenance.py) and a
+sender sends by it (`app.send_task`, `app.signature`: tasks/dispatch.py, tasks/embedded.py),
+so no sender imports a task module: the API and the dispatcher load neither the step nor the
+tools. The queue names are here too, so what lists queues (the metrics' scrape, the
+dashboard's overview) does not load the Celery app for them.
 
 Nothing of ours reads a task's result but a chord's, when tool calls join by chord
 (AGENTQ_TOOL_JOIN=chord): the results of its header, `EXECUTE_TOOL`. So each sender says
@@ -11,6 +13,14 @@ sender and a SET and a PUBLISH in the worker. A worker follows what a message sa
 that does not say (another client's) follows the task's own `ignore_result`.
 """
 from __future__ import annotations
+
+ORCHESTRATOR_QUEUE = "orchestrator"
+"""Steps and their chord callbacks (`orchestrator.*`)."""
+MAINTENANCE_QUEUE = "maintenance"
+"""The sweeper, schedules, the memory digest (`maintenance.*`)."""
+WEBHOOKS_QUEUE = "webhooks"
+"""Webhook deliveries (`webhooks.*`). Tool calls go to their module's queue
+(`agentq.tools.registry.ToolRegistry.queues`)."""
 
 STEP = "orchestrator.step"
 AFTER_TOOLS = "orchestrator.after_tools"

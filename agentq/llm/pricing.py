@@ -13,9 +13,15 @@ import json
 import math
 import os
 import threading
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from agentq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentq.config import Settings
+
+OTHER_MODEL = "other"
+"""`model_label` of a model that is neither configured nor priced."""
 
 PRICES_ENV = "AGENTQ_PRICES"
 TOKENS_PER_PRICE_UNIT = 1_000_000
@@ -102,6 +108,20 @@ def price_for(model: str, table: Mapping[str, Price] | None = None) -> Price | N
         if any(c.startswith(key) for c in candidates) and (best is None or len(key) > len(best)):
             best = key
     return table[best] if best is not None else None
+
+
+def model_label(model: str | None, settings: Settings) -> str:
+    """The metrics label of `model`: its name when it is configured (AGENTQ_MODEL,
+    AGENTQ_FALLBACK_MODELS, AGENTQ_EMBEDDING_MODEL, the model catalogue) or a name of the
+    price table, else `other`, so a name a request picked never becomes a series of its own
+    (`agentq.metrics`)."""
+    if not model:
+        return OTHER_MODEL
+    if model in (settings.model, settings.embedding_model) or \
+            model in settings.fallback_models or model.lower() in prices() or \
+            model in settings.models:
+        return model
+    return OTHER_MODEL
 
 
 def estimate_cost(model: str, input_tokens: int, output_tokens: int) -> float:

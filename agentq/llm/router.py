@@ -41,6 +41,7 @@ from agentq.llm.cancel import CallCancelled
 from agentq.llm.clients import ClientShards, abortable_http_client, clients_for
 from agentq.llm.gate import NullGate, ProviderBusy, ProviderGate, provider_name
 from agentq.llm.names import NameMap
+from agentq.llm.pricing import model_label
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq.llm.wire import (
     BadResponse,
@@ -364,11 +365,12 @@ class LLMRouter:
         A cancel (`agentq.llm.cancel`) ends it before an attempt, during a backoff, or
         by aborting the attempt in flight: `CallCancelled`."""
         token = cancel.current()
+        label = model_label(model, self._settings)  # the metrics' name for it
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.llm_retries + 1),
             wait=self._wait,
             retry=retry_if_exception(_is_retryable),
-            before_sleep=partial(self._log_retry, model, what),
+            before_sleep=partial(self._log_retry, model, label, what),
             sleep=self._sleep if token is None else token.wait,
             reraise=True,
         )
@@ -379,7 +381,7 @@ class LLMRouter:
                 try:
                     with self._gate_for(model).call(model) as permit:
                         try:
-                            with metrics.model_call(model), tracing.span(
+                            with metrics.model_call(label), tracing.span(
                                     "llm.request", model=model, call=what):
                                 result = op()
                         except _FAILURES as exc:
@@ -401,7 +403,7 @@ class LLMRouter:
                                      "error": error_text(exc, self._settings.llm_timeout_s),
                                      "status": _status(exc)})
                     if not isinstance(exc, ProviderBusy):
-                        metrics.provider_error(model, _status(exc))
+                        metrics.provider_error(label, _status(exc))
                     raise
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -413,10 +415,10 @@ class LLMRouter:
         return self._backoff(state)
 
     @staticmethod
-    def _log_retry(model: str, what: str, state: RetryCallState) -> None:
+    def _log_retry(model: str, label: str, what: str, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait_s = state.next_action.sleep if state.next_action else 0.0
-        metrics.provider_retry(model)
+        metrics.provider_retry(label)
         log.warning("llm.retry call=%s model=%s attempt=%d status=%s error=%s wait_s=%.3f",
                     what, model, state.attempt_number, _status(exc) if exc else None,
                     type(exc).__name__, wait_s,

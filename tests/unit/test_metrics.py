@@ -1,5 +1,6 @@
-"""agentq.metrics without servers: events become counts, a bad event never escapes the event
-hook, and the docs and the Grafana dashboard name only metrics that exist."""
+"""agentq.metrics and its wiring (tasks.metrics) without servers: events become counts, a bad
+event never escapes the event hook, and the docs and the Grafana dashboard name only metrics
+that exist."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,10 @@ from prometheus_client import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentq import metrics
+from agentq.config import get_settings
+from agentq.llm.pricing import model_label
 from agentq.loop import store
+from tasks import metrics as recording
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +74,7 @@ def test_events_are_counted_by_their_labels():
                 own(metrics.REDRIVES, "agentq_sweeper_redrives_total"))
 
     before = counts()
-    metrics.observe_events("j1", [
+    recording.observe_events("j1", [
         {"type": "job_end", "data": {"status": "completed", "finish_reason": "end_turn"}},
         {"type": "tool_execution_end", "data": {"name": "math.evaluate", "ok": False}},
         {"type": "message_end", "data": {"role": "assistant", "model": "unit-model",
@@ -91,14 +95,14 @@ def test_unknown_names_are_counted_as_other():
                 for metric in (metrics.TOOL_EXECUTIONS, metrics.TOKENS)
                 for family in metric.collect() for name, labels, _v, *_ in
                 [(s.name, s.labels, s.value) for s in family.samples]}
-    metrics.observe_events("j3", [
+    recording.observe_events("j3", [
         {"type": "tool_execution_end", "data": {"name": "made_up.warmup", "ok": False}},
         {"type": "message_end", "data": {"role": "assistant", "model": "made-up-model-0",
                                          "input_tokens": 1, "output_tokens": 1}}])
     before = series()
     other = own(metrics.TOOL_EXECUTIONS, "agentq_tool_executions_total", tool="other",
                 outcome="error")
-    metrics.observe_events("j4", [
+    recording.observe_events("j4", [
         *({"type": "tool_execution_end", "data": {"name": f"made_up_{i}.tool", "ok": False}}
           for i in range(50)),
         *({"type": "message_end", "data": {"role": "assistant", "model": f"made-up-{i}",
@@ -107,9 +111,9 @@ def test_unknown_names_are_counted_as_other():
     assert series() == before
     assert own(metrics.TOOL_EXECUTIONS, "agentq_tool_executions_total", tool="other",
                outcome="error") == other + 50
-    assert metrics.tool_label("math.evaluate") == "math.evaluate"
-    assert metrics.model_label("unit-model") == "unit-model"
-    assert metrics.model_label("gpt-4o-mini") == "gpt-4o-mini"  # a priced model's name
+    assert recording.tool_label("math.evaluate") == "math.evaluate"
+    assert model_label("unit-model", get_settings()) == "unit-model"
+    assert model_label("gpt-4o-mini", get_settings()) == "gpt-4o-mini"  # a priced model's name
 
 
 def test_a_model_call_is_in_flight_only_while_it_runs():
@@ -120,7 +124,7 @@ def test_a_model_call_is_in_flight_only_while_it_runs():
 
 
 def test_a_malformed_event_is_logged_by_the_hook_runner_and_never_raised(caplog):
-    metrics.install()
+    recording.install()
     store.notify("j2", [{"data": {}}])  # no "type"
     assert "event hook failed" in caplog.text
 
