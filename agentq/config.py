@@ -13,6 +13,7 @@ from typing import Mapping
 
 from agentq.errors import ConfigError
 from agentq.llm.catalogue import ModelEntry, parse_models
+from agentq.tools.specs import ModuleSpec, parse_static
 
 MAX_ITERATIONS_CEILING = 200  # seed 002's guard: no configuration may go past it
 
@@ -596,8 +597,7 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return value in ("1", "true", "yes")
 
 
-def _static_modules(env: Mapping[str, str]) -> tuple:
-    from agentq.tools.remote import parse_static
+def _static_modules(env: Mapping[str, str]) -> tuple[ModuleSpec, ...]:
     return parse_static(env.get("AGENTQ_TOOL_MODULES"), dict(env))
 
 

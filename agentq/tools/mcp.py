@@ -25,6 +25,7 @@ from typing import Any
 from agentq.config import Settings
 from agentq.errors import ManifestError, ToolTimeout
 from agentq.tools.manifest import NAME_RE
+from agentq.tools.specs import ModuleError, ModuleUnavailable
 
 log = logging.getLogger(__name__)
 MCP_NAMES_KEY = "mcp_names"
@@ -214,7 +215,6 @@ def manifest_of(spec, settings: Settings) -> dict[str, Any]:
 def call(spec, remote_name: str, arguments: dict, limit_s: float,
          settings: Settings) -> Any:
     """Call one tool; its result as JSON-able data, or a ToolError."""
-    from agentq.tools.remote import ModuleError, ModuleUnavailable
     s = sessions()
     try:
         result = s.run(s.call_tool(spec, settings, remote_name, arguments, limit_s),
