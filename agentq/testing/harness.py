@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 
 from agentq import migrate
 from agentq.config import Settings
-from agentq.db import session_factory, utcnow
+from agentq.db import session_factory, session_scope, utcnow
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop import uow
 from agentq.loop.identity import Incoming
@@ -137,10 +137,23 @@ class Harness:
     def assert_done(self) -> None:
         self.router.assert_done()
 
+    def add_persona(self, name: str = "persona", **fields: Any) -> str:
+        """A persona of the default tenant, made as `POST /v1/personas` makes it (`fields`:
+        that body's, e.g. `system_prompt=`, `allowed_modules=[...]`, `limits={...}`); returns
+        its id, for `submit(..., persona_id=...)`."""
+        from agentq.admin import create_persona
+        from agentq.tenants import find_tenant
+        with session_scope(self.settings) as session:
+            persona = create_persona(session, find_tenant(session, None).id,
+                                     {"name": name, **fields})
+            return str(persona.id)
+
     def submit(self, content: str = "What is 2+2?", user: str = "u-1",
                thread: str | None = None, **fields: Any) -> str:
         """A new job (`fields`: the rest of a `Submission`, `persona_id=` say); its first
         step is queued on the runner, not run (a test may run it by hand)."""
+        if isinstance(fields.get("persona_id"), str):
+            fields["persona_id"] = uuid.UUID(fields["persona_id"])
         with uow.UnitOfWork(self.sessions) as unit:
             job = create_job(unit, self.settings,
                              Submission(Incoming("test", user, "chan-1", thread), content,
