@@ -207,6 +207,7 @@ class RunGroup:
 
     def __init__(self, hierarchy: Hierarchy, *, memory_bytes: int, max_pids: int) -> None:
         self.path = os.path.join(hierarchy.base, RUN_PREFIX + uuid.uuid4().hex)
+        self._oom_at_removal: bool | None = None  # oom_killed() just before remove()
         try:
             os.mkdir(self.path, 0o755)
         except OSError as exc:
@@ -250,7 +251,10 @@ class RunGroup:
         return 0.0
 
     def oom_killed(self) -> bool:
-        """Whether the kernel killed a process of the run at memory.max."""
+        """Whether the kernel killed a process of the run at memory.max. After remove(), as
+        it was just before: rmdir takes memory.events with the group."""
+        if self._oom_at_removal is not None:
+            return self._oom_at_removal
         try:
             for line in _read(os.path.join(self.path, "memory.events")).splitlines():
                 key, _, value = line.partition(" ")
@@ -278,7 +282,10 @@ class RunGroup:
                 pass
 
     def remove(self) -> None:
-        """Kill what is left and remove the group (waiting until it is empty)."""
+        """Kill what is left and remove the group (waiting until it is empty). Whether it
+        was OOM-killed is kept (oom_killed())."""
+        if self._oom_at_removal is None and os.path.isdir(self.path):
+            self._oom_at_removal = self.oom_killed()
         give_up = time.monotonic() + REMOVE_TIMEOUT_S
         while True:
             try:
