@@ -41,10 +41,12 @@ _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker] = {}
 
 
-def riding_out(deadline_s: float, kept: str, **context: Any) -> Iterator[AttemptManager]:
+def riding_out(deadline_s: float, kept: str, *, first_wait_s: float = 0.5,
+               longest_wait_s: float = 5.0, **context: Any) -> Iterator[AttemptManager]:
     """The attempts of a write whose work is done already (a tool ran, the model answered):
-    retried while the database is away (`DATABASE_UNREACHABLE`), backing off up to 5 s, for
-    `deadline_s`, rather than lost and done again. Each attempt a new unit of work:
+    retried while the database is away (`DATABASE_UNREACHABLE`), backing off from
+    `first_wait_s` doubling up to `longest_wait_s`, for `deadline_s`, rather than lost and
+    done again. Each attempt a new unit of work:
 
         for attempt in riding_out(deadline_s, "tool result", tool_use_id=...):
             with attempt, UnitOfWork(sessions) as uow: ...
@@ -58,7 +60,8 @@ def riding_out(deadline_s: float, kept: str, **context: Any) -> Iterator[Attempt
                            "retry_in_s": round(state.upcoming_sleep, 2)})
     retrying = Retrying(retry=retry_if_exception_type(DATABASE_UNREACHABLE),
                         stop=stop_after_delay(deadline_s),
-                        wait=wait_exponential(multiplier=0.5, max=5), before_sleep=waiting,
+                        wait=wait_exponential(multiplier=first_wait_s, max=longest_wait_s),
+                        before_sleep=waiting,
                         reraise=True)
     for attempt in retrying:
         tries = attempt.retry_state.attempt_number

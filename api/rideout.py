@@ -1,9 +1,10 @@
 """A submit rides out a database blip inside its request (issue 35).
 
 A Postgres restart or failover takes a few seconds. A submit that meets it waits for the
-database (retrying the whole request: authentication, the write, the answer), backing off
-from 0.1 s to 1 s, for up to AGENTQ_DATABASE_RIDE_OUT_S (8 s); only past that does it
-answer 503 with Retry-After (api/errors.py). A client never sees a blip that short.
+database (retrying the whole request: authentication, the write, the answer), through
+`agentq.db.riding_out` backing off from 0.1 s to 1 s, for AGENTQ_DATABASE_RIDE_OUT_S (8 s);
+only past that does it answer 503 with Retry-After (api/errors.py). A client never sees a
+blip that short.
 
 A request is tried again only when that cannot create its job twice: when no transaction
 of this attempt reached its COMMIT (the database was away before: nothing was written), or
@@ -14,18 +15,15 @@ may exist) and is answered 503 at once, as before.
 from __future__ import annotations
 
 import functools
-import logging
-import time
 from typing import Callable
 
 from flask import g, has_app_context, request
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from api.errors import unavailable_dependency
+from agentq.db import riding_out
 from api.ratelimit import _release_request_holds as release_request_holds
 
-log = logging.getLogger(__name__)
 FIRST_WAIT_S = 0.1
 LONGEST_WAIT_S = 1.0
 
@@ -41,30 +39,16 @@ def rides_out_database(view: Callable) -> Callable:
     settings' ride-out, when retrying cannot duplicate what it writes."""
     @functools.wraps(view)
     def inner(*args, **kwargs):
-        deadline = time.monotonic() + g.settings.database_ride_out_s
-        wait, tries = FIRST_WAIT_S, 0
-        while True:
+        for attempt in riding_out(g.settings.database_ride_out_s, "submit",
+                                  first_wait_s=FIRST_WAIT_S, longest_wait_s=LONGEST_WAIT_S,
+                                  path=request.path):
+            release_request_holds()  # what an earlier attempt took, taken again by this one
             g.commit_reached = False
-            try:
+            with attempt:
                 response = view(*args, **kwargs)
-            except Exception as exc:
-                if unavailable_dependency(exc) != "database":
-                    raise
-                if g.commit_reached and request.headers.get("Idempotency-Key") is None:
-                    raise  # the job may have been written: the client decides
-                if time.monotonic() + wait > deadline:
-                    raise  # 503 with Retry-After
-                release_request_holds()  # what this attempt took, taken again by the next
-                tries += 1
-                if tries == 1:
-                    log.warning("database unreachable: the submit waits for it",
-                                extra={"path": request.path, "error": type(exc).__name__,
-                                       "ride_out_s": g.settings.database_ride_out_s})
-                time.sleep(wait)
-                wait = min(wait * 2, LONGEST_WAIT_S)
-                continue
-            if tries:
-                log.info("submit done after the database came back",
-                         extra={"path": request.path, "tries": tries + 1})
-            return response
+            outcome = attempt.retry_state.outcome
+            if (outcome.failed and g.commit_reached
+                    and request.headers.get("Idempotency-Key") is None):
+                raise outcome.exception()  # the job may have been written: the client decides
+        return response
     return inner

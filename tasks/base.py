@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq import logs
 from agentq.config import Settings, get_settings
-from agentq.db import DATABASE_UNREACHABLE, session_factory
+from agentq.db import DATABASE_UNREACHABLE, riding_out, session_factory
 from agentq.tools.remote import one_version_read
 from agentq.tools.registry import ToolRegistry, get_registry
 
@@ -83,32 +83,21 @@ a started call (agentq.loop.execute)."""
 MAINTENANCE_RIDE_OUT_S = 10.0
 
 
-def maintenance_run(task: str, work, ride_out_s: float = MAINTENANCE_RIDE_OUT_S):
+def maintenance_run(task: str, work):
     """A beat task's work, `work()`, through a database blip: tried again while the database
-    is away (0.2 s doubling to 2 s, for `ride_out_s`), and, past that, left to the task's
-    next tick. Either way one line is logged, never a traceback: a restart of Postgres is
-    an event of the deployment, not an error of the task. Returns what `work` returned, 0
-    when it did not run."""
-    import time
-    deadline = time.monotonic() + ride_out_s
-    wait, tries = 0.2, 0
-    while True:
-        tries += 1
-        try:
-            done = work()
-        except DATABASE_UNREACHABLE as exc:
-            if time.monotonic() + wait > deadline:
-                log.warning("maintenance task not run: the database is unreachable; its next "
-                            "tick does the work", extra={"task": task, "tries": tries,
-                                                         "error": type(exc).__name__})
-                return 0
-            time.sleep(wait)
-            wait = min(2 * wait, 2.0)
-            continue
-        if tries > 1:
-            log.info("maintenance task ran after the database came back",
-                     extra={"task": task, "tries": tries})
-        return done
+    is away (`agentq.db.riding_out`, for MAINTENANCE_RIDE_OUT_S), and, past that, left to the task's
+    next tick. Its waits and its end are logged in lines, never a traceback: a restart of
+    Postgres is an event of the deployment, not an error of the task. Returns what `work`
+    returned, 0 when it did not run."""
+    try:
+        for attempt in riding_out(MAINTENANCE_RIDE_OUT_S, f"work of {task}", task=task):
+            with attempt:
+                done = work()
+    except DATABASE_UNREACHABLE as exc:
+        log.warning("maintenance task not run: the database is unreachable; its next tick "
+                    "does the work", extra={"task": task, "error": type(exc).__name__})
+        return 0
+    return done
 
 
 class AgentqTask(Task):
