@@ -21,7 +21,12 @@ TEST_ENV = {
     "AGENTQ_MODEL": "primary-model", "AGENTQ_FALLBACK_MODELS": "fallback-model",
     "AGENTQ_LLM_RETRIES": "2", "AGENTQ_LLM_RETRY_BASE_S": "0.01",
     "AGENTQ_LLM_RETRY_MAX_S": "0.05", "AGENTQ_LLM_TIMEOUT_S": "5",
-    "AGENTQ_STEP_DEADLINE_S": "4", "AGENTQ_SWEEP_INTERVAL_S": "1",
+    # a step's lease: renewed while the step works, a third of it before it runs out. At 4 s
+    # a loaded machine (load average 20) was late with a renewal, the sweeper re-drove a
+    # live step and the re-driven step asked the scripted model again (test_turn_events,
+    # test_context_layers ended `waiting_provider`). 20 s leaves the renewal 6 s; a test of
+    # a re-drive (a lost step message, a killed worker) waits one deadline longer.
+    "AGENTQ_STEP_DEADLINE_S": "20", "AGENTQ_SWEEP_INTERVAL_S": "1",
     "AGENTQ_TOOL_PACKAGES": "tool_workers,tests.support.testtools",
     "AGENTQ_DEFAULT_MODULES": "math,time,files,code,flaky,memory",
     "AGENTQ_SLOW_MODULES": "code", "AGENTQ_ORCHESTRATOR_CONCURRENCY": "20",
@@ -112,7 +117,7 @@ def uid(prefix: str) -> str:
 
 def own_events_start(types: list[str]) -> str:
     """The first of a job's event types that the job itself wrote: a job whose first step
-    starts after the step deadline (a loaded machine; the tests' deadline is 4 s) is
+    starts after the step deadline (a loaded machine; the tests' deadline is 20 s) is
     re-driven by the sweeper first, so `job_redriven` may come before `job_start`."""
     return [t for t in types if t != "job_redriven"][0]
 

@@ -25,7 +25,7 @@ def _inputs(stack, job_id: str) -> list:
 
 def _compact(events: list[dict]) -> list[tuple]:
     """(type, role or triggered_by) pairs, for comparing orders. A re-drive (the sweeper's,
-    when a loaded machine keeps a step past the stack's 4 s deadline) is recovery, not part
+    when a loaded machine is late renewing a step's lease) is recovery, not part
     of the order, and is left out."""
     out = []
     for e in events:
