@@ -31,7 +31,8 @@ def parse(argv: list[str] | None):
                      help="tiny sizes: checks the code runs (with --quick)")
     run.add_argument("--only", action="append", default=[],
                      help="run only this scenario (repeatable): server, overhead, "
-                          "throughput, inflight, growth, recall, peer, batch, modules, fair")
+                          "throughput, inflight, growth, recall, peer, batch, modules, subagents, "
+                          "fair")
     run.add_argument("--peer", action="append", default=[],
                      help="run only this peer in the peer scenario (repeatable): langgraph, "
                           "langgraph-async, dbos")
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": loadavg(), "scenarios_run": names,
         "sizes": vars(sizes)}, "scenarios": {}}
     lab = None
-    if any(n not in scenarios.STANDALONE for n in names):  # fair: servers of its own
+    if any(n not in scenarios.STANDALONE for n in names):  # servers of their own
         lab = harness.start_lab("agentq-bench-", log, f"{mode} run of {', '.join(names)}; ")
         if lab is None:
             return 4

@@ -406,13 +406,19 @@ class Run:
     # each system: (driver, the pids whose CPU is its own, procs to stop, its database)
 
     def start_agentq(self, procs: Procs):
-        from benchmarks.harness import BENCH_ENV, BenchStack
         db = "fair_agentq"
+        stack, key = self.agentq_stack(procs, db, "math")  # one tool, as the peers
+        return agentq_driver(stack.base, key), db
+
+    def agentq_stack(self, procs: Procs, db: str, modules: str):
+        """agentq's stack on this run's servers, offering `modules` (AGENTQ_DEFAULT_MODULES),
+        in database `db`; (the stack, an admin key)."""
+        from benchmarks.harness import BENCH_ENV, BenchStack
         url = self.pg.create_database(db)
         redis_url = f"redis://127.0.0.1:{self.redis.port}/1"
         env = {**BENCH_ENV, "AGENTQ_BROKER_URL": redis_url,
                "AGENTQ_RESULT_BACKEND_URL": redis_url,
-               "AGENTQ_DEFAULT_MODULES": "math",  # one tool, as the peers
+               "AGENTQ_DEFAULT_MODULES": modules,
                "AGENTQ_ORCHESTRATOR_CONCURRENCY": str(self.sizes.pool),
                "AGENTQ_DB_POOL_SIZE": str(self.sizes.db_pool)}
         stack = BenchStack(url, self.model.base_url, procs.scratch, env,
@@ -422,8 +428,7 @@ class Run:
             stack.start()
         finally:
             procs.procs.update(stack.procs)  # stopped with the others, started or not
-        key = stack.create_key("fair", admin=True)
-        return agentq_driver(stack.base, key), db
+        return stack, stack.create_key("fair", admin=True)
 
     def start_celery_langgraph(self, procs: Procs):
         db = "fair_celery_langgraph"

@@ -28,7 +28,10 @@ tool calls before it were an earlier job's). The tool it calls is the offered to
 `evaluate` (agentq's `math-evaluate`, the peer's `math_evaluate`), with `{"expression":
 "6*7"}`; a user message carrying `tool=create_document` or `tool=run_python[:S]` calls that
 tool instead (a document titled after the conversation; Python that sleeps S seconds,
-default 3, then prints 42).
+default 3, then prints 42). A user message carrying `delegate=N` (and offered a tool whose
+name contains `delegate`: agentq's `agents-delegate`) is first answered with N delegate calls
+in one reply, each handing over DELEGATED_TASK (a one-tool-turn job of its own), then, once
+their results are in, with the final text.
 """
 from __future__ import annotations
 
@@ -46,6 +49,9 @@ from agentq.testing.scripted_llm import ScriptedLLM, _error_body, call, text, to
 
 TURNS_RE = re.compile(r"turns=(\d+)")
 TOOL_RE = re.compile(r"tool=(create_document|run_python)(?::(\d+(?:\.\d+)?))?")
+DELEGATE_RE = re.compile(r"delegate=(\d+)")
+DELEGATED_TASK = "What is 6*7? Use the calculator. turns=1"
+"""What each delegate call hands its sub-agent: the scenarios' one-tool-turn job."""
 STORM_KINDS = ("429_retry_after", "429", "500", "hang")
 STORM_CYCLE = 20
 """A storm's share is applied per block of this many calls (0.8: 16 fail, 4 answer)."""
@@ -96,6 +102,12 @@ def react_reply(request: dict):
         done += int(match.group(1)) if match else 0
     if done >= turns:
         return text(FINAL_TEXT)
+    delegated = DELEGATE_RE.search(_text_of(messages[last_user].get("content"))) \
+        if last_user >= 0 else None
+    delegate = next((name for name in _tool_names(request) if "delegate" in name), None)
+    if delegated and delegate:
+        return tool_calls(*(call(delegate, {"task": DELEGATED_TASK}, raw=True)
+                            for _ in range(int(delegated.group(1)))))
     wanted = TOOL_RE.search(_text_of(messages[last_user].get("content"))) \
         if last_user >= 0 else None
     needle, arguments = "evaluate", {"expression": "6*7"}
@@ -107,13 +119,14 @@ def react_reply(request: dict):
         needle = "run_python"
         arguments = {"code": f"import time\ntime.sleep({float(wanted.group(2) or 3)})\n"
                              "print(6 * 7)"}
-    name = DEFAULT_TOOL
-    for tool in request.get("tools") or ():
-        fname = ((tool or {}).get("function") or {}).get("name") or ""
-        if needle in fname:
-            name = fname
-            break
+    name = next((fname for fname in _tool_names(request) if needle in fname), DEFAULT_TOOL)
     return tool_calls(call(name, arguments, raw=True))
+
+
+def _tool_names(request: dict) -> list[str]:
+    """The names of the tools the request offers, in its order."""
+    return [((tool or {}).get("function") or {}).get("name") or ""
+            for tool in request.get("tools") or ()]
 
 
 def summarised_turns(messages: list[dict]) -> int:

@@ -65,6 +65,7 @@ the scenarios measure one key's clients); `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AG
 | `batch` | one JSONL batch of 2,000 one-tool-turn jobs (300 quick): time to admit, time to complete, jobs/s, results in request order, and the latency of a chat message submitted right after it |
 | `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
 | `modules` | one tool call through `ToolRegistry.execute` (as a tool task runs it on its module's queue): an in-process tool (`math.evaluate`), an HTTP module (`examples/http_module.py`, signed), an MCP server over stdio and over streamable HTTP (`examples/mcp_server.py`), each in its own process on loopback, calls interleaved, 200 each (50 quick); medians and p95, ratios to the in-process tool. The Celery hop, the same for all, is not included |
+| `subagents` | a parent job whose model delegates ten children in one turn (`agents.delegate` × 10, each child a one-tool-turn job: two model calls and `math.evaluate`, in a conversation of its own) against ten top-level jobs of the same work submitted at once (the same user, a conversation each), on a private Postgres and Redis as `fair` (`benchmarks/subagents.py`; `AGENTQ_DEFAULT_MODULES=agents,math`); each submit is `POST /v1/messages?wait=60` (the parent's client waits for the parent only); the kinds alternate, 10 rounds (4 quick). Per child: wall time (the round's last `finished_at` − the first submit) and machine CPU (the stack's processes + Postgres + Redis), Postgres round trips; medians over the rounds. Starts no lab of its own |
 | `fair` | agentq against the services a user would build instead with the same guarantees and against the library peers, all on a private Postgres (`pg_stat_statements` preloaded) and Redis of their own, one system at a time (`benchmarks/fair.py`): agentq offered one tool (`AGENTQ_DEFAULT_MODULES=math`); Flask (gunicorn) enqueuing a Celery task (Redis) that runs LangGraph's ReAct agent with `PostgresSaver` at `durability="sync"`; Flask enqueuing to a DBOS queue whose worker is a process of its own; LangGraph sync and async at `durability="sync"`, LangGraph at its default, DBOS in-process. The same burst and the same closed loop (jobs, clients) for all; a new conversation per job for all; the HTTP clients poll the job every 20 ms. Machine CPU per job = the system's processes + Postgres + Redis; per job: statements, round trips (with BEGIN/COMMIT), transactions, rows inserted / updated, row versions, WAL bytes. A run of only `fair` starts no lab |
 
 Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
@@ -95,6 +96,10 @@ def _in_flight_cpu(cpu: dict[str, float]) -> str:
 
 def _pool_unit(pool: str) -> str:
     return "threads" if pool == "threads" else f"greenlets ({pool})"
+
+
+def _count(value: Any) -> str:
+    return "–" if value is None else f"{value:g}"
 
 
 def _yes(value: Any) -> str:
@@ -287,11 +292,45 @@ def figures(results: dict[str, Any], fair: bool = True) -> str:
                 f"{_ms(m['mcp_http']['p95_ms'])} | {m['ratio_mcp_http_median']} |", "",
                 f"{m['calls']} calls each, interleaved, {m['failed']} failed. {m['note']}", ""]
 
+    a = sc.get("subagents")
+    if a and "error" not in a:
+        out += subagents_table(a)
+
     errors = {k: v["error"] for k, v in sc.items() if isinstance(v, dict) and "error" in v}
     if errors:
         out += ["### Scenarios that failed", ""] + [f"- {k}: {v}" for k, v in errors.items()]
         out.append("")
     return "\n".join(out)
+
+
+def subagents_table(a: dict[str, Any]) -> list[str]:
+    """The sub-agents row (benchmarks/subagents.py): per child, medians over the rounds."""
+    n, p, t = a["children"], a["parent"], a["top_level"]
+
+    def cpu(side: dict[str, Any]) -> str:
+        c = side["cpu_ms_per_child"]
+        return (f"{_ms(c['machine'])} ({_ms(c['system'])} / {_ms(c['postgres'])} / "
+                f"{_ms(c['redis'])})")
+
+    r = a["ratios"]
+    return [f"### 8. Sub-agents: a parent with {n} children vs {n} top-level jobs", "",
+            f"One job delegating {n} children in one turn against {n} top-level jobs of the "
+            f"same work (a one-tool-turn job each), submitted at once; {p['rounds']} rounds "
+            f"of each, alternating; a private Postgres and Redis; at most {a['pool']} steps "
+            "at once (benchmarks/subagents.py). Medians over the rounds.", "",
+            "| per round | parent + children | top-level jobs | ratio |",
+            "| --- | --- | --- | --- |",
+            f"| wall time, ms (per child) | {_ms(p['wall_ms'])} ({_ms(p['wall_ms_per_child'])}) "
+            f"| {_ms(t['wall_ms'])} ({_ms(t['wall_ms_per_child'])}) | ×{r['wall']} |",
+            "| machine CPU ms per child (agentq's processes / Postgres / Redis) | "
+            f"{cpu(p)} | {cpu(t)} | ×{r['machine_cpu']} |",
+            f"| Postgres round trips per child | {p['round_trips_per_child']} | "
+            f"{t['round_trips_per_child']} | ×{r['round_trips']} |",
+            f"| model calls | {_count(p['model_calls'])} | {_count(t['model_calls'])} | |",
+            f"| jobs failed | {p['failed']} | {t['failed']} | |", "",
+            f"The parent's own figures (its two model calls, its delegate turn, its wait and "
+            f"wake-up) are counted in its children's. {a['rule'][0].upper()}{a['rule'][1:]}.",
+            ""]
 
 
 PEER_NAMES = {"langgraph": "LangGraph (sync, threads)",

@@ -14,6 +14,8 @@ returns a JSON-able dict. Times are wall clock; a job's end is its row's `finish
                 checkpointer, DBOS Transact) vs agentq, same jobs, same model server, same
                 pool size: one at a time, a burst, and the in-flight scenario's jobs
     modules     a tool call to an HTTP module and to an MCP server vs an in-process tool
+    subagents   a parent delegating ten children in one turn vs ten top-level jobs of the
+                same work: time and machine CPU per child (benchmarks/subagents.py)
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ class Sizes:
     modules_calls: int = 200
     fair: str = "full"
     """The fair comparison's sizes (benchmarks/fair.py: SIZES)."""
+    subagents: str = "full"
+    """The sub-agents row's sizes (benchmarks/subagents.py: SIZES)."""
 
 
 FULL = Sizes()
@@ -74,14 +78,14 @@ QUICK = Sizes(server_seconds=1.0, overhead_jobs=10, warmup_jobs=1,
               throughput_levels=[1, 8, 32], throughput_level_s=4.0,
               inflight_jobs=300, growth_jobs=2, growth_turn_jobs=1,
               peer_seq_jobs=6, peer_burst_jobs=60, batch_lines=300, modules_calls=50,
-              recall_pgvector=["10000x1536"], fair="quick")
+              recall_pgvector=["10000x1536"], fair="quick", subagents="quick")
 SMOKE = Sizes(server_seconds=0.3, server_clients=2, overhead_jobs=2, warmup_jobs=1,
               throughput_levels=[1, 2], throughput_level_s=0.5,
               inflight_jobs=4, inflight_latency_s=0.3, inflight_submitters=4,
               growth_histories=[10, 100], growth_jobs=1, growth_turns=[1, 2],
               growth_turn_jobs=1, peer_seq_jobs=1, peer_burst_jobs=2, batch_lines=5,
               recall_memories=[100], recall_queries=2, recall_pgvector=["1000x64"],
-              modules_calls=2, fair="smoke")
+              modules_calls=2, fair="smoke", subagents="smoke")
 
 
 class Context:
@@ -720,10 +724,19 @@ def scenario_fair(ctx: Context) -> dict[str, Any]:
     return fair.run(ctx.sizes.fair, log)
 
 
+def scenario_subagents(ctx: Context) -> dict[str, Any]:
+    """A parent with ten children against ten top-level jobs, on servers of its own
+    (benchmarks/subagents.py); the lab is not used."""
+    from benchmarks import subagents
+    from benchmarks.observability import log
+    return subagents.run(ctx.sizes.subagents, log)
+
+
 SCENARIOS = {"server": scenario_server, "overhead": scenario_overhead,
              "throughput": scenario_throughput, "inflight": scenario_inflight,
              "growth": scenario_growth, "recall": scenario_recall, "peer": scenario_peer,
              "batch": scenario_batch,
-             "modules": scenario_modules, "fair": scenario_fair}
-STANDALONE = {"fair"}
+             "modules": scenario_modules, "subagents": scenario_subagents,
+             "fair": scenario_fair}
+STANDALONE = {"fair", "subagents"}
 """Scenarios that start their own servers: a run of only these starts no lab."""

@@ -37,6 +37,7 @@ EXPECTED = {
     "modules": {"in_process", "http_module", "mcp_stdio", "mcp_http", "ratio_http_median",
                 "ratio_mcp_stdio_median", "ratio_mcp_http_median"},
     "recall": {"by_stored_memories", "dimensions", "rule"},
+    "subagents": {"children", "parent", "top_level", "ratios", "rounds_detail"},
 }
 """Every scenario but `fair` (its own test below: its own servers, seven systems)."""
 PEER_KEYS = {"agentq", "peers", "ratios_to_best_peer", "ahead_on_jobs_per_s",
@@ -104,6 +105,14 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
         assert result["inflight"]["failed"] == 0, (kind, result)
         assert result["inflight"]["completed"] == sizes["inflight_jobs"], (kind, result)
     assert peer["agentq"]["burst_failed"] == 0
+    # the parent's children and the top-level jobs all did their work: each child and job
+    # two model calls, the parent two of its own
+    sub = scenarios["subagents"]
+    n = sub["children"]
+    for kind, calls in (("parent", 2 * n + 2), ("top_level", 2 * n)):
+        assert sub[kind]["failed"] == 0 and sub[kind]["model_calls"] == calls, (kind, sub)
+        assert sub[kind]["cpu_ms_per_child"]["machine"] > 0, (kind, sub)
+        assert sub[kind]["round_trips_per_child"] > 0, (kind, sub)
     # --smoke writes no markdown
     assert not docs.exists()
 
