@@ -26,9 +26,13 @@ from agentq.tenants import (create_tenant, find_tenant, list_tenants, tenant_obj
                             update_quotas)
 from api.auth import admin_reach, require_key
 from api.jobs import json_body, parse_uuid
-from api.schemas import (IdentityRequestSchema, KeyRequestSchema, PageQuerySchema,
-                         PersonaRequestSchema, PersonaUpdateSchema, TenantRequestSchema,
-                         TenantUpdateSchema, UsageQuerySchema, UserUpdateSchema)
+from api.openapi import json_response, operation
+from api.schemas import (ApiKeyPageSchema, ApiKeySchema, DeletedSchema, IdentityRequestSchema,
+                         KeyRequestSchema, NewApiKeySchema, PageQuerySchema, PersonaPageSchema,
+                         PersonaRequestSchema, PersonaSchema, PersonaUpdateSchema,
+                         TenantPageSchema, TenantRequestSchema, TenantSchema,
+                         TenantUpdateSchema, UsageQuerySchema, UsageReportSchema,
+                         UserDetailSchema, UserPageSchema, UserSchema, UserUpdateSchema)
 from agentq import admin
 from agentq.db import utcnow
 
@@ -42,6 +46,16 @@ def _created(body: dict):
 
 
 @bp.post("/v1/admin/tenants")
+@operation(
+    "createTenant", "Make a tenant",
+    tags=["admin"],
+    description="Operator keys only (a tenant admin gets `403`). `409` when the name "
+                "is taken.",
+    body=TenantRequestSchema,
+    responses={
+        201: json_response(TenantSchema, "The new tenant."),
+    },
+    errors=(401, 403, 409, 415, 422))
 @require_key(operator=True)
 def post_tenant():
     data = TenantRequestSchema().load(json_body())
@@ -50,6 +64,14 @@ def post_tenant():
 
 
 @bp.get("/v1/admin/tenants")
+@operation(
+    "listTenants", "Every tenant",
+    tags=["admin"],
+    description="Operator keys only (a tenant admin gets `403`).",
+    responses={
+        200: json_response(TenantPageSchema, "Every tenant, oldest first."),
+    },
+    errors=(401, 403))
 @require_key(operator=True)
 def get_tenants():
     with session_scope(g.settings) as session:
@@ -69,6 +91,16 @@ def _reachable_tenant(session, tenant_id: str):
 
 
 @bp.get("/v1/admin/tenants/<tenant_id>")
+@operation(
+    "getTenant", "A tenant and its quotas",
+    tags=["admin"],
+    description="An operator: any tenant; a tenant admin: its own (another tenant is "
+                "`404`). Each quota is the tenant's own or the settings' default "
+                "(`quotas_set` names those set); 0 is no limit.",
+    responses={
+        200: json_response(TenantSchema, "The tenant."),
+    },
+    errors=(401, 403, 404))
 @require_key(admin=True)
 def get_tenant(tenant_id: str):
     with session_scope(g.settings) as session:
@@ -76,6 +108,18 @@ def get_tenant(tenant_id: str):
 
 
 @bp.patch("/v1/admin/tenants/<tenant_id>")
+@operation(
+    "updateTenant", "Set a tenant's quotas",
+    tags=["admin"],
+    description="Operator keys only (a tenant admin gets `403`, even for its own "
+                "tenant). Each quota given is set (a whole number 0..1,000,000; 0 is "
+                "no limit) or, with `null`, back to the settings' default "
+                "(`AGENTQ_QUOTA_*`); the others stay.",
+    body=TenantUpdateSchema,
+    responses={
+        200: json_response(TenantSchema, "The tenant, with its quotas now."),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key(operator=True)
 def patch_tenant(tenant_id: str):
     data = TenantUpdateSchema().load(json_body())
@@ -85,6 +129,18 @@ def patch_tenant(tenant_id: str):
 
 
 @bp.post("/v1/admin/keys")
+@operation(
+    "createKey", "Make an API key of a tenant",
+    tags=["admin"],
+    description="Admin keys only. The answer holds the key itself, the only time it "
+                "is shown; only its hash is stored. `admin: true` makes an admin of "
+                "that tenant (never an operator: those are made on the server). A "
+                "tenant admin names only its own tenant: another is `404`.",
+    body=KeyRequestSchema,
+    responses={
+        201: json_response(NewApiKeySchema, "The new key, with `key`."),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key(admin=True)
 def post_key():
     data = KeyRequestSchema().load(json_body())
@@ -103,6 +159,14 @@ def post_key():
 
 
 @bp.get("/v1/admin/keys")
+@operation(
+    "listKeys", "Every API key (never the key itself)",
+    tags=["admin"],
+    description="An operator: every tenant's keys; a tenant admin: its tenant's.",
+    responses={
+        200: json_response(ApiKeyPageSchema, "Every key, oldest first."),
+    },
+    errors=(401, 403))
 @require_key(admin=True)
 def get_keys():
     with session_scope(g.settings) as session:
@@ -110,6 +174,16 @@ def get_keys():
 
 
 @bp.post("/v1/admin/keys/<key_id>/revoke")
+@operation(
+    "revokeKey", "Revoke an API key",
+    tags=["admin"],
+    description="From now on the key answers `401`, and its schedules stop firing. "
+                "Another tenant's key is `404` to a tenant admin; an operator's key "
+                "is `403` to it.",
+    responses={
+        200: json_response(ApiKeySchema, "The key, revoked."),
+    },
+    errors=(401, 403, 404))
 @require_key(admin=True)
 def post_revoke(key_id: str):
     with session_scope(g.settings) as session:
@@ -118,6 +192,17 @@ def post_revoke(key_id: str):
 
 
 @bp.post("/v1/admin/keys/<key_id>/rotate")
+@operation(
+    "rotateKey", "Rotate an API key",
+    tags=["admin"],
+    description="Revokes the key and makes its successor (same name, tenant and "
+                "scope); the answer holds the new key, the only time it is shown. "
+                "`409` when the key is revoked already. Another tenant's key is `404` "
+                "to a tenant admin; an operator's key is `403` to it.",
+    responses={
+        201: json_response(NewApiKeySchema, "The new key, with `key`."),
+    },
+    errors=(401, 403, 404, 409))
 @require_key(admin=True)
 def post_rotate(key_id: str):
     with session_scope(g.settings) as session:
@@ -137,6 +222,18 @@ def _check_persona(data: dict) -> None:
 
 
 @bp.post("/v1/personas")
+@operation(
+    "createPersona", "Make a persona",
+    tags=["admin"],
+    description="Admin keys only. A tenant's first persona is its default; "
+                "`is_default: true` moves the default here. `allowed_modules` must "
+                "name known tool modules and `requires_approval` known tools "
+                "(`422`).",
+    body=PersonaRequestSchema,
+    responses={
+        201: json_response(PersonaSchema, "The new persona."),
+    },
+    errors=(401, 403, 415, 422))
 @require_key(admin=True)
 def post_persona():
     data = PersonaRequestSchema().load(json_body())
@@ -146,6 +243,13 @@ def post_persona():
 
 
 @bp.get("/v1/personas")
+@operation(
+    "listPersonas", "The tenant's personas",
+    tags=["admin"],
+    responses={
+        200: json_response(PersonaPageSchema, "Every persona, oldest first."),
+    },
+    errors=(401, 403))
 @require_key(admin=True)
 def get_personas():
     with session_scope(g.settings) as session:
@@ -154,6 +258,13 @@ def get_personas():
 
 
 @bp.get("/v1/personas/<persona_id>")
+@operation(
+    "getPersona", "Get a persona",
+    tags=["admin"],
+    responses={
+        200: json_response(PersonaSchema, "The persona."),
+    },
+    errors=(401, 403, 404))
 @require_key(admin=True)
 def get_persona(persona_id: str):
     with session_scope(g.settings) as session:
@@ -162,6 +273,16 @@ def get_persona(persona_id: str):
 
 
 @bp.patch("/v1/personas/<persona_id>")
+@operation(
+    "updatePersona", "Change a persona",
+    tags=["admin"],
+    description="Only the fields given change. `is_default: false` on the default "
+                "is `409` (make another the default instead).",
+    body=PersonaUpdateSchema,
+    responses={
+        200: json_response(PersonaSchema, "The persona."),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key(admin=True)
 def patch_persona(persona_id: str):
     data = PersonaUpdateSchema().load(json_body())
@@ -172,6 +293,15 @@ def patch_persona(persona_id: str):
 
 
 @bp.delete("/v1/personas/<persona_id>")
+@operation(
+    "deletePersona", "Delete a persona",
+    tags=["admin"],
+    description="Conversations and jobs that named it go on with none; if it was the "
+                "default, the oldest remaining persona becomes the default.",
+    responses={
+        200: json_response(DeletedSchema, "`{\"id\", \"deleted\": true}`."),
+    },
+    errors=(401, 403, 404))
 @require_key(admin=True)
 def delete_persona(persona_id: str):
     with session_scope(g.settings) as session:
@@ -184,6 +314,14 @@ def delete_persona(persona_id: str):
 # --- users ----------------------------------------------------------------------------------
 
 @bp.get("/v1/users")
+@operation(
+    "listUsers", "The tenant's users",
+    tags=["admin"],
+    parameters=["limit", "offset"],
+    responses={
+        200: json_response(UserPageSchema, "Users, oldest first, with identities."),
+    },
+    errors=(401, 403, 422))
 @require_key(admin=True)
 def get_users():
     page = PageQuerySchema().load(request.args.to_dict())
@@ -194,6 +332,14 @@ def get_users():
 
 
 @bp.get("/v1/users/<user_id>")
+@operation(
+    "getUser", "A user, their usage and token logs",
+    tags=["admin"],
+    responses={
+        200: json_response(UserDetailSchema, "The user, usage this budget period and "
+                           "the latest token logs."),
+    },
+    errors=(401, 403, 404))
 @require_key(admin=True)
 def get_user(user_id: str):
     with session_scope(g.settings) as session:
@@ -202,6 +348,14 @@ def get_user(user_id: str):
 
 
 @bp.patch("/v1/users/<user_id>")
+@operation(
+    "updateUser", "Set a user's level, budget or name",
+    tags=["admin"],
+    body=UserUpdateSchema,
+    responses={
+        200: json_response(UserDetailSchema, "The user."),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key(admin=True)
 def patch_user(user_id: str):
     data = UserUpdateSchema().load(json_body())
@@ -211,6 +365,18 @@ def patch_user(user_id: str):
 
 
 @bp.post("/v1/users/<user_id>/links")
+@operation(
+    "linkUser", "Link another platform identity",
+    tags=["admin"],
+    description="Messages from this (platform, platform_user_id) are this user's "
+                "from now on. `409` when it is another user's; `200` when it is "
+                "this user's already.",
+    body=IdentityRequestSchema,
+    responses={
+        201: json_response(UserSchema, "The user, with the new identity."),
+        200: json_response(UserSchema, "The user; the identity was linked already."),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key(admin=True)
 def post_link(user_id: str):
     data = IdentityRequestSchema().load(json_body())
@@ -228,6 +394,14 @@ def post_link(user_id: str):
 # --- usage ----------------------------------------------------------------------------------
 
 @bp.get("/v1/usage")
+@operation(
+    "usageReport", "Tokens and cost per user, persona or model",
+    tags=["admin"],
+    parameters=["usage_group_by", "usage_since", "usage_until"],
+    responses={
+        200: json_response(UsageReportSchema, "One row per group, largest cost first."),
+    },
+    errors=(401, 403, 422))
 @require_key(admin=True)
 def get_usage():
     query = UsageQuerySchema().load(request.args.to_dict())

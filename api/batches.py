@@ -22,8 +22,9 @@ from agentq.loop.uow import UnitOfWork
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json, utf8
-from api.schemas import (BatchLineSchema, BatchOptionsSchema, ReplayBatchSchema,
-                         ReplaySchema)
+from api.openapi import batch_links, job_links, json_response, operation
+from api.schemas import (BatchLineSchema, BatchOptionsSchema, BatchRequestSchema, BatchSchema,
+                         CompareSchema, JobSchema, ReplayBatchSchema, ReplaySchema)
 from api.views import accepted, job_object
 from agentq.views import batch_object
 
@@ -83,6 +84,31 @@ def _validate(lines: list[Any]) -> list[dict[str, Any]]:
 
 
 @bp.post("/v1/batches")
+@operation(
+    "createBatch", "Submit a batch",
+    tags=["batches"],
+    description="JSON `{\"requests\": [...], \"callback_url\"?, ...}`, or JSONL "
+                "(`application/x-ndjson`) with one POST /v1/messages body a line and "
+                "the batch options as query parameters. A bad line fails the whole "
+                "batch with `422` naming its line.",
+    parameters=[
+        {"in": "query", "name": "callback_url", "required": False,
+         "description": "JSONL form only: a webhook on the batch's end.",
+         "schema": {"type": "string", "format": "uri"}},
+        {"in": "query", "name": "max_concurrency", "required": False,
+         "description": "JSONL form only: how many of its jobs run at once.",
+         "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+    body={"required": True, "content": {
+        "application/json": {"schema": BatchRequestSchema},
+        "application/x-ndjson": {"schema": {
+            "type": "string", "description": "One BatchLine (a POST /v1/messages body, "
+                                             "plus custom_id) a line."}}}},
+    responses={
+        202: json_response(BatchSchema, "The batch.",
+                           headers={"Location": "BatchLocation"},
+                           links=batch_links()),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key()
 def create_batch():
     lines, options = _lines()
@@ -125,6 +151,13 @@ def load_batch(session, batch_id: str) -> Batch:
 
 
 @bp.get("/v1/batches/<batch_id>")
+@operation(
+    "getBatch", "Get a batch",
+    tags=["batches"],
+    responses={
+        200: json_response(BatchSchema, "The batch."),
+    },
+    errors=(401, 403, 404))
 @require_key()
 def get_batch(batch_id: str):
     with session_scope(g.settings) as session:
@@ -133,6 +166,16 @@ def get_batch(batch_id: str):
 
 
 @bp.get("/v1/batches/<batch_id>/results")
+@operation(
+    "getBatchResults", "A batch's ended jobs",
+    tags=["batches"],
+    responses={
+        200: {"description": "One job object (with `custom_id` and "
+                             "`batch_index`) a line, in request order.",
+              "content": {"application/x-ndjson": {"schema": {
+                  "type": "string"}}}},
+    },
+    errors=(401, 403, 404))
 @require_key()
 def batch_results(batch_id: str):
     """Finished jobs so far, one job object a line, in request order."""
@@ -159,6 +202,13 @@ def batch_results(batch_id: str):
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
+@operation(
+    "cancelBatch", "Cancel a batch",
+    tags=["batches"],
+    responses={
+        202: json_response(BatchSchema, "Cancelling; the batch."),
+    },
+    errors=(401, 403, 404, 409))
 @require_key()
 def cancel_batch(batch_id: str):
     with session_scope(g.settings) as session:
@@ -171,6 +221,20 @@ def cancel_batch(batch_id: str):
 
 
 @bp.post("/v1/jobs/<job_id>/replay")
+@operation(
+    "replayJob", "Replay a job",
+    tags=["replay"],
+    description="`recorded` answers each LLM call from the original's stored replies "
+                "and re-runs the tools; `live` calls the LLM again. `409` until the "
+                "original has ended. A non-admin key's `model` must be the persona's "
+                "default model or a configured one (`422` naming `model` otherwise).",
+    body=ReplaySchema,
+    responses={
+        202: json_response(JobSchema, "The new job, with `replay_of` set.",
+                           headers={"Location": "Location"},
+                           links=job_links()),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key()
 def replay_job(job_id: str):
     data = ReplaySchema().load(json_body())
@@ -191,6 +255,18 @@ def replay_job(job_id: str):
 
 
 @bp.post("/v1/batches/replay")
+@operation(
+    "replayBatch", "Replay many jobs as a batch",
+    tags=["replay"],
+    description="A non-admin key's `model` must be each persona's default model or a "
+                "configured one (`422` naming `model` otherwise).",
+    body=ReplayBatchSchema,
+    responses={
+        202: json_response(BatchSchema, "The batch of replays.",
+                           headers={"Location": "BatchLocation"},
+                           links=batch_links()),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key()
 def replay_batch():
     data = ReplayBatchSchema().load(json_body())
@@ -250,6 +326,14 @@ def _replay_targets(session, data: dict[str, Any]) -> list[Job]:
 
 
 @bp.get("/v1/jobs/<job_id>/compare")
+@operation(
+    "compareReplay", "A replay beside its original",
+    tags=["replay"],
+    description="`404` when the job is not a replay.",
+    responses={
+        200: json_response(CompareSchema, "Answers, tool calls and usage side by side."),
+    },
+    errors=(401, 403, 404))
 @require_key()
 def compare_job(job_id: str):
     with session_scope(g.settings) as session:

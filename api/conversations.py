@@ -16,7 +16,9 @@ from agentq.loop.uow import UnitOfWork
 from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
-from api.schemas import BranchRequestSchema, ConversationUpdateSchema
+from api.openapi import job_links, json_response, operation
+from api.schemas import (BranchRequestSchema, ConversationSchema, ConversationUpdateSchema,
+                         JobSchema, MessagePageSchema)
 from api.views import accepted, message_object
 
 bp = Blueprint("conversations", __name__)
@@ -38,6 +40,14 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
 
 
 @bp.get("/v1/conversations/<conversation_id>/messages")
+@operation(
+    "listConversationMessages", "A conversation's history",
+    tags=["conversations"],
+    parameters=["messages_after", "limit"],
+    responses={
+        200: json_response(MessagePageSchema, "Stored messages, oldest first."),
+    },
+    errors=(401, 403, 404, 422))
 @require_key()
 def list_messages(conversation_id: str):
     limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -55,6 +65,15 @@ def list_messages(conversation_id: str):
 
 
 @bp.get("/v1/conversations/<conversation_id>")
+@operation(
+    "getConversation", "A conversation",
+    tags=["conversations"],
+    description="`branched_from` names a branch's source conversation and the "
+                "source's first message it does not hold.",
+    responses={
+        200: json_response(ConversationSchema, "The conversation."),
+    },
+    errors=(401, 403, 404))
 @require_key()
 def get_conversation(conversation_id: str):
     ident = parse_uuid(conversation_id, "conversation")
@@ -63,6 +82,17 @@ def get_conversation(conversation_id: str):
 
 
 @bp.patch("/v1/conversations/<conversation_id>")
+@operation(
+    "updateConversation", "Set a conversation's active project",
+    tags=["conversations"],
+    description="`active_project` is sent in the context of the conversation's next "
+                "turns (after the persona's system prompt, bootstrap, memories, "
+                "skills and tool documentation); null or blank clears it.",
+    body=ConversationUpdateSchema,
+    responses={
+        200: json_response(ConversationSchema, "The conversation."),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key()
 def update_conversation(conversation_id: str):
     """The active project (a context layer of the conversation's next turns)."""
@@ -77,6 +107,22 @@ def update_conversation(conversation_id: str):
 
 
 @bp.post("/v1/conversations/<conversation_id>/branch")
+@operation(
+    "branchConversation", "Continue from an earlier point",
+    tags=["conversations"],
+    description="A job in a new conversation holding a copy of this one's history "
+                "before `at_message_id` (or before `at_job_id`'s first message), "
+                "asking `content`; its first turn's `triggered_by` is `branch`. This "
+                "conversation is not changed. A message or job not in it is `404`; a "
+                "non-admin key's `model` must be the persona's default model or a "
+                "configured one (`422` naming `model` otherwise).",
+    body=BranchRequestSchema,
+    responses={
+        202: json_response(JobSchema, "The branch's job.",
+                           headers={"Location": "Location"},
+                           links=job_links()),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key()
 def branch_conversation(conversation_id: str):
     data = BranchRequestSchema().load(json_body())

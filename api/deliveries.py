@@ -17,11 +17,20 @@ from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
 from api.jobs import load_job
 from api.views import accepted
+from api.openapi import json_response, operation
+from api.schemas import DeliveryPageSchema, DeliverySchema, WebhookSecretSchema
 
 bp = Blueprint("deliveries", __name__)
 
 
 @bp.get("/v1/jobs/<job_id>/deliveries")
+@operation(
+    "listDeliveries", "A job's webhook deliveries",
+    tags=["webhooks"],
+    responses={
+        200: json_response(DeliveryPageSchema, "Every attempt, oldest first."),
+    },
+    errors=(401, 403, 404))
 @require_key()
 def list_deliveries(job_id: str):
     with session_scope(g.settings) as session:
@@ -31,6 +40,16 @@ def list_deliveries(job_id: str):
 
 
 @bp.post("/v1/jobs/<job_id>/deliveries/redeliver")
+@operation(
+    "redeliver", "Send a job's webhook event again",
+    tags=["webhooks"],
+    description="A new attempt of the same event (same `webhook-id`). `409` when "
+                "the job has not ended, has no `callback_url`, or a delivery is "
+                "pending.",
+    responses={
+        202: json_response(DeliverySchema, "The new delivery attempt, pending."),
+    },
+    errors=(401, 403, 404, 409))
 @require_key()
 def redeliver(job_id: str):
     with UnitOfWork(session_factory(g.settings)) as uow:
@@ -45,6 +64,21 @@ def redeliver(job_id: str):
 
 
 @bp.post("/v1/admin/webhook-secret/rotate")
+@operation(
+    "rotateWebhookSecret", "A new webhook secret for the "
+                           "key's tenant",
+    tags=["webhooks"],
+    description="Admin keys (a tenant admin or an operator), for the key's own "
+                "tenant. Each tenant signs its webhooks with its own secret "
+                "(`AGENTQ_WEBHOOK_SECRET` is the default tenant's until it rotates; "
+                "another tenant's is generated at its first need and known to no "
+                "one: rotate to get one). The new secret is in this answer only; "
+                "for 24 h the previous one signs too (two `v1,` signatures, "
+                "space-separated).",
+    responses={
+        200: json_response(WebhookSecretSchema, "The new secret, shown this once."),
+    },
+    errors=(401, 403))
 @require_key(admin=True)
 def rotate_webhook_secret():
     """A new secret for the key's own tenant, shown this once; the one before it keeps

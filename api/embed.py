@@ -29,7 +29,8 @@ from agentq.models import TokenLog, User
 from api.auth import require_key
 from api.errors import error_response
 from api.jobs import json_body
-from api.schemas import EmbedRequestSchema
+from api.openapi import json_response, operation
+from api.schemas import EmbedRequestSchema, EmbedResponseSchema, ErrorSchema
 
 bp = Blueprint("embed", __name__)
 _router = None
@@ -97,6 +98,22 @@ def _refund(settings, log_id, user_id, tokens: int) -> None:
 
 
 @bp.post("/v1/embed")
+@operation(
+    "embed", "Embed a text",
+    tags=["embeddings"],
+    body=EmbedRequestSchema,
+    description="Paid from a user's monthly token budget: the user `platform` + "
+                "`platform_user_id` name, or else the key's own (platform `api_key`). "
+                "A text whose tokens the budget cannot pay is refused `429` "
+                "`budget_exceeded` (`Retry-After`: when the budget resets) and no "
+                "provider is called.",
+    responses={
+        200: json_response(EmbedResponseSchema, "The embedding."),
+        429: json_response(ErrorSchema, "`budget_exceeded`: the user's monthly token "
+                           "budget cannot pay for this text.",
+                           headers={"Retry-After": {"schema": {"type": "integer"}}}),
+    },
+    errors=(401, 403, 415, 422, 502))
 @require_key()
 def embed():
     data = EmbedRequestSchema().load(json_body())

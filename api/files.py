@@ -22,6 +22,7 @@ from agentq.errors import NotFound
 from agentq.models import FileRecord, Job
 from api.auth import can_see, require_key
 from api.jobs import parse_uuid
+from api.openapi import operation
 
 bp = Blueprint("files", __name__)
 
@@ -46,6 +47,21 @@ def _base_type(mime_type: str | None) -> str:
 
 
 @bp.get("/v1/files/<file_id>")
+@operation(
+    "getFile", "A stored file's bytes",
+    tags=["files"],
+    description="`Content-Disposition` names the file by RFC 6266 (`filename*` in "
+                "UTF-8 for a name that is not ASCII; control characters replaced). "
+                "`inline` only for plain text and raster images, else `attachment`; "
+                "always `X-Content-Type-Options: nosniff` and "
+                "`Content-Security-Policy: default-src 'none'; sandbox`.",
+    responses={
+        200: {"description": "The file, with its own media type when known.",
+              "headers": {"Content-Disposition": {"schema": {"type": "string"}}},
+              "content": {"application/octet-stream": {
+                  "schema": {"type": "string", "format": "binary"}}}},
+    },
+    errors=(401, 403, 404))
 @require_key()
 def get_file(file_id: str):
     with session_scope(g.settings) as session:

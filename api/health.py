@@ -11,6 +11,8 @@ from sqlalchemy import text
 
 from agentq.db import engine_for
 from agentq.tools import sandbox
+from api.openapi import json_response, operation
+from api.schemas import HealthSchema, NotReadySchema
 
 log = logging.getLogger(__name__)
 bp = Blueprint("health", __name__)
@@ -18,11 +20,28 @@ BROKER_TIMEOUT_S = 2
 
 
 @bp.get("/health")
+@operation(
+    "health", "Alive",
+    tags=["health"],
+    security=[],
+    responses={
+        200: json_response(HealthSchema, "`{\"status\": \"ok\"}`."),
+    })
 def health():
     return jsonify({"status": "ok"})
 
 
 @bp.get("/health/ready")
+@operation(
+    "ready", "Ready: the database and broker answer, the code sandbox works",
+    tags=["health"],
+    security=[],
+    responses={
+        200: json_response(HealthSchema, "Ready."),
+        503: json_response(NotReadySchema, "Not ready; `down` names what is down "
+                      "(`database`, `broker`, `sandbox`). "
+                      "`modules`: each tool module's health."),
+    })
 def ready():
     down: dict[str, str] = {}
     try:

@@ -27,8 +27,9 @@ from api.auth import can_see, require_key
 from api.limits import request_json
 from api.ratelimit import hold_request, take_hold
 from api.rideout import rides_out_database
+from api.openapi import json_response, operation, submitted_responses
 from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
-                         MessageRequestSchema)
+                         EventPageSchema, JobSchema, MessageRequestSchema)
 from api.views import accepted, job_object
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,13 @@ def _submit(route: str, body: dict, sub: Submission):
 
 
 @bp.post("/v1/messages")
+@operation(
+    "submitMessage", "Submit a message", tags=["jobs"],
+    description="An incoming message, run as a job. `on_busy` says what happens when the "
+                "conversation already runs a job; `reject` answers `409` naming it. A `persona_id` "
+                "that is not one of the key's tenant is `404`.",
+    parameters=["wait", "idempotency_key"], body=MessageRequestSchema,
+    responses=submitted_responses(JobSchema), errors=(401, 403, 404, 409, 415, 422))
 @rides_out_database  # a database blip waited out inside the request (api/rideout.py)
 @require_key()
 def submit_message():
@@ -198,6 +206,11 @@ def submit_message():
 
 
 @bp.post("/v1/continue")
+@operation(
+    "continueConversation", "Continue a conversation", tags=["jobs"],
+    description="A message into an existing conversation (background jobs, the scheduler).",
+    parameters=["wait", "idempotency_key"], body=ContinueRequestSchema,
+    responses=submitted_responses(JobSchema), errors=(401, 403, 404, 409, 415, 422))
 @rides_out_database  # a database blip waited out inside the request (api/rideout.py)
 @require_key()
 def continue_conversation():
@@ -215,6 +228,14 @@ def continue_conversation():
 
 
 @bp.get("/v1/jobs/<job_id>")
+@operation(
+    "getJob", "Get a job",
+    tags=["jobs"],
+    parameters=["wait"],
+    responses={
+        200: json_response(JobSchema, "The job object."),
+    },
+    errors=(401, 403, 404, 422))
 @require_key()
 def get_job(job_id: str):
     wait = wait_seconds()
@@ -225,6 +246,15 @@ def get_job(job_id: str):
 
 
 @bp.post("/v1/jobs/<job_id>/cancel")
+@operation(
+    "cancelJob", "Cancel a job",
+    tags=["jobs"],
+    description="The job ends `cancelled` at its next step boundary; queued tool "
+                "tasks are revoked. `409` once it has ended.",
+    responses={
+        202: json_response(JobSchema, "Cancelling; the job object."),
+    },
+    errors=(401, 403, 404, 409))
 @require_key()
 def cancel_job(job_id: str):
     with UnitOfWork(session_factory(g.settings)) as uow:
@@ -256,6 +286,18 @@ def _decide(job_id: str, decide) -> object:
 
 
 @bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/approve")
+@operation(
+    "approveToolCall", "Approve a tool call",
+    tags=["jobs"],
+    description="The call (of a `requires_approval` tool, awaiting approval: the job is "
+                "`waiting`) runs, with `arguments` instead of the model's if given. "
+                "`409` when the call does not await approval.",
+    body={"required": False,
+          "content": {"application/json": {"schema": ApproveRequestSchema}}},
+    responses={
+        202: json_response(JobSchema, "Approved: the call runs; the job object."),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key()
 def approve_tool_call(job_id: str, tool_use_id: str):
     """Run a call that waits for approval, optionally with edited arguments."""
@@ -268,6 +310,17 @@ def approve_tool_call(job_id: str, tool_use_id: str):
 
 
 @bp.post("/v1/jobs/<job_id>/tool_calls/<tool_use_id>/deny")
+@operation(
+    "denyToolCall", "Deny a tool call",
+    tags=["jobs"],
+    description="The call does not run; the model reads a `denied` tool error with "
+                "the reason. `409` when the call does not await approval.",
+    body={"required": False,
+          "content": {"application/json": {"schema": DenyRequestSchema}}},
+    responses={
+        202: json_response(JobSchema, "Denied; the job object."),
+    },
+    errors=(401, 403, 404, 409, 415, 422))
 @require_key()
 def deny_tool_call(job_id: str, tool_use_id: str):
     """Refuse a call that waits for approval; the model reads a `denied` tool error."""
@@ -277,6 +330,22 @@ def deny_tool_call(job_id: str, tool_use_id: str):
 
 
 @bp.get("/v1/jobs/<job_id>/events")
+@operation(
+    "listJobEvents", "A job's events",
+    tags=["jobs"],
+    description="The job's ordered events. With `Accept: text/event-stream` they "
+                "stream as server-sent events (`id` = seq, `event` = type, `data` = "
+                "the event as JSON) until `job_end`, resuming after `Last-Event-ID`.",
+    parameters=["events_after", "last_event_id"],
+    responses={
+        200: {"description": "The events after `after`, oldest first.",
+              "content": {"application/json": {"schema": EventPageSchema},
+                          "text/event-stream": {"schema": {
+                              "type": "string",
+                              "description": "Server-sent events, one per job "
+                                             "event, with keep-alive comments."}}}},
+    },
+    errors=(401, 403, 404, 422))
 @require_key()
 def list_events(job_id: str):
     after = _after_arg()

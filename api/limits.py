@@ -20,7 +20,7 @@ import sys
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 
 from agentq.errors import (
     BadEncoding,
@@ -105,18 +105,13 @@ def request_json() -> Any:
     return parse_json(request_text(), g.settings.max_json_depth)
 
 
-def _allowed_query(rule: str, method: str) -> set[str]:
-    from api.openapi import OPERATIONS, PARAMETERS, route_key
+def _allowed_query(rule: str, endpoint: str | None) -> set[str]:
+    from api.openapi import operation_of
     if rule.startswith("/ui"):  # the dashboard's pages are outside the spec: their own list
         from api.ui import QUERY_PARAMETERS
         return QUERY_PARAMETERS.get(rule, set())
-    operation = OPERATIONS.get(route_key("GET" if method == "HEAD" else method, rule), {})
-    allowed = set()
-    for parameter in operation.get("parameters", []):
-        spec = PARAMETERS[parameter] if isinstance(parameter, str) else parameter
-        if spec["in"] == "query":
-            allowed.add(spec["name"])
-    return allowed
+    declared = operation_of(current_app.view_functions.get(endpoint or ""))
+    return declared.query_names() if declared is not None else set()
 
 
 class RequestTimeout(ClientError):
@@ -164,7 +159,7 @@ def check_request() -> None:
         if "\x00" in query:  # Postgres takes no NUL in a parameter (a 500 otherwise)
             raise ClientError("The query string holds a NUL character (%00).")
     if request.url_rule is not None and request.method != "OPTIONS" and request.args:
-        allowed = _allowed_query(request.url_rule.rule, request.method)
+        allowed = _allowed_query(request.url_rule.rule, request.url_rule.endpoint)
         unknown = sorted(set(request.args) - allowed)
         if unknown:
             raise UnknownQueryParameter(unknown, sorted(allowed))

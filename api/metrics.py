@@ -9,11 +9,23 @@ from flask import Blueprint, Response, g, request
 
 from agentq.errors import Unauthorized
 from tasks import metrics as recording
+from api.openapi import operation
 
 bp = Blueprint("metrics", __name__)
 
 
 @bp.get("/metrics")
+@operation(
+    "metrics", "Prometheus metrics of every process (docs/metrics.md)",
+    tags=["health"],
+    security=[],
+    description="No key unless AGENTQ_METRICS_TOKEN is set; then "
+                "`Authorization: Bearer <token>`.",
+    responses={
+        200: {"description": "Prometheus' text exposition format.",
+              "content": {"text/plain": {"schema": {"type": "string"}}}},
+    },
+    errors=(401,))
 def scrape():
     token = g.settings.metrics_token
     if token:

@@ -16,7 +16,8 @@ from agentq.tools.registry import get_registry
 from agentq.tools.remote import ModuleSpec
 from api.auth import require_key
 from api.jobs import json_body
-from api.schemas import ModuleRequestSchema
+from api.openapi import json_response, operation
+from api.schemas import ModulePageSchema, ModuleRequestSchema, ModuleSchema
 
 bp = Blueprint("modules", __name__)
 
@@ -27,12 +28,39 @@ def _reach():
 
 
 @bp.get("/v1/modules")
+@operation(
+    "listModules", "Every tool module with its tools and health",
+    tags=["modules"],
+    description="Admin keys only. `kind` is `python` (in-process), `http` or `mcp`; "
+                "an unhealthy module's tools are not offered. Secrets are never shown "
+                "(`signed` says whether there is one). A tenant admin sees its "
+                "tenant's modules and the global ones; an operator every one.",
+    responses={
+        200: json_response(ModulePageSchema, "Every module, python ones first."),
+    },
+    errors=(401, 403))
 @require_key(admin=True)
 def get_modules():
     return jsonify({"data": list_modules(get_registry(g.settings), _reach())})
 
 
 @bp.post("/v1/modules")
+@operation(
+    "addModule", "Register an HTTP module or an MCP server",
+    tags=["modules"],
+    description="Admin keys only. The module's manifest (`GET <url>/manifest`, or an "
+                "MCP server's tools) is fetched and checked first: `422` with "
+                "`details.fields.manifest` saying what to fix when it is refused; "
+                "`409` when the name is taken. The URL passes the SSRF guard "
+                "(private addresses only with AGENTQ_MODULE_ALLOW_PRIVATE). The "
+                "module is the key's tenant's (offered only to its jobs); "
+                "`global: true` (an operator only, else `403`) offers it to every "
+                "tenant.",
+    body=ModuleRequestSchema,
+    responses={
+        201: json_response(ModuleSchema, "The module, with its tools."),
+    },
+    errors=(401, 403, 409, 415, 422))
 @require_key(admin=True)
 def post_module():
     data = ModuleRequestSchema().load(json_body())
@@ -65,6 +93,16 @@ def approval_of(value):
 
 
 @bp.post("/v1/modules/<name>/refresh")
+@operation(
+    "refreshModule", "Fetch a module's manifest now",
+    tags=["modules"],
+    description="The manifest is cached again for an hour; a module that does not "
+                "answer is shown unhealthy. `409` for a python module; another "
+                "tenant's module is `404`.",
+    responses={
+        200: json_response(ModuleSchema, "The module as it is now."),
+    },
+    errors=(401, 403, 404, 409))
 @require_key(admin=True)
 def post_refresh(name: str):
     with session_scope(g.settings) as session:
@@ -72,6 +110,16 @@ def post_refresh(name: str):
 
 
 @bp.delete("/v1/modules/<name>")
+@operation(
+    "removeModule", "Unregister a module",
+    tags=["modules"],
+    description="Its tools are no longer offered. `409` for a python module or one "
+                "configured by AGENTQ_TOOL_MODULES; another tenant's module is `404`; "
+                "a global one is removed by an operator only (`403`).",
+    responses={
+        204: {"description": "Removed."},
+    },
+    errors=(401, 403, 404, 409))
 @require_key(admin=True)
 def delete_module(name: str):
     with session_scope(g.settings) as session:

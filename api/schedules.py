@@ -15,7 +15,9 @@ from agentq.schedules import (STATUS_STORED, cancel_schedule, create_schedule, f
                               last_jobs, schedule_object, timing)
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_conversation, parse_uuid
-from api.schemas import ScheduleQuerySchema, ScheduleRequestSchema
+from api.openapi import json_response, operation
+from api.schemas import (ScheduleDetailSchema, SchedulePageSchema, ScheduleQuerySchema,
+                         ScheduleRequestSchema)
 
 bp = Blueprint("schedules", __name__)
 
@@ -28,6 +30,19 @@ def load_schedule(session, schedule_id: str) -> Schedule:
 
 
 @bp.post("/v1/schedules")
+@operation(
+    "createSchedule", "Continue a conversation later",
+    tags=["schedules"],
+    description="Exactly one of `run_at`, `delay_s` and `cron` (+ `timezone`). Each "
+                "firing is a POST /v1/continue job, made once per tick.",
+    body=ScheduleRequestSchema,
+    responses={
+        201: json_response(ScheduleDetailSchema, "The schedule.",
+                           headers={"Location": {"description": "The schedule's "
+                                                                "URL.",
+                                                 "schema": {"type": "string"}}}),
+    },
+    errors=(401, 403, 404, 415, 422))
 @require_key()
 def post_schedule():
     data = ScheduleRequestSchema().load(json_body())
@@ -45,6 +60,14 @@ def post_schedule():
 
 
 @bp.get("/v1/schedules")
+@operation(
+    "listSchedules", "Schedules",
+    tags=["schedules"],
+    parameters=["schedule_conversation", "schedule_status", "limit"],
+    responses={
+        200: json_response(SchedulePageSchema, "Newest first."),
+    },
+    errors=(401, 403, 422))
 @require_key()
 def list_schedules():
     query = ScheduleQuerySchema().load(request.args.to_dict())
@@ -65,6 +88,13 @@ def list_schedules():
 
 
 @bp.get("/v1/schedules/<schedule_id>")
+@operation(
+    "getSchedule", "Get a schedule and its firings",
+    tags=["schedules"],
+    responses={
+        200: json_response(ScheduleDetailSchema, "The schedule."),
+    },
+    errors=(401, 403, 404))
 @require_key()
 def get_schedule(schedule_id: str):
     with session_scope(g.settings) as session:
@@ -73,6 +103,16 @@ def get_schedule(schedule_id: str):
 
 
 @bp.delete("/v1/schedules/<schedule_id>")
+@operation(
+    "deleteSchedule", "Cancel a schedule",
+    tags=["schedules"],
+    description="It never fires again; it stays readable (GET, the list) with "
+                "`status: cancelled` (a schedule that was done stays `done`) and "
+                "`cancelled_at`. Deleting it again changes nothing (204).",
+    responses={
+        204: {"description": "Cancelled; no body."},
+    },
+    errors=(401, 403, 404))
 @require_key()
 def delete_schedule(schedule_id: str):
     with session_scope(g.settings) as session:

@@ -193,6 +193,13 @@ class BatchOptionsSchema(_BatchFields):
     metadata = fields.Dict(keys=fields.String(), load_default=dict)
 
 
+class BatchRequestSchema(BatchOptionsSchema):
+    """POST /v1/batches as JSON: the batch options and its requests (the view reads them
+    apart, api/batches.py; this class documents the body)."""
+    requests = fields.List(fields.Nested(BatchLineSchema), required=True,
+                           validate=validate.Length(1, 10_000))
+
+
 class ReplaySchema(StrictSchema):
     mode = fields.String(load_default="recorded", validate=validate.OneOf(("recorded", "live")))
     model = fields.String(load_default=None, allow_none=True, validate=validate.Length(1, 200))
