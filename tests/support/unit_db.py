@@ -11,7 +11,7 @@ gets a copy: SQLite's backup API copies the template file; Postgres makes the da
 loaded machine). One database per AGENTQ_HOME: a test that makes several settings for the
 same home shares one database, as it would share one SQLite file. The Postgres databases a
 test made are dropped when it ends (`drop_made`, tests/unit/conftest.py), the templates when
-the process ends.
+the session ends (`drop_templates`).
 
 A test of something only one backend has names it: `settings(env, backend="sqlite")`; a
 test given `AGENTQ_DATABASE_URL` keeps that database.
@@ -94,6 +94,18 @@ def drop_made() -> None:
             drop_database(name)
 
 
+def drop_templates() -> None:
+    """Drop this process's Postgres template (the end of the session: the suite's server
+    stops after it)."""
+    global _pg_template
+    drop_made()
+    with _lock:
+        name, _pg_template = _pg_template, None
+    if name is not None:
+        from tests.support.stack import drop_database
+        drop_database(name)
+
+
 def _sqlite_template_file() -> Path:
     global _sqlite_template
     with _lock:
@@ -107,7 +119,7 @@ def _sqlite_template_file() -> Path:
 
 
 def _postgres_for(home: str) -> str:
-    from tests.support.stack import create_database, drop_database, pg_admin_url
+    from tests.support.stack import create_database, pg_admin_url
     global _pg_template
     with _lock:
         base = pg_admin_url().rsplit("/", 1)[0]
@@ -116,7 +128,6 @@ def _postgres_for(home: str) -> str:
         if _pg_template is None:
             _pg_template = f"agentq_unit_template_{os.getpid()}"
             create_database(_pg_template)
-            atexit.register(drop_database, _pg_template)
         name = f"agentq_unit_{os.getpid()}_{next(_names)}"
         _create_from_template(name, _pg_template)
         _made[home] = name

@@ -50,6 +50,13 @@ def _engines():
     unit_db.drop_made()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _templates():
+    """The Postgres template of this test process is dropped at the end of the session."""
+    yield
+    unit_db.drop_templates()
+
+
 @pytest.fixture(scope="session")
 def modules():
     """agentq's own tool modules (tool_workers)."""
@@ -82,11 +89,10 @@ def pg_url(servers_up):
 
 @pytest.fixture
 def make_pg(tmp_path, pg_url, modules):
-    """`make`, on Postgres always (the module's database: `pg_url`), a step deadline of 10 s;
-    jobs earlier tests left queued or running are cancelled first, so each test sees only
-    its own."""
-    made: list[Harness] = []
-
+    """Harnesses on Postgres always (the module's database: `pg_url`), a step deadline of
+    10 s; jobs earlier tests left queued or running are cancelled first, so each test sees
+    only its own. Unlike `make`, replies may be left over: these tests stop a job midway
+    (a claim, a crash) and look at its rows."""
     def factory(*replies, **env) -> Harness:
         settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_DATABASE_URL": pg_url,
                                      "AGENTQ_STEP_DEADLINE_S": "10", **env})
@@ -94,8 +100,5 @@ def make_pg(tmp_path, pg_url, modules):
         with h.sessions() as session, session.begin():
             session.execute(update(Job).where(Job.status.in_(("queued", "running")))
                             .values(status="cancelled"))
-        made.append(h)
         return h
-    yield factory
-    for harness in made:
-        harness.router.assert_done()
+    return factory

@@ -55,9 +55,11 @@ def test_recall_ranks_by_cosine_and_keeps_to_the_user_and_model(settings):
     assert marked == {"north", "near-north", "north-east", "east", "up"}
 
 
-def test_sqlite_searches_in_process(settings):
+def test_the_search_backend_is_the_one_the_database_has(settings):
+    # SQLite searches in this process; Postgres without pgvector (the unit suite's) in SQL
+    expected = (memory.IN_PROCESS, None) if settings.is_sqlite else ("exact_sql", None)
     with session_factory(settings)() as session:
-        assert memory.search_backend(session) == (memory.IN_PROCESS, None)
+        assert memory.search_backend(session) == expected
 
 
 def test_memory_remember_writes_once_per_tool_call(settings, monkeypatch):

@@ -24,11 +24,11 @@ from tests.support import unit_db
 
 
 @pytest.fixture
-def web(make):
+def web(make_pg):
     """(harness, a signed-in test client of the API on the harness's database)."""
     from api import create_app
     from api.ui import COOKIE
-    h = make(text("4"))
+    h = make_pg(text("4"))
     with session_scope(h.settings) as session:
         _, key = create_key(session, "ui-snapshot", admin=True)
     client = create_app(h.settings).test_client()
