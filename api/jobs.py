@@ -19,17 +19,23 @@ from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFa
 from agentq.loop.identity import Incoming
 from agentq.loop.store import event_dict
 from agentq.loop.submit import Submission, cancel, submit
+from agentq.loop.uow import UnitOfWork
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobEvent
 from agentq.notify import hub_for
-from agentq.loop.uow import UnitOfWork
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
+from api.openapi import json_response, operation, submitted_responses
 from api.ratelimit import hold_request, take_hold
 from api.rideout import rides_out_database
-from api.openapi import json_response, operation, submitted_responses
-from api.schemas import (ApproveRequestSchema, ContinueRequestSchema, DenyRequestSchema,
-                         EventPageSchema, JobSchema, MessageRequestSchema)
+from api.schemas import (
+    ApproveRequestSchema,
+    ContinueRequestSchema,
+    DenyRequestSchema,
+    EventPageSchema,
+    JobSchema,
+    MessageRequestSchema,
+)
 from api.views import accepted, job_object
 
 log = logging.getLogger(__name__)
@@ -109,7 +115,11 @@ def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: b
                body: dict | None = None, steering_input: uuid.UUID | None = None):
     """The job object, after waiting if asked; `body` (the object as just written) saves a
     read when there is nothing to wait for. A message that steered the running job gets
-    that job with `steering`: where its input went."""
+    that job with `steering`: where its input went.
+
+    The caller holds no session (no database connection) here: the wait listens on the hub
+    and reads Postgres in short sessions of its own (agentq.waiting), and the answer is read
+    afresh after it."""
     if wait:
         wait_for_end(session_factory(g.settings), hub_for(g.settings), job_id, wait)
     if body is None or wait or steering_input is not None:
@@ -154,6 +164,7 @@ def _submit(route: str, body: dict, sub: Submission):
     key = request.headers.get("Idempotency-Key")
     key = idempotency.check_key(key) if key is not None else None
     digest = idempotency.request_hash(route, body)
+    earlier: uuid.UUID | None = None
     for attempt in range(2):
         try:
             with UnitOfWork(session_factory(g.settings)) as uow:
@@ -162,7 +173,7 @@ def _submit(route: str, body: dict, sub: Submission):
                     earlier = idempotency.find(session, g.tenant_id, g.api_key_id, key,
                                                digest)
                     if earlier is not None:
-                        return answer_job(earlier, wait, created=True, replayed=True)
+                        break  # answered below: a `wait` must not hold this connection
                 claimed = (idempotency.claim(session, g.tenant_id, g.api_key_id, key, digest)
                            if key is not None else None)
                 submitted = submit(uow, g.settings, sub)
@@ -176,6 +187,8 @@ def _submit(route: str, body: dict, sub: Submission):
             if attempt or key is None:
                 raise
             log.info("idempotency key raced; answering with the first job")
+    if earlier is not None:
+        return answer_job(earlier, wait, created=True, replayed=True)
     if steering_input is not None:
         return answer_job(job_id, wait, created=True, steering_input=steering_input)
     return answer_job(job_id, wait, created=True, body=body_now)
