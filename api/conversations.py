@@ -7,18 +7,23 @@ from flask import Blueprint, g, jsonify, request
 from sqlalchemy import select
 
 from agentq import branches
-from agentq.loop import replay
 from agentq.db import session_factory, session_scope
 from agentq.errors import ValidationFailed
+from agentq.loop import replay
 from agentq.loop.submit import Submission
-from agentq.models import Message
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Message
 from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.openapi import job_links, json_response, operation
-from api.schemas import (BranchRequestSchema, ConversationSchema, ConversationUpdateSchema,
-                         JobSchema, MessagePageSchema)
+from api.schemas import (
+    BranchRequestSchema,
+    ConversationSchema,
+    ConversationUpdateSchema,
+    JobSchema,
+    MessagePageSchema,
+)
 from api.views import accepted, message_object
 
 bp = Blueprint("conversations", __name__)

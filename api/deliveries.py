@@ -9,16 +9,16 @@ from sqlalchemy import select
 
 from agentq.db import session_factory, session_scope
 from agentq.loop.effects import SendWebhooks
-from agentq.models import Job
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Job
 from agentq.views import delivery_object
 from agentq.webhooks import secrets
 from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
 from api.jobs import load_job
-from api.views import accepted
 from api.openapi import json_response, operation
 from api.schemas import DeliveryPageSchema, DeliverySchema, WebhookSecretSchema
+from api.views import accepted
 
 bp = Blueprint("deliveries", __name__)
 

@@ -8,8 +8,8 @@ import hmac
 from flask import Blueprint, Response, g, request
 
 from agentq.errors import Unauthorized
-from tasks import metrics as recording
 from api.openapi import operation
+from tasks import metrics as recording
 
 bp = Blueprint("metrics", __name__)
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import re
 import threading
-from importlib import metadata
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from apispec import APISpec

@@ -11,13 +11,24 @@ from sqlalchemy import select
 from agentq.db import session_scope
 from agentq.errors import NotFound
 from agentq.models import Schedule
-from agentq.schedules import (STATUS_STORED, cancel_schedule, create_schedule, firings,
-                              last_jobs, schedule_object, timing)
+from agentq.schedules import (
+    STATUS_STORED,
+    cancel_schedule,
+    create_schedule,
+    firings,
+    last_jobs,
+    schedule_object,
+    timing,
+)
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.openapi import json_response, operation
-from api.schemas import (ScheduleDetailSchema, SchedulePageSchema, ScheduleQuerySchema,
-                         ScheduleRequestSchema)
+from api.schemas import (
+    ScheduleDetailSchema,
+    SchedulePageSchema,
+    ScheduleQuerySchema,
+    ScheduleRequestSchema,
+)
 
 bp = Blueprint("schedules", __name__)
 
