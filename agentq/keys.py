@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from typing import Any, cast
 
 from sqlalchemy import func, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
@@ -89,10 +91,10 @@ def revoke_key(session: Session, key_id: uuid.UUID,
 def cancel_schedules_of(session: Session, key_id: uuid.UUID, at) -> int:
     """Cancel the key's active schedules (as DELETE /v1/schedules/<id> does); returns how
     many."""
-    result = session.execute(
+    result = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
         update(Schedule).where(Schedule.api_key_id == key_id, Schedule.status == "active")
         .values(status="cancelled", next_run_at=None, cancelled_at=at)
-        .execution_options(synchronize_session=False))
+        .execution_options(synchronize_session=False)))
     return result.rowcount or 0
 
 

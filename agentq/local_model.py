@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import BinaryIO, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class LocalModelServer:
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
         self._own_log = False
         self._last_log = ""
         self._lock = threading.Lock()

@@ -14,7 +14,10 @@ import argparse
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentq.local_embeddings import Encoder
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ class LazyEncoder:
 
     def __init__(self) -> None:
         self._ready = threading.Event()
-        self._encoder = None
+        self._encoder: Encoder | None = None
         self._error: BaseException | None = None
         threading.Thread(target=self._load, name="embedding-model", daemon=True).start()
 

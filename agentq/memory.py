@@ -232,10 +232,9 @@ def _search_sql(session: Session, backend: _Backend, user_id: uuid.UUID, query: 
     statement = text(sql).bindparams(bindparam("u", type_=Uuid))
     if api_key_id is not None:
         statement = statement.bindparams(bindparam("key", type_=Uuid))
-    statement = (statement
-                 .columns(column("memory_id", Uuid), column("score", Float)))
+    ranking = statement.columns(column("memory_id", Uuid), column("score", Float))
     ranked = [(memory_id, float(score) if score is not None else -1.0)
-              for memory_id, score in session.execute(statement, params).all()]
+              for memory_id, score in session.execute(ranking, params).all()]
     if not ranked:
         return []
     rows = {m.id: m for m in session.execute(

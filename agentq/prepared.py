@@ -85,6 +85,8 @@ _shapes: dict[str, _Shape | None] = {}
 _SHAPES_KEPT = 4096
 _refused: set[tuple[str, tuple[str, ...]]] = set()
 _names = itertools.count(1)
+_prefix = ""
+"""This process's prepared statements' names begin with it (a new one after a fork)."""
 
 
 def _new_prefix() -> None:
@@ -175,8 +177,9 @@ class _Prepared:
             values = tuple(parameters[name] for name in shape.names)
         except KeyError:
             return statement, parameters
-        types = tuple(map(_declared, values))
-        if None in types:
+        declared = [_declared(value) for value in values]
+        types = tuple(t for t in declared if t is not None)
+        if len(types) < len(declared):  # a value of no type we declare: sent as it is
             return statement, parameters
         key = (statement, types)
         name = self.names.get(key)
@@ -200,7 +203,7 @@ class _Prepared:
     def forget(self) -> None:
         """The EXECUTE `rewrite` last made failed for what its prepared statement is: the
         name is dropped, its statement sent whole from now on (and prepared again in time)."""
-        name = self.names.pop(self.executing, None)
+        name = self.names.pop(self.executing, None) if self.executing is not None else None
         if name is not None:
             self.stale.append(name)
 

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 try:
     from opentelemetry import trace
 except ImportError:  # the otel extra is not installed: tracing is off
-    trace = None
+    trace = None  # type: ignore[assignment]  # the optional module, absent
 
 _configured = False
 _enabled = False
@@ -94,7 +94,7 @@ def after_fork() -> bool:
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[None]:
     """A child span of the current one (a no-op unless tracing is on)."""
-    if not _enabled:
+    if not _enabled or _tracer is None:
         yield
         return
     with _tracer.start_as_current_span(

@@ -28,6 +28,7 @@ import math
 import threading
 import time
 import uuid
+from typing import cast
 
 from flask import Flask, current_app, g
 
@@ -67,8 +68,10 @@ def register(app: Flask, settings: Settings) -> None:
     limiter = Limiter(
         _key, app=app, key_prefix="agentq", strategy=STRATEGY,
         storage_uri=redis_url or "memory://",
-        storage_options=({"socket_timeout": REDIS_TIMEOUT_S,
-                          "socket_connect_timeout": REDIS_TIMEOUT_S} if redis_url else {}),
+        # handed to redis-py, which takes seconds as a float (flask-limiter types them str|int)
+        storage_options=cast("dict[str, str | int]", {
+            "socket_timeout": REDIS_TIMEOUT_S, "socket_connect_timeout": REDIS_TIMEOUT_S}
+            if redis_url else {}),
         swallow_errors=True, headers_enabled=False)
     app.extensions["agentq_rate"] = limiter
     app.extensions["agentq_holds"] = RedisHolds(redis_url) if redis_url else MemoryHolds()
@@ -243,7 +246,8 @@ class RedisHolds(Holds):
                         exc_info=True)
 
     def count(self, key: str) -> int:
-        return self.redis.zcount(key, time.time(), "+inf")
+        # redis-py types a sync client's answers as sync-or-async (its ResponseT)
+        return int(cast(int, self.redis.zcount(key, time.time(), "+inf")))
 
 
 class MemoryHolds(Holds):

@@ -9,7 +9,11 @@ exchange, with publisher confirms and heartbeats: see `rabbitmq_settings`.
 """
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any, Sequence
+
 from celery import Celery, signals
+from celery.result import AsyncResult
 from kombu import Exchange, Queue
 
 from agentq import logs
@@ -27,7 +31,7 @@ def is_amqp(broker_url: str) -> bool:
     return broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
 
-def rabbitmq_settings() -> dict:
+def rabbitmq_settings() -> dict[str, Any]:
     """The Celery settings of a RabbitMQ broker (docs/deploying.md says why each).
 
     - Quorum queues (replicated, durable; the type RabbitMQ recommends for data that must
@@ -68,7 +72,7 @@ def rabbitmq_settings() -> dict:
     }
 
 
-def module_queue_declaration(celery_app: Celery) -> dict:
+def module_queue_declaration(celery_app: Celery) -> dict[str, Any]:
     """The arguments of `control.add_consumer` that make a module queue added at run time
     the same queue a sender declares (on RabbitMQ: quorum, on its topic exchange;
     `add_consumer` alone would declare a classic queue on a direct exchange, and
@@ -79,7 +83,7 @@ def module_queue_declaration(celery_app: Celery) -> dict:
             "options": {"queue_arguments": dict(QUORUM), "durable": True}}
 
 
-def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict:
+def _every(task: str, interval_s: float, min_expires_s: float = 0.0) -> dict[str, Any]:
     """A beat entry: `task` on the maintenance queue every `interval_s`, by name; a run
     not started within its interval is dropped (the next one does its work); nothing reads
     its result."""
@@ -100,16 +104,19 @@ class AgentqCelery(Celery):
     Rounded up, a delayed message arrives when it is due, at most a second late, and runs
     at once."""
 
-    def send_task(self, name, args=None, kwargs=None, countdown=None, eta=None, **options):
+    def send_task(  # type: ignore[override]  # the same call, its many keywords passed on in **options
+            self, name: str, args: Sequence[Any] | None = None,
+            kwargs: dict[str, Any] | None = None, countdown: float | None = None,
+            eta: datetime | None = None, **options: Any) -> AsyncResult[Any]:
         if (countdown or eta) and is_amqp(str(self.conf.broker_url or "")):
             countdown, eta = _whole_seconds(self, countdown, eta)
         return super().send_task(name, args, kwargs, countdown=countdown, eta=eta,
                                  **options)
 
 
-def _whole_seconds(celery_app: Celery, countdown, eta):
+def _whole_seconds(celery_app: Celery, countdown: float | None,
+                   eta: datetime | str | None) -> tuple[float | None, None]:
     import math
-    from datetime import datetime
 
     from celery.utils.time import maybe_make_aware
     if eta is not None:
@@ -117,7 +124,7 @@ def _whole_seconds(celery_app: Celery, countdown, eta):
             eta = datetime.fromisoformat(eta)
         remaining = (maybe_make_aware(eta) - celery_app.now()).total_seconds()
     else:
-        remaining = float(countdown)
+        remaining = float(countdown or 0)
     if remaining <= 0:
         return None, None  # due now
     return float(math.ceil(remaining)), None
@@ -173,12 +180,12 @@ def make_celery(settings: Settings) -> Celery:
 
 
 @signals.setup_logging.connect
-def _setup_logging(**_kwargs) -> None:
+def _setup_logging(**_kwargs: Any) -> None:
     logs.configure(get_settings().log_level)
 
 
 @signals.worker_init.connect
-def _gevent_pool(sender=None, **_kwargs) -> None:
+def _gevent_pool(sender: Any = None, **_kwargs: Any) -> None:
     """Under the gevent pool (AGENTQ_ORCHESTRATOR_POOL=gevent): psycopg2 waits through
     gevent and the result backend is one per process, set before the worker makes any
     connection (tasks/pools.py)."""
@@ -188,7 +195,7 @@ def _gevent_pool(sender=None, **_kwargs) -> None:
 
 
 @signals.worker_init.connect
-def _declare_rabbitmq_queues(sender=None, **_kwargs) -> None:
+def _declare_rabbitmq_queues(sender: Any = None, **_kwargs: Any) -> None:
     """On RabbitMQ, every worker declares the three fixed queues (and their exchanges)
     before its consumer starts: Celery's delayed-delivery step then binds each of them to
     the delayed-delivery exchange in every worker, whichever started first (it binds, it
@@ -209,7 +216,7 @@ def _declare_rabbitmq_queues(sender=None, **_kwargs) -> None:
 
 
 @signals.worker_init.connect
-def _sandbox_at_start(sender=None, **_kwargs) -> None:
+def _sandbox_at_start(sender: Any = None, **_kwargs: Any) -> None:
     """The tools-slow worker sets up the code sandbox before its pool forks: itself not
     dumpable, the cgroup v2 delegation its runs' groups are made in (agentq.tools.cgroups).
     Where that cannot be done it says why and runs no code (`sandbox_unavailable`)."""
@@ -220,7 +227,7 @@ def _sandbox_at_start(sender=None, **_kwargs) -> None:
 
 
 @signals.worker_ready.connect
-def _describe_pool(sender=None, **_kwargs) -> None:
+def _describe_pool(sender: Any = None, **_kwargs: Any) -> None:
     import logging
 
     from tasks import pools
@@ -229,7 +236,7 @@ def _describe_pool(sender=None, **_kwargs) -> None:
 
 
 @signals.worker_process_init.connect
-def _after_fork(**_kwargs) -> None:
+def _after_fork(**_kwargs: Any) -> None:
     """A forked pool process must not share the parent's database connections."""
     from agentq.db import dispose_engines
     dispose_engines()
@@ -237,7 +244,7 @@ def _after_fork(**_kwargs) -> None:
 
 
 @signals.worker_ready.connect
-def _follow_module_queues(sender=None, **_kwargs) -> None:
+def _follow_module_queues(sender: Any = None, **_kwargs: Any) -> None:
     """A tools worker consumes the queue of every module offered now, and follows modules
     registered or removed while it runs (HTTP modules and MCP servers)."""
     hostname = getattr(sender, "hostname", "") or ""

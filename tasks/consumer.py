@@ -25,13 +25,14 @@ once celery/kombu handle a detached transport in this path.
 from __future__ import annotations
 
 import logging
+from typing import Any, Iterator
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 log = logging.getLogger(__name__)
 
 
-def tolerant_close(connection) -> None:
+def tolerant_close(connection: Any) -> None:
     """Make `connection.close()` survive a transport that `collect()` already detached."""
     close = connection.close
 
@@ -48,7 +49,7 @@ def tolerant_close(connection) -> None:
 
 
 class Consumer(CeleryConsumer):
-    def on_connection_error_after_connected(self, exc):
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
         if self.connection is not None:
             tolerant_close(self.connection)
         return super().on_connection_error_after_connected(exc)
@@ -72,7 +73,7 @@ class Channel(kombu_redis.Channel):
     _command_client = None
 
     @contextmanager
-    def conn_or_acquire(self, client=None):
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         """kombu builds a new `redis.Redis` for every command it sends outside the consumer
         (each publish, delivery bookkeeping and ack): about 60 µs, more than the LPUSH. One
         client per channel and pool does; a redis-py client is safe to share between
@@ -83,17 +84,17 @@ class Channel(kombu_redis.Channel):
             return
         pool, cached = self.pool, self._command_client
         if cached is None or cached.connection_pool is not pool:
-            cached = self._command_client = self._create_client()
+            cached = self._command_client = self._create_client()  # type: ignore[attr-defined]  # kombu's, not in its stub
         yield cached
 
-    def _connparams(self, asynchronous=False):
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         transport = self.connection
         if transport is None or getattr(transport, "client", None) is None:
             import redis
             raise redis.exceptions.ConnectionError(
                 "the broker connection of this channel was closed (its transport was "
                 "collected after a connection loss)")
-        return super()._connparams(asynchronous=asynchronous)
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[misc,no-any-return]  # kombu's, not in its stub
 
 
 class Transport(kombu_redis.Transport):

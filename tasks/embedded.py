@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from agentq.config import Settings
 from tasks import names
@@ -34,8 +35,9 @@ class EmbeddedWorker:
         self._stop = threading.Event()
         ready = self.ready
 
-        class Controller(app.WorkController):
-            def on_consumer_ready(self, consumer):
+        # the app's own WorkController class, made at run time (Celery's subclass_with_self)
+        class Controller(app.WorkController):  # type: ignore[misc,name-defined]
+            def on_consumer_ready(self, consumer: Any) -> None:
                 super().on_consumer_ready(consumer)
                 ready.set()
                 from tasks.app import start_module_watcher

@@ -14,6 +14,7 @@ import socket
 import threading
 from queue import Empty
 from time import monotonic
+from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES, memory
 
@@ -33,11 +34,12 @@ def _notify() -> None:
 
 
 class Channel(memory.Channel):
-    def _put(self, queue, message, **kwargs):
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         super()._put(queue, message, **kwargs)
         _notify()
 
-    def _put_fanout(self, exchange, message, routing_key=None, **kwargs):
+    def _put_fanout(self, exchange: str, message: Any, routing_key: str | None = None,
+                    **kwargs: Any) -> None:
         super()._put_fanout(exchange, message, routing_key, **kwargs)
         _notify()
 
@@ -46,13 +48,17 @@ class Transport(memory.Transport):
     Channel = Channel
     polling_interval = 1.0  # the longest idle wait; a put ends it at once
 
-    def drain_events(self, connection, timeout=None):
+    # kombu's stub for Transport.drain_events has no timeout; kombu's code passes one
+    def drain_events(  # type: ignore[override]
+            self, connection: Any, timeout: float | None = None) -> None:
         started = monotonic()
+        cycle = self.cycle
+        assert cycle is not None, "the transport's channels are set up before it drains"
         while True:
             with _published:
                 seen = _generation
             try:
-                self.cycle.get(self._deliver, timeout=timeout)
+                cycle.get(self._deliver, timeout=timeout)
                 return
             except Empty:
                 pass

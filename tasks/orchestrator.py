@@ -8,6 +8,7 @@ import logging
 import tasks.dispatch  # noqa: E402,F401
 from agentq import logs, tracing
 from agentq.db import DATABASE_UNREACHABLE
+from agentq.loop.effects import Cause
 from tasks import names
 from tasks.app import app
 from tasks.base import DATABASE_RETRIES, AgentqTask, services
@@ -15,7 +16,7 @@ from tasks.base import DATABASE_RETRIES, AgentqTask, services
 log = logging.getLogger(__name__)
 
 
-def _run(job_id: str, iteration: int, cause: str) -> None:
+def _run(job_id: str, iteration: int, cause: Cause) -> None:
     token = logs.bind(job_id=job_id, iteration=iteration)
     tracing.annotate(job_id=job_id, iteration=iteration, cause=cause)
     try:
@@ -36,12 +37,12 @@ def _run(job_id: str, iteration: int, cause: str) -> None:
 
 
 @app.task(base=AgentqTask, name=names.STEP, **DATABASE_RETRIES)
-def step(job_id: str, iteration: int, cause: str = "continue") -> None:
+def step(job_id: str, iteration: int, cause: Cause = "continue") -> None:
     _run(job_id, iteration, cause)
 
 
 @app.task(base=AgentqTask, name=names.AFTER_TOOLS, **DATABASE_RETRIES)
-def after_tools(_results, job_id: str, iteration: int) -> None:
+def after_tools(_results: object, job_id: str, iteration: int) -> None:
     """The chord's callback: every tool task of the turn has returned."""
     _run(job_id, iteration, "callback")
 

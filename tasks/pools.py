@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +33,13 @@ def missing_for(pool: str) -> list[str]:
     return [name for name in GEVENT_PACKAGES if importlib.util.find_spec(name) is None]
 
 
-def is_gevent(pool_cls) -> bool:
+def is_gevent(pool_cls: str | type) -> bool:
     """Whether a worker's pool (a name such as `gevent`, or the class) is gevent's."""
     from celery.concurrency import get_implementation
     return get_implementation(pool_cls).__module__ == "celery.concurrency.gevent"
 
 
-def cooperate(app) -> None:
+def cooperate(app: Celery) -> None:
     """Make psycopg2 wait through gevent (this process's connections made after this), and
     give the process one Celery result backend instead of one per greenlet."""
     from gevent import monkey

@@ -35,6 +35,10 @@ class CancelToken:
         """Sleep up to `timeout_s`, or less when the token is set meanwhile."""
         return self._event.wait(timeout_s)
 
+    def sleep(self, timeout_s: float) -> None:
+        """`wait` as a retry's sleep (tenacity's), which returns nothing."""
+        self._event.wait(timeout_s)
+
     def cancel(self) -> None:
         with self._lock:
             if self._event.is_set():

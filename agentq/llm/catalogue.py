@@ -85,7 +85,8 @@ def _entry(name: str, spec: Any, env: Mapping[str, str]) -> ModelEntry:
         raise bad(f"unknown keys {sorted(unknown)}")
     base_url = spec.get("base_url")
     parts = urlsplit(base_url) if isinstance(base_url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+    if not isinstance(base_url, str) or parts is None or \
+            parts.scheme not in ("http", "https") or not parts.netloc:
         raise bad("base_url must be an http(s) URL")
     key_env = spec.get("api_key_env")
     if key_env is not None:

@@ -371,7 +371,7 @@ class LLMRouter:
             wait=self._wait,
             retry=retry_if_exception(_is_retryable),
             before_sleep=partial(self._log_retry, model, label, what),
-            sleep=self._sleep if token is None else token.wait,
+            sleep=self._sleep if token is None else token.sleep,
             reraise=True,
         )
         for attempt in retrying:

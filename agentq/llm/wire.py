@@ -246,7 +246,8 @@ def _tool_name(raw: Any) -> str:
 
 
 def _tool_call(call: dict[str, Any], names: NameMap) -> ToolCallRequest:
-    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    given = call.get("function")
+    function: dict[str, Any] = given if isinstance(given, dict) else {}
     arguments, raw, error = _arguments(function.get("arguments"))
     return ToolCallRequest(
         id=_call_id(call.get("id")),
@@ -277,7 +278,8 @@ def parse_chat(data: dict[str, Any], requested_model: str, names: NameMap,
     # its calls may be cut too (agentq.loop.decision runs none of them)
     stop: StopReason = ("max_tokens" if choice.get("finish_reason") == "length"
                         else "tool_use" if calls else "end_turn")
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    given = data.get("usage")
+    usage: dict[str, Any] = given if isinstance(given, dict) else {}
     input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     estimated = input_tokens is None or output_tokens is None

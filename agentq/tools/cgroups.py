@@ -154,6 +154,7 @@ def _setup(mount: str | None, path: str | None) -> Hierarchy:
     # at the top of the hierarchy (the host's root group, or a container's own) only this
     # process moves: the others are not ours to move (a container's other processes, if
     # any, make the write below fail with EBUSY, and we say so)
+    assert mount is not None  # _base refused a missing mount
     only = os.getpid() if os.path.normpath(base) == os.path.normpath(mount) else None
     last: OSError | None = None
     for _ in range(20):

@@ -20,7 +20,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from agentq.config import Settings
 from agentq.errors import ManifestError, ToolTimeout
@@ -49,10 +49,10 @@ CHILD_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH")
 the database URL, keys, secrets nor anything else of agentq's (AGENTQ_*, OPENAI_*, ...)."""
 
 
-def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a stdio MCP server is started with: an allow-list, not ours."""
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items()
+    source: Mapping[str, str] = os.environ if environ is None else environ
+    return {k: v for k, v in source.items()
             if (k in CHILD_ENV or k.startswith("LC_")) and not v.startswith("()")}
 
 

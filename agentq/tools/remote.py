@@ -25,9 +25,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import httpx
 
@@ -55,7 +56,8 @@ MAX_ANSWER_BYTES = 2_000_000
 
 # --- registration checks ------------------------------------------------------------------
 
-def check_spec(spec: ModuleSpec, settings: Settings, taken: set[str] = frozenset()) -> None:
+def check_spec(spec: ModuleSpec, settings: Settings,
+               taken: AbstractSet[str] = frozenset()) -> None:
     """Raise ValidationFailed naming the field to fix."""
     if not NAME_RE.fullmatch(spec.name or ""):
         raise ValidationFailed({"name": ["Must match [a-z][a-z0-9_]{0,30}."]},
@@ -128,7 +130,8 @@ class Store:
 
     def get(self, key: str) -> Any:
         if self._redis is not None:
-            raw = self._redis.get(KEY_PREFIX + key)
+            # redis-py types a sync client's answers as sync-or-async (its ResponseT)
+            raw: bytes | str | None = cast("bytes | None", self._redis.get(KEY_PREFIX + key))
         else:
             with self._lock:
                 expires, raw = self._local.get(key, (None, None))
@@ -165,7 +168,7 @@ class Store:
 
     def incr(self, key: str) -> int:
         if self._redis is not None:
-            return int(self._redis.incr(KEY_PREFIX + key))
+            return int(cast(int, self._redis.incr(KEY_PREFIX + key)))
         with self._lock:
             value = int(self._local.get(key, (None, "0"))[1]) + 1
             self._local[key] = (None, str(value))
@@ -179,7 +182,7 @@ class Store:
         if read is not None and id(self) in read:
             return read[id(self)]
         if self._redis is not None:
-            version = int(self._redis.get(KEY_PREFIX + "version") or 0)
+            version = int(cast("bytes | None", self._redis.get(KEY_PREFIX + "version")) or 0)
         else:
             with self._lock:
                 version = int(self._local.get("version", (None, "0"))[1])
@@ -230,6 +233,7 @@ def _http_client() -> httpx.Client:
 
 def _request(spec: ModuleSpec, method: str, path: str, body: str, event_id: str,
              timeout_s: float, settings: Settings) -> httpx.Response:
+    assert spec.url is not None, "an HTTP module has a url (check_spec)"
     url = spec.url.rstrip("/") + path
     try:
         target = urls.resolve_and_check(url, settings.module_allow_private, field_name="url")

@@ -54,7 +54,7 @@ def _current(session: Session, tenant: Tenant, settings: Settings) -> tuple[str,
                     .values(webhook_secret=new_secret())
                     .execution_options(synchronize_session=False))
     session.refresh(tenant, attribute_names=["webhook_secret"])
-    return tuple(tenant.webhook_secret.split())
+    return tuple((tenant.webhook_secret or "").split())  # set by now, by us or another
 
 
 def signing_secrets(session: Session, tenant: Tenant, settings: Settings,
@@ -65,7 +65,7 @@ def signing_secrets(session: Session, tenant: Tenant, settings: Settings,
     loads it with the delivery, agentq.webhooks.delivery._claim)."""
     current = _current(session, tenant, settings)
     now = now or utcnow()
-    previous = ()
+    previous: tuple[str, ...] = ()
     if tenant.webhook_secret_previous and tenant.webhook_secret_previous_until and \
             tenant.webhook_secret_previous_until > now:
         previous = tuple(s for s in tenant.webhook_secret_previous.split()

@@ -83,7 +83,7 @@ def read_document(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise FileToolError(f"file {record.filename} is {record.mime_type}, not text; "
                             "name it in code.run_python's file_ids to work on it")
     try:
-        text = record.content.decode("utf-8")
+        text = (record.content or b"").decode("utf-8")  # load() returns it stored
     except UnicodeDecodeError:
         raise FileToolError(f"file {record.filename} is not UTF-8 text; name it in "
                             "code.run_python's file_ids to work on it") from None
