@@ -24,12 +24,13 @@ from sqlalchemy.orm import sessionmaker
 
 from agentq import memory
 from agentq.config import Settings
-from agentq.db import riding_out, utcnow
+from agentq.db import utcnow
 from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.loop.context import render_tool_result, truncate
 from agentq.loop.store import record_usage
 from agentq.models import Conversation, ConversationSummary, Memory, Message
+from agentq.loop.uow import UnitOfWork, ride_out
 
 log = logging.getLogger(__name__)
 
@@ -112,32 +113,37 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
     worth = bool(content) and content.strip(" .").upper() != NOTHING
     vector = router.embed(content[:8000]) if worth else None
 
+    def keep(uow: UnitOfWork) -> int:
+        session = uow.session
+        advanced = session.execute(
+            update(Conversation).where(Conversation.id == conversation_id,
+                                       Conversation.memory_summarized_seq < seq)
+            .values(memory_summarized_seq=seq)).rowcount
+        if not advanced:  # another delivery wrote it first
+            return 0
+        if reply is not None:
+            cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
+            record_usage(session, user_id=user_id, conversation_id=conversation_id,
+                         job_id=None, iteration=0, reply=reply, cost=cost, now=now)
+        if not worth:
+            log.info("idle conversation had nothing to remember",
+                     extra={"conversation_id": str(conversation_id), "through_seq": seq})
+            return 0
+        if session.get(Memory, digest_id(conversation_id, seq)) is not None:
+            return 0
+        stored = memory.remember(session, tenant_id=tenant_id, user_id=user_id,
+                                 content=content, embedding=vector,
+                                 model=settings.embedding_model, source=SOURCE,
+                                 conversation_id=conversation_id)
+        stored.id = digest_id(conversation_id, seq)
+        return 1
+
     # the model digested it: the memory is kept through a database outage (written when
     # the database answers, within a step deadline) rather than lost and asked for again
-    for attempt in riding_out(settings.step_deadline_s, "memory",
-                              conversation_id=str(conversation_id)):
-        with attempt, sessions() as session, session.begin():
-            advanced = session.execute(
-                update(Conversation).where(Conversation.id == conversation_id,
-                                           Conversation.memory_summarized_seq < seq)
-                .values(memory_summarized_seq=seq)).rowcount
-            if not advanced:  # another delivery wrote it first
-                return 0
-            if reply is not None:
-                cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
-                record_usage(session, user_id=user_id, conversation_id=conversation_id,
-                             job_id=None, iteration=0, reply=reply, cost=cost, now=now)
-            if not worth:
-                log.info("idle conversation had nothing to remember",
-                         extra={"conversation_id": str(conversation_id), "through_seq": seq})
-                return 0
-            if session.get(Memory, digest_id(conversation_id, seq)) is not None:
-                return 0
-            stored = memory.remember(session, tenant_id=tenant_id, user_id=user_id,
-                                     content=content, embedding=vector,
-                                     model=settings.embedding_model, source=SOURCE,
-                                     conversation_id=conversation_id)
-            stored.id = digest_id(conversation_id, seq)
+    kept, _ = ride_out(sessions, settings.step_deadline_s, "memory", keep,
+                       conversation_id=str(conversation_id))
+    if not kept:
+        return 0
     log.info("idle conversation summarised into memory",
              extra={"conversation_id": str(conversation_id), "through_seq": seq,
                     "messages": len(rows)})

@@ -32,14 +32,15 @@ import logging
 import threading
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq.db import relax_durability, utcnow, write_changes
+from agentq.db import relax_durability, riding_out, utcnow, write_changes
 from agentq.loop.effects import Effect
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Dispatcher = Callable[[Sequence[Effect]], None]
 _dispatcher: Dispatcher | None = None
@@ -221,3 +222,20 @@ class UnitOfWork:
         announced, self.announced = self.announced, {}
         for job_id, written in announced.items():
             notify(job_id, written)
+
+
+def ride_out(sessions: sessionmaker | Callable[[], Session], deadline_s: float, kept: str,
+             work: Callable[[UnitOfWork], T], *, durable: bool = True,
+             autoflush: bool = True, **context: Any) -> tuple[T, UnitOfWork]:
+    """`work(uow)` in a unit of work, kept through a database outage: the write of work
+    done already (a tool ran, the model answered, a summary was made), tried again in a new
+    unit of work while the database is away, for `deadline_s`, rather than lost and done
+    again (`agentq.db.riding_out`, the one retry policy: `kept` and `context` name the write
+    in its log lines). Returns what the committed attempt's `work` returned and its unit of
+    work (`.sent`: the effects dispatched). `work` may run more than once: it starts from
+    what it reads in its own transaction, and a caller that keeps state across attempts
+    resets it in `work`."""
+    for attempt in riding_out(deadline_s, kept, **context):
+        with attempt, UnitOfWork(sessions, durable=durable, autoflush=autoflush) as uow:
+            done = work(uow)
+    return done, uow
