@@ -16,6 +16,6 @@ def execute(tool_use_id: str) -> dict:
         s = services()
         # with tool_join=database, the call that stores its turn's last result sends the
         # next step (an effect of that unit of work)
-        return execute_tool_call(tool_use_id, s.settings, s.registry, s.sessions)
+        return execute_tool_call(tool_use_id, s.settings, s.registry, s.sessions).as_dict()
     finally:
         logs.unbind(token)

@@ -17,30 +17,29 @@ import os
 import threading
 import time
 import uuid
-from datetime import timedelta
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, assert_never
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import sessionmaker
 
 from agentq import agents
 from agentq.config import Settings
-from agentq.db import lock_row, riding_out, utcnow
+from agentq.db import lock_row, utcnow
+from agentq.loop import rules
 from agentq.loop.leases import ToolLeaseKeeper
+from agentq.loop.rules import MAX_DELIVERIES
 from agentq.loop.effects import NextStep
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
-from agentq.loop.uow import UnitOfWork
+from agentq.loop.uow import UnitOfWork, ride_out
 
 log = logging.getLogger(__name__)
 _calls, _jobs = ToolCall.__table__, Job.__table__
 _users, _conversations, _personas = User.__table__, Conversation.__table__, Persona.__table__
 AWAIT_POLL_S = 0.5
-MAX_DELIVERIES = 3
-"""A call whose task was delivered this often without storing a result (it crashed its
-worker each time) is answered with an error instead of being run again."""
 CRASHED_RESULT = {"ok": False, "result": None,
                   "error": {"code": "tool_crashed",
                             "message": f"The tool crashed its worker {MAX_DELIVERIES} times."}}
@@ -55,64 +54,111 @@ CANCELLED_RESULT = {"ok": False, "result": None,
                                                               "this tool ran."}}
 
 
-def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                      sessions: sessionmaker) -> dict[str, Any]:
-    registry.look()  # before the transaction: one pooled connection at a time
-    # a lost start is re-done by the redelivered task
-    with UnitOfWork(sessions, durable=False) as uow:
-        prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
-    if isinstance(prepared, _RunningElsewhere):
-        return _await_other_delivery(tool_use_id, settings, registry, sessions)
-    if isinstance(prepared, dict):
-        return prepared
-    if isinstance(prepared, _Refused):  # a delegate call that starts no sub-agent
-        return _finish(tool_use_id, prepared.job_id, agents.DELEGATE, "failed",
-                       {**prepared.result.to_record(), "attempts": 1}, settings, sessions)
-    name, arguments, ctx, allowed, lease_until = prepared
+@dataclass(frozen=True)
+class CallOutcome:
+    """What a delivery of a tool call ended with (the tool task's result). `status`: the
+    stored status (succeeded, failed, cancelled), `duplicate` when another delivery stored
+    it, `delegated` when a sub-agent was started, `missing` for an unknown tool_use_id."""
+    tool_use_id: str
+    status: str
+    next_step: tuple[str, int] | None = None
+    """With `tool_join=database`: the step this delivery sent (its turn's last result)."""
+    child_job_id: str | None = None
+    """A delegate call's sub-agent."""
 
-    # the lease taken in `_prepare` is renewed while the tool runs
-    with tool_leases(settings, sessions).hold(ctx.job_id, tool_use_id, lease_until):
-        result: ToolResult = registry.execute(name, arguments, ctx, allowed)
-    status = "succeeded" if result.ok else "failed"
-    record = {**result.to_record(), "attempts": result.attempts}
-    return _finish(tool_use_id, uuid.UUID(ctx.job_id), name, status, record, settings,
-                   sessions)
-
-
-def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
-            record: dict[str, Any], settings: Settings,
-            sessions: sessionmaker) -> dict[str, Any]:
-    """Store a call's result and, when it was its turn's last, name the next step."""
-    delegate = name == agents.DELEGATE
-    # the tool ran: its result is kept through a database outage (retried for a step
-    # deadline) rather than lost, which would leave a not idempotent call `interrupted`
-    for attempt in riding_out(settings.step_deadline_s, "tool result",
-                              tool_use_id=tool_use_id):
-        with attempt, UnitOfWork(sessions) as uow:
-            # the job's row before the call's, as everywhere
-            job = lock_row(uow.session, Job, job_id, load=delegate)
-            iteration = _store(uow, job_id, tool_use_id, name, status, record)
-            if delegate and iteration is not None and job is not None:
-                agents.settle(uow, job, iteration)  # its parent may wait for children
-            join = (_join_if_last(uow.session, job_id, iteration)
-                    if iteration is not None and settings.tool_join == "database"
-                    else None)
-            if join is not None:  # this call was the turn's last: the next step goes out
-                uow.effect(NextStep(join[0], join[1], "callback"))
-    return {"tool_use_id": tool_use_id,
-            "status": status if iteration is not None else "duplicate", "next_step": join}
+    def as_dict(self) -> dict[str, Any]:
+        """The task's JSON result."""
+        out: dict[str, Any] = {"tool_use_id": self.tool_use_id, "status": self.status,
+                               "next_step": self.next_step}
+        if self.child_job_id is not None:
+            out["child_job_id"] = self.child_job_id
+        return out
 
 
 @dataclass(frozen=True)
-class _Refused:
+class Run:
+    """`_prepare` started the call: this delivery runs the tool, under a lease renewed
+    while it runs."""
+    name: str
+    arguments: Any
+    ctx: ToolContext
+    allowed: tuple[str, ...]
+    lease_until: datetime
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The delivery ends without running the tool: stored already, cancelled, interrupted,
+    crashed too often, unknown, or a sub-agent started."""
+    outcome: CallOutcome
+
+
+@dataclass(frozen=True)
+class Refused:
     """A delegate call that starts no sub-agent (bad arguments, too deep): its error."""
     job_id: uuid.UUID
     result: ToolResult
 
 
-class _RunningElsewhere:
+@dataclass(frozen=True)
+class RunningElsewhere:
     """Another delivery of this call is running it (its lease is live): this one waits for
     that one's result instead of running the tool a second time."""
+
+
+Prepared = Run | Answered | Refused | RunningElsewhere
+
+
+def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
+                      sessions: sessionmaker) -> CallOutcome:
+    registry.look()  # before the transaction: one pooled connection at a time
+    # a lost start is re-done by the redelivered task
+    with UnitOfWork(sessions, durable=False) as uow:
+        prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
+    match prepared:
+        case RunningElsewhere():
+            return _await_other_delivery(tool_use_id, settings, registry, sessions)
+        case Answered(outcome=outcome):
+            return outcome
+        case Refused(job_id=job_id, result=refusal):  # a delegate call: no sub-agent
+            return _finish(tool_use_id, job_id, agents.DELEGATE, "failed",
+                           {**refusal.to_record(), "attempts": 1}, settings, sessions)
+        case Run(name=name, arguments=arguments, ctx=ctx, allowed=allowed,
+                 lease_until=lease_until):
+            # the lease taken in `_prepare` is renewed while the tool runs
+            with tool_leases(settings, sessions).hold(ctx.job_id, tool_use_id, lease_until):
+                result: ToolResult = registry.execute(name, arguments, ctx, allowed)
+            status = "succeeded" if result.ok else "failed"
+            record = {**result.to_record(), "attempts": result.attempts}
+            return _finish(tool_use_id, uuid.UUID(ctx.job_id), name, status, record,
+                           settings, sessions)
+        case _:
+            assert_never(prepared)
+
+
+def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
+            record: dict[str, Any], settings: Settings,
+            sessions: sessionmaker) -> CallOutcome:
+    """Store a call's result and, when it was its turn's last, name the next step."""
+    delegate = name == agents.DELEGATE
+
+    def store(uow: UnitOfWork) -> tuple[int | None, tuple[str, int] | None]:
+        # the job's row before the call's, as everywhere
+        job = lock_row(uow.session, Job, job_id, load=delegate)
+        iteration = _store(uow, job_id, tool_use_id, name, status, record)
+        if delegate and iteration is not None and job is not None:
+            agents.settle(uow, job, iteration)  # its parent may wait for children
+        join = (_join_if_last(uow.session, job_id, iteration)
+                if iteration is not None and settings.tool_join == "database" else None)
+        if join is not None:  # this call was the turn's last: the next step goes out
+            uow.effect(NextStep(join[0], join[1], "callback"))
+        return iteration, join
+
+    # the tool ran: its result is kept through a database outage (retried for a step
+    # deadline) rather than lost, which would leave a not idempotent call `interrupted`
+    (iteration, join), _ = ride_out(sessions, settings.step_deadline_s, "tool result", store,
+                                    tool_use_id=tool_use_id)
+    return CallOutcome(tool_use_id, status if iteration is not None else "duplicate", join)
 
 
 _keepers: dict[tuple[int, float], ToolLeaseKeeper] = {}
@@ -138,7 +184,7 @@ def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:
 
 
 def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                          sessions: sessionmaker) -> dict[str, Any]:
+                          sessions: sessionmaker) -> CallOutcome:
     """A copy of a call that a live delivery is running: wait until that one stores the
     result (this copy then answers `duplicate`; the storer joins the turn), or until its
     lease runs out unrenewed (its worker died: this copy decides again, in `_prepare`)."""
@@ -148,7 +194,7 @@ def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRe
                 select(ToolCall.status, ToolCall.lease_until)
                 .where(ToolCall.tool_use_id == tool_use_id)).one()
         if status != "pending":
-            return {"tool_use_id": tool_use_id, "status": "duplicate", "next_step": None}
+            return CallOutcome(tool_use_id, "duplicate")
         if lease_until is None or utcnow() >= lease_until:
             log.warning("the delivery running a tool call went silent",
                         extra={"event": "tool.lease_expired", "tool_use_id": tool_use_id})
@@ -211,57 +257,76 @@ them on every call."""
 
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
-             sessions: sessionmaker):
-    """Load the call and decide whether it runs; a dict is the task's answer without it."""
+             sessions: sessionmaker) -> Prepared:
+    """Load the call and decide whether this delivery runs it (`rules.call_verdict`)."""
     session = uow.session
     query = _LOCK_CALL_BY_ID[session.bind.dialect.name == "postgresql"]
     call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
         log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
-        return {"tool_use_id": tool_use_id, "status": "missing"}
-    if call.status != "pending":
-        return {"tool_use_id": tool_use_id, "status": call.status}
-    job_id = call.job_id
-    if call.job_status in TERMINAL_STATUSES or call.cancel_requested_at is not None:
-        _store(uow, job_id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
-        return {"tool_use_id": tool_use_id, "status": "cancelled"}
-    if call.name == agents.DELEGATE:  # a sub-agent: a job, not a function (agentq.agents)
-        outcome = agents.start_child(uow, call, tool_use_id, settings, registry)
-        return _Refused(job_id, outcome) if isinstance(outcome, ToolResult) else outcome
-    now = utcnow()
-    if call.attempts and call.lease_until is not None and call.lease_until > now:
-        log.info("tool call is running in another delivery; waiting for its result",
-                 extra={"event": "tool.running_elsewhere", "tool_use_id": tool_use_id})
-        return _RunningElsewhere()
+        return Answered(CallOutcome(tool_use_id, "missing"))
+    job_id, now = call.job_id, utcnow()
     tool = registry.tools.get(call.name)
-    idempotent = bool(tool and tool.idempotent)
-    if call.attempts and not idempotent:
-        # the delivery that started it died without storing a result: it may have acted
-        # already, so a tool with side effects is not run again (the model is told)
-        log.warning("not idempotent tool call interrupted; not running it again",
-                    extra={"event": "tool.interrupted", "tool": call.name,
-                           "tool_use_id": tool_use_id, "deliveries": call.attempts})
-        _store(uow, job_id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
-        return {"tool_use_id": tool_use_id, "status": "failed"}
-    attempts = call.attempts + 1
+    verdict = rules.call_verdict(
+        status=call.status, job_ended=call.job_status in TERMINAL_STATUSES,
+        cancel_requested=call.cancel_requested_at is not None,
+        delegate=call.name == agents.DELEGATE, attempts=call.attempts,
+        lease_until=call.lease_until, now=now, idempotent=bool(tool and tool.idempotent))
+    match verdict:
+        case rules.Settled(status=status):
+            return Answered(CallOutcome(tool_use_id, status))
+        case rules.CancelCall():
+            _store(uow, job_id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
+            return Answered(CallOutcome(tool_use_id, "cancelled"))
+        case rules.Delegate():  # a sub-agent: a job, not a function (agentq.agents)
+            outcome = agents.start_child(uow, call, tool_use_id, settings, registry)
+            if isinstance(outcome, ToolResult):
+                return Refused(job_id, outcome)
+            return Answered(CallOutcome(tool_use_id, outcome["status"],
+                                        child_job_id=outcome.get("child_job_id")))
+        case rules.Elsewhere():
+            log.info("tool call is running in another delivery; waiting for its result",
+                     extra={"event": "tool.running_elsewhere", "tool_use_id": tool_use_id})
+            return RunningElsewhere()
+        case rules.Interrupted():
+            # the delivery that started it died without storing a result: it may have acted
+            # already, so a tool with side effects is not run again (the model is told)
+            log.warning("not idempotent tool call interrupted; not running it again",
+                        extra={"event": "tool.interrupted", "tool": call.name,
+                               "tool_use_id": tool_use_id, "deliveries": call.attempts})
+            _store(uow, job_id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
+            return Answered(CallOutcome(tool_use_id, "failed"))
+        case rules.Start():
+            return _start(uow, call, verdict, tool_use_id, settings, registry, sessions, now)
+        case _:
+            assert_never(verdict)
+
+
+def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
+           settings: Settings, registry: ToolRegistry, sessions: sessionmaker,
+           now: datetime) -> Run | Answered:
+    """This delivery starts the call: its attempt counted and its lease taken (the job's
+    too); a call that crashed its worker too often is answered `tool_crashed` instead."""
+    session, job_id = uow.session, call.job_id
     lease_until = now + timedelta(seconds=settings.step_deadline_s)
     # the sweeper leaves the job alone while the call runs (a slow tool is not a stall);
-    # the job's row (locked above) is written before the call's, as everywhere
-    start = {"call_id": tool_use_id, "attempts_now": attempts, "now": now, "until": lease_until}
+    # the job's row (locked by `_prepare`) is written before the call's, as everywhere
+    row = {"call_id": tool_use_id, "attempts_now": start.attempts, "now": now,
+           "until": lease_until}
     if call.redrive_after is not None and call.redrive_after >= lease_until:
-        session.execute(_START_CALL, start)
+        session.execute(_START_CALL, row)
     elif session.bind.dialect.name == "postgresql":
-        session.execute(_LEASE_AND_START, {**start, "leased_job": job_id})
+        session.execute(_LEASE_AND_START, {**row, "leased_job": job_id})
     else:
         session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
-        session.execute(_START_CALL, start)
-    if attempts > MAX_DELIVERIES:
+        session.execute(_START_CALL, row)
+    if start.crashed:
         _store(uow, job_id, tool_use_id, call.name, "failed", CRASHED_RESULT)
-        return {"tool_use_id": tool_use_id, "status": "failed"}
-    if attempts > 1:  # at-least-once: the previous delivery died before storing
+        return Answered(CallOutcome(tool_use_id, "failed"))
+    if start.attempts > 1:  # at-least-once: the previous delivery died before storing
         log.info("idempotent tool call delivered again; running it again",
                  extra={"event": "tool.rerun", "tool": call.name,
-                        "tool_use_id": tool_use_id, "delivery": attempts})
+                        "tool_use_id": tool_use_id, "delivery": start.attempts})
     allowed = registry.allowed_modules(call.allowed_modules, call.tenant_id)
     ctx = ToolContext(tool_use_id=tool_use_id, job_id=str(job_id), user_id=str(call.user_id),
                       conversation_id=str(call.conversation_id),
@@ -272,7 +337,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
                       session_factory=sessions,
                       public_url=settings.public_url, tenant_id=str(call.tenant_id),
                       extra={"settings": settings})
-    return call.name, call.arguments, ctx, allowed, lease_until
+    return Run(call.name, call.arguments, ctx, allowed, lease_until)
 
 
 def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, status: str,

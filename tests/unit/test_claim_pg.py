@@ -242,7 +242,7 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     # given a job whose turn asked for one tool call
     from sqlalchemy import event
 
-    from agentq.loop.execute import _prepare
+    from agentq.loop.execute import Run, _prepare
     from agentq.models import ToolCall
     from agentq.testing.harness import calls, text
     h = make(calls(("math.evaluate", {"expression": "6*7"})), text("42"))
@@ -262,7 +262,8 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     # then the call is read with its job locked, and the job's lease and the call's start
     # are one statement (the transaction's SET LOCAL goes with the first: agentq.db)
     assert [s.split()[0] for s in statements] == ["SELECT", "WITH"]
-    lease_until = prepared[-1]
+    assert isinstance(prepared, Run)  # this delivery runs the tool
+    lease_until = prepared.lease_until
     (started,) = h.rows(ToolCall, job_id)
     assert (started.attempts, started.lease_until) == (1, lease_until)
     assert started.started_at is not None

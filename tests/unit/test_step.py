@@ -85,7 +85,7 @@ def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
     end = h.stepper.run(job_id, 1, "callback")
     # then
-    assert outcome["status"] == "succeeded"
+    assert outcome.status == "succeeded"
     assert end == [JobEnded(job_id, "completed")]
     job = h.job(job_id)
     assert (job.status, job.finish_reason, job.response["content"]) == ("completed",
@@ -350,7 +350,7 @@ def test_a_callback_with_a_call_still_pending_answers_it_as_lost(make):
                 for c in h.rows(ToolCall, job_id)}
     assert statuses == {first: ("succeeded", None), second: ("failed", "tool_task_failed")}
     # and a late execution of the lost call stores nothing
-    assert execute_tool_call(second, h.settings, h.registry, h.sessions)["status"] == "failed"
+    assert execute_tool_call(second, h.settings, h.registry, h.sessions).status == "failed"
 
 
 def test_the_sweeper_redispatches_tool_calls_that_never_ran(make):

@@ -14,7 +14,7 @@ from sqlalchemy import func, select, update
 
 from agentq.errors import ManifestError
 from agentq.loop.effects import DispatchTools
-from agentq.loop.execute import execute_tool_call
+from agentq.loop.execute import CallOutcome, execute_tool_call
 from agentq.models import FileRecord, JobEvent, ToolCall
 from agentq.tools.manifest import ToolContext, define_module
 from agentq.testing.harness import calls, text
@@ -83,7 +83,7 @@ def test_create_document_run_twice_for_one_call_writes_one_file(make):
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id).values(
             status="pending", result=None, finished_at=None, lease_until=_LONG_AGO))
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
-    assert outcome["status"] == "succeeded"
+    assert outcome.status == "succeeded"
     [record] = _files(h, job_id)
     assert str(record.id) == first["file_id"]
     with h.sessions() as session:
@@ -130,7 +130,7 @@ def test_a_copy_delivered_while_the_call_runs_waits_for_its_result_and_runs_noth
     [dispatch] = h.stepper.run(job_id, 0, "start")
     [(tool_use_id, _queue, _limit)] = dispatch.calls
     _started(h, tool_use_id, datetime.now(timezone.utc) + timedelta(hours=1))
-    answers: list[dict] = []
+    answers: list[CallOutcome] = []
     copy = threading.Thread(target=lambda: answers.append(
         execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)))
     copy.start()
@@ -141,7 +141,7 @@ def test_a_copy_delivered_while_the_call_runs_waits_for_its_result_and_runs_noth
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
                         .values(status="succeeded", result=first_result))
     copy.join(timeout=60)
-    assert answers == [{"tool_use_id": tool_use_id, "status": "duplicate", "next_step": None}]
+    assert answers == [CallOutcome(tool_use_id, "duplicate")]
     call = _call(h, tool_use_id)
     assert call.attempts == 1 and call.result == first_result
 
@@ -157,7 +157,7 @@ def test_a_not_idempotent_call_whose_worker_died_is_not_run_again(make):
     [(tool_use_id, _queue, _limit)] = dispatch.calls
     _started(h, tool_use_id, _LONG_AGO)
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
-    assert outcome["status"] == "failed"
+    assert outcome.status == "failed"
     call = _call(h, tool_use_id)
     assert call.attempts == 1 and call.status == "failed"  # no second execution began
     assert call.result["error"]["code"] == "tool_interrupted"
@@ -198,7 +198,7 @@ def test_a_tool_longer_than_the_deadline_is_neither_re_driven_nor_run_twice(make
     finally:
         h.registry.tools["files.create_document"] = tool
     assert seen == {"renewed": 1, "swept": []}
-    assert outcome["status"] == "succeeded"
+    assert outcome.status == "succeeded"
     call = _call(h, tool_use_id)
     assert call.attempts == 1 and call.lease_until > datetime.now(timezone.utc)
     assert keeper.renew([tool_use_id]) == 0  # nothing held once the tool answered
@@ -217,7 +217,7 @@ def test_a_call_of_a_cancelled_job_is_answered_cancelled_and_not_run(make):
         session.execute(update(Job).where(Job.id == uuid.UUID(job_id))
                         .values(cancel_requested_at=utcnow()))
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
-    assert outcome == {"tool_use_id": tool_use_id, "status": "cancelled"}
+    assert outcome == CallOutcome(tool_use_id, "cancelled")
     call = _call(h, tool_use_id)
     assert (call.status, call.attempts, call.result["error"]["code"]) == (
         "cancelled", 0, "cancelled")
@@ -242,7 +242,7 @@ def test_a_call_that_crashed_its_worker_every_time_is_answered_tool_crashed(make
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id).values(
             attempts=MAX_DELIVERIES, started_at=_LONG_AGO, lease_until=_LONG_AGO))
     outcome = execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
-    assert outcome == {"tool_use_id": tool_use_id, "status": "failed"}
+    assert outcome == CallOutcome(tool_use_id, "failed")
     call = _call(h, tool_use_id)
     assert (call.status, call.attempts, call.result["error"]["code"]) == (
         "failed", MAX_DELIVERIES + 1, "tool_crashed")
@@ -251,8 +251,8 @@ def test_a_call_that_crashed_its_worker_every_time_is_answered_tool_crashed(make
 
 def test_an_unknown_call_is_answered_missing(make):
     h = make()
-    assert execute_tool_call("tool_nobody_made", h.settings, h.registry, h.sessions) == {
-        "tool_use_id": "tool_nobody_made", "status": "missing"}
+    assert execute_tool_call("tool_nobody_made", h.settings, h.registry,
+                             h.sessions) == CallOutcome("tool_nobody_made", "missing")
 
 
 def test_a_call_runs_with_its_caller_place_and_persona_modules(make):
@@ -273,7 +273,7 @@ def test_a_call_runs_with_its_caller_place_and_persona_modules(make):
     h.registry.tools[tool.name] = dataclasses.replace(tool, function=spy)
     try:
         assert execute_tool_call(tool_use_id, h.settings, h.registry,
-                                 h.sessions)["status"] == "succeeded"
+                                 h.sessions).status == "succeeded"
     finally:
         h.registry.tools[tool.name] = tool
     [ctx] = seen
