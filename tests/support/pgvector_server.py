@@ -10,11 +10,13 @@ Server settings given are written with ALTER SYSTEM and the server restarted onc
 settings that need a restart (shared_buffers) apply. The data directory is deleted at the end.
 
 That Postgres is built for a newer CPU than some this project runs on: on an x86-64 without
-AVX-512 (an AMD EPYC with AVX2 only, say) its backend dies with SIGILL on the first INSERT
-of a 1,536-dimension vector. So each server is first asked to store one such vector in a
-throwaway table (`vector_probe`); where its backend dies with signal 4, `CpuFault` says so in
-one line, and the tests that need pgvector skip with that line (tests/conftest.py's
-`pgvector_runs`), the only reason they may skip under CI: nothing the project controls.
+AVX-512 (an AMD EPYC with AVX2 only: seen on 2026-11-27) its backend dies with SIGILL when
+it first computes a distance (building an HNSW index over 1,536-dimension vectors; storing
+them works). So each server is first asked to store one such vector in a throwaway table,
+index it and compute a distance (`vector_probe`); where its backend dies with signal 4,
+`CpuFault` says so in one line, and the tests that need pgvector skip with that line
+(tests/conftest.py's `pgvector_runs`), the only reason they may skip under CI: nothing the
+project controls.
 """
 from __future__ import annotations
 
@@ -97,6 +99,10 @@ class PgvectorServer:
             "CREATE EXTENSION IF NOT EXISTS vector",
             f"CREATE TEMPORARY TABLE agentq_cpu_probe (v vector({PROBE_DIMENSIONS}))",
             f"INSERT INTO agentq_cpu_probe VALUES ('{vector}')",
+            # the distance functions are compiled apart from the input functions: on an
+            # AMD EPYC with AVX2 only, the INSERT above runs and the index build dies
+            "CREATE INDEX ON agentq_cpu_probe USING hnsw (v vector_cosine_ops)",
+            f"SELECT v <=> '{vector}' FROM agentq_cpu_probe",
             "DROP TABLE agentq_cpu_probe"])
 
 
