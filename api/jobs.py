@@ -64,7 +64,8 @@ def wait_seconds() -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise ValidationFailed({"wait": [f"Must be a number of seconds 0..{MAX_WAIT_S}."]})
+        raise ValidationFailed(
+            {"wait": [f"Must be a number of seconds 0..{MAX_WAIT_S}."]}) from None
     if not 0 <= value <= MAX_WAIT_S:
         raise ValidationFailed({"wait": [f"Must be between 0 and {MAX_WAIT_S}."]})
     return value
