@@ -18,8 +18,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _bind_settings() -> None:
         g.settings = settings
 
-    from api import limits, ratelimit
-    limits.register(app, settings.max_body_bytes)
+    from api import limits, ratelimit, ui
+    limits.register(app, settings.max_body_bytes, ui.QUERY_PARAMETERS)
     ratelimit.register(app, settings)
 
     from agentq.notify import hub_for

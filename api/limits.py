@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import unquote_to_bytes
 
 from flask import Flask, current_app, g, request
@@ -31,6 +31,8 @@ from agentq.errors import (
     UnknownQueryParameter,
 )
 
+UI_QUERIES = "agentq_ui_queries"
+"""The app's extension holding the dashboard pages' query parameters (`register`)."""
 MAX_HEADERS = 100
 """Headers one request may have (gunicorn.conf.py lets up to 150 through to be refused
 here)."""
@@ -108,8 +110,7 @@ def request_json() -> Any:
 def _allowed_query(rule: str, endpoint: str | None) -> set[str]:
     from api.openapi import operation_of
     if rule.startswith("/ui"):  # the dashboard's pages are outside the spec: their own list
-        from api.ui import QUERY_PARAMETERS
-        return QUERY_PARAMETERS.get(rule, set())
+        return current_app.extensions.get(UI_QUERIES, {}).get(rule, set())
     declared = operation_of(current_app.view_functions.get(endpoint or ""))
     return declared.query_names() if declared is not None else set()
 
@@ -165,6 +166,10 @@ def check_request() -> None:
             raise UnknownQueryParameter(unknown, sorted(allowed))
 
 
-def register(app: Flask, max_body_bytes: int) -> None:
+def register(app: Flask, max_body_bytes: int,
+             ui_queries: Mapping[str, set[str]] | None = None) -> None:
+    """The limits on every request of `app`; `ui_queries`: the query parameters each
+    dashboard page takes (`api.ui.QUERY_PARAMETERS`: the pages are outside the spec)."""
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.extensions[UI_QUERIES] = dict(ui_queries or {})
     app.before_request(check_request)
