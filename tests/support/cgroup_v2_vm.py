@@ -242,8 +242,9 @@ def _boot(script: str, image: str, modules_dir: str, share: Path, timeout_s: flo
         "-virtfs", f"local,path={share},mount_tag={SHARE_TAG},security_model=none,"
                    f"multidevs=remap",
     ]
+    from tests.support.stack import die_with_parent
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     try:
         qemu_output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
