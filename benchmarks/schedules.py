@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from agentq.config import Settings
-    from tests.integration.conftest import TEST_ENV
     from agentq.testing.scripted_llm import ScriptedLLM, text
+    from tests.integration.conftest import TEST_ENV
     from tests.support.stack import Stack, create_database, drop_database, flush_redis
 
     name = f"agentq_bench_sched_{os.getpid()}"

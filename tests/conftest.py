@@ -33,8 +33,8 @@ from agentq.tools import cgroups as _cgroups
 if _cgroups.check() is not None:
     os.environ.setdefault("AGENTQ_SANDBOX_CGROUP", "off")
 
-from tests.integration.conftest import TEST_ENV, Client, uid
 from agentq.testing.scripted_llm import ScriptedLLM
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.stack import (
     REDIS_URL,
     Stack,

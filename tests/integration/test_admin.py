@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Client, uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from agentq.models import Job, ToolCall
-from tests.integration.conftest import uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid, wait_until
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60

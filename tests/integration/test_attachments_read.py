@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agentq.models import FileRecord
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid
 
 pytestmark = pytest.mark.integration
 CSV = "city,population\n" + "".join(f"city{i},{1000 + i}\n" for i in range(300))

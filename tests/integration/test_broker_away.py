@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tests.integration.conftest import TEST_ENV, Client, uid
 from agentq.testing.scripted_llm import text
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.services import PrivateRedis
 from tests.support.stack import own_stack
 

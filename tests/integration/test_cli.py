@@ -3,12 +3,11 @@ the real stack."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid
 from tests.support.cli_run import agentq
 
 pytestmark = pytest.mark.integration

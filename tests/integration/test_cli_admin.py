@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.integration.conftest import Client, uid
 from agentq.testing.scripted_llm import text
+from tests.integration.conftest import Client, uid
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid
 from tests.support.stack import ROOT, free_port
 
 pytestmark = pytest.mark.integration

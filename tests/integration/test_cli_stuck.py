@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli_run import agentq_run, finish
 from agentq.testing.scripted_llm import text
+from tests.support.cli_run import agentq_run, finish
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

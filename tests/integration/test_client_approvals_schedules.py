@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from agentq.client import AgentQ, AsyncAgentQ, Conflict
-from tests.integration.conftest import uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, held, text, tool_calls
+from tests.integration.conftest import uid
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Client, uid
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import Client, uid
 from tests.support.stack import REDIS_URL
 from tests.support.tool_gate import ToolGate
 

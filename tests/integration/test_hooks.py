@@ -5,13 +5,12 @@ on its path. A before_turn hook stops
 a job with a reason; a hook that raises is logged and the job goes on."""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from tests.support.hook_log import DIST, _calls
 from tests.support.stack import own_stack
 

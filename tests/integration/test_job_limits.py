@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, tool_calls
+from tests.integration.conftest import uid
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from agentq.models import Memory, ToolCall
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, embedding_vector, text, tool_calls
+from tests.integration.conftest import uid
 
 pytestmark = pytest.mark.integration
 FACT = "The user's favourite colour is teal."

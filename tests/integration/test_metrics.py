@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from agentq.models import Job, TokenLog, ToolCall, WebhookDelivery
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import uid
 
 pytestmark = pytest.mark.integration
 SETTLE_S = 60  # counters are written after each commit; the scrape may run just before

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import func, select
 
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall
-from tests.integration.conftest import TEST_ENV, Client, uid
 from agentq.testing.scripted_llm import call, error, hang, text, tool_calls
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from agentq.client import (
     WebhookVerificationError,
     verify_webhook,
 )
-from tests.integration.conftest import TEST_ENV, own_events_start, uid
 from agentq.testing.scripted_llm import call, held, text, tool_calls
+from tests.integration.conftest import TEST_ENV, own_events_start, uid
 
 pytestmark = pytest.mark.integration
 

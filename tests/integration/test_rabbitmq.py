@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from tests.integration.conftest import TEST_ENV, Client, uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.stack import (
     RABBITMQ_URL,
     ROOT,

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import func, select, update
 
 from agentq.models import Job, Schedule, ScheduleFiring
-from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid, wait_until
 from tests.support.schedules import conversation_of, fired, schedule, sentinel
 from tests.support.stack import ROOT, die_with_parent
 

@@ -11,8 +11,8 @@ import requests
 from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall, User, UserPlatformLink
-from tests.integration.conftest import assert_one_tool_turn_told, uid
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import assert_one_tool_turn_told, uid
 from tests.support.stack import purge_queues, queue_depth
 
 pytestmark = pytest.mark.integration

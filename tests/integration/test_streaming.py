@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60

@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from agentq.models import Job
-from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 

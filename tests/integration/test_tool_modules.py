@@ -15,8 +15,8 @@ import uuid
 import pytest
 import requests
 
-from tests.integration.conftest import uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import uid
 from tests.support.module_process import OTHER_SECRET, SECRET, ModuleProcess
 from tests.support.stack import ROOT, die_with_parent, free_port
 

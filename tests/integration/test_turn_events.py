@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from agentq.models import JobInput
-from tests.integration.conftest import uid, wait_until
 from agentq.testing.scripted_llm import call, error, text, tool_calls
+from tests.integration.conftest import uid, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import threading
 import pytest
 import requests
 
-from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 

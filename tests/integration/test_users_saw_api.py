@@ -21,9 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from agentq.testing.scripted_llm import call, text, tool_calls
 from examples.http_module import manifest as example_manifest
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
-from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

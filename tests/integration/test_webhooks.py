@@ -11,7 +11,7 @@ import api
 from agentq import config
 from agentq.config import Settings
 from agentq.testing.scripted_llm import text
-from tests.support.webhook_receiver import DELIVERY_TIMEOUT_S, SECRET
+from tests.support.webhook_receiver import DELIVERY_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 

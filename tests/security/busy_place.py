@@ -13,8 +13,8 @@ from typing import Iterator
 from sqlalchemy import func, select
 
 from agentq.models import Job, JobInput
-from tests.integration.conftest import Client, uid, wait_until
 from agentq.testing.scripted_llm import text
+from tests.integration.conftest import Client, uid, wait_until
 
 
 def count(stack, model, *where) -> int:

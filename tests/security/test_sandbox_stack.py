@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, inspect, select
 
 from agentq.models import ApiKey
+from agentq.testing.scripted_llm import call, text, tool_calls
 from agentq.tools import sandbox
 from tests.integration.conftest import uid
 from tests.security.attacks import (
@@ -25,7 +26,6 @@ from tests.security.attacks import (
     held_mib,
     pg_write,
 )
-from agentq.testing.scripted_llm import call, text, tool_calls
 from tool_workers.code import MEMORY_MB
 
 

@@ -41,12 +41,12 @@ from agentq.models import (
     User,
     UserPlatformLink,
 )
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
 from tests.support.module_process import SECRET as MODULE_SECRET
 from tests.support.module_process import ModuleProcess
-from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.support.webhook_receiver import Receiver
 from tests.support.stack import own_stack
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 SETTING_SECRET = TEST_ENV["AGENTQ_WEBHOOK_SECRET"]

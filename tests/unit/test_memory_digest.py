@@ -38,8 +38,8 @@ class Router:
 
 @pytest.fixture
 def h(tmp_path, modules):
-    harness = Harness(unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_MEMORY_IDLE_S": "600"}),
-                      modules, None)
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_MEMORY_IDLE_S": "600"})
+    harness = Harness(settings, modules, None)
     harness.router = harness.stepper.router = Router()
     return harness
 

@@ -24,9 +24,9 @@ from agentq.db import engine_for
 from agentq.loop import uow
 from agentq.loop.step import Stepper
 from agentq.runner import InProcessRunner
+from agentq.testing.harness import calls, text
 from agentq.tools.registry import ToolRegistry, discover
 from agentq.tools.remote import RemoteModules, Store
-from agentq.testing.harness import calls, text
 
 
 @pytest.fixture

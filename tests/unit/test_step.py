@@ -19,7 +19,6 @@ from agentq.loop.execute import execute_tool_call
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall, User
 from agentq.testing.harness import MODEL, calls, text
 
-
 # --- a plain answer -------------------------------------------------------------------
 
 def test_a_plain_answer_completes_the_job(make):

@@ -15,8 +15,8 @@ from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.submit import cancel
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, JobEvent, Message, TokenLog, ToolCall
-from agentq.views import job_object
 from agentq.testing.harness import calls, text
+from agentq.views import job_object
 
 WAIT_ENV = {"AGENTQ_PROVIDER_WAIT_S": "600", "AGENTQ_PROVIDER_RETRY_BASE_S": "10",
             "AGENTQ_PROVIDER_RETRY_MAX_S": "60"}

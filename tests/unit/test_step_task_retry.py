@@ -12,8 +12,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agentq.loop.step import Stepper
 from agentq.models import ToolCall
-from tasks import base, orchestrator, tools
 from agentq.testing.harness import calls, text
+from tasks import base, orchestrator, tools
 
 
 @pytest.fixture

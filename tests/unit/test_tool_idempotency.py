@@ -16,8 +16,8 @@ from agentq.errors import ManifestError
 from agentq.loop.effects import DispatchTools
 from agentq.loop.execute import CallOutcome, execute_tool_call
 from agentq.models import FileRecord, JobEvent, ToolCall
-from agentq.tools.manifest import ToolContext, define_module
 from agentq.testing.harness import calls, text
+from agentq.tools.manifest import ToolContext, define_module
 
 
 def _spec(**extra) -> dict:

@@ -10,9 +10,9 @@ import pytest
 from agentq.db import session_scope
 from agentq.errors import ProviderError
 from agentq.keys import create_key
+from agentq.testing.harness import text
 from api import ui_overview
 from api.ui_overview import percentile
-from agentq.testing.harness import text
 
 
 def number(page: str, ident: str) -> str:

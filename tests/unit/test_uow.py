@@ -318,8 +318,8 @@ def test_a_turn_of_one_call_links_the_next_step_to_it_without_a_chord(tmp_path):
 def test_a_step_s_units_of_work_announce_each_commit(settings, heard, effects):
     """The first transaction's events (the turn began) are heard before the model is
     called; the rest after the reply is stored."""
-    from agentq.tools.registry import discover
     from agentq.testing.harness import Harness, ScriptedModel, text
+    from agentq.tools.registry import discover
     told_at_model_call: list = []
 
     def answer():
