@@ -1,0 +1,167 @@
+"""A tool turn: the model's calls planned (step 7, `RunTools`) and their results collected
+by the step after them (step 3 of `agentq.loop.step`).
+
+Planning writes one `tool_calls` row per call, keyed by a tool_use_id stable per (job,
+turn, position), so a persist that runs twice cannot make a second call. A call already
+answered (`decide` rejected it) is stored failed; a call that needs a person's approval is
+held (`agentq.loop.approvals`); the rest go out as one `DispatchTools` effect. A turn with
+nothing to run sends its next step at once.
+
+Collecting turns the results, in call order, into tool_result messages; what the step does
+with calls still pending is decided by `rules.after_tools`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import datetime
+from typing import Any, Sequence
+
+from sqlalchemy import bindparam, select
+
+from agentq import agents
+from agentq.db import insert_all, utcnow
+from agentq.llm.types import LLMReply
+from agentq.loop import approvals, replay, rules
+from agentq.loop.busy import CANCELLED_TOOL_RESULT
+from agentq.loop.decision import PlannedCall
+from agentq.loop.effects import Cause, DispatchTools, NextStep
+from agentq.loop.lifecycle import JobStatus, Phase, ReplayMode, WaitingFor
+from agentq.loop.store import append_messages
+from agentq.loop.turn import Wired
+from agentq.loop.uow import UnitOfWork
+from agentq.models import Conversation, Job, Persona, ToolCall
+
+log = logging.getLogger(__name__)
+TOOL_LOST_ERROR = {"code": "tool_task_failed",
+                   "message": "The tool task ended without a result (its worker was lost "
+                              "or it hit its hard time limit)."}
+_TURN_CALLS = (select(ToolCall).where(ToolCall.job_id == bindparam("job_id"),
+                                      ToolCall.iteration == bindparam("iteration"))
+               .order_by(ToolCall.position))
+"""A turn's calls, in call order (the step after its tools collects their results)."""
+
+
+class ToolTurns:
+    """The tool turns of one Stepper's jobs (its wiring read from it at each call)."""
+
+    def __init__(self, step: Wired):
+        self.step = step
+
+    def limit(self, name: str) -> float:
+        """A call's time limit in seconds: its tool's, or the default for a name no tool
+        has (the call is answered with an error without running)."""
+        registry = self.step.registry
+        return (registry.time_limit_for(name) if name in registry.tools
+                else self.step.settings.tool_time_limit_s)
+
+    # -- step 7: the calls planned ------------------------------------------------------
+    def plan(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
+             calls: Sequence[PlannedCall], content: str, now: datetime) -> None:
+        session, registry = uow.session, self.step.registry
+        rows: list[tuple[str, str, str | None]] = []
+        if content:
+            rows.append(("assistant", content, reply.model))
+        dispatch: list[tuple[str, str, float]] = []
+        held: list[ToolCall] = []
+        records: list[ToolCall] = []
+        persona = session.get(Persona, job.persona_id) if job.persona_id else None
+        persona_tools = persona.approval_tools if persona is not None else None
+        for position, call in enumerate(calls):
+            tool_use_id = tool_use_id_of(job.id, turn_no, position)
+            queue = registry.queue_for(call.name) if call.name in registry.tools else ""
+            record = ToolCall(job_id=job.id, iteration=turn_no, position=position,
+                              tool_use_id=tool_use_id, provider_call_id=call.provider_call_id,
+                              name=call.name, arguments=call.arguments, queue=queue,
+                              created_at=now)
+            if call.error is not None:
+                record.status, record.finished_at = "failed", now
+                record.result = {"ok": False, "result": None, "error": call.error}
+                # rejected before it ran (no tool_execution_start): its arguments go here
+                uow.event(job.id, "tool_execution_end", tool_use_id=tool_use_id,
+                          name=call.name, ok=False, error=call.error["code"],
+                          arguments=(call.arguments if call.arguments is not None
+                                     else call.raw_arguments))
+            elif approvals.needs_approval(registry, call.name, persona_tools):
+                held.append(record)
+            else:
+                dispatch.append((tool_use_id, queue, self.limit(call.name)))
+                uow.event(job.id, "tool_execution_start", tool_use_id=tool_use_id,
+                          name=call.name, arguments=call.arguments, queue=queue,
+                          idempotent=getattr(registry.tools.get(call.name),
+                                             "idempotent", False))
+            records.append(record)
+            rows.append(("tool_call", json.dumps({"name": call.name,
+                                                  "arguments": call.arguments,
+                                                  "tool_use_id": tool_use_id}), reply.model))
+        insert_all(session, records)  # not flushed: the job's row then goes with its events
+        append_messages(session, job.conversation_id, job.id, rows, now)
+        job.phase = Phase.TOOLS.value
+        if dispatch:
+            uow.effect(DispatchTools(str(job.id), turn_no, tuple(dispatch)))
+        for record in held:  # they wait for a person; the job holds no worker meanwhile
+            approvals.hold(uow, job, record, approvals.deadline(
+                registry, self.step.settings, record.name, now))
+        if not dispatch and not held:
+            uow.effect(NextStep(str(job.id), turn_no, "continue"))
+
+    # -- step 3: the results collected --------------------------------------------------
+    def collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
+                cause: Cause) -> rules.AfterTools:
+        """Tool results of the last turn → tool_result messages, in call order (`Collect`);
+        or the step ends here: the job waits for its sub-agents or another dispatch, or
+        the lost calls of a re-driven turn go out again (a `DispatchTools` effect)."""
+        session = uow.session
+        calls = session.execute(_TURN_CALLS, {"job_id": job.id, "iteration": job.iteration}
+                                ).scalars().all()
+        pending = [c for c in calls if c.status == "pending"]
+        cancelled = job.cancel_requested_at is not None
+        after = rules.after_tools(
+            pending=bool(pending), cancelled=cancelled, cause=cause,
+            children_running=(bool(pending) and not cancelled
+                              and agents.awaits_children(session, pending)),
+            split_turn=any(c.approval_expires_at is not None for c in calls))
+        match after:
+            case rules.AwaitChildren():
+                # its sub-agents still run: the last one's end sends this step again
+                job.status, job.waiting_for = (JobStatus.WAITING.value,
+                                               WaitingFor.CHILDREN.value)
+            case rules.AwaitDispatch():
+                pass  # another dispatch of this turn (an approved call) runs
+            case rules.Redispatch():
+                log.warning("re-dispatching lost tool calls",
+                            extra={"job_id": str(job.id), "count": len(pending)})
+                uow.effect(DispatchTools(str(job.id), job.iteration, tuple(
+                    (c.tool_use_id, c.queue, self.limit(c.name)) for c in pending)))
+            case rules.Collect():
+                self._collect(uow, job, conversation, calls, pending, after.cancelled)
+        return after
+
+    def _collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
+                 calls: Sequence[ToolCall], pending: Sequence[ToolCall],
+                 cancelled: bool) -> None:
+        now = utcnow()
+        for call in pending:
+            record: dict[str, Any] = CANCELLED_TOOL_RESULT if cancelled else {
+                "ok": False, "result": None, "error": TOOL_LOST_ERROR}
+            call.status = "cancelled" if cancelled else "failed"
+            call.result, call.finished_at = record, now
+            uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
+                      name=call.name, ok=False, error=record["error"]["code"])
+        append_messages(uow.session, conversation.id, job.id, [
+            ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
+                                        **(c.result or {})}), None)
+            for c in calls], now)
+        job.phase = Phase.LLM.value
+        if job.replay_mode == ReplayMode.RECORDED:
+            for diverged in replay.divergences(uow.session, job, calls):
+                uow.event(job.id, "replay_diverged", **diverged)
+        uow.event(job.id, "turn_end", turn=job.iteration,
+                  tool_results=[{"tool_use_id": c.tool_use_id, "name": c.name,
+                                 "ok": bool((c.result or {}).get("ok"))} for c in calls])
+
+
+def tool_use_id_of(job_id: uuid.UUID, turn: int, position: int) -> str:
+    """Stable per (job, turn, position): a duplicated persist cannot make a second call."""
+    return "tool_" + uuid.uuid5(job_id, f"{turn}:{position}").hex[:24]
