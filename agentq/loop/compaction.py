@@ -1,7 +1,7 @@
 """Compaction: keeping a turn's context inside the model's window.
 
 When the assembled context passes AGENTQ_COMPACTION_THRESHOLD of the window, the step plans
-a compaction (`context.next_round`) inside its first transaction:
+a compaction (`compaction_plan.next_round`) inside its first transaction:
 
   - a custom strategy (AGENTQ_COMPACTION_STRATEGY, `agentq.hooks.compact_with`) compacts
     the messages itself; when it fails, the built-in compaction runs;
@@ -29,6 +29,7 @@ from agentq.errors import ProviderError
 from agentq.hooks import compact_with, load_strategy
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.types import LLMReply
+from agentq.loop import compaction_plan as plans
 from agentq.loop import context
 from agentq.loop.rules import MAX_COMPACTION_ROUNDS
 from agentq.loop.store import STORED_MESSAGE, record_usage
@@ -100,12 +101,12 @@ class Compactor:
             .order_by(Message.seq).limit(self.step.settings.history_max_messages)).all()]
         return chunk, bool(chunk) and chunk[-1].seq < turn.backlog_end
 
-    def next_round(self, turn: Turn) -> context.Compaction | None:
+    def next_round(self, turn: Turn) -> plans.Compaction | None:
         settings = self.step.settings
-        return context.next_round(turn.built, turn.budget, settings.compaction_threshold,
-                                  settings.tool_result_max_chars,
-                                  settings.compaction_keep_turns,
-                                  context.summary_chars(turn.budget, turn.built))
+        return plans.next_round(turn.built, turn.budget, settings.compaction_threshold,
+                                settings.tool_result_max_chars,
+                                settings.compaction_keep_turns,
+                                plans.summary_chars(turn.budget, turn.built))
 
     def overflow_tokens(self, turn: Turn) -> int | None:
         """The tokens of a context that, compacted as far as it goes, still passes the
@@ -128,7 +129,7 @@ class Compactor:
             "threshold": settings.compaction_threshold})
 
     def _compact_custom(self, uow: UnitOfWork, job: Job, turn: Turn,
-                        plan: context.Compaction) -> list[dict[str, Any]] | None:
+                        plan: plans.Compaction) -> list[dict[str, Any]] | None:
         """The context passed the threshold: the custom strategy compacts it instead of the
         built-in one; the messages it gave (None when it failed: the built-in one runs)."""
         turn.job_id = str(job.id)
@@ -150,7 +151,7 @@ class Compactor:
 
     # -- the events of a round ----------------------------------------------------------
     def _start(self, uow: UnitOfWork, job_id: Any, turn: Turn,
-               plan: context.Compaction) -> None:
+               plan: plans.Compaction) -> None:
         turn.compaction = plan
         turn.stub_before = plan.stub_before_seq
         uow.event(job_id, "compaction_start", turn=turn.turn,
@@ -165,7 +166,7 @@ class Compactor:
             raise RuntimeError("a compaction ended that was not started")
         after = context.tokens_of(turn.built, self.step.settings.tool_result_max_chars,
                                   turn.stub_before)
-        messages = context.message_count(turn.built)
+        messages = plans.message_count(turn.built)
         uow.event(job.id, "compaction_end", strategy=strategy,
                   tokens_before=plan.tokens_before, tokens_after=after,
                   messages_before=plan.messages_before, messages_after=messages, **extra)
@@ -184,15 +185,15 @@ class Compactor:
         plan, layers, settings = turn.compaction, turn.built, self.step.settings
         if plan is None:
             raise RuntimeError("no compaction planned to summarize")
-        request = context.summary_request(
+        request = plans.summary_request(
             layers.summary, layers.question, plan.summarize, settings.tool_result_max_chars,
-            max_chars=context.summary_chars(turn.budget, layers),
+            max_chars=plans.summary_chars(turn.budget, layers),
             stub_before=turn.stub_before)
         failure: dict[str, Any] | None = None
         reply: LLMReply | None
         try:
             reply = self.step.router.chat(request, [], model=turn.model,
-                                          max_tokens=context.summary_max_tokens(turn.budget))
+                                          max_tokens=plans.summary_max_tokens(turn.budget))
         except ProviderError as exc:
             log.warning("summary call failed", extra={"job_id": job_id,
                                                       "error": exc.message})
@@ -237,7 +238,7 @@ class Compactor:
         return True
 
     def _fold(self, uow: UnitOfWork, job: Job, turn: Turn,
-              reply: LLMReply) -> context.Compaction | None:
+              reply: LLMReply) -> plans.Compaction | None:
         """The summary stored, its usage billed, the turn's layers folded; the next round
         when one more summary call is due."""
         session, plan, now = uow.session, turn.compaction, utcnow()
@@ -246,15 +247,15 @@ class Compactor:
         through = plan.summarize[-1].seq
         cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
         # what is stored is cut to the summary's budget, whatever the server sent
-        summary, cut = context.cut_summary(reply.content.strip(),
-                                           context.summary_max_tokens(turn.budget))
+        summary, cut = plans.cut_summary(reply.content.strip(),
+                                         plans.summary_max_tokens(turn.budget))
         session.add(ConversationSummary(
             conversation_id=job.conversation_id, version=turn.summary_version + 1,
             content=summary, through_seq=through, messages_summarized=len(plan.summarize),
             job_id=job.id, model=reply.model, input_tokens=reply.input_tokens,
             output_tokens=reply.output_tokens, created_at=now))
         _bill(session, job, turn, reply, cost, now)
-        turn.layers = context.after_summary(turn.built, summary, through)
+        turn.layers = plans.after_summary(turn.built, summary, through)
         if turn.layers.backlog_more and not turn.layers.backlog:
             backlog, more = self.backlog(session, turn, through)
             turn.layers = dataclasses.replace(turn.layers, backlog=backlog,

@@ -19,6 +19,7 @@ from agentq.config import Settings
 from agentq.hooks import Hooks
 from agentq.llm.types import LLMReply, ToolSpec
 from agentq.loop import context
+from agentq.loop.compaction_plan import Compaction
 from agentq.loop.lifecycle import LIVE_STATUSES
 from agentq.models import Job
 from agentq.tools.registry import ToolRegistry
@@ -48,7 +49,7 @@ class Turn:
     layers: context.Layers | None = None
     budget: int = 0
     stub_before: int | None = None
-    compaction: context.Compaction | None = None
+    compaction: Compaction | None = None
     summary_version: int = 0
     resumed: bool = False
     """The turn was announced by an earlier run of its step (its provider was waited for)."""

@@ -5,21 +5,19 @@ import itertools
 import json
 
 from agentq.config import Settings
+from agentq.loop.compaction_plan import after_summary, plan_compaction, turns
 from agentq.loop.context import (
     Layers,
     StoredMessage,
-    after_summary,
     assemble,
     build,
     context_window,
     estimate_tokens,
     input_budget,
-    plan_compaction,
     render_tool_result,
     to_provider,
     tokens_of,
     truncate,
-    turns,
     window,
 )
 from tests.support.stored_messages import (
@@ -395,7 +393,8 @@ def test_context_window_table_and_overrides():
 
 def test_a_summary_is_cut_to_its_budget_at_a_word():
     """Issue 31 item 10: what the server sent past the summary's budget is not stored."""
-    from agentq.loop.context import cut_summary, estimate_tokens
+    from agentq.loop.compaction_plan import cut_summary
+    from agentq.loop.context import estimate_tokens
     short = "the user asked for sums"
     assert cut_summary(short, 256) == (short, False)
     long = "fact " * 2000

@@ -11,21 +11,23 @@ from sqlalchemy import select
 from agentq import memory
 from agentq.db import utcnow
 from agentq.llm.types import LLMReply
-from agentq.loop.context import (
+from agentq.loop.compaction_plan import (
     SUMMARY_SYSTEM_PROMPT,
-    Layers,
-    StoredMessage,
     after_summary,
     cap_chars,
+    next_round,
+    plan_compaction,
+    turns,
+)
+from agentq.loop.context import (
+    Layers,
+    StoredMessage,
     estimate_tokens,
     fit_memories,
     fits,
     memory_reserve,
     memory_tokens,
-    next_round,
-    plan_compaction,
     tokens_of,
-    turns,
 )
 from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, User
 from agentq.testing.harness import MODEL, Harness
