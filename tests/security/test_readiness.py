@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agentq.config import Settings, set_settings
-from agentq.tools import sandbox
+from agentq.tools import sandbox, sandbox_bwrap
 from api import create_app
 
 
@@ -19,7 +19,7 @@ def app_client(tmp_path):
 
 def test_ready_names_a_sandbox_that_cannot_run(app_client, monkeypatch):
     monkeypatch.setattr(sandbox, "_probe_cache", None)
-    monkeypatch.setenv(sandbox.BWRAP_ENV, "/nonexistent/bwrap")
+    monkeypatch.setenv(sandbox_bwrap.BWRAP_ENV, "/nonexistent/bwrap")
     response = app_client.get("/health/ready")
     assert response.status_code == 503
     body = response.get_json()

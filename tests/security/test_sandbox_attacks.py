@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentq.loop.context import render_tool_result
-from agentq.tools import sandbox
+from agentq.tools import sandbox, sandbox_bwrap, sandbox_meter
 from agentq.tools.sandbox import run_python
 from tests.security.attacks import (
     FLOOD_STDOUT,
@@ -188,7 +188,7 @@ def test_code_runs_as_an_unprivileged_uid_on_the_host(scratch_dir):
     owner = (scratch_dir / "made-here").stat()
     assert owner.st_uid != 0 and owner.st_gid != 0     # as the host's kernel sees it
     if os.getuid() == 0:
-        assert owner.st_uid == sandbox.DEFAULT_UID
+        assert owner.st_uid == sandbox_bwrap.DEFAULT_UID
     uid, euid, gid, _groups = result["stdout"].split(maxsplit=3)
     assert uid == euid == str(owner.st_uid) and gid == str(owner.st_gid)
 
@@ -545,7 +545,7 @@ def test_spinning_processes_stop_at_the_runs_cpu_budget(scratch_dir, monkeypatch
     # itself, not by the meter that stops it. The meter's readings (the kernel's count of
     # the whole run: its processes' /proc times, or its cgroup's cpu.stat) are recorded
     readings: list[float] = []
-    for meter in (sandbox._ProcMeter, sandbox._CgroupMeter):
+    for meter in (sandbox_meter.ProcMeter, sandbox_meter.CgroupMeter):
         def sample(self, real=meter.sample):
             cpu_s, over_memory = real(self)
             readings.append(cpu_s)

@@ -15,7 +15,7 @@ from typing import Any
 
 from agentq import attachments
 from agentq.errors import ToolError
-from agentq.tools import sandbox
+from agentq.tools import sandbox, sandbox_bwrap
 from agentq.tools.manifest import ToolContext, define_module
 
 DEFAULT_TIMEOUT_S = 10
@@ -115,8 +115,8 @@ MODULE = define_module({
                 "Run a Python 3.11 program (standard library only) in a sandbox and return "
                 "its stdout, stderr and exit code. Print what you want to see. There is no "
                 "network; only the current directory "
-                f"({sandbox.SCRATCH_SIZE_BYTES // 2 ** 20} MB) and /tmp "
-                f"({sandbox.TMP_SIZE_BYTES // 2 ** 20} MB) are writable, and only for this "
+                f"({sandbox_bwrap.SCRATCH_SIZE_BYTES // 2 ** 20} MB) and /tmp "
+                f"({sandbox_bwrap.TMP_SIZE_BYTES // 2 ** 20} MB) are writable, and only for this "
                 f"run; memory is limited to {MEMORY_MB} MB; long stdout/stderr is cut "
                 "(`truncated` says so). "
                 "timed_out, cpu_limited or memory_limited in the result mean the program was "
