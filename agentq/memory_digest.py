@@ -29,8 +29,8 @@ from agentq.errors import ProviderError
 from agentq.llm.pricing import estimate_cost
 from agentq.loop.context import render_tool_result, truncate
 from agentq.loop.store import record_usage
-from agentq.models import Conversation, ConversationSummary, Memory, Message
 from agentq.loop.uow import UnitOfWork, ride_out
+from agentq.models import Conversation, ConversationSummary, Memory, Message
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,18 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from agentq.loop.context import (CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, PRUNED_RESULT,
-                                 Layers, StoredMessage, estimate_tokens, fits,
-                                 render_tool_result, tokens_of, truncate)
+from agentq.loop.context import (
+    CHARS_PER_TOKEN,
+    MESSAGE_OVERHEAD_TOKENS,
+    PRUNED_RESULT,
+    Layers,
+    StoredMessage,
+    estimate_tokens,
+    fits,
+    render_tool_result,
+    tokens_of,
+    truncate,
+)
 
 
 @dataclass(frozen=True)

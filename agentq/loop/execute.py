@@ -28,13 +28,13 @@ from agentq import agents
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.loop import rules
+from agentq.loop.effects import NextStep
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.rules import MAX_DELIVERIES
-from agentq.loop.effects import NextStep
+from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
-from agentq.loop.uow import UnitOfWork, ride_out
 
 log = logging.getLogger(__name__)
 _calls, _jobs = ToolCall.__table__, Job.__table__

@@ -68,8 +68,17 @@ from agentq.loop import layers as context_layers
 from agentq.loop.busy import pending_inputs
 from agentq.loop.cancel_watch import CancelWatch
 from agentq.loop.compaction import Compactor
-from agentq.loop.decision import (CANCELLED, Finish, Limits, RunTools, Stop, check_limits,
-                                  decide, effective_limits, remaining_output_budget)
+from agentq.loop.decision import (
+    CANCELLED,
+    Finish,
+    Limits,
+    RunTools,
+    Stop,
+    check_limits,
+    decide,
+    effective_limits,
+    remaining_output_budget,
+)
 from agentq.loop.effects import Cause, Effect
 from agentq.loop.endings import Endings, fail_job
 from agentq.loop.leases import LeaseKeeper
@@ -82,8 +91,7 @@ from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import ToolTurns
 from agentq.loop.turn import Turn, hook_ctx
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import (Conversation, ConversationSummary, Job, JobEvent, Message,
-                           Persona, User)
+from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, Persona, User
 from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
 

@@ -82,8 +82,13 @@ from typing import Any
 
 from agentq.errors import ToolError
 from agentq.tools import cgroups, seccomp
-from agentq.tools.sandbox_bwrap import (CHILD_PATH, Identity, SandboxUnavailable, binaries,
-                                        bwrap_command)
+from agentq.tools.sandbox_bwrap import (
+    CHILD_PATH,
+    Identity,
+    SandboxUnavailable,
+    binaries,
+    bwrap_command,
+)
 from agentq.tools.sandbox_bwrap import identity as sandbox_identity
 from agentq.tools.sandbox_collect import Child, collect
 from agentq.tools.sandbox_meter import CgroupMeter, Meter, ProcMeter

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from agentq.tools import cgroups
 
+
 class Meter:
     def sample(self) -> tuple[float, bool]:
         """(CPU seconds the whole run used so far, whether it is over its memory)."""
