@@ -5,6 +5,9 @@ fault test can restart, flush or stop them without touching any shared server.
     rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.destroy()
     pg = PrivatePostgres(tmp).start();  pg.create_database("x");  pg.restart();  pg.stop()
 
+`listen_also`: an address each also listens on beside 127.0.0.1 (the host's end of the
+nodes' network, benchmarks/netns.py), with, for Postgres, `clients` the network let in.
+
 Postgres refuses to run as root: when the tests run as root, its binaries run as the
 `postgres` user (runuser) on a data directory that user owns.
 """
@@ -57,11 +60,13 @@ def _wait_port(port: int, up: bool, timeout_s: float = START_TIMEOUT_S) -> None:
 
 
 class PrivateRedis:
-    def __init__(self, scratch: Path, port: int | None = None, databases: int = 16):
+    def __init__(self, scratch: Path, port: int | None = None, databases: int = 16,
+                 listen_also: str = ""):
         self.dir = Path(scratch) / "redis"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.databases = databases
+        self.listen_also = listen_also
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -73,7 +78,11 @@ class PrivateRedis:
         with (self.dir / "redis.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [shutil.which("redis-server") or "redis-server", "--port", str(self.port),
-                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--bind", "127.0.0.1",
+                 # another address: clients there are let in (protected mode would
+                 # refuse every one but loopback's, a password not being set)
+                 *([self.listen_also, "--protected-mode", "no"] if self.listen_also else []),
+                 "--save", "", "--appendonly", "no",
                  "--dir", str(self.dir), "--maxclients", "10000",
                  "--databases", str(self.databases)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -122,11 +131,12 @@ class PrivateRabbitMQ:
         rabbit = PrivateRabbitMQ(tmp).start();  rabbit.restart(down_s=2);  rabbit.destroy()
     """
 
-    def __init__(self, scratch: Path, port: int | None = None):
+    def __init__(self, scratch: Path, port: int | None = None, listen_also: str = ""):
         self.dir = Path(scratch) / "rabbitmq"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.dist_port = free_port()
+        self.listen_also = listen_also
         self.node = f"agentq{self.port}@localhost"
         self.proc: subprocess.Popen | None = None
 
@@ -137,14 +147,15 @@ class PrivateRabbitMQ:
     def _env(self) -> dict[str, str]:
         (self.dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users = none\n"
+            + (f"listeners.tcp.also = {self.listen_also}:{self.port}\n"
+               if self.listen_also else "")
+            + "loopback_users = none\n"
             "disk_free_limit.absolute = 50MB\n")
         (self.dir / "enabled_plugins").write_text("[].\n")
         (self.dir / "rabbitmq-env.conf").write_text("")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
         env.update({
             "HOME": str(self.dir), "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_CONF_ENV_FILE": str(self.dir / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
@@ -210,11 +221,13 @@ class PrivateRabbitMQ:
 
 
 class PrivatePostgres:
-    def __init__(self, scratch: Path, port: int | None = None):
+    def __init__(self, scratch: Path, port: int | None = None, listen_also: str = "",
+                 clients: str = ""):
         self.dir = Path(scratch) / "pg"
         self.data = self.dir / "data"
         self.port = port or free_port()
         self.as_root = os.geteuid() == 0
+        self.listen_also, self.clients = listen_also, clients
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(a) for a in args]
@@ -237,7 +250,8 @@ class PrivatePostgres:
             self._init_data()
         self._run(PG_BIN / "pg_ctl", "-D", self.data, "-l", self.dir / "pg.log", "-w",
                   "-t", str(START_TIMEOUT_S), "-o",
-                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                  f"-p {self.port} -k {self.dir} -c listen_addresses="
+                  f"127.0.0.1{',' + self.listen_also if self.listen_also else ''} "
                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
                   "-c max_connections=400", "start")
         _wait_port(self.port, True)
@@ -258,6 +272,9 @@ class PrivatePostgres:
                     os.chmod(parent, mode | 0o001)
         self._run(PG_BIN / "initdb", "-D", self.data, "-U", "postgres",
                   "--auth=trust", "--no-sync", "-E", "UTF8")
+        if self.clients:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.clients} trust\n")
 
     def stop(self, mode: str = "fast") -> None:
         if self.data.exists():

@@ -264,7 +264,7 @@ class Stack:
 
     def __init__(self, database_url: str, llm_base_url: str, scratch: Path,
                  extra_env: dict[str, str] | None = None, workers=WORKERS,
-                 web_threads: int = 16, beat: bool = True):
+                 web_threads: int = 16, beat: bool = True, web: bool = True):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.database_url = database_url
@@ -285,6 +285,7 @@ class Stack:
         self.workers = tuple(workers)
         self.web_threads = web_threads
         self.with_beat = beat
+        self.with_web = web
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
 
@@ -296,7 +297,7 @@ class Stack:
                 "--workers", "1", "--threads", str(self.web_threads), "api.wsgi:app"]
 
     def commands(self) -> dict[str, list[str]]:
-        commands = {"web": self.web_command()}
+        commands = {"web": self.web_command()} if self.with_web else {}
         for kind in self.workers:
             commands[kind] = [self.agentq_bin(), "worker", kind]
         if self.with_beat:
@@ -310,8 +311,13 @@ class Stack:
             self.procs[name] = subprocess.Popen(self.commands()[name], cwd=ROOT, env=self.env,
                                                 stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True,
-                                                preexec_fn=die_with_parent)
+                                                preexec_fn=self.preexec)
         return self.procs[name]
+
+    def preexec(self) -> None:
+        """Run in each process between fork and exec (a node's stack also enters its
+        network namespace and cgroup: benchmarks/netns.py)."""
+        die_with_parent()
 
     def start(self) -> "Stack":
         broker = self.env["AGENTQ_BROKER_URL"]
@@ -331,14 +337,15 @@ class Stack:
                 if proc.poll() is not None:
                     raise StackError(f"{name} exited: {self.logs[name].read_text()[-3000:]}")
             time.sleep(0.2)
-        while time.monotonic() < deadline:
+        while self.with_web and time.monotonic() < deadline:
             try:
                 if requests.get(f"{self.base}/health", timeout=1).ok:
                     break
             except (requests.ConnectionError, requests.Timeout):  # a worker still booting
                 time.sleep(0.2)
         else:
-            raise StackError("the web process did not answer")
+            if self.with_web:
+                raise StackError("the web process did not answer")
         if pending:
             raise StackError(f"not ready: {sorted(pending)}")
 
