@@ -76,7 +76,7 @@ def end_batch(uow: UnitOfWork, batch: Batch) -> None:
     batch.status = "cancelled" if batch.cancel_requested_at is not None else "completed"
     batch.finished_at = utcnow()
     if batch.callback_url:
-        from agentq.webhooks.delivery import enqueue_event
+        from agentq.webhooks.outbox import enqueue_event
         delivery = enqueue_event(uow.session, tenant_id=batch.tenant_id,
                                  event_type=f"batch.{batch.status}", url=batch.callback_url,
                                  batch_id=batch.id, due=batch.finished_at)

@@ -39,7 +39,7 @@ from agentq.loop.effects import DispatchTools, NextStep, SendWebhooks
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
 from agentq.tools.registry import ToolRegistry
-from agentq.webhooks.delivery import APPROVAL_EVENT_TYPE, enqueue_event
+from agentq.webhooks.outbox import APPROVAL_EVENT_TYPE, enqueue_event
 
 log = logging.getLogger(__name__)
 

@@ -213,7 +213,7 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     status `end_status(reason)`, the response, the conversation handed to its next job,
     `job_end`, the webhook's first delivery row; after the commit `JobEnded` (and the
     batch's `AdmitBatch`) go out."""
-    from agentq.webhooks.delivery import enqueue_job_event
+    from agentq.webhooks.outbox import enqueue_job_event
     session = uow.session
     status, reason = end_status(reason).value, StopReason(reason).value
     if any(isinstance(o, ToolCall) for o in (*session.new, *session.dirty)):

@@ -6,6 +6,9 @@ once; each attempt is a `WebhookDelivery` row carrying it: `pending` → `succee
 gone). The first row is written in the transaction that ends the job, so an ended job never
 loses its webhook; Celery only carries the row id.
 
+The rows are written by `agentq.webhooks.outbox` in the caller's transaction (the job's end,
+an approval request, a batch's end); this module sends them.
+
 There is no payload column: the body is rebuilt from the job (or batch) row at send time.
 An ended job's object no longer changes and the payload's `timestamp` is the job's
 `finished_at`, so every attempt of one event sends the same bytes under the same webhook-id;
@@ -27,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,24 +40,24 @@ from sqlalchemy.orm import Session, sessionmaker
 from agentq import batches, metrics
 from agentq.config import Settings, get_settings
 from agentq.db import riding_out, session_factory, utcnow
-from agentq.errors import AgentqError, ConfigError, Conflict, ValidationFailed
+from agentq.errors import ConfigError, Conflict, ValidationFailed
 from agentq.models import TERMINAL_STATUSES, Batch, Job, Tenant, WebhookDelivery
 from agentq.views import _iso, batch_object, job_object
+from agentq.webhooks.outbox import (
+    APPROVAL_EVENT_TYPE,
+    FAILED,
+    GAVE_UP,
+    PENDING,
+    SUCCEEDED,
+    TOOL_CALL_KEYS,
+    enqueue_event,
+)
 from agentq.webhooks.secrets import signing_secrets
-from agentq.webhooks.signing import new_event_id, signed_headers
+from agentq.webhooks.signing import signed_headers
 from agentq.webhooks.urls import FIELD, Target, resolve_and_check
 
 log = logging.getLogger(__name__)
 
-JOB_EVENT_TYPES = ("job.completed", "job.failed", "job.cancelled")
-BATCH_EVENT_TYPES = ("batch.completed", "batch.cancelled")
-APPROVAL_EVENT_TYPE = "job.approval_required"
-"""A tool call waits for a person: the body is the job object plus
-`tool_call: {tool_use_id, name, arguments}` (API.md 1.1)."""
-TOOL_CALL_KEYS = ("tool_use_id", "name", "arguments")
-EVENT_TYPES = JOB_EVENT_TYPES + BATCH_EVENT_TYPES + (APPROVAL_EVENT_TYPE,)
-
-PENDING, SUCCEEDED, FAILED, GAVE_UP = "pending", "succeeded", "failed", "gave_up"
 GONE_STATUS = 410
 RETRY_AFTER_MAX_S = 24 * 3600
 """A receiver's Retry-After is honoured when longer than the schedule's delay, up to this."""
@@ -69,45 +72,6 @@ CONTENT_TYPE = "application/json"
 
 
 # --- rows ---------------------------------------------------------------------------------
-
-def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job_id=None,
-                  batch_id=None, event_id: str | None = None, attempt: int = 1,
-                  due: datetime | None = None,
-                  data: dict[str, Any] | None = None) -> WebhookDelivery:
-    """Add a pending delivery row (in the caller's transaction) and return it; its id is
-    set at once, so the caller can enqueue `webhooks.deliver(id)` after committing.
-
-    A new event gets a fresh `event_id`; a later attempt of the same event passes the first
-    row's `event_id` and the next `attempt`. The payload is not stored: it is rebuilt from
-    the job (or batch) row at send time, so that row must be final when this is called."""
-    if event_type not in EVENT_TYPES:
-        raise AgentqError(f"unknown webhook event type {event_type!r}", event_type=event_type)
-    if (job_id is None) == (batch_id is None):
-        raise AgentqError("a webhook event is about exactly one job or one batch")
-    if not url:
-        raise AgentqError("a webhook event needs a url")
-    now = utcnow()
-    delivery = WebhookDelivery(
-        id=uuid.uuid4(), tenant_id=tenant_id, event_id=event_id or new_event_id(),
-        event_type=event_type,
-        job_id=job_id, batch_id=batch_id, url=url, attempt=attempt, status=PENDING,
-        created_at=now, next_attempt_at=due or now, data=data)
-    session.add(delivery)
-    return delivery
-
-
-def enqueue_job_event(session: Session, job: Job) -> WebhookDelivery | None:
-    """The `job.<status>` event of a job that just ended, if it has a callback_url."""
-    if not job.callback_url:
-        return None
-    delivery = enqueue_event(session, tenant_id=job.tenant_id, event_type=f"job.{job.status}",
-                             url=job.callback_url, job_id=job.id, due=job.finished_at)
-    log.info("webhook event created", extra={"delivery_id": str(delivery.id),
-                                              "event_id": delivery.event_id,
-                                              "event_type": delivery.event_type,
-                                              "job_id": str(job.id)})
-    return delivery
-
 
 def deliveries_for_job(session: Session, job_id) -> list[WebhookDelivery]:
     """Every attempt for the job's events, oldest first."""
