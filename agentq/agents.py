@@ -35,14 +35,24 @@ from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import ToolError
 from agentq.loop.effects import DispatchTools, NextStep
-from agentq.loop.lifecycle import JobStatus, WaitingFor, new_job
+from agentq.loop.lifecycle import (
+    JobStatus,
+    Phase,
+    ReplayMode,
+    ToolCallStatus,
+    WaitingFor,
+    new_job,
+    resume,
+    wait_for_children,
+)
+from agentq.loop.states import UNENDED_STATUSES
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall
 from agentq.tools.registry import ToolRegistry, ToolResult
 
 log = logging.getLogger(__name__)
 
 DELEGATE = "agents.delegate"
-LIVE = ("queued", "running", "waiting")
+LIVE = UNENDED_STATUSES
 
 
 class DepthExceeded(ToolError):
@@ -112,7 +122,8 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
                     limits_applied=applied_limits(settings,
                                                   persona.limits if persona else None, asked),
                     parent_job_id=parent.id, parent_tool_use_id=tool_use_id,
-                    **({"replay_of": recorded, "replay_mode": "recorded"} if recorded else {}))
+                    **({"replay_of": recorded, "replay_mode": ReplayMode.RECORDED}
+                       if recorded else {}))
     source = session.get(Conversation, parent.conversation_id)
     session.add(Conversation(
         id=child.conversation_id, tenant_id=parent.tenant_id, user_id=parent.user_id,
@@ -125,8 +136,7 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
     session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
                     .values(attempts=ToolCall.attempts + 1, started_at=now))
     if parent.status in (JobStatus.QUEUED, JobStatus.RUNNING):
-        parent.status = JobStatus.WAITING.value
-        parent.waiting_for = WaitingFor.CHILDREN.value
+        wait_for_children(parent)
     parent.last_progress_at = now
     session.flush()
     _event(uow, parent.id, "child_started",
@@ -143,7 +153,7 @@ def _recorded_original(session: Session, parent: Job,
                        tool_use_id: str) -> uuid.UUID | ToolResult | None:
     """For a recorded replay of a parent: the original's child at this call's place (the
     replay's child plays it back, recorded too), or the error when it made none there."""
-    if parent.replay_mode != "recorded" or parent.replay_of is None:
+    if parent.replay_mode != ReplayMode.RECORDED or parent.replay_of is None:
         return None
     place = session.execute(select(ToolCall.iteration, ToolCall.position).where(
         ToolCall.tool_use_id == tool_use_id)).one()
@@ -188,15 +198,16 @@ def result_of(child: Job) -> tuple[str, dict[str, Any]]:
     if child.status == JobStatus.COMPLETED:
         # the child's id is in the events (child_started, tool_execution_end), not here:
         # a recorded replay's child answers the same and is another job
-        return "succeeded", {"ok": True, "error": None, "result": {
-            "answer": response.get("content") or "", "finish_reason": child.finish_reason}}
+        return ToolCallStatus.SUCCEEDED, ToolResult.success({
+            "answer": response.get("content") or "",
+            "finish_reason": child.finish_reason}).to_record()
     error = response.get("error") or {}
-    return "failed", {"ok": False, "result": None, "error": {
-        "code": f"sub_agent_{child.status}",
-        "message": f"The sub-agent {child.status}: "
-                   f"{error.get('message') or child.error or child.finish_reason}",
-        "job_id": str(child.id), "finish_reason": child.finish_reason,
-        "cause": error.get("code")}}
+    return ToolCallStatus.FAILED, ToolResult.failed(
+        f"sub_agent_{child.status}",
+        f"The sub-agent {child.status}: "
+        f"{error.get('message') or child.error or child.finish_reason}",
+        job_id=str(child.id), finish_reason=child.finish_reason,
+        cause=error.get("code")).to_record()
 
 
 def child_ended(uow, child: Job) -> None:
@@ -223,7 +234,7 @@ def _record(uow, parent: Job, child: Job) -> int | None:
     status, record = result_of(child)
     iteration = uow.session.execute(
         update(ToolCall).where(ToolCall.tool_use_id == child.parent_tool_use_id,
-                               ToolCall.status == "pending")
+                               ToolCall.status == ToolCallStatus.PENDING)
         .values(status=status, result=record, finished_at=utcnow())
         .returning(ToolCall.iteration)).scalar_one_or_none()
     if iteration is not None:
@@ -238,18 +249,17 @@ def settle(uow, parent: Job, iteration: int) -> None:
     """No delegate call of the parent's turn `iteration` pending any more: the parent runs
     again, and with no call of the turn pending at all its next step goes out."""
     if parent.status in TERMINAL_STATUSES or parent.iteration != iteration \
-            or parent.phase != "tools":
+            or parent.phase != Phase.TOOLS:
         return
     uow.session.flush()
     calls = uow.session.execute(select(ToolCall.name, ToolCall.status).where(
         ToolCall.job_id == parent.id, ToolCall.iteration == iteration)).all()
-    if any(name == DELEGATE and status == "pending" for name, status in calls):
+    if any(name == DELEGATE and status == ToolCallStatus.PENDING for name, status in calls):
         return
     if parent.status == JobStatus.WAITING and parent.waiting_for == WaitingFor.CHILDREN:
-        parent.status, parent.waiting_for = JobStatus.RUNNING.value, None
-        parent.last_progress_at = utcnow()
+        resume(parent, utcnow())
     if parent.status == JobStatus.RUNNING and not any(
-            status in ("pending", "awaiting") for _, status in calls):
+            status in (ToolCallStatus.PENDING, ToolCallStatus.AWAITING) for _, status in calls):
         uow.effect(NextStep(str(parent.id), iteration, "callback"))
 
 
@@ -304,14 +314,14 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
                    | parents.cancel_requested_at.is_not(None))
             .distinct().limit(100)).scalars())
         waiting = list(session.execute(select(Job.id).where(
-            Job.status == JobStatus.WAITING.value, Job.waiting_for == "children",
+            Job.status == JobStatus.WAITING, Job.waiting_for == WaitingFor.CHILDREN,
             Job.last_progress_at < stale).limit(100)).scalars())
     done = sum(cancel_children(sessions, parent_id) for parent_id in orphans)
     for parent_id in waiting:
         with UnitOfWork(sessions) as uow:
             parent = lock_row(uow.session, Job, parent_id)
             if parent is None or parent.status != JobStatus.WAITING \
-                    or parent.waiting_for != "children":
+                    or parent.waiting_for != WaitingFor.CHILDREN:
                 continue
             done += _wake(uow, parent, settings)
     return done
@@ -323,7 +333,7 @@ def _wake(uow, parent: Job, settings: Settings) -> int:
     session = uow.session
     pending = list(session.execute(select(ToolCall).where(
         ToolCall.job_id == parent.id, ToolCall.iteration == parent.iteration,
-        ToolCall.name == DELEGATE, ToolCall.status == "pending")).scalars())
+        ToolCall.name == DELEGATE, ToolCall.status == ToolCallStatus.PENDING)).scalars())
     children = {c.parent_tool_use_id: c for c in session.execute(select(Job).where(
         Job.parent_tool_use_id.in_([c.tool_use_id for c in pending]))).scalars()}
     lost = [c for c in pending if c.tool_use_id not in children]

@@ -17,10 +17,22 @@ from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
 from agentq.loop.effects import BatchEnded, SendWebhooks
-from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, end_job, end_unstarted
+from agentq.loop.lifecycle import (
+    LIVE_STATUSES,
+    JobStatus,
+    StopReason,
+    WaitingFor,
+    admit as admit_line,
+    end_job,
+    end_unstarted,
+)
 from agentq.loop.uow import UnitOfWork
 from agentq.models import TERMINAL_STATUSES, Batch, Job
 from agentq.views import COUNT_KEYS
+
+
+_NOT_ADMITTED = (Job.waiting_for == WaitingFor.BATCH, Job.status == JobStatus.QUEUED)
+"""A line of the batch not admitted yet."""
 
 
 def lock_batch(session: Session, batch_id: uuid.UUID) -> Batch | None:
@@ -44,14 +56,13 @@ def admit(uow: UnitOfWork, batch: Batch) -> None:
     if batch.cancel_requested_at is not None or batch.status in ("completed", "cancelled"):
         return
     live = session.execute(select(func.count()).select_from(Job).where(
-        Job.batch_id == batch.id, Job.status.in_(("queued", "running")),
-        Job.waiting_for.is_distinct_from("batch"))).scalar_one()
+        Job.batch_id == batch.id, Job.status.in_(LIVE_STATUSES),
+        Job.waiting_for.is_distinct_from(WaitingFor.BATCH))).scalar_one()
     room = batch.max_concurrency - live
     if room <= 0:
         return
     waiting = session.execute(
-        select(Job).where(Job.batch_id == batch.id, Job.waiting_for == "batch",
-                          Job.status == "queued")
+        select(Job).where(Job.batch_id == batch.id, *_NOT_ADMITTED)
         .order_by(Job.batch_index).limit(room)).scalars().all()
     for job in waiting:
         admit_job(uow, job)
@@ -92,14 +103,13 @@ def cancel_waiting(uow: UnitOfWork, batch: Batch) -> None:
     session, now = uow.session, utcnow()
     batch.cancel_requested_at = batch.cancel_requested_at or now
     with_webhook = session.execute(select(Job).where(
-        Job.batch_id == batch.id, Job.waiting_for == "batch", Job.status == "queued",
+        Job.batch_id == batch.id, *_NOT_ADMITTED,
         Job.callback_url.is_not(None))).scalars().all()
     for job in with_webhook:  # these get their job.cancelled event
-        job.waiting_for = None
+        admit_line(job, now)
         end_job(uow, job, StopReason.CANCELLED, "",
                 {"code": "cancelled", "message": "The batch was cancelled."})
-    end_unstarted(session, (Job.batch_id == batch.id, Job.waiting_for == "batch",
-                            Job.status == "queued"),
+    end_unstarted(session, (Job.batch_id == batch.id, *_NOT_ADMITTED),
                   {"code": "cancelled", "message": "The batch was cancelled."}, now)
     session.flush()
     end_if_done(uow, batch)
@@ -107,7 +117,7 @@ def cancel_waiting(uow: UnitOfWork, batch: Batch) -> None:
 
 def live_jobs(session: Session, batch_id: uuid.UUID) -> list[uuid.UUID]:
     return list(session.execute(select(Job.id).where(
-        Job.batch_id == batch_id, Job.status.in_(("queued", "running")))).scalars())
+        Job.batch_id == batch_id, Job.status.in_(LIVE_STATUSES))).scalars())
 
 
 def end_if_done(uow: UnitOfWork, batch: Batch) -> None:

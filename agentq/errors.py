@@ -26,6 +26,20 @@ class ConfigError(AgentqError):
         self.variable = variable
 
 
+class IllegalTransition(AgentqError):
+    """A job was moved in a way its lifecycle's table does not allow
+    (`agentq.loop.lifecycle.next_state`): a bug in our code, never the user's."""
+    code = "illegal_transition"
+
+    def __init__(self, transition: str, status: str, waiting_for: str | None, phase: str,
+                 **details: Any):
+        super().__init__(f"a job cannot {transition} from status {status}, waiting_for "
+                         f"{waiting_for}, phase {phase}", transition=transition,
+                         status=status, waiting_for=waiting_for, phase=phase, **details)
+        self.transition, self.status = transition, status
+        self.waiting_for, self.phase = waiting_for, phase
+
+
 class ManifestError(AgentqError):
     """A tool module's manifest is wrong; raised at import, says what to fix."""
     code = "manifest_error"

@@ -6,6 +6,7 @@ these models by a test.
 """
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import datetime
 from typing import Any
@@ -15,10 +16,22 @@ from datetime import timezone
 from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index,
                         Integer, LargeBinary, String, Text, TypeDecorator, UniqueConstraint,
                         Uuid, text)
+from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agentq.db import utcnow
+from agentq.loop.states import (
+    ENDED,
+    UNENDED_STATUSES,
+    JobStatus,
+    Phase,
+    ReplayMode,
+    ToolCallStatus,
+    WaitingFor,
+)
+from agentq.loop.states import FINISH_REASONS as FINISH_REASONS
+from agentq.loop.states import JOB_STATUSES as JOB_STATUSES
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -44,15 +57,21 @@ class UTCDateTime(TypeDecorator):
 
 TZ = UTCDateTime()
 
-JOB_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
-"""`waiting`: paused for a person's approval of a tool call (waiting_for = approval),
-holding no worker slot. (A job waiting for its model provider stays `running` here and is
-shown as `waiting`, waiting_for = provider, by the API.)"""
-FINISH_REASONS = ("end_turn", "length", "max_iterations", "max_tokens", "max_time",
-                  "budget_exceeded", "cancelled", "error", "hook")
-"""`length`: the model's reply was cut at its output limit (API.md 1.2)."""
 MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+TERMINAL_STATUSES = ENDED
+"""The job statuses of an ended job (`agentq.loop.states.ENDED`)."""
+
+
+def enum_column(kind: type[enum.StrEnum]) -> SqlEnum:
+    """A column of `kind`'s members, stored as their values: the VARCHAR(16) the column
+    always was, with no CHECK constraint and no database enum type, so the rows and the
+    schema are those of the string column (no migration); a loaded value is the member."""
+    return SqlEnum(kind, native_enum=False, create_constraint=False, length=16,
+                   values_callable=lambda members: [m.value for m in members])
+
+
+_UNENDED_SQL = f"status IN ({', '.join(repr(s) for s in UNENDED_STATUSES)})"
+_QUOTA_WAIT_SQL = f"waiting_for = '{WaitingFor.QUOTA.value}'"
 
 
 class Base(DeclarativeBase):
@@ -224,17 +243,15 @@ class Job(Base):
         # a tenant's live jobs (its running-jobs quota counts them) and those waiting for
         # the quota: both small, and on columns a step's update never changes (0016)
         Index("ix_jobs_tenant_live", "tenant_id",
-              postgresql_where=text("status IN ('queued', 'running', 'waiting')"),
-              sqlite_where=text("status IN ('queued', 'running', 'waiting')")),
+              postgresql_where=text(_UNENDED_SQL), sqlite_where=text(_UNENDED_SQL)),
         Index("ix_jobs_tenant_quota_wait", "tenant_id", "created_at",
-              postgresql_where=text("waiting_for = 'quota'"),
-              sqlite_where=text("waiting_for = 'quota'")),
+              postgresql_where=text(_QUOTA_WAIT_SQL), sqlite_where=text(_QUOTA_WAIT_SQL)),
         # a sub-agent per `agents.delegate` call, however often the call is delivered (0020)
         Index("uq_jobs_parent_tool_use_id", "parent_tool_use_id", unique=True),
     )
     id: Mapped[uuid.UUID] = _id()
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[JobStatus] = mapped_column(enum_column(JobStatus), default=JobStatus.QUEUED)
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     conversation_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("conversations.id", ondelete="CASCADE"))
@@ -255,7 +272,7 @@ class Job(Base):
 
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     """Model calls completed. A step is keyed by (job id, iteration)."""
-    phase: Mapped[str] = mapped_column(String(16), default="llm")
+    phase: Mapped[Phase] = mapped_column(enum_column(Phase), default=Phase.LLM)
     """What the next step does: `llm` (call the model) or `tools` (collect tool results)."""
     step_owner: Mapped[str | None] = mapped_column(String(64))
     step_lease_until: Mapped[datetime | None]
@@ -277,11 +294,12 @@ class Job(Base):
     response: Mapped[dict[str, Any] | None]
     error: Mapped[str | None] = mapped_column(Text)
 
-    waiting_for: Mapped[str | None] = mapped_column(String(16))
+    waiting_for: Mapped[WaitingFor | None] = mapped_column(enum_column(WaitingFor))
     """None, or what a queued job waits for before its first step: `conversation` (another
-    job owns it: on_busy queue/interrupt) or `batch` (its batch's admission); or what a
-    running job waits for between steps: `provider` (every model kept failing with
-    transient errors; shown as `status: waiting`)."""
+    job owns it: on_busy queue/interrupt), `batch` (its batch's admission) or `quota` (its
+    tenant's running jobs); what a running job waits for between steps: `provider` (every
+    model kept failing with transient errors; shown as `status: waiting`); or what a
+    `waiting` job waits for: `approval` (a person) or `children` (its sub-agents)."""
     provider_wait_since: Mapped[datetime | None]
     """When the current wait for the provider began (the first transient failure of the
     whole chain in this turn); None when not waiting."""
@@ -290,7 +308,7 @@ class Job(Base):
     provider_attempts: Mapped[int] = mapped_column(Integer, default=0)
     """Failed attempts of the current wait."""
     replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
-    replay_mode: Mapped[str | None] = mapped_column(String(16))
+    replay_mode: Mapped[ReplayMode | None] = mapped_column(enum_column(ReplayMode))
     batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     batch_index: Mapped[int | None] = mapped_column(Integer)
     custom_id: Mapped[str | None] = mapped_column(String(255))
@@ -374,7 +392,8 @@ class ToolCall(Base):
     name: Mapped[str] = mapped_column(String(255))
     arguments: Mapped[dict[str, Any] | None]
     queue: Mapped[str] = mapped_column(String(255))
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[ToolCallStatus] = mapped_column(enum_column(ToolCallStatus),
+                                                   default=ToolCallStatus.PENDING)
     """pending → succeeded | failed | cancelled; a call of a `requires_approval` tool starts
     `awaiting` (approval) → pending (approved) | failed (denied, timed out) | cancelled."""
     approval_expires_at: Mapped[datetime | None]

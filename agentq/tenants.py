@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings, get_settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
-from agentq.loop.effects import NextStep
+from agentq.loop.states import NOT_ADMITTED, UNENDED_STATUSES, JobStatus, WaitingFor
 from agentq.models import Job, Tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000001")
@@ -190,17 +190,14 @@ def update_quotas(session: Session, tenant: Tenant, changes: Mapping[str, Any]) 
 
 # --- running jobs ---------------------------------------------------------------------------
 
-QUOTA_WAIT = "quota"
-"""A job's `waiting_for` while its tenant runs `running_jobs` jobs already: it holds its
-conversation (later messages queue behind it as behind any job) but takes no step until
-a running job of the tenant ends."""
-_LIVE = ("queued", "running", "waiting")
-_NOT_ADMITTED = ("conversation", "batch", QUOTA_WAIT)
+# A job waits for its tenant's quota (`waiting_for: quota`, agentq.loop.lifecycle.may_start)
+# while the tenant runs `running_jobs` jobs already: it holds its conversation (later
+# messages queue behind it as behind any job) but takes no step until one of them ends.
 
 
 _RUNNING = select(func.count()).select_from(Job).where(
-    Job.tenant_id == bindparam("tenant_id"), Job.status.in_(_LIVE),
-    or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(_NOT_ADMITTED)),
+    Job.tenant_id == bindparam("tenant_id"), Job.status.in_(UNENDED_STATUSES),
+    or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(NOT_ADMITTED)),
     Job.id.not_in(bindparam("aside", expanding=True)))
 """`running_count`'s statement, built once with bind parameters (a statement built per
 call cost more of the caller's CPU than Postgres spends running it)."""
@@ -208,7 +205,7 @@ call cost more of the caller's CPU than Postgres spends running it)."""
 
 def _runs(job) -> bool:
     """`_running_statement`'s condition, of a job as it is in memory."""
-    return job.status in _LIVE and job.waiting_for not in _NOT_ADMITTED
+    return job.status in UNENDED_STATUSES and job.waiting_for not in NOT_ADMITTED
 
 
 def running_count(session: Session, tenant_id: uuid.UUID,
@@ -226,42 +223,7 @@ def running_count(session: Session, tenant_id: uuid.UUID,
     return stored + sum(1 for o in changed if o.id != besides and _runs(o))
 
 
-def may_start(session: Session, job, settings: Settings | None = None) -> bool:
-    """Whether `job`, about to take its first step, fits in its tenant's running-jobs
-    quota; if not it is marked `waiting_for: quota` (the caller sends no step). Concurrent
-    starts of one tenant may pass the quota by as many as race."""
-    limit = cached_quotas(session, job.tenant_id, settings).running_jobs
-    if limit and running_count(session, job.tenant_id, besides=job.id) >= limit:
-        job.waiting_for = QUOTA_WAIT
-        return False
-    return True
-
-
-def admit_quota_waiters(uow, tenant_id: uuid.UUID, settings: Settings | None = None) -> int:
-    """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
-    as there is room for now (each locked, skipping one another process is starting).
-    Called when a job of the tenant ends, and by the sweeper. Returns how many."""
-    session = uow.session
-    waits = (Job.tenant_id == tenant_id, Job.waiting_for == QUOTA_WAIT, Job.status == "queued")
-    if session.execute(select(Job.id).where(*waits).limit(1)).first() is None:
-        return 0  # the usual case: one probe of a (nearly always empty) partial index
-    waiting = select(Job).where(*waits)
-    limit = cached_quotas(session, tenant_id, settings).running_jobs
-    if limit:
-        room = limit - running_count(session, tenant_id)
-        if room <= 0:
-            return 0
-        waiting = waiting.limit(room)
-    jobs = session.execute(waiting.order_by(Job.created_at, Job.id)
-                           .with_for_update(skip_locked=True)).scalars().all()
-    now = utcnow()
-    for job in jobs:
-        job.waiting_for = None
-        job.last_progress_at = now
-        uow.effect(NextStep(str(job.id), 0, "start"))
-    return len(jobs)
-
-
 def tenants_waiting_for_quota(session: Session) -> list[uuid.UUID]:
     return list(session.execute(select(Job.tenant_id).where(
-        Job.waiting_for == QUOTA_WAIT, Job.status == "queued").distinct()).scalars())
+        Job.waiting_for == WaitingFor.QUOTA, Job.status == JobStatus.QUEUED).distinct()
+    ).scalars())

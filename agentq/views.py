@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from agentq.loop.states import COUNTED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
 from agentq.models import Batch, Conversation, Job, WebhookDelivery
 
 
@@ -16,18 +17,15 @@ def _id(value) -> str | None:
     return str(value) if value else None
 
 
-SHOWN_WAITS = frozenset({"provider", "approval", "children"})
-"""What a live job may wait for, as API.md 1.1 shows it (`status: waiting`); a queued job
-waiting for its conversation or batch stays `queued`, with `waiting_for` saying which
-(docs/api-admin.md)."""
-
-
 def job_status(job: Job) -> tuple[str, str | None]:
-    """(status, waiting_for) as the API shows them."""
-    if job.status in ("queued", "running", "waiting") and job.waiting_for in SHOWN_WAITS:
-        return "waiting", job.waiting_for
-    if job.status == "queued" and job.waiting_for:  # its conversation, its batch, ...
-        return "queued", job.waiting_for
+    """(status, waiting_for) as the API shows them: a live job waiting for its provider, a
+    person or its children as `waiting` (SHOWN_WAITS, API.md 1.1); a queued job waiting for
+    its conversation, its batch or its tenant's quota stays `queued`, with `waiting_for`
+    saying which (docs/api-admin.md)."""
+    if job.status in UNENDED_STATUSES and job.waiting_for in SHOWN_WAITS:
+        return JobStatus.WAITING, job.waiting_for
+    if job.status == JobStatus.QUEUED and job.waiting_for:  # its conversation, its batch, ...
+        return JobStatus.QUEUED, job.waiting_for
     return job.status, None
 
 
@@ -91,7 +89,7 @@ def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:
             "next_attempt_at": _iso(delivery.next_attempt_at)}
 
 
-COUNT_KEYS = ("queued", "running", "completed", "failed", "cancelled")
+COUNT_KEYS = COUNTED_STATUSES
 """A batch's jobs counted by status (`agentq.batches.counts`)."""
 
 

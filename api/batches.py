@@ -16,6 +16,7 @@ from agentq.db import session_factory, session_scope
 from agentq.errors import (Conflict, NotFound, UnknownQueryParameter, UnsupportedMediaType,
                            ValidationFailed)
 from agentq.loop.identity import Incoming
+from agentq.loop.states import ENDED_STATUSES
 from agentq.loop.submit import Submission
 from agentq.models import Batch, Conversation, Job
 from agentq.loop.uow import UnitOfWork
@@ -240,7 +241,7 @@ def replay_job(job_id: str):
     data = ReplaySchema().load(json_body())
     with UnitOfWork(session_factory(g.settings)) as uow:
         original = load_job(uow.session, job_id)
-        if original.status not in ("completed", "failed", "cancelled"):
+        if original.status not in ENDED_STATUSES:
             raise Conflict(f"Job {job_id} has not ended; replay it once it has.",
                            status=original.status)
         if not g.is_admin:  # a non-admin key picks only a model the persona allows
@@ -293,7 +294,7 @@ def replay_batch():
 
 
 def _replay_targets(session, data: dict[str, Any]) -> list[Job]:
-    ended = ("completed", "failed", "cancelled")
+    ended = ENDED_STATUSES
     if data.get("job_ids"):
         jobs = []
         for ident in data["job_ids"]:

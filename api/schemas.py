@@ -12,7 +12,14 @@ from marshmallow import (RAISE, Schema, ValidationError, fields, pre_load, valid
 
 from agentq.config import get_settings
 from agentq.errors import ValidationFailed
-from agentq.models import FINISH_REASONS, JOB_STATUSES
+from agentq.loop.states import (
+    ENDED_STATUSES,
+    FINISH_REASONS,
+    JOB_STATUSES,
+    REPLAY_MODES,
+    WAITS,
+    ReplayMode,
+)
 from agentq.tenants import MAX_QUOTA, QUOTA_NAMES
 from agentq.webhooks.urls import FIELD as CALLBACK_FIELD, check_callback_url
 
@@ -201,13 +208,14 @@ class BatchRequestSchema(BatchOptionsSchema):
 
 
 class ReplaySchema(StrictSchema):
-    mode = fields.String(load_default="recorded", validate=validate.OneOf(("recorded", "live")))
+    mode = fields.String(load_default=ReplayMode.RECORDED.value,
+                         validate=validate.OneOf(REPLAY_MODES))
     model = fields.String(load_default=None, allow_none=True, validate=validate.Length(1, 200))
     persona_id = fields.UUID(load_default=None, allow_none=True)
 
 
 class ReplayFilterSchema(StrictSchema):
-    status = fields.String(validate=validate.OneOf(("completed", "failed", "cancelled")))
+    status = fields.String(validate=validate.OneOf(ENDED_STATUSES))
     finish_reason = fields.String(validate=validate.OneOf(FINISH_REASONS))
     since = fields.AwareDateTime(default_timezone=timezone.utc)
     until = fields.AwareDateTime(default_timezone=timezone.utc)
@@ -298,8 +306,7 @@ class SteeringSchema(Schema):
 class JobSchema(Schema):
     id = fields.String()
     status = fields.String(validate=validate.OneOf(JOB_STATUSES))
-    waiting_for = fields.String(allow_none=True, validate=validate.OneOf(
-        ("provider", "approval", "children", "conversation", "batch", "quota")), metadata={
+    waiting_for = fields.String(allow_none=True, validate=validate.OneOf(WAITS), metadata={
         "description": "What a job with status `waiting` waits for: its model provider to "
                        "answer again (API.md 1.1), a person's approval of a tool call, or "
                        "its sub-agents (`children`: agents.delegate calls) to end; "

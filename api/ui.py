@@ -23,6 +23,15 @@ from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
 from agentq.keys import lookup
 from agentq.loop import replay
+from agentq.loop.states import (
+    ENDED,
+    JOB_STATUSES,
+    LIVE_STATUSES,
+    REPLAY_MODES,
+    UNENDED_STATUSES,
+    JobStatus,
+    ReplayMode,
+)
 from agentq.loop.store import event_dict
 from agentq.loop.uow import UnitOfWork
 from agentq.models import (
@@ -45,9 +54,10 @@ bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
 COOKIE = "agentq_ui_key"
 PAGE = 50
-STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
-"""As the API shows them: `waiting` is a live job waiting for approval or its provider."""
-LIVE = ("queued", "running", "waiting")
+STATUSES = JOB_STATUSES
+"""As the API shows them: `waiting` is a live job waiting for a person, its children or
+its provider."""
+LIVE = UNENDED_STATUSES
 OVERVIEW_REFRESH_S = 10
 """The overview page reads itself again this often (api/static/ui.js)."""
 QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
@@ -136,10 +146,10 @@ def _job_rows(filters: dict[str, str], errors: list[str]) -> list[dict[str, Any]
     query = _visible(select(Job, UserPlatformLink.platform_user_id)
                      .outerjoin(UserPlatformLink, UserPlatformLink.user_id == Job.user_id))
     waits = or_(Job.waiting_for.is_(None), Job.waiting_for.notin_(SHOWN_WAITS))
-    if filters["status"] == "waiting":  # as job_status shows it
-        query = query.where(or_(Job.status == "waiting", and_(
+    if filters["status"] == JobStatus.WAITING:  # as job_status shows it
+        query = query.where(or_(Job.status == JobStatus.WAITING, and_(
             Job.status.in_(LIVE), Job.waiting_for.in_(SHOWN_WAITS))))
-    elif filters["status"] in ("queued", "running"):
+    elif filters["status"] in LIVE_STATUSES:
         query = query.where(Job.status == filters["status"], waits)
     elif filters["status"] in STATUSES:
         query = query.where(Job.status == filters["status"])
@@ -297,12 +307,12 @@ def decide(job_id: str, tool_use_id: str, decision: str):
 
 @bp.post("/jobs/<job_id>/replay")
 def replay_job(job_id: str):
-    mode = request.form.get("mode", "recorded")
-    if mode not in ("recorded", "live"):
+    mode = request.form.get("mode", ReplayMode.RECORDED)
+    if mode not in REPLAY_MODES:
         return redirect(url_for("ui.job", job_id=job_id, message=f"No replay mode {mode!r}."))
     with UnitOfWork(session_factory(g.settings)) as uow:
         original = _load_job(uow.session, job_id)
-        if original.status not in ("completed", "failed", "cancelled"):
+        if original.status not in ENDED:
             return redirect(url_for("ui.job", job_id=job_id,
                                     message="Replay a job once it has ended."))
         new = replay.create_replay(uow, g.settings, original, mode, api_key_id=g.api_key_id)

@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 from sqlalchemy import Integer, cast, func, literal, select
 
+from agentq.loop.states import ENDED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
 from agentq.models import Job, TokenLog
-from agentq.views import SHOWN_WAITS
 
 log = logging.getLogger(__name__)
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=1)
-ENDED = ("completed", "failed", "cancelled")
-LIVE = ("queued", "running", "waiting")
+ENDED = ENDED_STATUSES
+LIVE = UNENDED_STATUSES
 BROKER_TIMEOUT_S = 1.0
 """How long the page waits for the broker (its queues) and for the workers' pongs."""
 PALETTE = 6
@@ -82,7 +82,7 @@ class Overview:
     @property
     def failure_rate(self) -> float | None:
         total = self.ended_total
-        return self.ended.get("failed", 0) / total if total else None
+        return self.ended.get(JobStatus.FAILED, 0) / total if total else None
 
     @property
     def p50_s(self) -> float | None:
@@ -129,7 +129,7 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
     for status, waiting_for, count in session.execute(visible(
             select(Job.status, Job.waiting_for, func.count())
             .where(Job.status.in_(LIVE)).group_by(Job.status, Job.waiting_for))).all():
-        shown = "waiting" if waiting_for in SHOWN_WAITS else status  # as the API shows it
+        shown = JobStatus.WAITING if waiting_for in SHOWN_WAITS else status  # as the API shows it
         live[shown] = live.get(shown, 0) + count
     ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
     usage = session.execute(visible(  # each model's calls and tokens in each minute

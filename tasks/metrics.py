@@ -169,11 +169,12 @@ class _SourceOfTruth:
         from sqlalchemy import func, select
 
         from agentq.db import session_factory
+        from agentq.loop.states import COUNTED_STATUSES
         from agentq.models import Job
         with session_factory(self.settings)() as session:
             rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
-        counts = {"queued": 0, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
-        counts.update({status: int(n) for status, n in rows})
+        counts = {status: 0 for status in COUNTED_STATUSES}
+        counts.update({str(status): int(n) for status, n in rows})
         return sorted(counts.items())
 
     def _queue_depths(self) -> list[tuple[str, int]]:

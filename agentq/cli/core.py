@@ -10,6 +10,7 @@ import click
 
 from agentq import logs
 from agentq.config import get_settings
+from agentq.loop.states import JobStatus, StopReason
 
 PROCESS_KINDS = ("orchestrator", "tools", "tools-slow", "webhooks")
 
@@ -44,11 +45,12 @@ def _error_line(text: str) -> None:
 
 def exit_code_for(status: str, finish_reason: str | None) -> int:
     """The exit status of a command that followed a job to its end."""
-    if status == "cancelled":
+    if status == JobStatus.CANCELLED:
         return EXIT_CANCELLED
-    if status == "completed":
-        return EXIT_ANSWERED if finish_reason in (None, "end_turn") else EXIT_MAX_ITERATIONS
-    if finish_reason == "budget_exceeded":
+    if status == JobStatus.COMPLETED:
+        return (EXIT_ANSWERED if finish_reason in (None, StopReason.END_TURN)
+                else EXIT_MAX_ITERATIONS)
+    if finish_reason == StopReason.BUDGET_EXCEEDED:
         return EXIT_BUDGET
     return EXIT_FAILED
 

@@ -27,6 +27,7 @@ from agentq.cli.core import (
     main,
 )
 from agentq.config import get_settings, shown_url
+from agentq.loop.states import ENDED, JobStatus, WaitingFor
 
 
 # --- processes --------------------------------------------------------------------------
@@ -371,7 +372,7 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
     if behind is not None:
         _error_line(f"job {job_id} did not start within {timeout_s:g} s: it "
                     f"{behind_line(behind)}")
-    elif job.status == "queued":
+    elif job.status == JobStatus.QUEUED:
         _error_line(f"job {job_id} did not start within {timeout_s:g} s (still queued; "
                     f"`agentq jobs cancel {job_id}` cancels it)")
     else:
@@ -383,7 +384,7 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
 def waits_behind(sessions, job):
     """The job that `job` waits for (its conversation's running job), or None."""
     from agentq.models import Conversation, Job
-    if job.status != "queued" or job.waiting_for != "conversation":
+    if job.status != JobStatus.QUEUED or job.waiting_for != WaitingFor.CONVERSATION:
         return None
     with sessions() as session:
         conversation = session.get(Conversation, job.conversation_id)
@@ -436,7 +437,7 @@ class _CtrlC:
                 signal.signal(signal.SIGINT, previous)
 
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+TERMINAL_STATUSES = ENDED
 EMBEDDED_POLL_S = 0.05
 """How often `agentq run` reads its job's new events (a local SQLite read)."""
 
@@ -499,7 +500,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
         if job.status in TERMINAL_STATUSES:
             return f"job {job_id} already {job.status}"
         lease = job.step_lease_until  # UTC-aware on SQLite too (models.UTCDateTime)
-        unheld = job.status == "running" and (lease is None or lease <= utcnow())
+        unheld = job.status == JobStatus.RUNNING and (lease is None or lease <= utcnow())
         if unheld:
             request_cancel(uow, job)
             end_job(uow, job, StopReason.CANCELLED, "The job was cancelled.",
@@ -517,7 +518,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
     with sessions() as session:
         from agentq.models import Job
         status = session.get(Job, job_id).status
-    if status == "cancelled":
+    if status == JobStatus.CANCELLED:
         return f"job {job_id} cancelled"
     return (f"job {job_id} ({status}) asked to cancel: a process is running its step, "
             f"which ends it at its next step boundary")

@@ -20,6 +20,7 @@ from agentq.cli.core import (
 )
 from agentq.cli.local import _describe
 from agentq.config import get_settings
+from agentq.loop.states import COUNTED_STATUSES
 
 # --- a running API, over HTTP, for people ----------------------------------------------
 ON_BUSY_CHOICES = ("queue", "steer", "interrupt", "reject")
@@ -321,8 +322,7 @@ def jobs_cancel(job_id, url: str | None, key: str | None) -> None:
 
 
 @jobs.command("list")
-@click.option("--status", type=click.Choice(["queued", "running", "completed", "failed",
-                                             "cancelled"]), default=None,
+@click.option("--status", type=click.Choice(COUNTED_STATUSES), default=None,
               help="Only jobs with this status.")
 @click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True,
               help="The newest this many jobs.")

@@ -36,14 +36,16 @@ from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ToolError, ValidationFailed
 from agentq.loop.busy import lock_job
 from agentq.loop.effects import DispatchTools, NextStep, SendWebhooks
+from agentq.loop.lifecycle import JobStatus, ToolCallStatus, resume, wait_for_approval
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
+from agentq.tools.result import ToolResult
 from agentq.tools.registry import ToolRegistry
 from agentq.webhooks.outbox import APPROVAL_EVENT_TYPE, enqueue_event
 
 log = logging.getLogger(__name__)
 
-AWAITING = "awaiting"
+AWAITING = ToolCallStatus.AWAITING
 DECISIONS = {"denied": "denied", "approval_timeout": "timed_out"}
 """A refused call's error code → the `decision` of its approval_resolved event."""
 MAX_REASON_CHARS = 2000
@@ -65,7 +67,7 @@ def deadline(registry: ToolRegistry, settings: Settings, name: str,
 def hold(uow: UnitOfWork, job: Job, call: ToolCall, expires_at: datetime) -> None:
     """Park `call` for approval and put the job in `waiting` (the step's transaction)."""
     call.status, call.approval_expires_at = AWAITING, expires_at
-    job.status, job.waiting_for = "waiting", "approval"
+    wait_for_approval(job)
     approval = {"tool_use_id": call.tool_use_id, "name": call.name,
                 "arguments": call.arguments, "expires_at": expires_at.isoformat(),
                 "turn": call.iteration}
@@ -104,7 +106,7 @@ def approve(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
             raise ValidationFailed({"arguments": [exc.message]},
                                    "The arguments do not fit the tool's schema.") from None
         call.arguments = arguments
-    call.status = "pending"
+    call.status = ToolCallStatus.PENDING
     uow.event(job.id, "approval_resolved", decision="approved", tool_use_id=tool_use_id,
               name=call.name, arguments=call.arguments, edited=arguments is not None)
     uow.event(job.id, "tool_execution_start", tool_use_id=tool_use_id, name=call.name,
@@ -125,8 +127,8 @@ def _deny(uow: UnitOfWork, job: Job, call: ToolCall, reason: str | None, code: s
     message = ("A person denied this tool call" + (f": {reason}" if reason else ".")
                if code == "denied" else
                "Nobody approved this tool call in time; it was not run.")
-    call.status, call.finished_at = "failed", utcnow()
-    call.result = {"ok": False, "result": None, "error": {"code": code, "message": message}}
+    call.status, call.finished_at = ToolCallStatus.FAILED, utcnow()
+    call.result = ToolResult.failed(code, message).to_record()
     uow.event(job.id, "approval_resolved", decision=DECISIONS[code],
               tool_use_id=call.tool_use_id, name=call.name, reason=reason, code=code)
     uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id, name=call.name,
@@ -141,10 +143,9 @@ def _resume(uow: UnitOfWork, job: Job, iteration: int) -> None:
         ToolCall.job_id == job.id, ToolCall.iteration == iteration)).scalars().all()
     if AWAITING in statuses:
         return
-    if job.status == "waiting":
-        job.status, job.waiting_for = "running", None
-        job.last_progress_at = utcnow()
-    if "pending" not in statuses:
+    if job.status == JobStatus.WAITING:
+        resume(job, utcnow())
+    if ToolCallStatus.PENDING not in statuses:
         uow.effect(NextStep(str(job.id), iteration, "callback"))
 
 
@@ -155,12 +156,12 @@ def cancel_awaiting(uow: UnitOfWork, job: Job) -> None:
         ToolCall.job_id == job.id, ToolCall.status == AWAITING)).scalars().all()
     now = utcnow()
     for call in calls:
-        call.status, call.result, call.finished_at = "cancelled", CANCELLED_TOOL_RESULT, now
+        call.status, call.result, call.finished_at = (ToolCallStatus.CANCELLED,
+                                                      CANCELLED_TOOL_RESULT, now)
         uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
                   name=call.name, ok=False, error="cancelled")
-    if job.status == "waiting":
-        job.status, job.waiting_for = "running", None
-        job.last_progress_at = now
+    if job.status == JobStatus.WAITING:
+        resume(job, now)
 
 
 def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> int:

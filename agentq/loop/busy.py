@@ -25,15 +25,15 @@ from sqlalchemy.orm import Session
 
 from agentq.db import lock_row, utcnow
 from agentq.errors import Conflict, NotFound
-from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobInput, ToolCall
+from agentq.loop.states import JobStatus, ToolCallStatus, WaitingFor
+from agentq.models import Conversation, Job, JobInput, ToolCall
+from agentq.tools.result import ToolResult
 
 if TYPE_CHECKING:
     from agentq.loop.uow import UnitOfWork
 
-CANCELLED_TOOL_RESULT = {"ok": False, "result": None,
-                         "error": {"code": "cancelled",
-                                   "message": "The job was cancelled; this tool did not run "
-                                              "to completion."}}
+CANCELLED_TOOL_RESULT = ToolResult.failed(
+    "cancelled", "The job was cancelled; this tool did not run to completion.").to_record()
 
 
 def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversation:
@@ -45,16 +45,6 @@ def lock_conversation(session: Session, conversation_id: uuid.UUID) -> Conversat
 
 def lock_job(session: Session, job_id: uuid.UUID) -> Job | None:
     return lock_row(session, Job, job_id)
-
-
-def active_job(session: Session, conversation: Conversation) -> Job | None:
-    if conversation.active_job_id is None:
-        return None
-    job = session.get(Job, conversation.active_job_id)
-    if job is None or job.status in TERMINAL_STATUSES:
-        conversation.active_job_id = None
-        return None
-    return job
 
 
 def request_cancel(uow: UnitOfWork, job: Job, now: datetime | None = None) -> list[str]:
@@ -69,12 +59,12 @@ def request_cancel(uow: UnitOfWork, job: Job, now: datetime | None = None) -> li
     pending = session.execute(
         select(ToolCall.tool_use_id, ToolCall.name).where(
             ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
-            ToolCall.status == "pending")).all()
+            ToolCall.status == ToolCallStatus.PENDING)).all()
     if pending:
         session.execute(update(ToolCall).where(
             ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
-            ToolCall.status == "pending").values(status="cancelled",
-                                                 result=CANCELLED_TOOL_RESULT, finished_at=now))
+            ToolCall.status == ToolCallStatus.PENDING).values(
+                status=ToolCallStatus.CANCELLED, result=CANCELLED_TOOL_RESULT, finished_at=now))
         for tool_use_id, name in pending:
             uow.event(job.id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
                       ok=False, error="cancelled")
@@ -98,7 +88,8 @@ def pending_inputs(session: Session, job_id: uuid.UUID) -> list[JobInput]:
 
 
 _NEXT_WAITING = (select(Job).where(Job.conversation_id == bindparam("conversation_id"),
-                                   Job.waiting_for == "conversation", Job.status == "queued")
+                                   Job.waiting_for == WaitingFor.CONVERSATION,
+                                   Job.status == JobStatus.QUEUED)
                  # an interrupting message goes before queued follow-ups
                  .order_by((Job.on_busy != "interrupt"), Job.created_at, Job.id).limit(1))
 

@@ -1,20 +1,25 @@
-"""A job's life, in one place: its states as enums, how it is created, how it ends.
+"""A job's life, in one place: the transitions of its state, how it is made, how it ends.
 
-    queued ──claim──▶ running ──▶ completed | failed | cancelled
-      │                  │  ▲
-      │ waiting_for:     │  │ approved / denied / timed out
-      │  conversation    ▼  │
-      │  batch         waiting (waiting_for = approval)
-      │                running + waiting_for = provider (shown `waiting` by the API)
-      └──cancel before start──▶ cancelled
+    queued ──start──▶ running ──end──▶ completed | failed | cancelled
+      │ ▲               │  ▲
+      │ │ admit         │  │ resume (approved / denied / timed out; the last child ended)
+      ▼ │               ▼  │
+    queued + waiting_for   waiting + waiting_for = approval | children
+      conversation | batch | quota
+                        running + waiting_for = provider (shown `waiting` by the API)
+    and, while running, phase llm ──run_tools──▶ tools ──read_results──▶ llm
+
+A job's state is its `status`, `waiting_for` and `phase` (the values: `agentq.loop.states`).
+Each change of them is one named function here (`start`, `admit`, `wait_for_approval`, …),
+and each asks `next_state`, the table of what may follow what: a transition the table does
+not allow raises `IllegalTransition` (a bug in our code, never the user's). A conversation
+changes hands only here too (`take_conversation`, `active_job`, `release_conversation`).
 
 Every job is made by `new_job` (a submission, a batch line, a follow-up of late steering, a
-replay) and ended by `end_job`, the one writer of end state: status, finish reason, the
-response object, `job_end`, the conversation handed on, the webhook's first delivery row,
-the batch advanced. The stop reason maps to the end status by an exhaustive `match`.
-
-The columns stay strings (the API and old rows speak them); the enums are `StrEnum`, so
-`job.status == JobStatus.RUNNING` and `job.status = JobStatus.FAILED` work on them.
+replay, a sub-agent) and ended by `end_job`, the one writer of end state: status, finish
+reason, the response object, `job_end`, the conversation handed on, the webhook's first
+delivery row, the batch advanced. The stop reason maps to the end status by an exhaustive
+`match`.
 """
 from __future__ import annotations
 
@@ -22,76 +27,257 @@ import enum
 import json
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from agentq.config import Settings
 from agentq.db import utcnow
+from agentq.errors import IllegalTransition
 from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
+from agentq.loop.states import (
+    ENDED,
+    LIVE_STATUSES,
+    JobStatus,
+    Phase,
+    ReplayMode,
+    StopReason,
+    ToolCallStatus,
+    WaitingFor,
+)
 from agentq.models import Conversation, Job, ToolCall
-from agentq.tenants import admit_quota_waiters, may_start
+from agentq.tenants import cached_quotas, running_count
 
 if TYPE_CHECKING:
     from agentq.loop.uow import UnitOfWork
 
+__all__ = ["ENDED", "EXECUTION_LIMITS", "LIVE_STATUSES", "JobState", "JobStatus", "Phase",
+           "ReplayMode", "StopReason", "ToolCallStatus", "Transition", "WaitingFor",
+           "active_job", "admit", "admit_quota_waiters", "end_job", "end_status",
+           "end_unstarted", "may_start", "new_job", "next_state", "queue_behind",
+           "read_results", "release_conversation", "resume", "resume_from_provider",
+           "run_tools", "start", "take_conversation", "wait_for_approval",
+           "wait_for_children", "wait_for_provider"]
 
-class JobStatus(enum.StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"
-    """For a person's approval of a tool call (waiting_for = approval), holding no worker."""
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class Phase(enum.StrEnum):
-    LLM = "llm"
-    """The next step calls the model."""
-    TOOLS = "tools"
-    """The turn's tool calls are out; the next step collects their results."""
-
-
-class WaitingFor(enum.StrEnum):
-    CONVERSATION = "conversation"
-    """Another job owns the conversation; this one starts when it ends."""
-    BATCH = "batch"
-    """A batch line not admitted yet (the batch's concurrency is full)."""
-    APPROVAL = "approval"
-    """A tool call awaits a person (status `waiting`)."""
-    PROVIDER = "provider"
-    """Every model failed transiently; the step comes back at `provider_next_attempt_at`."""
-    CHILDREN = "children"
-    """Its sub-agents run (`agents.delegate`; status `waiting`); the last one's end wakes it."""
-
-
-class ReplayMode(enum.StrEnum):
-    LIVE = "live"
-    """The model is called again on the original's question."""
-    RECORDED = "recorded"
-    """The original's replies are played back: no provider, nothing billed."""
-
-
-class StopReason(enum.StrEnum):
-    """Why a job ended (its `finish_reason`)."""
-    END_TURN = "end_turn"
-    LENGTH = "length"
-    """The model's reply was cut at its output limit: an answer, but not a whole one."""
-    MAX_ITERATIONS = "max_iterations"
-    MAX_TOKENS = "max_tokens"
-    MAX_TIME = "max_time"
-    BUDGET_EXCEEDED = "budget_exceeded"
-    CANCELLED = "cancelled"
-    ERROR = "error"
-    HOOK = "hook"
-
-
-LIVE_STATUSES = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
-"""A job that may still take a step (the column's values, for queries)."""
 EXECUTION_LIMITS = (StopReason.MAX_ITERATIONS, StopReason.MAX_TOKENS, StopReason.MAX_TIME)
 """Stops that end a job `completed` with "[Agent stopped: <reason>]" in its conversation."""
 
+
+# --- the table -------------------------------------------------------------------------------
+
+class JobState(NamedTuple):
+    status: JobStatus
+    waiting_for: WaitingFor | None
+    phase: Phase
+
+
+class Transition(enum.StrEnum):
+    ADMIT = "admit"
+    """queued, waiting for its conversation, its batch or its tenant's quota → may start."""
+    QUEUE_BEHIND = "queue_behind"
+    """An admitted batch line whose conversation is busy: it waits for it."""
+    HOLD_FOR_QUOTA = "hold_for_quota"
+    """About to start, but its tenant runs `running_jobs` jobs already."""
+    START = "start"
+    """Its first step: queued → running."""
+    WAIT_FOR_PROVIDER = "wait_for_provider"
+    RESUME_FROM_PROVIDER = "resume_from_provider"
+    WAIT_FOR_APPROVAL = "wait_for_approval"
+    WAIT_FOR_CHILDREN = "wait_for_children"
+    RESUME = "resume"
+    """A person answered every held call, or its last sub-agent ended."""
+    RUN_TOOLS = "run_tools"
+    """The model asked for tools: the next step collects their results."""
+    READ_RESULTS = "read_results"
+    """The turn's tool results are in the conversation: the next step calls the model."""
+    COMPLETE = "complete"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+NOT_ADMITTED_WAITS = frozenset({WaitingFor.CONVERSATION, WaitingFor.BATCH, WaitingFor.QUOTA})
+_ENDS = {Transition.COMPLETE: JobStatus.COMPLETED, Transition.FAIL: JobStatus.FAILED,
+         Transition.CANCEL: JobStatus.CANCELLED}
+
+
+def next_state(state: JobState, transition: Transition) -> JobState:
+    """The state `transition` leads to from `state`; `IllegalTransition` when the table has
+    no such move. Pure: the one place that says what may follow what."""
+    status, waiting, phase = state
+    match transition:
+        case Transition.ADMIT if status == JobStatus.QUEUED and waiting in NOT_ADMITTED_WAITS:
+            return JobState(JobStatus.QUEUED, None, phase)
+        case Transition.QUEUE_BEHIND if (status == JobStatus.QUEUED
+                                         and waiting == WaitingFor.BATCH):
+            return JobState(JobStatus.QUEUED, WaitingFor.CONVERSATION, phase)
+        case Transition.HOLD_FOR_QUOTA if status == JobStatus.QUEUED and waiting is None:
+            return JobState(JobStatus.QUEUED, WaitingFor.QUOTA, phase)
+        case Transition.START if status == JobStatus.QUEUED and waiting is None:
+            return JobState(JobStatus.RUNNING, None, phase)
+        case Transition.WAIT_FOR_PROVIDER if status == JobStatus.RUNNING and waiting is None:
+            return JobState(JobStatus.RUNNING, WaitingFor.PROVIDER, phase)
+        case Transition.RESUME_FROM_PROVIDER if (status == JobStatus.RUNNING
+                                                 and waiting == WaitingFor.PROVIDER):
+            return JobState(JobStatus.RUNNING, None, phase)
+        case Transition.WAIT_FOR_APPROVAL if (
+                (status == JobStatus.RUNNING and waiting is None)
+                or (status == JobStatus.WAITING and waiting == WaitingFor.APPROVAL)):
+            return JobState(JobStatus.WAITING, WaitingFor.APPROVAL, phase)
+        case Transition.WAIT_FOR_CHILDREN if (status in (JobStatus.QUEUED, JobStatus.RUNNING)
+                                              and waiting is None):
+            return JobState(JobStatus.WAITING, WaitingFor.CHILDREN, phase)
+        case Transition.RESUME if status == JobStatus.WAITING and waiting in (
+                WaitingFor.APPROVAL, WaitingFor.CHILDREN):
+            return JobState(JobStatus.RUNNING, None, phase)
+        case Transition.RUN_TOOLS if (status == JobStatus.RUNNING and waiting is None
+                                      and phase == Phase.LLM):
+            return JobState(JobStatus.RUNNING, None, Phase.TOOLS)
+        case Transition.READ_RESULTS if (status == JobStatus.RUNNING and waiting is None
+                                         and phase == Phase.TOOLS):
+            return JobState(JobStatus.RUNNING, None, Phase.LLM)
+        case Transition.COMPLETE | Transition.FAIL | Transition.CANCEL if status not in ENDED:
+            return JobState(_ENDS[transition], waiting, phase)
+    raise IllegalTransition(transition.value, status.value,
+                            waiting.value if waiting is not None else None, phase.value)
+
+
+def state_of(job: Job) -> JobState:
+    return JobState(JobStatus(job.status),
+                    WaitingFor(job.waiting_for) if job.waiting_for is not None else None,
+                    Phase(job.phase))
+
+
+def _move(job: Job, transition: Transition) -> None:
+    try:
+        to = next_state(state_of(job), transition)
+    except IllegalTransition as exc:
+        exc.details["job_id"] = str(job.id)
+        raise
+    # an attribute set to its value again is not in the UPDATE (no index is touched)
+    job.status, job.waiting_for, job.phase = to.status, to.waiting_for, to.phase
+
+
+# --- the transitions -------------------------------------------------------------------------
+
+def start(job: Job, now: datetime) -> None:
+    """The job's first step: it runs from `now`."""
+    _move(job, Transition.START)
+    job.started_at = now
+
+
+def admit(job: Job, now: datetime) -> None:
+    """Its conversation, its batch or its tenant's quota let the queued job start."""
+    _move(job, Transition.ADMIT)
+    job.last_progress_at = now
+
+
+def queue_behind(job: Job) -> None:
+    """An admitted batch line waits for its busy conversation (it starts when handed it)."""
+    _move(job, Transition.QUEUE_BEHIND)
+
+
+def hold_for_quota(job: Job) -> None:
+    _move(job, Transition.HOLD_FOR_QUOTA)
+
+
+def wait_for_provider(job: Job) -> None:
+    """Every model failed transiently: the job holds no worker until its next attempt (the
+    caller sets when)."""
+    _move(job, Transition.WAIT_FOR_PROVIDER)
+
+
+def resume_from_provider(job: Job) -> None:
+    _move(job, Transition.RESUME_FROM_PROVIDER)
+    job.provider_next_attempt_at = None
+
+
+def wait_for_approval(job: Job) -> None:
+    """A call of the turn awaits a person: the job holds no worker meanwhile."""
+    _move(job, Transition.WAIT_FOR_APPROVAL)
+
+
+def wait_for_children(job: Job) -> None:
+    """Its sub-agents run: the last one's end wakes it."""
+    _move(job, Transition.WAIT_FOR_CHILDREN)
+
+
+def resume(job: Job, now: datetime) -> None:
+    """No call of the turn awaits a person, or no sub-agent of it runs, any more."""
+    _move(job, Transition.RESUME)
+    job.last_progress_at = now
+
+
+def run_tools(job: Job) -> None:
+    _move(job, Transition.RUN_TOOLS)
+
+
+def read_results(job: Job) -> None:
+    _move(job, Transition.READ_RESULTS)
+
+
+def may_start(session: Session, job: Job, settings: Settings | None = None) -> bool:
+    """Whether `job`, about to take its first step, fits in its tenant's running-jobs
+    quota; if not it waits for it (`hold_for_quota`; the caller sends no step). Concurrent
+    starts of one tenant may pass the quota by as many as race."""
+    limit = cached_quotas(session, job.tenant_id, settings).running_jobs
+    if limit and running_count(session, job.tenant_id, besides=job.id) >= limit:
+        hold_for_quota(job)
+        return False
+    return True
+
+
+def admit_quota_waiters(uow: UnitOfWork, tenant_id: uuid.UUID,
+                        settings: Settings | None = None) -> int:
+    """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
+    as there is room for now (each locked, skipping one another process is starting).
+    Called when a job of the tenant ends, and by the sweeper. Returns how many."""
+    session = uow.session
+    waits = (Job.tenant_id == tenant_id, Job.waiting_for == WaitingFor.QUOTA,
+             Job.status == JobStatus.QUEUED)
+    if session.execute(select(Job.id).where(*waits).limit(1)).first() is None:
+        return 0  # the usual case: one probe of a (nearly always empty) partial index
+    waiting = select(Job).where(*waits)
+    limit = cached_quotas(session, tenant_id, settings).running_jobs
+    if limit:
+        room = limit - running_count(session, tenant_id)
+        if room <= 0:
+            return 0
+        waiting = waiting.limit(room)
+    jobs = session.execute(waiting.order_by(Job.created_at, Job.id)
+                           .with_for_update(skip_locked=True)).scalars().all()
+    now = utcnow()
+    for job in jobs:
+        admit(job, now)
+        uow.effect(NextStep(str(job.id), 0, "start"))
+    return len(jobs)
+
+
+# --- a conversation's owner ------------------------------------------------------------------
+
+def take_conversation(conversation: Conversation, job: Job) -> None:
+    """`job` owns `conversation` from now: the caller found it free (`active_job` None)."""
+    if conversation.active_job_id not in (None, job.id):
+        status, waiting, phase = state_of(job)
+        raise IllegalTransition("take_conversation", status.value,
+                                waiting.value if waiting is not None else None, phase.value,
+                                job_id=str(job.id), owner=str(conversation.active_job_id))
+    conversation.active_job_id = job.id
+
+
+def active_job(session: Session, conversation: Conversation) -> Job | None:
+    """The live job that owns the conversation, or None; a pointer left at an ended job
+    (or a deleted one) is let go of here."""
+    if conversation.active_job_id is None:
+        return None
+    job = session.get(Job, conversation.active_job_id)
+    if job is None or job.status in ENDED:
+        conversation.active_job_id = None
+        return None
+    return job
+
+
+# --- making and ending -----------------------------------------------------------------------
 
 def end_status(reason: StopReason | str) -> JobStatus:
     """The status a job ends in for `reason`: every reason named, none falls through."""
@@ -107,6 +293,10 @@ def end_status(reason: StopReason | str) -> JobStatus:
             assert_never(unreachable)
 
 
+_END_BY = {JobStatus.COMPLETED: Transition.COMPLETE, JobStatus.FAILED: Transition.FAIL,
+           JobStatus.CANCELLED: Transition.CANCEL}
+
+
 def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.UUID,
             content: str, now: datetime, persona_id: uuid.UUID | None = None,
             api_key_id: uuid.UUID | None = None, attachments: list[dict] | None = None,
@@ -115,12 +305,12 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
             limits: dict[str, Any] | None = None,
             waiting_for: WaitingFor | None = None, **extra: Any) -> Job:
     """A queued job's row with every counter at its start (the caller adds it)."""
-    waiting = WaitingFor(waiting_for).value if waiting_for is not None else None
-    return Job(id=uuid.uuid4(), tenant_id=tenant_id, status=JobStatus.QUEUED.value,
+    waiting = WaitingFor(waiting_for) if waiting_for is not None else None
+    return Job(id=uuid.uuid4(), tenant_id=tenant_id, status=JobStatus.QUEUED,
                conversation_id=conversation_id, user_id=user_id, persona_id=persona_id,
                api_key_id=api_key_id, content=content, attachments=attachments or [],
                meta=meta or {}, callback_url=callback_url, on_busy=on_busy, model=model,
-               stream=stream, iteration=0, phase=Phase.LLM.value, event_seq=0, redrives=0,
+               stream=stream, iteration=0, phase=Phase.LLM, event_seq=0, redrives=0,
                input_tokens=0, output_tokens=0, cost_estimate=0.0, waiting_for=waiting,
                created_at=now, last_progress_at=now, limits=limits or None, **extra)
 
@@ -213,14 +403,16 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     status `end_status(reason)`, the response, the conversation handed to its next job,
     `job_end`, the webhook's first delivery row; after the commit `JobEnded` (and the
     batch's `AdmitBatch`) go out."""
-    from agentq.webhooks.outbox import enqueue_job_event
+    from agentq.webhooks.delivery import enqueue_job_event
     session = uow.session
-    status, reason = end_status(reason).value, StopReason(reason).value
+    ended = end_status(reason)
+    status, reason = ended.value, StopReason(reason).value
     if any(isinstance(o, ToolCall) for o in (*session.new, *session.dirty)):
         session.flush()  # results stored in this transaction (autoflush may be off)
     calls = session.execute(_CALLS_OF, {"job_id": job.id}).all()
     job.response = response_object(content, error, calls)
-    job.status, job.finish_reason = status, reason
+    _move(job, _END_BY[ended])  # refused for a job that has ended already
+    job.finish_reason = reason
     job.finished_at = utcnow()
     job.step_owner = job.step_lease_until = None
     job.error = error["message"] if error else None
@@ -250,8 +442,8 @@ def end_unstarted(session: Session, where: tuple, error: dict[str, Any],
     batch's lines not admitted yet (thousands at once). They hold no conversation and have
     no webhook (the caller ends those with `end_job`), so no event or effect is due."""
     session.execute(update(Job).where(*where)
-                    .values(status=JobStatus.CANCELLED.value,
-                            finish_reason=StopReason.CANCELLED.value, finished_at=now,
+                    .values(status=JobStatus.CANCELLED,
+                            finish_reason=StopReason.CANCELLED, finished_at=now,
                             waiting_for=None, error=error["message"],
                             response=response_object("", error, []))
                     .execution_options(synchronize_session=False))
@@ -291,8 +483,7 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     nxt = next_waiting(session, job.conversation_id)
     if nxt is None:
         return
-    nxt.waiting_for = None
-    nxt.last_progress_at = now
+    admit(nxt, now)
     session.execute(_HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     if may_start(session, nxt):  # else it holds the conversation, waiting for the quota

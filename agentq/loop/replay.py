@@ -22,11 +22,10 @@ from agentq.errors import NotFound, ValidationFailed
 from agentq.llm.types import LLMReply
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep
-from agentq.loop.lifecycle import ReplayMode, WaitingFor, new_job
+from agentq.loop.lifecycle import ReplayMode, WaitingFor, new_job, take_conversation
+from agentq.loop.states import REPLAY_MODES
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, Message, Persona, TokenLog, ToolCall
-
-MODES = ("recorded", "live")
 
 
 def allowed_models(settings: Settings, persona: Persona | None) -> list[str]:
@@ -65,9 +64,9 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
     to the question); a batch's replays wait for admission, a single one starts after
     the commit."""
     session = uow.session
-    if mode not in MODES:
-        raise ValidationFailed({"mode": [f"Must be one of {', '.join(MODES)}."]})
-    if mode == "recorded" and (model or persona_id):
+    if mode not in REPLAY_MODES:
+        raise ValidationFailed({"mode": [f"Must be one of {', '.join(REPLAY_MODES)}."]})
+    if mode == ReplayMode.RECORDED and (model or persona_id):
         raise ValidationFailed({"mode": ["A recorded replay answers from the original's "
                                          "replies; model and persona_id need mode live."]})
     persona = session.get(Persona, persona_id) if persona_id is not None else None
@@ -85,7 +84,7 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
                   limits_applied=applied_limits(
                       settings, answers_as.limits if answers_as else None, original.limits),
                   waiting_for=WaitingFor.BATCH if batch_id else None,
-                  replay_of=original.id, replay_mode=ReplayMode(mode).value,
+                  replay_of=original.id, replay_mode=ReplayMode(mode),
                   batch_id=batch_id)
     conversation = Conversation(
         id=job.conversation_id, tenant_id=original.tenant_id, user_id=original.user_id,
@@ -104,7 +103,7 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
     session.add(job)
     session.flush()
     if batch_id is None:
-        conversation.active_job_id = job.id
+        take_conversation(conversation, job)
         uow.effect(NextStep(str(job.id), 0, "start"))
     return job
 

@@ -17,7 +17,6 @@ from agentq.config import Settings
 from agentq.db import insert_new, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (
-    active_job,
     busy_conflict,
     lock_conversation,
     lock_job,
@@ -27,10 +26,22 @@ from agentq.loop.busy import (
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
 from agentq.loop.identity import Incoming, resolve
-from agentq.loop.lifecycle import StopReason, WaitingFor, end_job, new_job
+from agentq.loop.lifecycle import (
+    JobStatus,
+    Phase,
+    StopReason,
+    WaitingFor,
+    active_job,
+    end_job,
+    may_start,
+    new_job,
+    queue_behind,
+    take_conversation,
+)
+from agentq.loop.lifecycle import admit as admit_job
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, FileRecord, Job, Persona, User
-from agentq.tenants import DEFAULT_TENANT_ID, may_start
+from agentq.tenants import DEFAULT_TENANT_ID
 
 
 @dataclass
@@ -95,7 +106,7 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
                    waiting_for=WaitingFor.CONVERSATION if owner is not None else None)
     _keep_persona(conversation, persona)
     if owner is None:
-        conversation.active_job_id = job.id
+        take_conversation(conversation, job)
     write_changes(session, conversation)  # its row is locked: one UPDATE (if any), no flush
     if owner is None and may_start(session, job, settings):
         uow.effect(NextStep(str(job.id), 0, "start"))
@@ -177,36 +188,35 @@ def admit(uow: UnitOfWork, job: Job) -> None:
     conversation = lock_conversation(uow.session, job.conversation_id)
     owner = active_job(uow.session, conversation)
     if owner is None:
-        job.waiting_for = None
-        job.last_progress_at = utcnow()
-        conversation.active_job_id = job.id
+        admit_job(job, utcnow())
+        take_conversation(conversation, job)
         if may_start(uow.session, job):
             uow.effect(NextStep(str(job.id), 0, "start"))
     else:
-        job.waiting_for = WaitingFor.CONVERSATION.value
+        queue_behind(job)
 
 
 def interrupt(uow: UnitOfWork, owner: Job) -> None:
     """Cancel `owner`: at once if it never started, else at its next step boundary."""
-    if owner.status == "queued" and owner.started_at is None:
+    if owner.status == JobStatus.QUEUED and owner.started_at is None:
         end_job(uow, owner, StopReason.CANCELLED, "The job was cancelled before it started.",
                 {"code": "cancelled", "message": "Interrupted by a new message."})
         return
-    if owner.status == "waiting":  # for a person's approval: those calls never run
+    if owner.status == JobStatus.WAITING:  # for a person or its children: calls held never run
         from agentq.loop.approvals import cancel_awaiting
         cancel_awaiting(uow, owner)
     revoked = request_cancel(uow, owner)
     if revoked:
         uow.effect(RevokeTools(tuple(revoked)))
-    if owner.phase == "tools":
+    if owner.phase == Phase.TOOLS:
         uow.effect(NextStep(str(owner.id), owner.iteration, "callback"))
-    elif owner.waiting_for == "provider":  # parked: end it now, not at its next attempt
+    elif owner.waiting_for == WaitingFor.PROVIDER:  # parked: end it now, not at its next attempt
         uow.effect(NextStep(str(owner.id), owner.iteration, "continue"))
 
 
 def cancel(uow: UnitOfWork, job: Job) -> None:
     """POST /v1/jobs/<id>/cancel on a live job."""
-    if job.status == "queued" and job.started_at is None:
+    if job.status == JobStatus.QUEUED and job.started_at is None:
         end_job(uow, job, StopReason.CANCELLED, "The job was cancelled.",
                 {"code": "cancelled", "message": "Cancelled by request."})
         return

@@ -24,7 +24,18 @@ from sqlalchemy.orm import sessionmaker
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.loop.effects import NextStep
-from agentq.loop.lifecycle import StopReason, end_job
+from agentq.loop.lifecycle import (
+    LIVE_STATUSES,
+    JobStatus,
+    StopReason,
+    WaitingFor,
+    active_job,
+    admit,
+    admit_quota_waiters,
+    end_job,
+    may_start,
+    take_conversation,
+)
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job, WebhookDelivery
 
@@ -45,7 +56,7 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
     swept = 0
     with UnitOfWork(sessions) as uow:
         session = uow.session
-        query = (select(Job).where(Job.status.in_(("queued", "running")),
+        query = (select(Job).where(Job.status.in_(LIVE_STATUSES),
                                    Job.waiting_for.is_(None),
                                    Job.last_progress_at < deadline,
                                    or_(Job.step_lease_until.is_(None),
@@ -97,7 +108,7 @@ def due_now(sessions, job_ids) -> int:
     ids = [uuid.UUID(str(i)) for i in job_ids]
     with sessions() as session, session.begin():
         return session.execute(
-            update(Job).where(Job.id.in_(ids), Job.status.in_(("queued", "running")),
+            update(Job).where(Job.id.in_(ids), Job.status.in_(LIVE_STATUSES),
                               Job.waiting_for.is_(None), Job.step_owner.is_(None))
             .values(last_progress_at=overdue, redrive_after=None)
             .execution_options(synchronize_session=False)).rowcount
@@ -109,7 +120,7 @@ def backlog(session) -> int:
     from sqlalchemy import func
     return int(session.execute(
         select(func.count()).select_from(Job).where(
-            Job.status.in_(("queued", "running")), Job.waiting_for.is_(None),
+            Job.status.in_(LIVE_STATUSES), Job.waiting_for.is_(None),
             Job.step_owner.is_(None), Job.redrives > Job.claimed_attempts)).scalar_one())
 
 
@@ -139,16 +150,16 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
     waiting job, and a batch with room admits more (each normally happens when a job ends,
     in that job's transaction; this covers a crash between)."""
     from agentq.batches import advance
-    from agentq.loop.busy import active_job, lock_conversation, next_waiting
-    from agentq.tenants import admit_quota_waiters, may_start, tenants_waiting_for_quota
+    from agentq.loop.busy import lock_conversation, next_waiting
+    from agentq.tenants import tenants_waiting_for_quota
     now = utcnow()
     stale = now - timedelta(seconds=settings.step_deadline_s)
     started = 0
     with UnitOfWork(sessions) as uow:
         session = uow.session
         conversations = session.execute(
-            select(Job.conversation_id).where(Job.status == "queued",
-                                              Job.waiting_for == "conversation",
+            select(Job.conversation_id).where(Job.status == JobStatus.QUEUED,
+                                              Job.waiting_for == WaitingFor.CONVERSATION,
                                               Job.created_at < stale)
             .distinct().limit(SWEEP_BATCH)).scalars().all()
         for conversation_id in conversations:
@@ -159,22 +170,23 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
             if nxt is not None:
                 log.warning("starting a job its conversation forgot",
                             extra={"job_id": str(nxt.id)})
-                nxt.waiting_for, nxt.last_progress_at = None, now
-                conversation.active_job_id = nxt.id
+                admit(nxt, now)
+                take_conversation(conversation, nxt)
                 if may_start(session, nxt, settings):
                     uow.effect(NextStep(str(nxt.id), 0, "start"))
                 started += 1
         for tenant_id in tenants_waiting_for_quota(session):  # a running-jobs quota
             started += admit_quota_waiters(uow, tenant_id, settings)  # with room again
         batch_ids = set(session.execute(
-            select(Job.batch_id).where(Job.status == "queued", Job.waiting_for == "batch",
+            select(Job.batch_id).where(Job.status == JobStatus.QUEUED,
+                                       Job.waiting_for == WaitingFor.BATCH,
                                        Job.created_at < stale)
             .distinct().limit(SWEEP_BATCH)).scalars())
         batch_ids |= set(session.execute(  # every job ended, the batch not marked so
             select(Batch.id).where(Batch.status.in_(("queued", "running")),
                                    Batch.created_at < stale,
                                    ~exists().where(Job.batch_id == Batch.id,
-                                                   Job.status.in_(("queued", "running"))))
+                                                   Job.status.in_(LIVE_STATUSES)))
             .limit(SWEEP_BATCH)).scalars())
     for batch_id in batch_ids:
         advance(sessions, batch_id)

@@ -15,7 +15,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from agentq.config import Settings
@@ -29,31 +28,13 @@ from agentq.errors import (
 )
 from agentq.llm.types import ToolSpec
 from agentq.tools.manifest import ToolContext, ToolDef, ToolModule, permission_rank
+from agentq.tools.result import ToolResult as ToolResult  # its callers' old import path
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # seed 000: one automatic retry
 RETRY_PAUSE_S = 0.2
 MAX_STORED_RESULT_CHARS = 1_000_000
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    ok: bool
-    result: Any = None
-    error: dict[str, Any] | None = None
-    attempts: int = 1
-
-    def to_record(self) -> dict[str, Any]:
-        return {"ok": self.ok, "result": self.result, "error": self.error}
-
-    @classmethod
-    def failure(cls, exc: BaseException, attempts: int = 1) -> "ToolResult":
-        if isinstance(exc, ToolError):
-            error = {"code": exc.code, "message": exc.message}
-        else:
-            error = {"code": "tool_error", "message": f"{type(exc).__name__}: {exc}"}
-        return cls(ok=False, error=error, attempts=attempts)
 
 
 def discover(package: str = "tool_workers") -> list[ToolModule]:
@@ -252,7 +233,7 @@ class ToolRegistry:
                 log.info("tool ok", extra={"tool": name, "attempt": attempt,
                                            "tool_use_id": ctx.tool_use_id,
                                            "ms": round((time.monotonic() - started) * 1000)})
-                return ToolResult(ok=True, result=value, attempts=attempt)
+                return ToolResult.success(value, attempt)
             except Exception as exc:  # noqa: BLE001 - a tool's failure is data, whatever it raised
                 last = exc
                 retryable = getattr(exc, "retryable", True)

@@ -14,6 +14,7 @@ from agentq.errors import QuotaExceeded, ValidationFailed
 from agentq.llm.types import LLMReply, ToolCallRequest
 from agentq.loop.decision import RunTools, decide
 from agentq.loop.identity import Incoming, resolve_conversation, resolve_user, scope_key
+from agentq.loop.lifecycle import may_start
 from agentq.models import Job, Tenant
 from agentq.schedules import create_schedule, timing
 from agentq.tenants import (
@@ -22,7 +23,6 @@ from agentq.tenants import (
     Quotas,
     create_tenant,
     default_quotas,
-    may_start,
     quotas_for,
     running_count,
     update_quotas,
