@@ -6,6 +6,7 @@ PATCH /v1/admin/tenants/<id> (quotas).
 Any admin key, each inside what it reaches (`api.auth.admin_reach`: every tenant for an
 operator, its own for a tenant admin; another tenant's key or tenant is 404 as if absent):
 GET /v1/admin/tenants/<id> (a tenant admin: its own, to read its quotas),
+GET|PATCH /v1/admin/tenants/<id>/context_layers (its default bootstrap text and skills),
 POST|GET /v1/admin/keys, POST /v1/admin/keys/<id>/revoke, POST /v1/admin/keys/<id>/rotate.
 Operators are never made here: an admin key made through the API is its tenant's admin.
 
@@ -22,12 +23,13 @@ from flask import Blueprint, g, jsonify, request
 from agentq.db import session_scope
 from agentq.errors import NotFound, ValidationFailed
 from agentq.keys import create_key, key_object, list_keys, revoke_key
-from agentq.tenants import (create_tenant, find_tenant, list_tenants, tenant_object,
-                            update_quotas)
+from agentq.tenants import (create_tenant, find_tenant, layers_object, list_tenants,
+                            tenant_object, update_layers, update_quotas)
 from api.auth import admin_reach, require_key
 from api.jobs import json_body, parse_uuid
 from api.openapi import json_response, operation
-from api.schemas import (ApiKeyPageSchema, ApiKeySchema, DeletedSchema, IdentityRequestSchema,
+from api.schemas import (ApiKeyPageSchema, ApiKeySchema, ContextLayersSchema,
+                         ContextLayersUpdateSchema, DeletedSchema, IdentityRequestSchema,
                          KeyRequestSchema, NewApiKeySchema, PageQuerySchema, PersonaPageSchema,
                          PersonaRequestSchema, PersonaSchema, PersonaUpdateSchema,
                          TenantPageSchema, TenantRequestSchema, TenantSchema,
@@ -126,6 +128,46 @@ def patch_tenant(tenant_id: str):
     with session_scope(g.settings) as session:
         tenant = update_quotas(session, _reachable_tenant(session, tenant_id), data["quotas"])
         return jsonify(tenant_object(tenant, g.settings))
+
+
+@bp.get("/v1/admin/tenants/<tenant_id>/context_layers")
+@operation(
+    "getTenantContextLayers", "A tenant's default context layers",
+    tags=["admin"],
+    description="An operator: any tenant; a tenant admin: its own (another tenant is "
+                "`404`). The bootstrap text and skills its jobs get under their persona's "
+                "own (`null`: none).",
+    responses={
+        200: json_response(ContextLayersSchema, "The tenant's default layers."),
+    },
+    errors=(401, 403, 404))
+@require_key(admin=True)
+def get_context_layers(tenant_id: str):
+    with session_scope(g.settings) as session:
+        return jsonify(layers_object(_reachable_tenant(session, tenant_id)))
+
+
+@bp.patch("/v1/admin/tenants/<tenant_id>/context_layers")
+@operation(
+    "updateTenantContextLayers", "Set a tenant's default context layers",
+    tags=["admin"],
+    description="An operator: any tenant; a tenant admin: its own (another tenant is "
+                "`404`). Each field given is set, or cleared with `null`; the other stays. "
+                "A job gets the tenant's bootstrap when its persona has none of its own, "
+                "and the tenant's skills before the persona's, less those the persona "
+                "names again (the persona's skill of that name replaces it); a job with "
+                "no persona gets both. Skill names are unique in the list.",
+    body=ContextLayersUpdateSchema,
+    responses={
+        200: json_response(ContextLayersSchema, "The tenant's default layers now."),
+    },
+    errors=(401, 403, 404, 415, 422))
+@require_key(admin=True)
+def patch_context_layers(tenant_id: str):
+    data = ContextLayersUpdateSchema().load(json_body())
+    with session_scope(g.settings) as session:
+        tenant = update_layers(session, _reachable_tenant(session, tenant_id), data)
+        return jsonify(layers_object(tenant))
 
 
 @bp.post("/v1/admin/keys")

@@ -2,6 +2,11 @@
 message (seed 002's order: system prompt, bootstrap, memory, skills, tool documentation,
 then history and the current message; seed 003's active project after them).
 
+A tenant may set default layers (`PATCH /v1/admin/tenants/<id>/context_layers`): its
+bootstrap is sent when the job's persona has none of its own (a persona's replaces it), and
+its skills come before the persona's, less those the persona names again (a persona's skill
+replaces the tenant's of the same name). A job with no persona gets the tenant's.
+
 `agentq.loop.context.system_text` puts them in that order; their tokens count against the
 context budget like the system prompt's (history is windowed into the room they leave, the
 current question is never dropped: a context whose fixed part passes the window fails
@@ -9,7 +14,7 @@ the job with `context_overflow`, as before).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from agentq.llm.types import ToolSpec
 
@@ -20,15 +25,35 @@ PROJECT_HEADER = "[Active project]"
 MAX_PARAMETERS_SHOWN = 20
 
 
-def extras(persona, conversation, tools: Sequence[ToolSpec]) -> dict[str, str | None]:
+def extras(persona, conversation, tools: Sequence[ToolSpec],
+           tenant: TenantLayers | None = None) -> dict[str, str | None]:
     """The layers (`context.Layers` fields) of a persona and conversation for a turn that
-    offers `tools`."""
+    offers `tools`, over the tenant's defaults."""
     offered = {t.name for t in tools}
-    return {"bootstrap": _block(BOOTSTRAP_HEADER, getattr(persona, "bootstrap", None)),
-            "skills": skills_text(getattr(persona, "skills", None) or (), offered),
+    own_bootstrap = getattr(persona, "bootstrap", None)
+    bootstrap = (own_bootstrap if own_bootstrap and own_bootstrap.strip()
+                 else tenant.bootstrap if tenant else None)
+    skills = merged_skills(tenant.skills if tenant else None,
+                           getattr(persona, "skills", None))
+    return {"bootstrap": _block(BOOTSTRAP_HEADER, bootstrap),
+            "skills": skills_text(skills, offered),
             "tool_docs": (tool_docs_text(tools)
                           if getattr(persona, "tool_docs", False) else None),
             "project": _block(PROJECT_HEADER, getattr(conversation, "active_project", None))}
+
+
+class TenantLayers(NamedTuple):
+    """A tenant's default layers (`tenants.bootstrap`, `tenants.skills`)."""
+    bootstrap: str | None
+    skills: Sequence[dict[str, Any]] | None
+
+
+def merged_skills(tenant: Sequence[dict[str, Any]] | None,
+                  persona: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tenant's skills the persona does not name, then the persona's."""
+    own = list(persona or ())
+    named = {skill.get("name") for skill in own}
+    return [skill for skill in tenant or () if skill.get("name") not in named] + own
 
 
 def _block(header: str, text: str | None) -> str | None:

@@ -91,7 +91,16 @@ from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import ToolTurns
 from agentq.loop.turn import Turn, hook_ctx
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, Persona, User
+from agentq.models import (
+    Conversation,
+    ConversationSummary,
+    Job,
+    JobEvent,
+    Message,
+    Persona,
+    Tenant,
+    User,
+)
 from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
 
@@ -156,16 +165,18 @@ call's usage added."""
 
 _versions = aliased(ConversationSummary)
 _WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id),
-               ConversationSummary)
+               ConversationSummary, Tenant.bootstrap, Tenant.skills)
         .select_from(User)
+        .join(Tenant, Tenant.id == User.tenant_id)
         .join(Conversation, Conversation.id == bindparam("conversation_id"))
         .outerjoin(Persona, Persona.id == bindparam("persona_id"))
         .outerjoin(ConversationSummary, ConversationSummary.id == (
             select(_versions.id).where(_versions.conversation_id == Conversation.id)
             .order_by(_versions.version.desc()).limit(1).scalar_subquery()))
         .where(User.id == bindparam("user_id")))
-"""Who, where, as whom, whether the user has memories, and the conversation's current
-summary (its highest version; None before the first): one round trip."""
+"""Who, where, as whom, whether the user has memories, the conversation's current
+summary (its highest version; None before the first) and the tenant's default context
+layers: one round trip."""
 _OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
@@ -272,9 +283,10 @@ class Stepper:
         """The step's first transaction: None when the step ends here (its effects are on
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
-        # who, where, as whom, whether the user has memories, the conversation's summary:
-        # one round trip
-        user, conversation, persona, has_memories, summary = session.execute(_WHO, {
+        # who, where, as whom, whether the user has memories, the conversation's summary,
+        # the tenant's default layers: one round trip
+        (user, conversation, persona, has_memories, summary,
+         *tenant_layers) = session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
         # the job's own messages, when this step wrote every one (its first): not read back
@@ -328,7 +340,8 @@ class Stepper:
         turn = Turn([], self.registry.specs(offered), model, max_tokens,
                     stream=bool(job.stream or (persona is not None and persona.stream)),
                     turn=job.iteration + 1, resumed=started)
-        turn.extras = context_layers.extras(persona, conversation, turn.tools)
+        turn.extras = context_layers.extras(persona, conversation, turn.tools,
+                                            context_layers.TenantLayers(*tenant_layers))
         stop = self._build_context(uow, job, conversation, summary, system, turn,
                                    has_memories, asked)
         if stop is not None:

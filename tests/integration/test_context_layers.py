@@ -1,7 +1,7 @@
 """Context layers (issue 36; seed 002's order: system, bootstrap, memory, skills, tool
 documentation, history, current message; seed 003's active project): a persona's bootstrap
-text, skills and tool documentation, a conversation's active project set over the API, as
-the model's request shows them."""
+text, skills and tool documentation, a tenant's default bootstrap and skills under them, a
+conversation's active project set over the API, as the model's request shows them."""
 from __future__ import annotations
 
 import uuid
@@ -105,3 +105,74 @@ def test_a_tool_sets_the_active_project_for_the_next_turns(stack, llm):
     shown = client.get(f"/v1/conversations/{job['conversation_id']}").json()
     assert shown["active_project"] == "TOOL-PROJECT the migration"
     llm.assert_done(key)
+
+
+def test_a_tenants_default_layers_under_its_personas_own(stack, llm):
+    # a tenant's admin sets default layers; a job with no persona gets them, a persona's
+    # bootstrap replaces the tenant's, its skills follow the tenant's (a skill of the same
+    # name replacing the tenant's), in seed 002's order in the model's request
+    tenant = stack.create_tenant(uid("layers-d"))
+    client = Client(stack, stack.create_key("layers-d", admin=True, tenant=tenant))
+    path = client.url(f"/v1/admin/tenants/{tenant}/context_layers")
+    assert client.get(f"/v1/admin/tenants/{tenant}/context_layers").json() == {
+        "tenant_id": tenant, "bootstrap": None, "skills": None}
+    set_ = client.http.patch(path, timeout=70, json={
+        "bootstrap": "TENANT-BOOT the company ships on Mondays.",
+        "skills": [{"name": "house style", "instructions": "TENANT-STYLE answer briefly."},
+                   {"name": "arithmetic", "instructions": "TENANT-ARITH never shown here.",
+                    "tools": ["math.evaluate"]}]})
+    assert set_.status_code == 200, set_.text
+    shown = client.get(f"/v1/admin/tenants/{tenant}/context_layers").json()
+    assert shown == set_.json()
+    assert shown["bootstrap"] == "TENANT-BOOT the company ships on Mondays."
+    assert [(s["name"], s["tools"]) for s in shown["skills"]] == [
+        ("house style", []), ("arithmetic", ["math.evaluate"])]
+
+    key = uid("tenant-layers").replace("-", "_")
+    llm.script(key, [text("without a persona"), text("with the persona")])
+    bare = client.wait(client.submit(f"script:{key} first")["id"])
+    assert bare["response"]["content"] == "without a persona", bare
+    persona = client.post("/v1/personas", json={
+        "name": "Own", "system_prompt": "SYSTEM-MARK you help.",
+        "bootstrap": "PERSONA-BOOT this team ships on Fridays.",
+        "allowed_modules": ["math"],
+        "skills": [{"name": "arithmetic", "instructions": "PERSONA-ARITH check sums twice.",
+                    "tools": ["math.evaluate"]},
+                   {"name": "tone", "instructions": "PERSONA-TONE be warm."}]}).json()
+    own = client.wait(client.submit(f"script:{key} second", persona_id=persona["id"])["id"])
+    assert own["response"]["content"] == "with the persona", own
+    first, second = (r["messages"][0]["content"] for r in llm.requests(key))
+    llm.assert_done(key)
+
+    # no persona: the tenant's bootstrap and skills (a skill with tools offered)
+    assert "TENANT-BOOT" in first and "TENANT-STYLE" in first
+    assert first.find("TENANT-BOOT") < first.find("[Skills]") < first.find("TENANT-STYLE")
+    # the persona's: its bootstrap instead of the tenant's; the tenant's skills it does not
+    # name, then its own
+    assert "TENANT-BOOT" not in second and "TENANT-ARITH" not in second, second
+    marks = ["SYSTEM-MARK", "PERSONA-BOOT", "[Skills]", "TENANT-STYLE", "PERSONA-ARITH",
+             "PERSONA-TONE"]
+    positions = [second.find(m) for m in marks]
+    assert -1 not in positions and positions == sorted(positions), second
+
+    # a persona with no bootstrap of its own gets the tenant's
+    client.http.patch(client.url(f"/v1/personas/{persona['id']}"), json={"bootstrap": None},
+                      timeout=70).raise_for_status()
+    llm.script(key, [text("third")])
+    client.wait(client.submit(f"script:{key} third", persona_id=persona["id"])["id"])
+    third = llm.requests(key)[-1]["messages"][0]["content"]
+    assert third.find("SYSTEM-MARK") < third.find("TENANT-BOOT") < third.find("[Skills]")
+    llm.assert_done(key)
+
+    # cleared field by field; what a PATCH may not hold
+    cleared = client.http.patch(path, json={"bootstrap": None}, timeout=70)
+    assert cleared.status_code == 200 and cleared.json()["bootstrap"] is None
+    assert [s["name"] for s in cleared.json()["skills"]] == ["house style", "arithmetic"]
+    for body in ({}, {"bootstrap": 3}, {"skills": [{"name": "x"}]},
+                 {"skills": [{"name": "a", "instructions": "one"},
+                             {"name": "a", "instructions": "two"}]},
+                 {"bootstrap": "x", "quotas": {}}):
+        refused = client.http.patch(path, json=body, timeout=70)
+        assert refused.status_code == 422, (body, refused.text)
+        assert refused.json()["error"]["code"] == "validation_error"
+    assert client.get(f"/v1/admin/tenants/{tenant}/context_layers").json() == cleared.json()

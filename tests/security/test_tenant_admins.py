@@ -182,6 +182,52 @@ def test_a_tenant_admin_never_reads_another_tenants_jobs(stack, acme, script):
     assert usage.status_code == 200 and usage.json()["data"] == []
 
 
+def test_a_tenants_context_layers_are_set_by_its_own_admins_and_reach_only_its_jobs(
+        stack, acme, client, script, llm):
+    """A tenant's default layers (bootstrap, skills): its admin and an operator set them;
+    another tenant's admin gets 404 as if absent, a plain key 403, nothing is written; and
+    another tenant's jobs never carry them."""
+    own = f"/v1/admin/tenants/{acme['id']}/context_layers"
+    theirs = f"/v1/admin/tenants/{acme['globex']}/context_layers"
+    secret = {"bootstrap": "ACME-ONLY the office opens at nine."}
+    for who, method, path, body, status, code in (
+            ("globex_admin", "PATCH", own, {"bootstrap": "GLOBEX-WAS-HERE"}, 404,
+             "not_found"),
+            ("globex_admin", "GET", own, None, 404, "not_found"),
+            ("admin", "PATCH", theirs, {"bootstrap": "ACME-WAS-HERE"}, 404, "not_found"),
+            ("admin", "PATCH", f"/v1/admin/tenants/{uuid.uuid4()}/context_layers", secret,
+             404, "not_found"),
+            ("one", "PATCH", own, {"bootstrap": "PLAIN-WAS-HERE"}, 403, "forbidden"),
+            ("one", "GET", own, None, 403, "forbidden")):
+        refused(acme[who].call(method, path, body), status, code)
+    with stack.sessions()() as session:
+        for ident in (acme["id"], acme["globex"]):
+            row = session.get(Tenant, uuid.UUID(ident))
+            assert (row.bootstrap, row.skills) == (None, None)
+
+    try:
+        made = acme["admin"].call("PATCH", own, secret)
+        assert made.status_code == 200, made.text
+        assert client.get(own).json()["bootstrap"] == secret["bootstrap"]  # an operator
+        by_operator = client.http.patch(client.url(theirs), timeout=70, json={
+            "skills": [{"name": "globex", "instructions": "GLOBEX-SKILL be terse."}]})
+        assert by_operator.status_code == 200, by_operator.text
+        assert acme["globex_admin"].get(theirs).json()["skills"][0]["name"] == "globex"
+
+        # each tenant's jobs carry its own layers only
+        for who, mine, other in (("one", "ACME-ONLY", "GLOBEX-SKILL"),
+                                 ("globex_plain", "GLOBEX-SKILL", "ACME-ONLY")):
+            marker = script([text("ok")])
+            job = acme[who].wait(acme[who].submit(f"{marker} hello")["id"])
+            assert job["status"] == "completed", job
+            system = llm.requests(marker.split(":", 1)[1])[-1]["messages"][0]["content"]
+            assert mine in system and other not in system, system
+    finally:  # the module's other tests see these tenants without layers
+        for path in (own, theirs):
+            client.http.patch(client.url(path), json={"bootstrap": None, "skills": None},
+                              timeout=70)
+
+
 # --- a non-admin key's conversations are its own -------------------------------------------
 
 @pytest.mark.parametrize("on_busy", ["steer", "interrupt", "queue", "reject"])
