@@ -403,7 +403,7 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     status `end_status(reason)`, the response, the conversation handed to its next job,
     `job_end`, the webhook's first delivery row; after the commit `JobEnded` (and the
     batch's `AdmitBatch`) go out."""
-    from agentq.webhooks.delivery import enqueue_job_event
+    from agentq.webhooks.outbox import enqueue_job_event
     session = uow.session
     ended = end_status(reason)
     status, reason = ended.value, StopReason(reason).value
