@@ -27,6 +27,7 @@ python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
 .venv/bin/python -m benchmarks run --quick --only peer --peer dbos   # agentq beside one peer
 .venv/bin/python -m benchmarks run --only fair   # agentq against the same-guarantee services
+.venv/bin/python -m benchmarks run --only subagents   # a parent with ten children vs ten jobs
 .venv/bin/python -m benchmarks probe          # the micro-measurements behind the analysis
 .venv/bin/python -m benchmarks burst --jobs 300 --rounds 3   # a burst's CPU, process by process
 .venv/bin/python -m benchmarks compare HEAD~1 --pairs 8      # this tree against a commit, in turn
