@@ -41,7 +41,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from benchmarks.harness import BenchStack, ModelServer
 from benchmarks.netns import Network, Node, node_stack
 from tests.support.services import PrivatePostgres, PrivateRabbitMQ, PrivateRedis
-from tests.support.stack import Stack, StackError
+from tests.support.stack import WORKERS, Stack, StackError
 
 ONE_TOOL_JOB = "What is 6*7? turns=1"
 FILE_JOB = "Write it down. tool=create_document turns=1"
@@ -231,16 +231,19 @@ class FaultLab:
     `nodes=N`: N more nodes, each an orchestrator and a tools worker in a network namespace
     of its own (benchmarks/netns.py), reaching Postgres, the broker and the model server
     over a link `lab.nodes[i].cut()` takes down; the servers then also listen on the host's
-    address on that network. Root only."""
+    address on that network. Root only. `node_cpus`: each node's CPU quota (None: none);
+    `host_workers`: the workers the host runs beside web and beat (default: every kind)."""
 
     def __init__(self, scratch: Path, extra_env: dict[str, str] | None = None,
-                 broker: str = "redis", nodes: int = 0):
+                 broker: str = "redis", nodes: int = 0, node_cpus: float | None = None,
+                 host_workers=WORKERS):
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         if broker not in ("redis", "amqp"):
             raise ValueError(f"broker: redis or amqp, not {broker!r}")
         self.network = Network().create() if nodes else None
-        self.node_count = nodes
+        self.node_count, self.node_cpus = nodes, node_cpus
+        self.host_workers = tuple(host_workers)
         self.nodes: list[Node] = []
         self.node_stacks: list[Stack] = []
         also = self.network.host_address if self.network else ""
@@ -273,7 +276,8 @@ class FaultLab:
                "AGENTQ_BROKER_URL": self.rabbit.url if self.rabbit else self.redis.url,
                "AGENTQ_RESULT_BACKEND_URL": self.redis.url, **self.extra_env}
         self.stack = BenchStack(self.database_url, self.server.base_url,
-                                self.scratch / "stack", env, web_workers=2, web_threads=8)
+                                self.scratch / "stack", env, web_workers=2, web_threads=8,
+                                workers=self.host_workers)
         (self.scratch / "stack").mkdir(exist_ok=True)
         try:
             self.stack.start()
@@ -283,11 +287,11 @@ class FaultLab:
                 if made.returncode != 0:
                     raise StackError(made.stderr)
             for _ in range(self.node_count):
-                node = self.network.node()
+                node = self.network.node(cpus=self.node_cpus)
                 self.nodes.append(node)
                 self.node_stacks.append(node_stack(node, self.stack.env,
                                                    self.scratch / node.name).start())
-        except StackError:
+        except Exception:  # a half-made lab (a node that did not start) is taken down
             self.stop()
             raise
         return self
@@ -484,8 +488,10 @@ class Submitter:
     503 or a cut connection until it is answered 202."""
 
     def __init__(self, base: str, key: str, callback_url: str | None = None,
-                 threads: int = 16):
+                 threads: int = 16,
+                 content: Callable[[int], tuple[str, str]] = job_content):
         self.base, self.key, self.callback_url = base, key, callback_url
+        self.content = content
         self.pool = ThreadPoolExecutor(max_workers=threads)
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -505,7 +511,7 @@ class Submitter:
 
     def _one(self, n: int) -> None:
         key = uuid.uuid4().hex
-        user, content = job_content(n)
+        user, content = self.content(n)
         body = {"platform": "api", "platform_user_id": user,
                 "platform_channel_id": f"c-{key}", "content": content}
         if self.callback_url:
@@ -679,6 +685,24 @@ def webhook_receiver_down(seconds: float) -> Callable[[FaultLab], None]:
     return fault
 
 
+def node_cut(seconds: float) -> Callable[[FaultLab], None]:
+    """The lab's first node (an orchestrator and a tools worker in a network namespace of
+    their own: FaultLab(nodes=1)) cut off from Postgres, the broker and the model server
+    for `seconds`, its link down at the host's end, then back: its connections are not
+    closed, they wait, as across a partition. Meanwhile the sweeper re-drives what it held
+    to the host's orchestrator; back, the node finds its steps taken over."""
+    def fault(lab: FaultLab) -> None:
+        if not lab.nodes:
+            raise ValueError("node_cut needs a lab with a node (FaultLab(nodes=1))")
+        node = lab.nodes[0]
+        node.cut()
+        try:
+            time.sleep(seconds)
+        finally:
+            node.restore()
+    return fault
+
+
 SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
     "none": None,
     "orchestrator_kill9": kill9("orchestrator"),
@@ -696,11 +720,11 @@ SCENARIOS: dict[str, Callable[[FaultLab], None] | None] = {
         float(os.environ.get("AGENTQ_FAULT_WEBHOOK_DOWN_S", "20"))),
     "provider_storm": provider_storm(STORM_S),
 }
-PARAMETRIC = {"orchestrator_down_": orchestrator_down,
+PARAMETRIC = {"orchestrator_down_": orchestrator_down, "node_cut_": node_cut,
               "webhook_receiver_down_": webhook_receiver_down,
               "provider_storm_": provider_storm}
 """Scenarios named with their length: orchestrator_down_600, webhook_receiver_down_600s,
-provider_storm_300s."""
+provider_storm_300s, node_cut_60s (a lab with a node in a network namespace: root)."""
 
 
 def scenario(name: str) -> Callable[[FaultLab], None] | None:
@@ -733,7 +757,8 @@ def main(args) -> int:
         return 2
     results = []
     scratch = Path(tempfile.mkdtemp(prefix="agentq-faults-"))
-    lab = FaultLab(scratch, broker=broker).start()
+    nodes = 1 if any(name.startswith("node_cut_") for name in names) else 0
+    lab = FaultLab(scratch, broker=broker, nodes=nodes).start()
     try:
         for name, fault in faults.items():
             out = run_scenario(lab, name, fault, args.jobs, args.rate)

@@ -42,20 +42,22 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
-def started_lab(broker: str):
-    """A fault lab on `broker` in a scratch directory of its own, for a fixture to yield;
-    stopped after, its directory removed (kept with AGENTQ_FAULT_KEEP: the processes'
-    logs, for a failed run)."""
+def started_lab(broker: str, nodes: int = 0):
+    """A fault lab on `broker` (with `nodes` nodes in network namespaces of their own) in a
+    scratch directory of its own, for a fixture to yield; stopped after, its directory
+    removed (kept with AGENTQ_FAULT_KEEP: the processes' logs, for a failed run)."""
     from benchmarks.faults import FaultLab
     scratch = Path(tempfile.mkdtemp(prefix=f"agentq-faults-{broker}-"))
-    lab = FaultLab(scratch, broker=broker)
+    lab = FaultLab(scratch, broker=broker, nodes=nodes)
     try:
         lab.start()
     except StackError as exc:
         lab.stop()
         pytest.fail(str(exc))
-    yield lab
-    lab.stop()
+    try:
+        yield lab
+    finally:
+        lab.stop()
     if os.environ.get("AGENTQ_FAULT_KEEP"):
         print(f"fault lab kept: {scratch}")
     else:
