@@ -87,11 +87,29 @@ def parse(argv: list[str] | None):
                              "redis_flushall", "postgres_restart", "rabbitmq_restart",
                              "webhook_receiver_down (20 s)", "orchestrator_down_<seconds>",
                              "webhook_receiver_down_<seconds>", "provider_storm (5 min)",
-                             "provider_storm_<seconds>")))
+                             "provider_storm_<seconds>", "node_cut_<seconds>s (root)")))
     faults.add_argument("--broker", choices=("redis", "amqp"), default="redis",
                         help="the lab's broker: its private Redis, or a private RabbitMQ "
                              "node (Redis then keeps the results)")
     faults.add_argument("--results", help="write the outcomes to this JSON file")
+    nodes = sub.add_parser("nodes", help="scale-out: 1, 2, 4 nodes in network namespaces "
+                                         "with equal CPU quotas against one Postgres and "
+                                         "one broker, then a node killed mid-run "
+                                         "(benchmarks/multinode.py; root)")
+    nodes.add_argument("--nodes", type=int, action="append", default=[],
+                       help="a node count (repeatable; default 1, 2 and 4)")
+    nodes.add_argument("--cpus", type=float, default=0.25,
+                       help="each node's CPU quota, in CPUs (default 0.25)")
+    nodes.add_argument("--jobs-per-node", type=int, default=150,
+                       help="jobs submitted at once per node in each measured run")
+    nodes.add_argument("--rounds", type=int, default=2, help="measured runs per node count")
+    nodes.add_argument("--broker", choices=("redis", "amqp"), default="redis")
+    nodes.add_argument("--kill-jobs", type=int, default=300,
+                       help="jobs of the node-kill run (on the largest node count)")
+    nodes.add_argument("--no-kill", action="store_true", help="no node-kill run")
+    nodes.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds a run waits for its jobs")
+    nodes.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     burst = sub.add_parser("burst", help="N one-tool jobs at once, R times: CPU per job of "
                                          "each process, the orchestrator's system time and "
                                          "context switches, Postgres's and Redis's CPU "
@@ -190,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "faults":
         from benchmarks import faults
         return faults.main(args)
+    if args.command == "nodes":
+        from benchmarks import multinode
+        return multinode.main(args)
     if args.command == "report":
         import json
         write_docs(Path(args.docs), json.loads(Path(args.results).read_text()))
