@@ -272,14 +272,6 @@ def awaits_children(session: Session, pending: list[ToolCall]) -> bool:
         Job.parent_tool_use_id.in_(ids), Job.status.in_(LIVE)).limit(1)).first() is not None
 
 
-def children_of(session: Session, job_id: uuid.UUID) -> list[str]:
-    """A job's children, in the order of the calls that made them."""
-    return [str(i) for i in session.execute(
-        select(Job.id).join(ToolCall, ToolCall.tool_use_id == Job.parent_tool_use_id)
-        .where(Job.parent_job_id == job_id)
-        .order_by(ToolCall.iteration, ToolCall.position)).scalars()]
-
-
 def cancel_children(sessions: sessionmaker, job_id: uuid.UUID) -> int:
     """Cancel the live children of `job_id` and theirs, each in a unit of work of its own
     (the child's row alone locked: never a parent's while a child's is waited for)."""

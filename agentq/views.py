@@ -2,11 +2,15 @@
 payloads (which carry the same job object), so it lives in the library."""
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
 from agentq.loop.states import COUNTED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
-from agentq.models import Batch, Conversation, Job, WebhookDelivery
+from agentq.models import Batch, Conversation, Job, ToolCall, WebhookDelivery
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -60,13 +64,18 @@ def _children(job: Job) -> list[str]:
     session (an index lookup); a job object built without one lists none. A job that has
     had no model reply yet (every new job: a submission's answer) made no delegate call,
     so none is read for it."""
-    from sqlalchemy.orm import object_session
-
-    from agentq.agents import children_of
     session = object_session(job)
     if session is None or not job.iteration:
         return []
     return children_of(session, job.id)
+
+
+def children_of(session: Session, job_id: uuid.UUID) -> list[str]:
+    """A job's children, in the order of the calls that made them."""
+    return [str(i) for i in session.execute(
+        select(Job.id).join(ToolCall, ToolCall.tool_use_id == Job.parent_tool_use_id)
+        .where(Job.parent_job_id == job_id)
+        .order_by(ToolCall.iteration, ToolCall.position)).scalars()]
 
 
 def conversation_object(conversation: Conversation) -> dict[str, Any]:
