@@ -35,13 +35,14 @@ from tests.security.attacks import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CPU_S = 60
+CPU_S = 300
 """The CPU limit of the memory and process attacks: high enough that what stops them is the
-limit they attack, not their CPU (under QEMU's emulator, where the machine runs here, two
-interpreters' start costs seconds of CPU)."""
-SPIN_CPU_S = 10
-"""The spinners' CPU limit: RLIMIT_CPU per process would let nine of them use 90 CPU-s."""
-WALL_S = 600
+limit they attack, not their CPU. Under QEMU's emulator (where the machine runs here) the
+machine's CPU seconds are its vCPU threads' wall time: two interpreters' start cost 3 CPU-s
+on a quiet host and 21 at load 27, and the 640 MiB attack 62 before its OOM kill."""
+SPIN_CPU_S = 20
+"""The spinners' CPU limit: RLIMIT_CPU per process would let nine of them use 180 CPU-s."""
+WALL_S = 1200
 SPINNERS = 9
 SPIN = textwrap.dedent(f"""
     import os, time
