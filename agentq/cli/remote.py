@@ -20,7 +20,7 @@ from agentq.cli.core import (
 )
 from agentq.cli.local import _describe
 from agentq.config import get_settings
-from agentq.loop.states import COUNTED_STATUSES
+from agentq.loop.states import COUNTED_STATUSES, JobStatus
 
 # --- a running API, over HTTP, for people ----------------------------------------------
 ON_BUSY_CHOICES = ("queue", "steer", "interrupt", "reject")
@@ -114,7 +114,7 @@ class _Progress:
 
     def __init__(self, started: float):
         import threading
-        self.started, self.status = started, "queued"
+        self.started, self.status = started, JobStatus.QUEUED.value
         self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.lock, self.done = threading.Lock(), threading.Event()
@@ -180,7 +180,7 @@ class _Watch:
         self.checked_at, self.told = -READY_CHECK_S, []
 
     def look(self) -> None:
-        if self.progress.status != "queued" and not self.told:
+        if self.progress.status != JobStatus.QUEUED and not self.told:
             return
         if time.monotonic() - self.checked_at < READY_CHECK_S:
             return
@@ -224,7 +224,7 @@ def _follow_http(client, job_id: str, timeout_s: float) -> int:
         return EXIT_INTERRUPTED
     if not ended:
         status = _api_call(client, "GET", f"/v1/jobs/{job_id}").get("status")
-        if status == "queued":
+        if status == JobStatus.QUEUED:
             down = _down(client)
             _error_line(f"job {job_id} did not start within {timeout_s:g} s"
                         + (f" (the API's {' and '.join(down)} is unreachable)" if down else "")

@@ -29,6 +29,7 @@ from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.loop import rules
 from agentq.loop.effects import NextStep
+from agentq.loop.lifecycle import ToolCallStatus
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.rules import MAX_DELIVERIES
 from agentq.loop.uow import UnitOfWork, ride_out
@@ -40,18 +41,14 @@ log = logging.getLogger(__name__)
 _calls, _jobs = ToolCall.__table__, Job.__table__
 _users, _conversations, _personas = User.__table__, Conversation.__table__, Persona.__table__
 AWAIT_POLL_S = 0.5
-CRASHED_RESULT = {"ok": False, "result": None,
-                  "error": {"code": "tool_crashed",
-                            "message": f"The tool crashed its worker {MAX_DELIVERIES} times."}}
-INTERRUPTED_RESULT = {
-    "ok": False, "result": None,
-    "error": {"code": "tool_interrupted",
-              "message": "The worker running this tool stopped before it answered. The tool "
-                         "is not idempotent, so it was not run again: it may or may not have "
-                         "taken effect."}}
-CANCELLED_RESULT = {"ok": False, "result": None,
-                    "error": {"code": "cancelled", "message": "The job was cancelled before "
-                                                              "this tool ran."}}
+CRASHED_RESULT = ToolResult.failed(
+    "tool_crashed", f"The tool crashed its worker {MAX_DELIVERIES} times.").to_record()
+INTERRUPTED_RESULT = ToolResult.failed(
+    "tool_interrupted", "The worker running this tool stopped before it answered. The tool "
+    "is not idempotent, so it was not run again: it may or may not have taken effect."
+).to_record()
+CANCELLED_RESULT = ToolResult.failed(
+    "cancelled", "The job was cancelled before this tool ran.").to_record()
 
 
 @dataclass(frozen=True)
@@ -121,14 +118,14 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
         case Answered(outcome=outcome):
             return outcome
         case Refused(job_id=job_id, result=refusal):  # a delegate call: no sub-agent
-            return _finish(tool_use_id, job_id, agents.DELEGATE, "failed",
+            return _finish(tool_use_id, job_id, agents.DELEGATE, ToolCallStatus.FAILED,
                            {**refusal.to_record(), "attempts": 1}, settings, sessions)
         case Run(name=name, arguments=arguments, ctx=ctx, allowed=allowed,
                  lease_until=lease_until):
             # the lease taken in `_prepare` is renewed while the tool runs
             with tool_leases(settings, sessions).hold(ctx.job_id, tool_use_id, lease_until):
                 result: ToolResult = registry.execute(name, arguments, ctx, allowed)
-            status = "succeeded" if result.ok else "failed"
+            status = ToolCallStatus.SUCCEEDED if result.ok else ToolCallStatus.FAILED
             record = {**result.to_record(), "attempts": result.attempts}
             return _finish(tool_use_id, uuid.UUID(ctx.job_id), name, status, record,
                            settings, sessions)
@@ -193,7 +190,7 @@ def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRe
             status, lease_until = session.execute(
                 select(ToolCall.status, ToolCall.lease_until)
                 .where(ToolCall.tool_use_id == tool_use_id)).one()
-        if status != "pending":
+        if status != ToolCallStatus.PENDING:
             return CallOutcome(tool_use_id, "duplicate")
         if lease_until is None or utcnow() >= lease_until:
             log.warning("the delivery running a tool call went silent",
@@ -237,7 +234,7 @@ _START_CALL = (update(_calls).where(_calls.c.tool_use_id == bindparam("call_id")
                        lease_until=bindparam("until", type_=_calls.c.lease_until.type)))
 _STORE_RESULT = (update(_calls)
                  .where(_calls.c.tool_use_id == bindparam("call_id"),
-                        _calls.c.status == "pending")
+                        _calls.c.status == ToolCallStatus.PENDING)
                  .values(status=bindparam("status_now", type_=_calls.c.status.type),
                          result=bindparam("record", type_=_calls.c.result.type),
                          finished_at=bindparam("now", type_=_calls.c.finished_at.type))
@@ -251,7 +248,7 @@ column of tool_calls (`job_id`) would also be SET by the call's UPDATE."""
 _PENDING_OF_TURN = (select(_calls.c.id)
                     .where(_calls.c.job_id == bindparam("job_id"),
                            _calls.c.iteration == bindparam("iteration"),
-                           _calls.c.status == "pending").limit(1))
+                           _calls.c.status == ToolCallStatus.PENDING).limit(1))
 """Built once, with bind parameters (named unlike the columns they set): a tool call runs
 them on every call."""
 
@@ -276,8 +273,9 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         case rules.Settled(status=status):
             return Answered(CallOutcome(tool_use_id, status))
         case rules.CancelCall():
-            _store(uow, job_id, tool_use_id, call.name, "cancelled", CANCELLED_RESULT)
-            return Answered(CallOutcome(tool_use_id, "cancelled"))
+            _store(uow, job_id, tool_use_id, call.name, ToolCallStatus.CANCELLED,
+                   CANCELLED_RESULT)
+            return Answered(CallOutcome(tool_use_id, ToolCallStatus.CANCELLED))
         case rules.Delegate():  # a sub-agent: a job, not a function (agentq.agents)
             outcome = agents.start_child(uow, call, tool_use_id, settings, registry)
             if isinstance(outcome, ToolResult):
@@ -294,8 +292,9 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
             log.warning("not idempotent tool call interrupted; not running it again",
                         extra={"event": "tool.interrupted", "tool": call.name,
                                "tool_use_id": tool_use_id, "deliveries": call.attempts})
-            _store(uow, job_id, tool_use_id, call.name, "failed", INTERRUPTED_RESULT)
-            return Answered(CallOutcome(tool_use_id, "failed"))
+            _store(uow, job_id, tool_use_id, call.name, ToolCallStatus.FAILED,
+                   INTERRUPTED_RESULT)
+            return Answered(CallOutcome(tool_use_id, ToolCallStatus.FAILED))
         case rules.Start():
             return _start(uow, call, verdict, tool_use_id, settings, registry, sessions, now)
         case _:
@@ -321,8 +320,8 @@ def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
         session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
         session.execute(_START_CALL, row)
     if start.crashed:
-        _store(uow, job_id, tool_use_id, call.name, "failed", CRASHED_RESULT)
-        return Answered(CallOutcome(tool_use_id, "failed"))
+        _store(uow, job_id, tool_use_id, call.name, ToolCallStatus.FAILED, CRASHED_RESULT)
+        return Answered(CallOutcome(tool_use_id, ToolCallStatus.FAILED))
     if start.attempts > 1:  # at-least-once: the previous delivery died before storing
         log.info("idempotent tool call delivered again; running it again",
                  extra={"event": "tool.rerun", "tool": call.name,

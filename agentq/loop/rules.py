@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from agentq.loop.decision import Limits, Stop
-from agentq.loop.lifecycle import EXECUTION_LIMITS, StopReason
+from agentq.loop.lifecycle import EXECUTION_LIMITS, StopReason, ToolCallStatus
 
 EMPTY_ANSWER = "The model gave no answer. Please try again or rephrase."
 MAX_DELIVERIES = 3
@@ -193,7 +193,7 @@ def call_verdict(*, status: str, job_ended: bool, cancel_requested: bool, delega
                  idempotent: bool) -> Verdict:
     """A delivery of a tool call: whether it runs the tool. At-least-once for an idempotent
     tool whose running delivery died (its lease ran out); at-most-once otherwise."""
-    if status != "pending":
+    if status != ToolCallStatus.PENDING:
         return Settled(status)
     if job_ended or cancel_requested:
         return CancelCall()

@@ -82,7 +82,15 @@ from agentq.loop.decision import (
 from agentq.loop.effects import Cause, Effect
 from agentq.loop.endings import Endings, fail_job
 from agentq.loop.leases import LeaseKeeper
-from agentq.loop.lifecycle import LIVE_STATUSES
+from agentq.loop.lifecycle import (
+    LIVE_STATUSES,
+    JobStatus,
+    Phase,
+    ReplayMode,
+    WaitingFor,
+    resume_from_provider,
+    start,
+)
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
 from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
@@ -139,7 +147,7 @@ _CLAIM = _loading(
             _jobs.c.step_lease_until < _param("now", _jobs.c.step_lease_until)),
         # a job waiting for its provider is not tried before its time (a duplicate or
         # stray message claims nothing), unless it is to be cancelled
-        or_(_jobs.c.waiting_for.is_distinct_from("provider"),
+        or_(_jobs.c.waiting_for.is_distinct_from(WaitingFor.PROVIDER),
             _jobs.c.provider_next_attempt_at.is_(None),
             _jobs.c.provider_next_attempt_at <= _param("early", _jobs.c.provider_next_attempt_at),
             _jobs.c.cancel_requested_at.is_not(None)))
@@ -290,14 +298,14 @@ class Stepper:
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
         # the job's own messages, when this step wrote every one (its first): not read back
-        asked = _begin(uow, job, conversation, now) if job.status == "queued" else None
+        asked = (_begin(uow, job, conversation, now) if job.status == JobStatus.QUEUED
+                 else None)
 
-        resuming = job.waiting_for == "provider"
+        resuming = job.waiting_for == WaitingFor.PROVIDER
         if resuming:  # the provider's turn again: the job runs (its turn began already)
-            job.waiting_for = None
-            job.provider_next_attempt_at = None
+            resume_from_provider(job)
 
-        if job.phase == "tools" and not isinstance(
+        if job.phase == Phase.TOOLS and not isinstance(
                 self.tool_turns.collect(uow, job, conversation, cause), rules.Collect):
             # the job waits (its sub-agents, another dispatch), or its lost calls went out
             job.step_owner = job.step_lease_until = None
@@ -314,7 +322,7 @@ class Stepper:
         limits = self._limits(job, user, persona, now)
         stop = check_limits(limits)
         recorded = None
-        if stop is None and job.replay_mode == "recorded":
+        if stop is None and job.replay_mode == ReplayMode.RECORDED:
             recorded = replay.recorded_reply(session, job, turn_no)
             if recorded is None:
                 stop = Stop("error", f"The original job made no model call {turn_no}; "
@@ -365,7 +373,7 @@ class Stepper:
         return rules.turn_limits(
             iteration=job.iteration, own=own,
             cancel_requested=job.cancel_requested_at is not None,
-            recorded_replay=job.replay_mode == "recorded",  # costs nothing: no budget applies
+            recorded_replay=job.replay_mode == ReplayMode.RECORDED,  # no budget: costs nothing
             budget_limit=user.token_budget_monthly, budget_used=user.tokens_used_this_month,
             budget_reset_at=user.budget_reset_at,
             tokens_used=job.input_tokens + job.output_tokens, started_at=job.started_at,
@@ -478,7 +486,7 @@ def _begin(uow: UnitOfWork, job: Job, conversation: Conversation,
            now: datetime) -> list[context.StoredMessage]:
     """Step 2, a job's first step: it runs (`job_start`), its question is stored; the
     messages stored (the job's own, not read back)."""
-    job.status, job.started_at = "running", now
+    start(job, now)
     uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
     question = describe_attachments(job.content, job.attachments)
     asked = append_messages(uow.session, conversation.id, job.id,
