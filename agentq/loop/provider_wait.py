@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import assert_never
 
 from sqlalchemy import or_, select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
@@ -30,8 +30,7 @@ from agentq.errors import ProviderError
 from agentq.loop.decision import Stop, WaitForProvider, wait_for_provider
 from agentq.loop.effects import Effect, NextStep
 from agentq.loop.endings import Endings
-from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, WaitingFor
-from agentq.loop.lifecycle import wait_for_provider as hold_for_provider
+from agentq.loop.lifecycle import StopReason, WaitingFor
 from agentq.loop.turn import Wired, leased
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job
@@ -40,20 +39,20 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
 
 
-def sweep_provider_waits(settings: Settings, sessions: sessionmaker) -> int:
+def sweep_provider_waits(settings: Settings, sessions: sessionmaker[Session]) -> int:
     now = utcnow()
     overdue = now - timedelta(seconds=max(settings.step_deadline_s,
                                           2 * settings.sweep_interval_s))
     resent = 0
     with UnitOfWork(sessions) as uow:
         session = uow.session
-        query = (select(Job).where(Job.status.in_(LIVE_STATUSES),
-                                   Job.waiting_for == WaitingFor.PROVIDER,
+        query = (select(Job).where(Job.status.in_(("queued", "running")),
+                                   Job.waiting_for == "provider",
                                    Job.provider_next_attempt_at < overdue,
                                    or_(Job.step_lease_until.is_(None),
                                        Job.step_lease_until < now))
                  .order_by(Job.provider_next_attempt_at).limit(SWEEP_BATCH))
-        if session.bind.dialect.name == "postgresql":
+        if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         for job in session.execute(query).scalars():
             log.warning("re-sending the overdue attempt of a job waiting for its provider",
@@ -139,7 +138,7 @@ def _park(uow: UnitOfWork, job: Job, plan: WaitForProvider, exc: ProviderError,
           last_error: str, now: datetime) -> None:
     """The job waits for its provider, holding no worker: its step goes out again as a
     message delayed to `plan.next_attempt_at`."""
-    hold_for_provider(job)
+    job.waiting_for = WaitingFor.PROVIDER
     job.provider_wait_since = plan.waiting_since
     job.provider_attempts = plan.attempt
     job.provider_next_attempt_at = plan.next_attempt_at
