@@ -91,7 +91,7 @@ class UnitOfWork:
         self._sessions = sessions
         self._durable = durable
         self._autoflush = autoflush
-        self.session: Session | None = None
+        self._session: Session | None = None
         self.events: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
         self.effects: list[Effect] = []
         self.announced: dict[str, list[dict[str, Any]]] = {}
@@ -99,6 +99,13 @@ class UnitOfWork:
         self.sent: list[Effect] = []
         """The effects handed to the dispatcher after the commit."""
         self._locked: dict[uuid.UUID, Any] = {}
+
+    @property
+    def session(self) -> Session:
+        """The transaction's session, from `__enter__` on (after `__exit__`: closed)."""
+        if self._session is None:
+            raise RuntimeError("a unit of work has a session inside its `with` block only")
+        return self._session
 
     # -- what the caller records ---------------------------------------------------------
     def event(self, job_id: uuid.UUID, type_: str, **data: Any) -> None:
@@ -115,11 +122,11 @@ class UnitOfWork:
 
     # -- the transaction ---------------------------------------------------------------
     def __enter__(self) -> "UnitOfWork":
-        self.session = self._sessions()
-        self.session.autoflush = self._autoflush
-        self.session.begin()
+        session = self._session = self._sessions()
+        session.autoflush = self._autoflush
+        session.begin()
         if not self._durable:
-            relax_durability(self.session)
+            relax_durability(session)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
