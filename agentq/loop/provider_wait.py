@@ -30,7 +30,8 @@ from agentq.errors import ProviderError
 from agentq.loop.decision import Stop, WaitForProvider, wait_for_provider
 from agentq.loop.effects import Effect, NextStep
 from agentq.loop.endings import Endings
-from agentq.loop.lifecycle import StopReason, WaitingFor
+from agentq.loop.lifecycle import LIVE_STATUSES, StopReason, WaitingFor
+from agentq.loop.lifecycle import wait_for_provider as hold_for_provider
 from agentq.loop.turn import Wired, leased
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job
@@ -46,8 +47,8 @@ def sweep_provider_waits(settings: Settings, sessions: sessionmaker[Session]) ->
     resent = 0
     with UnitOfWork(sessions) as uow:
         session = uow.session
-        query = (select(Job).where(Job.status.in_(("queued", "running")),
-                                   Job.waiting_for == "provider",
+        query = (select(Job).where(Job.status.in_(LIVE_STATUSES),
+                                   Job.waiting_for == WaitingFor.PROVIDER,
                                    Job.provider_next_attempt_at < overdue,
                                    or_(Job.step_lease_until.is_(None),
                                        Job.step_lease_until < now))
@@ -138,7 +139,7 @@ def _park(uow: UnitOfWork, job: Job, plan: WaitForProvider, exc: ProviderError,
           last_error: str, now: datetime) -> None:
     """The job waits for its provider, holding no worker: its step goes out again as a
     message delayed to `plan.next_attempt_at`."""
-    job.waiting_for = WaitingFor.PROVIDER
+    hold_for_provider(job)
     job.provider_wait_since = plan.waiting_since
     job.provider_attempts = plan.attempt
     job.provider_next_attempt_at = plan.next_attempt_at

@@ -82,7 +82,16 @@ from agentq.loop.decision import (
 from agentq.loop.effects import Cause, Effect
 from agentq.loop.endings import Endings, fail_job
 from agentq.loop.leases import LeaseKeeper
-from agentq.loop.lifecycle import LIVE_STATUSES, JobStatus, StopReason
+from agentq.loop.lifecycle import (
+    LIVE_STATUSES,
+    JobStatus,
+    Phase,
+    ReplayMode,
+    StopReason,
+    WaitingFor,
+    resume_from_provider,
+    start,
+)
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
 from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
@@ -91,7 +100,16 @@ from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import ToolTurns
 from agentq.loop.turn import Turn, hook_ctx
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import Conversation, ConversationSummary, Job, JobEvent, Message, Persona, User
+from agentq.models import (
+    Conversation,
+    ConversationSummary,
+    Job,
+    JobEvent,
+    Message,
+    Persona,
+    Tenant,
+    User,
+)
 from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
 
@@ -130,7 +148,7 @@ _CLAIM = _loading(
             _jobs.c.step_lease_until < _param("now", _jobs.c.step_lease_until)),
         # a job waiting for its provider is not tried before its time (a duplicate or
         # stray message claims nothing), unless it is to be cancelled
-        or_(_jobs.c.waiting_for.is_distinct_from("provider"),
+        or_(_jobs.c.waiting_for.is_distinct_from(WaitingFor.PROVIDER),
             _jobs.c.provider_next_attempt_at.is_(None),
             _jobs.c.provider_next_attempt_at <= _param("early", _jobs.c.provider_next_attempt_at),
             _jobs.c.cancel_requested_at.is_not(None)))
@@ -156,16 +174,18 @@ call's usage added."""
 
 _versions = aliased(ConversationSummary)
 _WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id),
-               ConversationSummary)
+               ConversationSummary, Tenant.bootstrap, Tenant.skills)
         .select_from(User)
+        .join(Tenant, Tenant.id == User.tenant_id)
         .join(Conversation, Conversation.id == bindparam("conversation_id"))
         .outerjoin(Persona, Persona.id == bindparam("persona_id"))
         .outerjoin(ConversationSummary, ConversationSummary.id == (
             select(_versions.id).where(_versions.conversation_id == Conversation.id)
             .order_by(_versions.version.desc()).limit(1).scalar_subquery()))
         .where(User.id == bindparam("user_id")))
-"""Who, where, as whom, whether the user has memories, and the conversation's current
-summary (its highest version; None before the first): one round trip."""
+"""Who, where, as whom, whether the user has memories, the conversation's current
+summary (its highest version; None before the first) and the tenant's default context
+layers: one round trip."""
 _OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
@@ -272,20 +292,21 @@ class Stepper:
         """The step's first transaction: None when the step ends here (its effects are on
         the unit of work), else the turn for the model call."""
         session, now = uow.session, utcnow()
-        # who, where, as whom, whether the user has memories, the conversation's summary:
-        # one round trip
-        user, conversation, persona, has_memories, summary = session.execute(_WHO, {
+        # who, where, as whom, whether the user has memories, the conversation's summary,
+        # the tenant's default layers: one round trip
+        (user, conversation, persona, has_memories, summary,
+         *tenant_layers) = session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one()
         # the job's own messages, when this step wrote every one (its first): not read back
-        asked = _begin(uow, job, conversation, now) if job.status == "queued" else None
+        asked = (_begin(uow, job, conversation, now) if job.status == JobStatus.QUEUED
+                 else None)
 
-        resuming = job.waiting_for == "provider"
+        resuming = job.waiting_for == WaitingFor.PROVIDER
         if resuming:  # the provider's turn again: the job runs (its turn began already)
-            job.waiting_for = None
-            job.provider_next_attempt_at = None
+            resume_from_provider(job)
 
-        if job.phase == "tools" and not isinstance(
+        if job.phase == Phase.TOOLS and not isinstance(
                 self.tool_turns.collect(uow, job, conversation, cause), rules.Collect):
             # the job waits (its sub-agents, another dispatch), or its lost calls went out
             job.step_owner = job.step_lease_until = None
@@ -302,7 +323,7 @@ class Stepper:
         limits = self._limits(job, user, persona, now)
         stop = check_limits(limits)
         recorded = None
-        if stop is None and job.replay_mode == "recorded":
+        if stop is None and job.replay_mode == ReplayMode.RECORDED:
             recorded = replay.recorded_reply(session, job, turn_no)
             if recorded is None:
                 stop = Stop(StopReason.ERROR,
@@ -329,7 +350,8 @@ class Stepper:
         turn = Turn([], self.registry.specs(offered), model, max_tokens,
                     stream=bool(job.stream or (persona is not None and persona.stream)),
                     turn=job.iteration + 1, resumed=started)
-        turn.extras = context_layers.extras(persona, conversation, turn.tools)
+        turn.extras = context_layers.extras(persona, conversation, turn.tools,
+                                            context_layers.TenantLayers(*tenant_layers))
         stop = self._build_context(uow, job, conversation, summary, system, turn,
                                    has_memories, asked)
         if stop is not None:
@@ -353,7 +375,7 @@ class Stepper:
         return rules.turn_limits(
             iteration=job.iteration, own=own,
             cancel_requested=job.cancel_requested_at is not None,
-            recorded_replay=job.replay_mode == "recorded",  # costs nothing: no budget applies
+            recorded_replay=job.replay_mode == ReplayMode.RECORDED,  # no budget: costs nothing
             budget_limit=user.token_budget_monthly, budget_used=user.tokens_used_this_month,
             budget_reset_at=user.budget_reset_at,
             tokens_used=job.input_tokens + job.output_tokens, started_at=job.started_at,
@@ -466,7 +488,7 @@ def _begin(uow: UnitOfWork, job: Job, conversation: Conversation,
            now: datetime) -> list[context.StoredMessage]:
     """Step 2, a job's first step: it runs (`job_start`), its question is stored; the
     messages stored (the job's own, not read back)."""
-    job.status, job.started_at = JobStatus.RUNNING, now
+    start(job, now)
     uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
     question = describe_attachments(job.content, job.attachments)
     asked = append_messages(uow.session, conversation.id, job.id,

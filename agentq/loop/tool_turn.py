@@ -27,16 +27,23 @@ from agentq.loop import approvals, replay, rules
 from agentq.loop.busy import CANCELLED_TOOL_RESULT
 from agentq.loop.decision import PlannedCall
 from agentq.loop.effects import Cause, DispatchTools, NextStep
-from agentq.loop.lifecycle import JobStatus, Phase, ReplayMode, WaitingFor
+from agentq.loop.lifecycle import (
+    ReplayMode,
+    ToolCallStatus,
+    read_results,
+    run_tools,
+    wait_for_children,
+)
 from agentq.loop.store import append_messages
 from agentq.loop.turn import Wired
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, Persona, ToolCall
+from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
-TOOL_LOST_ERROR = {"code": "tool_task_failed",
-                   "message": "The tool task ended without a result (its worker was lost "
-                              "or it hit its hard time limit)."}
+TOOL_LOST_RESULT = ToolResult.failed(
+    "tool_task_failed", "The tool task ended without a result (its worker was lost or it hit "
+    "its hard time limit).").to_record()
 _TURN_CALLS = (select(ToolCall).where(ToolCall.job_id == bindparam("job_id"),
                                       ToolCall.iteration == bindparam("iteration"))
                .order_by(ToolCall.position))
@@ -76,8 +83,8 @@ class ToolTurns:
                               name=call.name, arguments=call.arguments, queue=queue,
                               created_at=now)
             if call.error is not None:
-                record.status, record.finished_at = "failed", now
-                record.result = {"ok": False, "result": None, "error": call.error}
+                record.status, record.finished_at = ToolCallStatus.FAILED, now
+                record.result = ToolResult(ok=False, error=call.error).to_record()
                 # rejected before it ran (no tool_execution_start): its arguments go here
                 uow.event(job.id, "tool_execution_end", tool_use_id=tool_use_id,
                           name=call.name, ok=False, error=call.error["code"],
@@ -97,7 +104,7 @@ class ToolTurns:
                                                   "tool_use_id": tool_use_id}), reply.model))
         insert_all(session, records)  # not flushed: the job's row then goes with its events
         append_messages(session, job.conversation_id, job.id, rows, now)
-        job.phase = Phase.TOOLS
+        run_tools(job)
         if dispatch:
             uow.effect(DispatchTools(str(job.id), turn_no, tuple(dispatch)))
         for record in held:  # they wait for a person; the job holds no worker meanwhile
@@ -115,7 +122,7 @@ class ToolTurns:
         session = uow.session
         calls = session.execute(_TURN_CALLS, {"job_id": job.id, "iteration": job.iteration}
                                 ).scalars().all()
-        pending = [c for c in calls if c.status == "pending"]
+        pending = [c for c in calls if c.status == ToolCallStatus.PENDING]
         cancelled = job.cancel_requested_at is not None
         after = rules.after_tools(
             pending=bool(pending), cancelled=cancelled, cause=cause,
@@ -125,7 +132,7 @@ class ToolTurns:
         match after:
             case rules.AwaitChildren():
                 # its sub-agents still run: the last one's end sends this step again
-                job.status, job.waiting_for = JobStatus.WAITING, WaitingFor.CHILDREN
+                wait_for_children(job)
             case rules.AwaitDispatch():
                 pass  # another dispatch of this turn (an approved call) runs
             case rules.Redispatch():
@@ -142,9 +149,8 @@ class ToolTurns:
                  cancelled: bool) -> None:
         now = utcnow()
         for call in pending:
-            record: dict[str, Any] = CANCELLED_TOOL_RESULT if cancelled else {
-                "ok": False, "result": None, "error": TOOL_LOST_ERROR}
-            call.status = "cancelled" if cancelled else "failed"
+            record: dict[str, Any] = CANCELLED_TOOL_RESULT if cancelled else TOOL_LOST_RESULT
+            call.status = ToolCallStatus.CANCELLED if cancelled else ToolCallStatus.FAILED
             call.result, call.finished_at = record, now
             uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
                       name=call.name, ok=False, error=record["error"]["code"])
@@ -152,7 +158,7 @@ class ToolTurns:
             ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
                                         **(c.result or {})}), None)
             for c in calls], now)
-        job.phase = Phase.LLM
+        read_results(job)
         if job.replay_mode == ReplayMode.RECORDED:
             for diverged in replay.divergences(uow.session, job, calls):
                 uow.event(job.id, "replay_diverged", **diverged)
