@@ -99,6 +99,12 @@ class Tenant(Base):
     """The secret before the last rotation: it signs too until
     webhook_secret_previous_until."""
     webhook_secret_previous_until: Mapped[datetime | None]
+    bootstrap: Mapped[str | None] = mapped_column(Text)
+    """Default context layers (agentq.loop.layers): the bootstrap text of a job whose
+    persona has none of its own."""
+    skills: Mapped[list[Any] | None]
+    """Default skills [{name, instructions, tools}]: sent before the persona's own, less
+    those the persona names again."""
 
 
 class User(Base):

@@ -10,6 +10,10 @@ also reaches across tenants: the tenants' own routes, keys of any tenant.
 Each tenant has quotas (API.md 1.2): `quotas_for` is what the rest of agentq reads; an
 operator sets them (`update_quotas`, `PATCH /v1/admin/tenants/<id>`), a quota not set is
 the settings' default (`AGENTQ_QUOTA_*`), and 0 means no limit.
+
+Each tenant may have default context layers (`update_layers`, `PATCH
+/v1/admin/tenants/<id>/context_layers`, by its admin or an operator): a bootstrap text and
+skills under its personas' own (agentq.loop.layers).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import dataclasses
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any, Mapping
 
 from sqlalchemy import bindparam, func, or_, select
@@ -185,6 +190,36 @@ def update_quotas(session: Session, tenant: Tenant, changes: Mapping[str, Any]) 
     session.flush()
     with _cache_lock:
         _cache.pop(tenant.id, None)
+    return tenant
+
+
+# --- default context layers -------------------------------------------------------------------
+
+LAYER_FIELDS = ("bootstrap", "skills")
+
+
+def layers_object(tenant: Tenant) -> dict:
+    """The tenant's default context layers as the admin routes show them."""
+    return {"tenant_id": str(tenant.id), "bootstrap": tenant.bootstrap,
+            "skills": tenant.skills}
+
+
+def update_layers(session: Session, tenant: Tenant, changes: Mapping[str, Any]) -> Tenant:
+    """Set (or clear, with null) the tenant's default bootstrap text and skills; a field not
+    given stays as it was. Skill names are unique within the tenant's list (a persona's
+    skill replaces the tenant's of its name, agentq.loop.layers)."""
+    skills = changes.get("skills")
+    if skills:
+        twice = sorted(n for n, k in Counter(skill["name"] for skill in skills).items()
+                       if k > 1)
+        if twice:
+            raise ValidationFailed({"skills": [f"Skill name(s) given twice: "
+                                               f"{', '.join(twice)}."]},
+                                   "Each skill needs a name of its own.")
+    for name in LAYER_FIELDS:
+        if name in changes:
+            setattr(tenant, name, changes[name] or None)
+    session.flush()
     return tenant
 
 

@@ -765,6 +765,30 @@ class PersonaPageSchema(Schema):
     data = fields.List(fields.Nested(PersonaSchema), required=True)
 
 
+class ContextLayersUpdateSchema(StrictSchema):
+    """A tenant's default context layers (agentq.loop.layers): only the fields given
+    change; null clears one."""
+    bootstrap = fields.String(allow_none=True, validate=validate.Length(max=MAX_CONTENT_CHARS),
+                              metadata={"description": "Sent after the system prompt of a "
+                                                       "job whose persona has no bootstrap "
+                                                       "of its own."})
+    skills = fields.List(fields.Nested(SkillSchema), allow_none=True,
+                         validate=validate.Length(max=50), metadata={
+                             "description": "Sent before the persona's own skills, less "
+                                            "those the persona names again (names unique)."})
+
+    @validates_schema
+    def _something(self, data: dict[str, Any], **_kw) -> None:
+        if not data:
+            raise ValidationError("Give bootstrap, skills or both.", "_schema")
+
+
+class ContextLayersSchema(Schema):
+    tenant_id = fields.String(required=True)
+    bootstrap = fields.String(allow_none=True, required=True)
+    skills = fields.List(fields.Nested(SkillSchema), allow_none=True, required=True)
+
+
 class DeletedSchema(Schema):
     id = fields.String(required=True)
     deleted = fields.Boolean(required=True)
