@@ -287,10 +287,12 @@ class FaultLab:
                 if made.returncode != 0:
                     raise StackError(made.stderr)
             for _ in range(self.node_count):
-                node = self.network.node(cpus=self.node_cpus)
+                node = self.network.node()
                 self.nodes.append(node)
                 self.node_stacks.append(node_stack(node, self.stack.env,
                                                    self.scratch / node.name).start())
+            for node in self.nodes:  # once started: a start under a quota is slow, not less
+                node.cpu.limit(self.node_cpus)
         except Exception:  # a half-made lab (a node that did not start) is taken down
             self.stop()
             raise

@@ -102,7 +102,12 @@ class CpuGroup:
     def create(self) -> "CpuGroup":
         for d in self.dirs:
             d.mkdir(exist_ok=True)
-        quota = -1 if self.cpus is None else max(1000, int(self.cpus * CPU_PERIOD_US))
+        return self.limit(self.cpus)
+
+    def limit(self, cpus: float | None) -> "CpuGroup":
+        """The group's quota: `cpus` CPUs' worth of time per period (None: no limit)."""
+        self.cpus = cpus
+        quota = -1 if cpus is None else max(1000, int(cpus * CPU_PERIOD_US))
         if self.kind_ == "v1":
             (self.dirs[0] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
@@ -341,6 +346,8 @@ def remove_left_behind() -> int:
     return removed
 
 
+NODE_READY_TIMEOUT_S = 300
+"""How long a node's workers may take to start (a loaded machine: minutes)."""
 NODE_URLS = ("AGENTQ_DATABASE_URL", "AGENTQ_BROKER_URL", "AGENTQ_RESULT_BACKEND_URL",
              "OPENAI_BASE_URL")
 """The addresses a node's processes reach the shared tier by: the lab's, with the host's
@@ -366,6 +373,9 @@ def node_stack(node: Node, env: dict[str, str], scratch: Path,
     from tests.support.stack import Stack, die_with_parent
 
     class NodeStack(Stack):
+        # a node starts after the host's processes, on a machine they already load
+        ready_timeout_s = NODE_READY_TIMEOUT_S
+
         def preexec(self) -> None:
             die_with_parent()
             node.enter()

@@ -328,8 +328,11 @@ class Stack:
         self._wait_ready()
         return self
 
+    ready_timeout_s = READY_TIMEOUT_S
+    """How long start() waits for every process to say it is ready."""
+
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + self.ready_timeout_s
         pending = set(self.workers) | ({"beat"} if self.with_beat else set())
         while pending and time.monotonic() < deadline:
             pending = {n for n in pending if b" ready." not in self.logs[n].read_bytes()}
