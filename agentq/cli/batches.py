@@ -5,17 +5,21 @@ Registered on the `agentq` command group by agentq.cli; talks HTTP through its c
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from agentq.cli.core import main
-from agentq.loop.states import ENDED_STATUSES, REPLAY_MODES, ReplayMode
-from agentq.cli.remote import _api_call, _api_client, _api_options
+from agentq.cli.remote import _api_client, _api_errors, _api_options
+
+if TYPE_CHECKING:
+    from agentq.client import AgentQ
 
 POLL_S = 1.0
 BAR_WIDTH = 30
@@ -40,7 +44,7 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 def progress_line(counts: dict, started: float, now: float) -> str:
     """done / failed / total, rate and time left, as one line with a bar."""
     total = counts.get("total") or 0
-    done = sum(counts.get(k, 0) for k in ENDED_STATUSES)
+    done = sum(counts.get(k, 0) for k in ("completed", "failed", "cancelled"))
     elapsed = max(now - started, 1e-6)
     rate = done / elapsed
     left = (total - done) / rate if rate > 0 else None
@@ -50,11 +54,11 @@ def progress_line(counts: dict, started: float, now: float) -> str:
             f"{counts.get('failed', 0)} failed, {rate:.1f}/s, {eta}")
 
 
-def _watch(client, batch_id: str, timeout_s: float) -> dict:
+def _watch(client: AgentQ, batch_id: str, timeout_s: float) -> dict:
     started = time.monotonic()
     tty = sys.stderr.isatty()
     while True:
-        batch = _api_call(client, "GET", f"/v1/batches/{batch_id}")
+        batch = client.batch(batch_id).raw
         line = progress_line(batch["counts"], started, time.monotonic())
         click.echo(("\r" + line) if tty else line, err=True, nl=not tty)
         if batch["status"] in ("completed", "cancelled"):
@@ -87,14 +91,12 @@ def batch_submit(file: Path, wait: bool, max_concurrency: int | None,
                  callback_url: str | None, timeout_s: float, url: str | None,
                  key: str | None) -> None:
     """Submit FILE.jsonl: one POST /v1/messages body a line (optional custom_id)."""
-    params = {k: v for k, v in (("max_concurrency", max_concurrency),
-                                ("callback_url", callback_url)) if v is not None}
-    with _api_client(url, key) as client:
-        created = _api_call(client, "POST", "/v1/batches", content=file.read_bytes(),
-                            params=params, headers={"Content-Type": "application/x-ndjson"})
-        click.echo(created["id"])
+    with _api_client(url, key) as client, _api_errors(client):
+        created = client.submit_batch(file.read_bytes(), callback_url=callback_url,
+                                      max_concurrency=max_concurrency)
+        click.echo(created.id)
         if wait:
-            ended = _watch(client, created["id"], timeout_s)
+            ended = _watch(client, created.id, timeout_s)
             click.echo(json.dumps(ended["counts"]), err=True)
             sys.exit(0 if ended["counts"].get("failed", 0) == 0 else 1)
 
@@ -104,15 +106,9 @@ def batch_submit(file: Path, wait: bool, max_concurrency: int | None,
 @_api_options
 def batch_results(batch_id: str, url: str | None, key: str | None) -> None:
     """Print the batch's finished results as JSONL, in request order."""
-    with _api_client(url, key) as client:
-        with client.stream("GET", f"/v1/batches/{batch_id}/results") as response:
-            if response.status_code >= 400:
-                response.read()
-                from agentq.cli.remote import _api_error
-                raise _api_error(response)
-            for line in response.iter_lines():
-                if line:
-                    click.echo(line)
+    with _api_client(url, key) as client, _api_errors(client):
+        for line in client.batch_result_lines(batch_id):
+            click.echo(line)
 
 
 @batch.command("cancel")
@@ -120,13 +116,13 @@ def batch_results(batch_id: str, url: str | None, key: str | None) -> None:
 @_api_options
 def batch_cancel(batch_id: str, url: str | None, key: str | None) -> None:
     """Cancel what has not finished."""
-    with _api_client(url, key) as client:
-        click.echo(json.dumps(_api_call(client, "POST", f"/v1/batches/{batch_id}/cancel")))
+    with _api_client(url, key) as client, _api_errors(client):
+        click.echo(json.dumps(client.cancel_batch(batch_id).raw))
 
 
 @main.command("replay")
 @click.argument("job_id", required=False)
-@click.option("--mode", type=click.Choice(REPLAY_MODES), default=ReplayMode.RECORDED.value,
+@click.option("--mode", type=click.Choice(["recorded", "live"]), default="recorded",
               show_default=True,
               help="recorded: the original's model replies, tools run again; live: the "
                    "model is asked again.")
@@ -146,35 +142,27 @@ def replay(job_id: str | None, mode: str, model: str | None, failed: bool,
     the answers changed."""
     if bool(job_id) == failed:
         raise click.UsageError("give a JOB_ID or --failed (with --since), not both")
-    body: dict = {"mode": mode, **({"model": model} if model else {})}
-    with _api_client(url, key) as client:
+    with _api_client(url, key) as client, _api_errors(client):
         if job_id:
-            job = _api_call(client, "POST", f"/v1/jobs/{job_id}/replay", json=body)
-            ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
-                              params={"wait": 60})
-            while ended["status"] in ("queued", "running", "waiting"):
-                ended = _api_call(client, "GET", f"/v1/jobs/{job['id']}",
-                                  params={"wait": 60})
-            _print_comparison(client, ended["id"])
+            job = client.replay(job_id, mode, model)
+            _print_comparison(client, client.wait(job.id, timeout_s=math.inf).id)
             return
         window = {"status": "failed"}
         if since:
             window["since"] = parse_since(since).isoformat()
         if until:
             window["until"] = parse_since(until).isoformat()
-        created = _api_call(client, "POST", "/v1/batches/replay",
-                            json={**body, "filter": window})
-        click.echo(f"replaying {created['metadata'].get('matched')} failed job(s): batch "
-                   f"{created['id']}", err=True)
-        _watch(client, created["id"], timeout_s)
-        with client.stream("GET", f"/v1/batches/{created['id']}/results") as response:
-            ids = [json.loads(line)["id"] for line in response.iter_lines() if line]
+        created = client.replay_batch(filter=window, mode=mode, model=model)
+        click.echo(f"replaying {created.raw['metadata'].get('matched')} failed job(s): batch "
+                   f"{created.id}", err=True)
+        _watch(client, created.id, timeout_s)
+        ids = [json.loads(line)["id"] for line in client.batch_result_lines(created.id)]
         for ident in ids:
             _print_comparison(client, ident)
 
 
-def _print_comparison(client, replay_id: str) -> None:
-    compared = _api_call(client, "GET", f"/v1/jobs/{replay_id}/compare")
+def _print_comparison(client: AgentQ, replay_id: str) -> None:
+    compared = client.compare(replay_id)
     original, replayed = compared["original"], compared["replay"]
     verdict = "same answer" if compared["same_answer"] else "changed"
     click.echo(f"{original['job_id'] if original else '?'} → {replay_id}: {verdict}")

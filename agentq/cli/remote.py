@@ -5,6 +5,8 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
@@ -20,11 +22,12 @@ from agentq.cli.core import (
 )
 from agentq.cli.local import _describe
 from agentq.config import get_settings
-from agentq.loop.states import COUNTED_STATUSES, JobStatus
+
+if TYPE_CHECKING:  # agentq.client (httpx) is imported when a command talks to an API
+    from agentq.client import AgentQ, ApiError, Event
 
 # --- a running API, over HTTP, for people ----------------------------------------------
 ON_BUSY_CHOICES = ("queue", "steer", "interrupt", "reject")
-SSE_READ_TIMEOUT_S = 45.0  # the API sends a keep-alive every 15 s
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
@@ -38,8 +41,9 @@ def _api_options(command):
                         )(command)
 
 
-def _api_client(url: str | None, key: str | None):
-    import httpx
+def _api_client(url: str | None, key: str | None) -> AgentQ:
+    """The API's client (agentq.client), as the CLI uses it: one attempt a request (a
+    person is watching: an error is shown at once) and the CLI's User-Agent."""
     settings = get_settings()
     base = (url or os.environ.get("AGENTQ_URL")
             or f"http://127.0.0.1:{settings.port}").rstrip("/")
@@ -50,58 +54,37 @@ def _api_client(url: str | None, key: str | None):
     if not key:
         raise click.ClickException(f"no API key: pass --key, set AGENTQ_API_KEY, or run "
                                    f"`agentq dev` (it writes {dev_key})")
-    return httpx.Client(base_url=base, timeout=httpx.Timeout(30.0, connect=5.0),
-                        headers={"Authorization": f"Bearer {key}",
-                                 "User-Agent": "agentq-cli"})
+    from agentq.client import AgentQ
+    client = AgentQ(base, api_key=key, timeout_s=30.0, attempts=1)
+    client.http.headers["User-Agent"] = "agentq-cli"
+    return client
 
 
-def _api_error(response) -> click.ClickException:
+def _api_error(exc: ApiError) -> click.ClickException:
+    """`METHOD /path → status code: message {details}` (the body's start when it was not
+    API.md's error shape)."""
+    from agentq.client._core import NOT_THE_ERROR_SHAPE
+    if exc.code == NOT_THE_ERROR_SHAPE:
+        detail = exc.message
+    else:
+        detail = f"{exc.code}: {exc.message}"
+        if exc.details:
+            detail += f" {json.dumps(exc.details)}"
+    return click.ClickException(f"{exc.method} {exc.path} → {exc.status} {detail}")
+
+
+@contextmanager
+def _api_errors(client: AgentQ) -> Iterator[None]:
+    """The client's errors as the CLI's one line each (exit status 1)."""
+    from agentq.client import ApiError, TransportError
     try:
-        error = response.json()["error"]
-        detail = f"{error['code']}: {error['message']}"
-        if error.get("details"):
-            detail += f" {json.dumps(error['details'])}"
-    except (ValueError, KeyError, TypeError):
-        detail = response.text[:500]
-    return click.ClickException(f"{response.request.method} {response.request.url.path} → "
-                                f"{response.status_code} {detail}")
-
-
-def _api_call(client, method: str, path: str, **kw) -> dict:
-    import httpx
-    try:
-        response = client.request(method, path, **kw)
-    except httpx.TransportError as exc:
-        raise click.ClickException(f"cannot reach {client.base_url} ({exc}); is the API "
-                                   f"running (`agentq dev`)?") from None
-    if response.status_code >= 400:
-        raise _api_error(response)
-    return response.json()
-
-
-def _sse_events(client, job_id: str, after: int):
-    """The job's events as server-sent events after `after`; None for each keep-alive."""
-    import httpx
-    headers = {"Accept": "text/event-stream"}
-    if after:
-        headers["Last-Event-ID"] = str(after)
-    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                       timeout=httpx.Timeout(10.0, read=SSE_READ_TIMEOUT_S)) as response:
-        if response.status_code >= 400:
-            response.read()
-            raise _api_error(response)
-        data: list[str] = []
-        for line in response.iter_lines():
-            if not line:
-                if data:
-                    yield json.loads("\n".join(data))
-                    data = []
-            elif line.startswith(":"):
-                yield None
-            else:
-                name, _, value = line.partition(":")
-                if name == "data":
-                    data.append(value[1:] if value.startswith(" ") else value)
+        yield
+    except ApiError as exc:
+        raise _api_error(exc) from None
+    except TransportError as exc:
+        raise click.ClickException(f"cannot reach {client.http.base_url} "
+                                   f"({exc.__cause__ or exc}); is the API running "
+                                   f"(`agentq dev`)?") from None
 
 
 class _Progress:
@@ -114,7 +97,7 @@ class _Progress:
 
     def __init__(self, started: float):
         import threading
-        self.started, self.status = started, JobStatus.QUEUED.value
+        self.started, self.status = started, "queued"
         self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.lock, self.done = threading.Lock(), threading.Event()
@@ -160,14 +143,13 @@ READY_CHECK_S = 10.0
 whether the API's broker or database is away (it says so once, and once when it is back)."""
 
 
-def _down(client) -> list[str]:
+def _down(client: AgentQ) -> list[str]:
     """What GET /health/ready says is away (`broker`, `database`); [] when all answer, or
     when it cannot be asked."""
-    import httpx
+    from agentq.client import AgentQError
     try:
-        response = client.get("/health/ready", timeout=5)
-        return list(response.json().get("down") or []) if response.status_code == 503 else []
-    except (httpx.TransportError, ValueError, AttributeError):
+        return client.down()
+    except AgentQError:
         return []
 
 
@@ -175,12 +157,13 @@ class _Watch:
     """Says, while a job has not started, when the API's broker or database is unreachable
     (the job waits for it) and when it is back."""
 
-    def __init__(self, client, progress: "_Progress"):
+    def __init__(self, client: AgentQ, progress: "_Progress"):
         self.client, self.progress = client, progress
-        self.checked_at, self.told = -READY_CHECK_S, []
+        self.checked_at = -READY_CHECK_S
+        self.told: list[str] = []
 
     def look(self) -> None:
-        if self.progress.status != JobStatus.QUEUED and not self.told:
+        if self.progress.status != "queued" and not self.told:
             return
         if time.monotonic() - self.checked_at < READY_CHECK_S:
             return
@@ -194,10 +177,9 @@ class _Watch:
         self.told = down
 
 
-def _follow_http(client, job_id: str, timeout_s: float) -> int:
+def _follow_http(client: AgentQ, job_id: str, timeout_s: float) -> int:
     """Print the job's events as they happen (stderr), then its answer and files (stdout);
     while the job waits for an API's broker or database that is away, say so."""
-    import httpx
     started = time.monotonic()
     deadline, last, ended = started + timeout_s, 0, False
     try:
@@ -206,36 +188,52 @@ def _follow_http(client, job_id: str, timeout_s: float) -> int:
             while not ended and time.monotonic() < deadline:
                 watch.look()
                 try:
-                    for event in _sse_events(client, job_id, last):
-                        watch.look()
-                        if event is not None and event.get("seq") is None:
-                            continue  # a message_delta (streamed text), not a stored event
-                        if event is not None:
-                            last = event["seq"]
-                            progress.event(event["type"], event.get("data") or {})
-                            ended = event["type"] == "job_end"
-                        if ended or time.monotonic() >= deadline:
-                            break
-                except httpx.TransportError as exc:  # dropped: resume after the last seq
-                    progress.line(f"(event stream interrupted: {exc}; resuming)")
+                    with _api_errors(client):
+                        for event in _watched(client, job_id, last):
+                            watch.look()
+                            if event is not None:
+                                last = event.seq
+                                progress.event(event.type, event.data)
+                                ended = event.type == "job_end"
+                            if ended or time.monotonic() >= deadline:
+                                break
+                except _Dropped as exc:  # resume after the last seq
+                    progress.line(f"(event stream interrupted: {exc.cause}; resuming)")
                     time.sleep(1)
     except KeyboardInterrupt:
         _error_line(f"stopped following; job {job_id} goes on (agentq jobs show {job_id})")
         return EXIT_INTERRUPTED
+    with _api_errors(client):
+        job = client.job(job_id)
     if not ended:
-        status = _api_call(client, "GET", f"/v1/jobs/{job_id}").get("status")
-        if status == JobStatus.QUEUED:
+        if job.status == "queued":
             down = _down(client)
             _error_line(f"job {job_id} did not start within {timeout_s:g} s"
                         + (f" (the API's {' and '.join(down)} is unreachable)" if down else "")
                         + f" (agentq jobs show {job_id})")
         else:
-            _error_line(f"job {job_id} still {status} after {timeout_s:g} s "
+            _error_line(f"job {job_id} still {job.status} after {timeout_s:g} s "
                         f"(agentq jobs show {job_id})")
         return EXIT_TIMEOUT
-    job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
-    return _print_ending(job_id, job["status"], job.get("finish_reason"),
-                         job.get("response") or {})
+    return _print_ending(job_id, job.status, job.finish_reason, job.raw.get("response") or {})
+
+
+class _Dropped(Exception):
+    """The event stream's connection broke (`cause`: the transport's error)."""
+
+    def __init__(self, cause: BaseException | None):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _watched(client: AgentQ, job_id: str, after: int) -> Iterator[Event | None]:
+    """`client.watch`, its broken connection a `_Dropped` (the follower resumes; any other
+    error ends the command)."""
+    from agentq.client import TransportError
+    try:
+        yield from client.watch(job_id, after)
+    except TransportError as exc:
+        raise _Dropped(exc.__cause__ or exc) from None
 
 
 @main.command("submit", epilog="With --wait: " + EXIT_CODES_HELP)
@@ -259,17 +257,15 @@ def submit(content: str, wait: bool, user_id: str, channel: str, platform: str,
            thread: str | None, on_busy: str | None, timeout_s: float, url: str | None,
            key: str | None) -> None:
     """Send a message to a running API (`agentq dev`, or a deployment) as a job."""
-    body = {"platform": platform, "platform_user_id": user_id,
-            "platform_channel_id": channel, "platform_thread_id": thread, "content": content}
-    if on_busy:
-        body["on_busy"] = on_busy
     with _api_client(url, key) as client:
-        job = _api_call(client, "POST", "/v1/messages", json=body)
+        with _api_errors(client):
+            job = client.submit(content, user=user_id, channel=channel, platform=platform,
+                                thread=thread, on_busy=on_busy)
         if not wait:
-            click.echo(job["id"])
+            click.echo(job.id)
             return
-        click.echo(f"job {job['id']} ({job['status']})", err=True)
-        code = _follow_http(client, job["id"], timeout_s)
+        click.echo(f"job {job.id} ({job.status})", err=True)
+        code = _follow_http(client, job.id, timeout_s)
     sys.exit(code)
 
 
@@ -285,15 +281,9 @@ def jobs() -> None:
 @_api_options
 def jobs_show(job_id: str, as_json: bool, url: str | None, key: str | None) -> None:
     """Print a job object and its events."""
-    with _api_client(url, key) as client:
-        job = _api_call(client, "GET", f"/v1/jobs/{job_id}")
-        events: list[dict] = []
-        while True:
-            page = _api_call(client, "GET", f"/v1/jobs/{job_id}/events",
-                             params={"after": events[-1]["seq"] if events else 0})
-            events += page["data"]
-            if not page.get("has_more") or not page["data"]:
-                break
+    with _api_client(url, key) as client, _api_errors(client):
+        job = client.job(job_id).raw
+        events = [event.raw for event in client.events(job_id)]
     if as_json:
         click.echo(json.dumps({"job": job, "events": events}, indent=2))
         return
@@ -313,16 +303,17 @@ def jobs_cancel(job_id, url: str | None, key: str | None) -> None:
     a job that never started, or whose step no process is running (an `agentq run` that
     timed out), ends at once; a running one at its next step boundary."""
     if url or os.environ.get("AGENTQ_URL"):
-        with _api_client(url, key) as client:
-            job = _api_call(client, "POST", f"/v1/jobs/{job_id}/cancel")
-        click.echo(f"job {job_id}: {job['status']}")
+        with _api_client(url, key) as client, _api_errors(client):
+            job = client.cancel(str(job_id))
+        click.echo(f"job {job_id}: {job.status}")
         return
     from agentq.cli.local import cancel_in_database
     click.echo(cancel_in_database(get_settings(), job_id))
 
 
 @jobs.command("list")
-@click.option("--status", type=click.Choice(COUNTED_STATUSES), default=None,
+@click.option("--status", type=click.Choice(["queued", "running", "completed", "failed",
+                                             "cancelled"]), default=None,
               help="Only jobs with this status.")
 @click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True,
               help="The newest this many jobs.")

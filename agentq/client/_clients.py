@@ -40,6 +40,7 @@ from agentq.client._core import (
 
 DEFAULT_URL = "http://127.0.0.1:5000"
 SSE_READ_TIMEOUT_S = 45.0  # the API sends a keep-alive every 15 s
+READY_TIMEOUT_S = 5.0  # a readiness probe is answered at once, or says enough by not
 
 
 def _settings(url: str | None, api_key: str | None) -> tuple[str, str]:
@@ -75,7 +76,8 @@ def _retry_kwargs(attempts: int) -> dict:
 
 def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code >= 400:
-        raise _core.error_from(response.status_code, response.headers, response.content)
+        raise _core.error_from(response.status_code, response.headers, response.content,
+                               response.request.method, response.request.url.path)
     return response
 
 
@@ -220,8 +222,44 @@ class AgentQ:
                     raise TransportError(f"event stream of job {job_id}: {exc}") from exc
                 time.sleep(min(2 ** failures * 0.2, 5))
 
+    def watch(self, job_id: str, after: int = 0) -> Iterator[Event | None]:
+        """One connection of the job's event stream: each stored event after seq `after` as
+        it happens, and None whenever the stream shows life without one (a keep-alive, every
+        15 s; a streamed text piece), until `job_end` or the server ends it. Nothing is
+        resumed: a dropped connection raises `TransportError` (its cause: the transport's
+        error) and the caller decides (`stream` resumes by itself)."""
+        headers = {"Accept": "text/event-stream"}
+        if after:
+            headers["Last-Event-ID"] = str(after)
+        path = f"/v1/jobs/{job_id}/events"
+        try:
+            with self.http.stream("GET", path, headers=headers,
+                                  timeout=_sse_timeout()) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _checked(response)
+                for item in _core.sse_items(response.iter_lines()):
+                    yield (Event.parse(item) if item is not None and item.get("seq") is not None
+                           else None)
+        except httpx.TransportError as exc:
+            raise TransportError(f"GET {self.url}{path}: {exc}") from exc
+
     def replay(self, job_id: str, mode: str = "recorded", model: str | None = None) -> Job:
         return Job.parse(self._json(_core.replay_call(job_id, mode, model)))
+
+    def compare(self, job_id: str) -> dict:
+        """GET /v1/jobs/<id>/compare: a replay beside its original (answers, tool calls,
+        usage), as the API sends it."""
+        return self._json(Call("GET", f"/v1/jobs/{job_id}/compare", retry_safe=True))
+
+    def down(self, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
+        """What GET /health/ready says is away (`database`, `broker`, `sandbox`); [] when
+        it is ready."""
+        try:
+            response = self.http.get("/health/ready", timeout=timeout_s)
+        except httpx.TransportError as exc:
+            raise TransportError(f"GET {self.url}/health/ready: {exc}") from exc
+        return _down_in(response)
 
     def deliveries(self, job_id: str) -> list[Delivery]:
         page = self._json(Call("GET", f"/v1/jobs/{job_id}/deliveries", retry_safe=True))
@@ -261,9 +299,11 @@ class AgentQ:
         self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
 
     # batches
-    def submit_batch(self, requests: Iterable[dict], *, callback_url: str | None = None,
+    def submit_batch(self, requests: Iterable[dict] | bytes, *,
+                     callback_url: str | None = None,
                      max_concurrency: int | None = None) -> Batch:
-        """Each request is a POST /v1/messages body (plus an optional custom_id)."""
+        """Each request is a POST /v1/messages body (plus an optional custom_id); bytes: a
+        JSONL body as it is."""
         return Batch.parse(self._json(_core.batch_call(requests, callback_url,
                                                        max_concurrency)))
 
@@ -284,18 +324,29 @@ class AgentQ:
 
     def batch_results(self, batch_id: str) -> Iterator[BatchResult]:
         """The batch's ended jobs so far, in request order."""
-        with self.http.stream("GET", f"/v1/batches/{batch_id}/results") as response:
-            if response.status_code >= 400:
-                response.read()
-                _checked(response)
-            yield from _core.results_lines(response.iter_lines())
+        yield from _core.results_lines(self.batch_result_lines(batch_id))
+
+    def batch_result_lines(self, batch_id: str) -> Iterator[str]:
+        """The batch's results as the API sends them: one job object's JSON a line."""
+        path = f"/v1/batches/{batch_id}/results"
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _checked(response)
+                for line in response.iter_lines():
+                    if line:
+                        yield line
+        except httpx.TransportError as exc:
+            raise TransportError(f"GET {self.url}{path}: {exc}") from exc
 
     def cancel_batch(self, batch_id: str) -> Batch:
         return Batch.parse(self._json(Call("POST", f"/v1/batches/{batch_id}/cancel")))
 
     def replay_batch(self, *, job_ids: Iterable[str] | None = None,
-                     filter: dict | None = None, mode: str = "recorded") -> Batch:
-        return Batch.parse(self._json(_core.replay_batch_call(job_ids, filter, mode)))
+                     filter: dict | None = None, mode: str = "recorded",
+                     model: str | None = None) -> Batch:
+        return Batch.parse(self._json(_core.replay_batch_call(job_ids, filter, mode, model)))
 
 
 class AsyncAgentQ:
@@ -411,6 +462,16 @@ class AsyncAgentQ:
                      ) -> Job:
         return Job.parse(await self._json(_core.replay_call(job_id, mode, model)))
 
+    async def compare(self, job_id: str) -> dict:
+        return await self._json(Call("GET", f"/v1/jobs/{job_id}/compare", retry_safe=True))
+
+    async def down(self, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
+        try:
+            response = await self.http.get("/health/ready", timeout=timeout_s)
+        except httpx.TransportError as exc:
+            raise TransportError(f"GET {self.url}/health/ready: {exc}") from exc
+        return _down_in(response)
+
     async def deliveries(self, job_id: str) -> list[Delivery]:
         page = await self._json(Call("GET", f"/v1/jobs/{job_id}/deliveries", retry_safe=True))
         return [Delivery.parse(d) for d in page["data"]]
@@ -437,7 +498,8 @@ class AsyncAgentQ:
     async def cancel_schedule(self, schedule_id: str) -> None:
         await self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
 
-    async def submit_batch(self, requests: Iterable[dict], *, callback_url: str | None = None,
+    async def submit_batch(self, requests: Iterable[dict] | bytes, *,
+                           callback_url: str | None = None,
                            max_concurrency: int | None = None) -> Batch:
         return Batch.parse(await self._json(_core.batch_call(requests, callback_url,
                                                              max_concurrency)))
@@ -466,8 +528,22 @@ class AsyncAgentQ:
         return Batch.parse(await self._json(Call("POST", f"/v1/batches/{batch_id}/cancel")))
 
     async def replay_batch(self, *, job_ids: Iterable[str] | None = None,
-                           filter: dict | None = None, mode: str = "recorded") -> Batch:
-        return Batch.parse(await self._json(_core.replay_batch_call(job_ids, filter, mode)))
+                           filter: dict | None = None, mode: str = "recorded",
+                           model: str | None = None) -> Batch:
+        return Batch.parse(await self._json(_core.replay_batch_call(job_ids, filter, mode,
+                                                                    model)))
+
+
+def _down_in(response: httpx.Response) -> list[str]:
+    """GET /health/ready's answer: the `down` of its 503, [] of a 200; any other answer (a
+    503 not of that shape too) raises as every error does."""
+    if response.status_code == 503:
+        try:
+            return [str(name) for name in response.json()["down"]]
+        except (ValueError, KeyError, TypeError):
+            pass
+    _checked(response)
+    return []
 
 
 def _long(call: Call) -> httpx.Timeout | None:

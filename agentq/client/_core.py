@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from agentq.loop.states import ENDED_STATUSES
-
-ENDED = frozenset(ENDED_STATUSES)
+ENDED = frozenset({"completed", "failed", "cancelled"})
 BATCH_ENDED = frozenset({"completed", "cancelled"})
 MAX_WAIT_S = 60  # API.md: ?wait=S, 0-60
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -22,14 +20,18 @@ class AgentQError(Exception):
 
 
 class ApiError(AgentQError):
-    """The API answered with an error (API.md's error shape)."""
+    """The API answered with an error (API.md's error shape; an answer not in that shape,
+    from a proxy say, has the code `http_error` and its body's start as the message).
+    `method` and `path`: the request it answers."""
 
     def __init__(self, status: int, code: str, message: str, details: Mapping | None = None,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, method: str | None = None,
+                 path: str | None = None):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
         self.details = dict(details or {})
         self.retry_after = retry_after
+        self.method, self.path = method, path
 
 
 class NotFound(ApiError):
@@ -63,14 +65,19 @@ class WebhookVerificationError(AgentQError):
 _ERRORS = {404: NotFound, 409: Conflict, 503: Unavailable}
 
 
-def error_from(status: int, headers: Mapping[str, str], body: bytes) -> ApiError:
+NOT_THE_ERROR_SHAPE = "http_error"
+
+
+def error_from(status: int, headers: Mapping[str, str], body: bytes,
+               method: str | None = None, path: str | None = None) -> ApiError:
     try:
         error = json.loads(body)["error"]
         code, message, details = error["code"], error["message"], error.get("details")
     except (ValueError, KeyError, TypeError):
-        code, message, details = "http_error", body[:500].decode("utf-8", "replace"), None
+        code, message = NOT_THE_ERROR_SHAPE, body[:500].decode("utf-8", "replace")
+        details = None
     return _ERRORS.get(status, ApiError)(status, code, message, details,
-                                         retry_after_s(headers))
+                                         retry_after_s(headers), method, path)
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
@@ -175,14 +182,17 @@ class Job:
 
 @dataclass(frozen=True)
 class Event:
+    """A job event; `raw` keeps every field as the API sent it."""
     seq: int
     type: str
     data: dict
     created_at: datetime | None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def parse(cls, raw: dict) -> "Event":
-        return cls(raw["seq"], raw["type"], raw.get("data") or {}, _time(raw.get("created_at")))
+        return cls(raw["seq"], raw["type"], raw.get("data") or {},
+                   _time(raw.get("created_at")), raw)
 
 
 @dataclass(frozen=True)
@@ -300,12 +310,15 @@ def events_call(job_id: str, after: int = 0) -> Call:
     return Call("GET", f"/v1/jobs/{job_id}/events", params={"after": after}, retry_safe=True)
 
 
-def batch_call(requests: Iterable[dict], callback_url: str | None = None,
+def batch_call(requests: Iterable[dict] | bytes, callback_url: str | None = None,
                max_concurrency: int | None = None) -> Call:
-    """A batch as JSONL: one request a line (the API takes JSON or JSONL; JSONL streams)."""
+    """A batch as JSONL: one request a line (the API takes JSON or JSONL; JSONL streams).
+    `requests` as bytes: a JSONL body sent as it is (a file's contents; the API checks each
+    line and names the first bad one)."""
     params = {k: v for k, v in (("callback_url", callback_url),
                                 ("max_concurrency", max_concurrency)) if v is not None}
-    body = "".join(json.dumps(r) + "\n" for r in requests).encode()
+    body = (requests if isinstance(requests, bytes)
+            else "".join(json.dumps(r) + "\n" for r in requests).encode())
     return Call("POST", "/v1/batches", params=params or None, content=body,
                 headers={"Content-Type": "application/x-ndjson"})
 
@@ -318,10 +331,12 @@ def replay_call(job_id: str, mode: str = "recorded", model: str | None = None) -
 
 
 def replay_batch_call(job_ids: Iterable[str] | None, filter: dict | None,
-                      mode: str = "recorded") -> Call:
+                      mode: str = "recorded", model: str | None = None) -> Call:
     """POST /v1/batches/replay: the given jobs, or those a filter matches, replayed as a
-    batch (`202`)."""
+    batch (`202`), with another model (live mode) if given."""
     body: dict[str, Any] = {"mode": mode}
+    if model:
+        body["model"] = model
     if job_ids is not None:
         body["job_ids"] = list(job_ids)
     if filter is not None:
@@ -353,6 +368,23 @@ def schedules_call(conversation_id: str | None = None, status: str | None = None
     params = {k: v for k, v in (("conversation_id", conversation_id), ("status", status),
                                 ("limit", limit)) if v is not None}
     return Call("GET", "/v1/schedules", params=params or None, retry_safe=True)
+
+
+def sse_items(lines: Iterable[str]) -> Iterable[dict | None]:
+    """Server-sent events' data, each parsed as JSON, from an event stream's lines; None for
+    each comment (the API's keep-alive, every 15 s)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield json.loads("\n".join(data))
+                data = []
+        elif line.startswith(":"):
+            yield None
+        else:
+            name, _, value = line.partition(":")
+            if name == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
 
 
 def _wait_param(wait_s: float | None) -> dict | None:

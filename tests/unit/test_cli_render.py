@@ -29,7 +29,7 @@ EVENTS = [
     {"seq": 5, "type": "tool_execution_end", "data": {"name": "math.evaluate", "ok": True}},
     {"seq": 6, "type": "job_end", "data": {"status": "completed", "finish_reason": "end_turn"}},
 ]
-JOB = {"id": JOB_ID, "status": "completed",
+JOB = {"id": JOB_ID, "status": "completed", "conversation_id": "c-1",
        "response": {"content": "It is 42.", "error": None,
                     "files": [{"filename": "a.txt", "url": "http://x/v1/files/1"}]}}
 

@@ -193,3 +193,59 @@ def test_no_key_is_refused_before_any_request(monkeypatch):
     monkeypatch.delenv("AGENTQ_API_KEY", raising=False)
     with pytest.raises(AgentQError, match="no API key"):
         AgentQ("http://127.0.0.1:9")
+
+
+def test_an_error_names_the_request_it_answers(plan):
+    server = plan((401, {}, error("unauthorized", "Invalid API key.")))
+    with AgentQ(server.url, api_key="k", attempts=1) as aq:
+        with pytest.raises(ApiError) as caught:
+            aq.job("j1")
+    assert (caught.value.method, caught.value.path, caught.value.status) == (
+        "GET", "/v1/jobs/j1", 401)
+
+
+def test_a_batch_given_as_bytes_is_sent_as_it_is():
+    call = _core.batch_call(b'{"content": "a"}\nnot json\n', callback_url="http://x/h")
+    assert call.content == b'{"content": "a"}\nnot json\n'
+    assert call.params == {"callback_url": "http://x/h"}
+
+
+def test_a_replay_batch_may_name_another_model():
+    call = _core.replay_batch_call(None, {"status": "failed"}, "live", model="m2")
+    assert call.json == {"mode": "live", "model": "m2", "filter": {"status": "failed"}}
+
+
+def test_ready_says_what_is_down(plan):
+    server = plan((503, {}, {"status": "not ready", "down": ["broker"]}),
+                  (200, {}, {"status": "ok"}))
+    with AgentQ(server.url, api_key="k", attempts=1) as aq:
+        assert aq.down() == ["broker"]
+        assert aq.down() == []
+
+
+def test_server_sent_events_are_read_with_their_keep_alives():
+    lines = ["retry: 1000", "", ": keep-alive", "", "id: 1", "event: turn_start",
+             'data: {"seq": 1, "type": "turn_start"}', "", "event: message_delta",
+             'data: {"type": "message_delta",', 'data:  "delta": "4"}', ""]
+    assert list(_core.sse_items(lines)) == [
+        None, {"seq": 1, "type": "turn_start"}, {"type": "message_delta", "delta": "4"}]
+
+
+def test_watch_is_one_connection_with_a_tick_at_each_keep_alive():
+    import httpx
+
+    body = (": keep-alive\n\n"
+            'id: 1\nevent: turn_start\ndata: {"seq": 1, "type": "turn_start", "data": {}}\n\n'
+            'event: message_delta\ndata: {"type": "message_delta", "delta": "4"}\n\n'
+            'id: 2\nevent: job_end\ndata: {"seq": 2, "type": "job_end", "data": {}}\n\n')
+    seen = []
+
+    def answer(request):
+        seen.append(dict(request.headers))
+        return httpx.Response(200, text=body, headers={"Content-Type": "text/event-stream"})
+    http = httpx.Client(base_url="http://api", transport=httpx.MockTransport(answer))
+    with AgentQ("http://api", api_key="k", http=http) as aq:
+        items = list(aq.watch("j1", after=7))
+    assert [None if i is None else (i.seq, i.type) for i in items] == [
+        None, (1, "turn_start"), None, (2, "job_end")]
+    assert seen[0]["last-event-id"] == "7" and seen[0]["accept"] == "text/event-stream"
