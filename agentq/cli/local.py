@@ -511,7 +511,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
     if settings.embedded_broker:
         # no worker in this process to take the next job's step: due for the next
         # process's sweeper (`agentq run`/`dev` sweep when they start)
-        from agentq.loop.sweeper import due_now
+        from agentq.loop.uow import due_now
         started = [e.job_id for e in uow.sent if isinstance(e, NextStep)]
         if started:
             due_now(sessions, started)

@@ -15,7 +15,6 @@ It tells poison from backlog:
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import timedelta
 
 from sqlalchemy import exists, or_, select
@@ -93,25 +92,6 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
                       crashed=claimed, unclaimed=unclaimed)
             uow.effect(NextStep(str(job.id), job.iteration, "sweeper"))
     return swept
-
-
-def due_now(sessions, job_ids) -> int:
-    """Jobs whose next step was committed but not sent (the broker was away): due for the
-    sweeper's next pass, its re-drive backoff forgotten. A pass whose send fails too marks
-    them again, so the first pass after the broker is back sends them (within
-    AGENTQ_SWEEP_INTERVAL_S of its return, not a step deadline after). A step a worker has
-    taken (`step_owner`) is left alone. Returns how many were marked."""
-    from sqlalchemy import update
-
-    from agentq.config import get_settings
-    overdue = utcnow() - timedelta(seconds=get_settings().step_deadline_s + 1)
-    ids = [uuid.UUID(str(i)) for i in job_ids]
-    with sessions() as session, session.begin():
-        return session.execute(
-            update(Job).where(Job.id.in_(ids), Job.status.in_(LIVE_STATUSES),
-                              Job.waiting_for.is_(None), Job.step_owner.is_(None))
-            .values(last_progress_at=overdue, redrive_after=None)
-            .execution_options(synchronize_session=False)).rowcount
 
 
 def backlog(session) -> int:

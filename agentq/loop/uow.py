@@ -31,13 +31,17 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from datetime import datetime
-from typing import Any, Callable, Sequence, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from agentq.config import get_settings
 from agentq.db import relax_durability, riding_out, utcnow, write_changes
 from agentq.loop.effects import Effect
+from agentq.loop.states import LIVE_STATUSES
+from agentq.models import Job
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -160,7 +164,6 @@ class UnitOfWork:
         job_ids = [e.job_id for e in effects if isinstance(e, NextStep)]
         if not job_ids:
             return
-        from agentq.loop.sweeper import due_now
         try:
             due_now(self._sessions, job_ids)
         except Exception:  # noqa: BLE001 - the database away too: the deadline still holds
@@ -229,6 +232,22 @@ class UnitOfWork:
         announced, self.announced = self.announced, {}
         for job_id, written in announced.items():
             notify(job_id, written)
+
+
+def due_now(sessions: sessionmaker | Callable[[], Session], job_ids: Iterable[str]) -> int:
+    """Jobs whose next step was committed but not sent (the broker was away): due for the
+    sweeper's next pass, its re-drive backoff forgotten. A pass whose send fails too marks
+    them again, so the first pass after the broker is back sends them (within
+    AGENTQ_SWEEP_INTERVAL_S of its return, not a step deadline after). A step a worker has
+    taken (`step_owner`) is left alone. Returns how many were marked."""
+    overdue = utcnow() - timedelta(seconds=get_settings().step_deadline_s + 1)
+    ids = [uuid.UUID(str(i)) for i in job_ids]
+    with sessions() as session, session.begin():
+        return session.execute(
+            update(Job).where(Job.id.in_(ids), Job.status.in_(LIVE_STATUSES),
+                              Job.waiting_for.is_(None), Job.step_owner.is_(None))
+            .values(last_progress_at=overdue, redrive_after=None)
+            .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]  # an UPDATE's CursorResult
 
 
 def ride_out(sessions: sessionmaker | Callable[[], Session], deadline_s: float, kept: str,
