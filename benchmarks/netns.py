@@ -29,6 +29,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.stack import _pid_alive
+
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -62,16 +64,6 @@ def available() -> str | None:
     if CpuGroup.kind() is None:
         return "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with +cpu)"
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CpuGroup:
@@ -327,18 +319,18 @@ def remove_left_behind() -> int:
     for line in ip("netns", "list").stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         m = re.fullmatch(r"agentq-(\d+)-n\d+", name)
-        if m and not _alive(int(m.group(1))):
+        if m and not _pid_alive(int(m.group(1))):
             ip("netns", "del", name, check=False)
             removed += 1
     for name in re.findall(r"^\d+: (aq\d+(?:br|h\d+))[@:]", ip("-o", "link").stdout, re.M):
-        if not _alive(int(re.match(r"aq(\d+)", name).group(1))):
+        if not _pid_alive(int(re.match(r"aq(\d+)", name).group(1))):
             ip("link", "del", name, check=False)
             removed += 1
     roots = [CGROUP_V1_CPU, CGROUP_V1_CPUACCT] if CpuGroup.kind() == "v1" else [CGROUP_V2]
     for root in roots:
         for d in root.glob("agentq-*-*"):
             m = re.fullmatch(r"agentq-(\d+)-(n\d+|[a-z]+)", d.name)
-            if m and not _alive(int(m.group(1))):
+            if m and not _pid_alive(int(m.group(1))):
                 group = CpuGroup(d.name, None)
                 group.dirs = [d]
                 group.remove(kill=m.group(2).startswith("n"))
