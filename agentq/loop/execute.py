@@ -257,7 +257,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
              sessions: sessionmaker) -> Prepared:
     """Load the call and decide whether this delivery runs it (`rules.call_verdict`)."""
     session = uow.session
-    query = _LOCK_CALL_BY_ID[session.bind.dialect.name == "postgresql"]
+    query = _LOCK_CALL_BY_ID[session.get_bind().dialect.name == "postgresql"]
     call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
         log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
@@ -314,7 +314,7 @@ def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
            "until": lease_until}
     if call.redrive_after is not None and call.redrive_after >= lease_until:
         session.execute(_START_CALL, row)
-    elif session.bind.dialect.name == "postgresql":
+    elif session.get_bind().dialect.name == "postgresql":
         session.execute(_LEASE_AND_START, {**row, "leased_job": job_id})
     else:
         session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
