@@ -22,14 +22,15 @@ from agentq.loop.lifecycle import (
     JobStatus,
     StopReason,
     WaitingFor,
-    admit as admit_line,
     end_job,
     end_unstarted,
+)
+from agentq.loop.lifecycle import (
+    admit as admit_line,
 )
 from agentq.loop.uow import UnitOfWork
 from agentq.models import TERMINAL_STATUSES, Batch, Job
 from agentq.views import COUNT_KEYS
-
 
 _NOT_ADMITTED = (Job.waiting_for == WaitingFor.BATCH, Job.status == JobStatus.QUEUED)
 """A line of the batch not admitted yet."""

@@ -17,14 +17,19 @@ from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, s
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import (DisconnectionError, InterfaceError, InvalidatePoolError,
-                            OperationalError)
+from sqlalchemy.exc import DisconnectionError, InterfaceError, InvalidatePoolError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
-from tenacity import (AttemptManager, RetryCallState, Retrying, retry_if_exception_type,
-                      stop_after_delay, wait_exponential)
+from tenacity import (
+    AttemptManager,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from agentq import prepared
 from agentq.config import Settings, get_settings
@@ -309,7 +314,7 @@ def insert_all(session: Session, objects: Sequence[Any]) -> None:
     session.execute(_insert_statement(session.bind.dialect.name, model, ()),
                     [{column.key: row[attribute] for attribute, column in columns}
                      for row in values])
-    for obj, row in zip(objects, values):
+    for obj, row in zip(objects, values, strict=True):
         _joined_as_written(session, obj, row)
 
 

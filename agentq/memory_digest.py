@@ -152,7 +152,7 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
 
 def digest_request(rows, earlier: str | None, max_tool_chars: int) -> list[dict[str, Any]]:
     lines = []
-    for seq, role, content in rows:
+    for _seq, role, content in rows:
         if role == "tool_result":
             data = json.loads(content)
             lines.append(f"[tool result {data.get('name')}] "

@@ -20,23 +20,47 @@ from datetime import timedelta
 
 from flask import Blueprint, g, jsonify, request
 
-from agentq.db import session_scope
+from agentq import admin
+from agentq.db import session_scope, utcnow
 from agentq.errors import NotFound, ValidationFailed
 from agentq.keys import create_key, key_object, list_keys, revoke_key
-from agentq.tenants import (create_tenant, find_tenant, layers_object, list_tenants,
-                            tenant_object, update_layers, update_quotas)
+from agentq.tenants import (
+    create_tenant,
+    find_tenant,
+    layers_object,
+    list_tenants,
+    tenant_object,
+    update_layers,
+    update_quotas,
+)
 from api.auth import admin_reach, require_key
 from api.jobs import json_body, parse_uuid
 from api.openapi import json_response, operation
-from api.schemas import (ApiKeyPageSchema, ApiKeySchema, ContextLayersSchema,
-                         ContextLayersUpdateSchema, DeletedSchema, IdentityRequestSchema,
-                         KeyRequestSchema, NewApiKeySchema, PageQuerySchema, PersonaPageSchema,
-                         PersonaRequestSchema, PersonaSchema, PersonaUpdateSchema,
-                         TenantPageSchema, TenantRequestSchema, TenantSchema,
-                         TenantUpdateSchema, UsageQuerySchema, UsageReportSchema,
-                         UserDetailSchema, UserPageSchema, UserSchema, UserUpdateSchema)
-from agentq import admin
-from agentq.db import utcnow
+from api.schemas import (
+    ApiKeyPageSchema,
+    ApiKeySchema,
+    ContextLayersSchema,
+    ContextLayersUpdateSchema,
+    DeletedSchema,
+    IdentityRequestSchema,
+    KeyRequestSchema,
+    NewApiKeySchema,
+    PageQuerySchema,
+    PersonaPageSchema,
+    PersonaRequestSchema,
+    PersonaSchema,
+    PersonaUpdateSchema,
+    TenantPageSchema,
+    TenantRequestSchema,
+    TenantSchema,
+    TenantUpdateSchema,
+    UsageQuerySchema,
+    UsageReportSchema,
+    UserDetailSchema,
+    UserPageSchema,
+    UserSchema,
+    UserUpdateSchema,
+)
 
 bp = Blueprint("admin", __name__)
 

@@ -11,23 +11,36 @@ from marshmallow import ValidationError
 from sqlalchemy import select
 
 from agentq import batches
-from agentq.loop import replay
 from agentq.db import session_factory, session_scope
-from agentq.errors import (Conflict, NotFound, UnknownQueryParameter, UnsupportedMediaType,
-                           ValidationFailed)
+from agentq.errors import (
+    Conflict,
+    NotFound,
+    UnknownQueryParameter,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+from agentq.loop import replay
 from agentq.loop.identity import Incoming
 from agentq.loop.states import ENDED_STATUSES
 from agentq.loop.submit import Submission
-from agentq.models import Batch, Conversation, Job
 from agentq.loop.uow import UnitOfWork
+from agentq.models import Batch, Conversation, Job
+from agentq.views import batch_object
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json, utf8
 from api.openapi import batch_links, job_links, json_response, operation
-from api.schemas import (BatchLineSchema, BatchOptionsSchema, BatchRequestSchema, BatchSchema,
-                         CompareSchema, JobSchema, ReplayBatchSchema, ReplaySchema)
+from api.schemas import (
+    BatchLineSchema,
+    BatchOptionsSchema,
+    BatchRequestSchema,
+    BatchSchema,
+    CompareSchema,
+    JobSchema,
+    ReplayBatchSchema,
+    ReplaySchema,
+)
 from api.views import accepted, job_object
-from agentq.views import batch_object
 
 bp = Blueprint("batches", __name__)
 MAX_LINES = 10_000

@@ -47,14 +47,14 @@ def ready():
     try:
         with engine_for(g.settings).connect() as conn:
             conn.execute(text("SELECT 1"))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the database is down
         down["database"] = type(exc).__name__
     if not g.settings.embedded_broker:
         from tasks.app import app as celery_app
         try:
             with celery_app.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the broker is down
             down["broker"] = type(exc).__name__
     sandbox_problem = sandbox.problem()
     if sandbox_problem:
@@ -95,7 +95,7 @@ def _modules() -> dict[str, dict]:
         from agentq.tools.registry import get_registry
         remote = get_registry(g.settings).remote
         known = remote.known() if remote else {}
-    except Exception as exc:  # the database is down: reported above
+    except Exception as exc:  # noqa: BLE001 - the database is down: reported above
         log.warning("module health not read", extra={"error": type(exc).__name__})
         return {}
     # the global modules and the default tenant's (the operator's) only: this route has no

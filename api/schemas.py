@@ -7,8 +7,16 @@ from datetime import timezone
 from typing import Any
 
 from flask import g, has_app_context
-from marshmallow import (RAISE, Schema, ValidationError, fields, pre_load, validate,
-                         validates, validates_schema)
+from marshmallow import (
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    pre_load,
+    validate,
+    validates,
+    validates_schema,
+)
 
 from agentq.config import get_settings
 from agentq.errors import ValidationFailed
@@ -21,7 +29,8 @@ from agentq.loop.states import (
     ReplayMode,
 )
 from agentq.tenants import MAX_QUOTA, QUOTA_NAMES
-from agentq.webhooks.urls import FIELD as CALLBACK_FIELD, check_callback_url
+from agentq.webhooks.urls import FIELD as CALLBACK_FIELD
+from agentq.webhooks.urls import check_callback_url
 
 ON_BUSY = ("queue", "steer", "interrupt", "reject")
 MAX_CONTENT_CHARS = 100_000

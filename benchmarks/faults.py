@@ -333,7 +333,7 @@ class FaultLab:
         """Every process of the lab by name (a node's as `n<i>-<kind>`): its stack and its
         name there."""
         procs = {name: (self.stack, name) for name in self.stack.procs}
-        for node, stack in zip(self.nodes, self.node_stacks):
+        for node, stack in zip(self.nodes, self.node_stacks, strict=True):
             procs.update({f"n{node.index}-{name}": (stack, name) for name in stack.procs})
         return procs
 

@@ -24,8 +24,8 @@ turns are the assistant tool-call messages after that user message plus, once ag
 compacted the context, the count its summary carries: a summary call is answered with
 "tool turns done: K", K the previous summary's count plus the tool calls its transcript
 adds after its last user line (a transcript with a user line starts the count afresh: the
-tool calls before it were an earlier job's). The tool it calls is the offered tool whose name contains
-`evaluate` (agentq's `math-evaluate`, the peer's `math_evaluate`), with `{"expression":
+tool calls before it were an earlier job's). The tool it calls is the offered tool whose name
+contains `evaluate` (agentq's `math-evaluate`, the peer's `math_evaluate`), with `{"expression":
 "6*7"}`; a user message carrying `tool=create_document` or `tool=run_python[:S]` calls that
 tool instead (a document titled after the conversation; Python that sleeps S seconds,
 default 3, then prints 42). A user message carrying `delegate=N` (and offered a tool whose

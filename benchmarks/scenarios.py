@@ -33,9 +33,21 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchmarks.harness import (GROWTH_MODEL, GROWTH_WINDOW_TOKENS, ROOT, Client, CpuMeter,
-                                JobWatcher, Lab, RssSampler, job_breakdown, query, ratio,
-                                summary, uid)
+from benchmarks.harness import (
+    GROWTH_MODEL,
+    GROWTH_WINDOW_TOKENS,
+    ROOT,
+    Client,
+    CpuMeter,
+    JobWatcher,
+    Lab,
+    RssSampler,
+    job_breakdown,
+    query,
+    ratio,
+    summary,
+    uid,
+)
 from benchmarks.recall import scenario_recall
 
 ONE_TOOL_TURN = "What is 6*7? Use the calculator. turns=1"
@@ -475,7 +487,7 @@ def turn_gaps(lab: Lab, job_ids: list[str]) -> tuple[list[float], list[float]]:
     every, last = [], []
     for _job_id, job_rows in itertools.groupby(rows, key=lambda row: row[0]):
         times = [float(t) for _, t in job_rows]
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]  # each with the next
         every += gaps
         last += gaps[-LAST_TURNS:]
     return every, last

@@ -15,8 +15,8 @@ from sqlalchemy.orm import sessionmaker
 from agentq import logs
 from agentq.config import Settings, get_settings
 from agentq.db import DATABASE_UNREACHABLE, riding_out, session_factory
-from agentq.tools.remote import one_version_read
 from agentq.tools.registry import ToolRegistry, get_registry
+from agentq.tools.remote import one_version_read
 
 if TYPE_CHECKING:
     from agentq.llm.router import LLMRouter

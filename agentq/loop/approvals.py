@@ -39,8 +39,8 @@ from agentq.loop.effects import DispatchTools, NextStep, SendWebhooks
 from agentq.loop.lifecycle import JobStatus, ToolCallStatus, resume, wait_for_approval
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
-from agentq.tools.result import ToolResult
 from agentq.tools.registry import ToolRegistry
+from agentq.tools.result import ToolResult
 from agentq.webhooks.outbox import APPROVAL_EVENT_TYPE, enqueue_event
 
 log = logging.getLogger(__name__)

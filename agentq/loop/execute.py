@@ -29,8 +29,8 @@ from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.loop import rules
 from agentq.loop.effects import NextStep
-from agentq.loop.lifecycle import ToolCallStatus
 from agentq.loop.leases import ToolLeaseKeeper
+from agentq.loop.lifecycle import ToolCallStatus
 from agentq.loop.rules import MAX_DELIVERIES
 from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User

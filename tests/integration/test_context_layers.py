@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from tests.integration.conftest import Client, uid
 from agentq.testing.scripted_llm import call, text, tool_calls
+from tests.integration.conftest import Client, uid
 
 pytestmark = pytest.mark.integration
 

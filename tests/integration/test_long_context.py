@@ -14,8 +14,8 @@ from agentq.db import utcnow
 from agentq.loop.compaction_plan import SUMMARY_SYSTEM_PROMPT, summary_max_tokens
 from agentq.loop.context import estimate_tokens
 from agentq.models import Conversation, ConversationSummary, Message, TokenLog
-from tests.integration.conftest import TEST_ENV, Client, uid
 from agentq.testing.scripted_llm import Reply, ScriptedLLM, call, text, tool_calls
+from tests.integration.conftest import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

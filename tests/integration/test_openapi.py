@@ -136,7 +136,7 @@ def test_the_spec_says_what_api_md_says(spec):
     assert "key" not in spec["components"]["schemas"]["ApiKey"]["properties"]
     job = spec["components"]["schemas"]["Job"]
     assert set(job["required"]) == {
-        "id", "status", "waiting_for", "finish_reason", "conversation_id", "created_at",
+        "id", "status", "finish_reason", "conversation_id", "created_at",
         "started_at",
         "finished_at", "iterations", "usage", "response", "replay_of", "batch_id",
         "follow_up_job_id", "limits", "metadata",  # follow-ups, limits: docs/api-events.md

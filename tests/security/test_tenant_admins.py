@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import func, select, update
 
 from agentq.models import ApiKey, Memory, Schedule, ScheduleFiring, Tenant, ToolCall
+from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.integration.conftest import Client, uid, wait_until
 from tests.security.busy_place import busy_place, count, write_there
-from agentq.testing.scripted_llm import call, text, tool_calls
 
 pytestmark = pytest.mark.integration
 FACT = "The user's locker code is 4711."

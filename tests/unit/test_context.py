@@ -22,9 +22,17 @@ from agentq.loop.context import (
 )
 from tests.support.stored_messages import (
     assistant_message as _assistant,
+)
+from tests.support.stored_messages import (
     call_message as _call,
+)
+from tests.support.stored_messages import (
     in_run as _inrun,
+)
+from tests.support.stored_messages import (
     result_message as _result,
+)
+from tests.support.stored_messages import (
     user_message as _user,
 )
 

@@ -69,7 +69,8 @@ def test_a_job_nobody_consumes_is_redriven_with_backoff_and_never_failed(make):
         assert job.status == "queued" and job.claimed_attempts == 0
         delays.append(round((job.redrive_after - before).total_seconds()))
     # then the waits double from the deadline up to the cap
-    assert [abs(d - e) <= 1 for d, e in zip(delays, [10, 20, 40, 80, 80, 80, 80, 80])] \
+    assert [abs(d - e) <= 1 for d, e in zip(delays, [10, 20, 40, 80, 80, 80, 80, 80],
+                                               strict=True)] \
         == [True] * 8, delays
     # and the backlog shows it
     assert _backlog(h) == 1
