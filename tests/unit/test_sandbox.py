@@ -11,7 +11,6 @@ import os
 import re
 import socket
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
