@@ -22,6 +22,7 @@ from agentq.cli.core import (
 )
 from agentq.cli.local import _describe
 from agentq.config import get_settings
+from agentq.loop.states import COUNTED_STATUSES, JobStatus
 
 if TYPE_CHECKING:  # agentq.client (httpx) is imported when a command talks to an API
     from agentq.client import AgentQ, ApiError, Event
@@ -97,7 +98,7 @@ class _Progress:
 
     def __init__(self, started: float):
         import threading
-        self.started, self.status = started, "queued"
+        self.started, self.status = started, JobStatus.QUEUED.value
         self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.lock, self.done = threading.Lock(), threading.Event()
@@ -163,7 +164,7 @@ class _Watch:
         self.told: list[str] = []
 
     def look(self) -> None:
-        if self.progress.status != "queued" and not self.told:
+        if self.progress.status != JobStatus.QUEUED and not self.told:
             return
         if time.monotonic() - self.checked_at < READY_CHECK_S:
             return
@@ -206,7 +207,7 @@ def _follow_http(client: AgentQ, job_id: str, timeout_s: float) -> int:
     with _api_errors(client):
         job = client.job(job_id)
     if not ended:
-        if job.status == "queued":
+        if job.status == JobStatus.QUEUED:
             down = _down(client)
             _error_line(f"job {job_id} did not start within {timeout_s:g} s"
                         + (f" (the API's {' and '.join(down)} is unreachable)" if down else "")
@@ -312,8 +313,7 @@ def jobs_cancel(job_id, url: str | None, key: str | None) -> None:
 
 
 @jobs.command("list")
-@click.option("--status", type=click.Choice(["queued", "running", "completed", "failed",
-                                             "cancelled"]), default=None,
+@click.option("--status", type=click.Choice(COUNTED_STATUSES), default=None,
               help="Only jobs with this status.")
 @click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True,
               help="The newest this many jobs.")
