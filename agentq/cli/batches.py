@@ -17,6 +17,7 @@ import click
 
 from agentq.cli.core import main
 from agentq.cli.remote import _api_client, _api_errors, _api_options
+from agentq.loop.states import ENDED_STATUSES, REPLAY_MODES, ReplayMode
 
 if TYPE_CHECKING:
     from agentq.client import AgentQ
@@ -44,7 +45,7 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 def progress_line(counts: dict, started: float, now: float) -> str:
     """done / failed / total, rate and time left, as one line with a bar."""
     total = counts.get("total") or 0
-    done = sum(counts.get(k, 0) for k in ("completed", "failed", "cancelled"))
+    done = sum(counts.get(k, 0) for k in ENDED_STATUSES)
     elapsed = max(now - started, 1e-6)
     rate = done / elapsed
     left = (total - done) / rate if rate > 0 else None
@@ -122,7 +123,7 @@ def batch_cancel(batch_id: str, url: str | None, key: str | None) -> None:
 
 @main.command("replay")
 @click.argument("job_id", required=False)
-@click.option("--mode", type=click.Choice(["recorded", "live"]), default="recorded",
+@click.option("--mode", type=click.Choice(REPLAY_MODES), default=ReplayMode.RECORDED.value,
               show_default=True,
               help="recorded: the original's model replies, tools run again; live: the "
                    "model is asked again.")

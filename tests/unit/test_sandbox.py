@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentq.errors import ToolError
-from agentq.tools import sandbox
+from agentq.tools import sandbox, sandbox_bwrap
 from agentq.tools.sandbox import SandboxUnavailable, run_python
 
 LIMITS = dict(cpu_s=5, memory_mb=256, wall_s=120, max_output_chars=2000)
@@ -310,8 +310,8 @@ def test_writing_past_the_scratch_or_tmp_size_fails_inside_the_code():
             else:
                 print(where, "all written")
     """)
-    scratch_mb = sandbox.SCRATCH_SIZE_BYTES // 2 ** 20
-    tmp_mb = sandbox.TMP_SIZE_BYTES // 2 ** 20
+    scratch_mb = sandbox_bwrap.SCRATCH_SIZE_BYTES // 2 ** 20
+    tmp_mb = sandbox_bwrap.TMP_SIZE_BYTES // 2 ** 20
     assert result["exit_code"] == 0, result
     assert result["stdout"].splitlines() == [f". ENOSPC {scratch_mb}", f"/tmp ENOSPC {tmp_mb}"]
 
@@ -360,7 +360,7 @@ def test_temporary_scratch_dir_is_removed():
 
 
 def test_refuses_to_run_without_bubblewrap(monkeypatch, scratch_dir):
-    monkeypatch.setenv(sandbox.BWRAP_ENV, "/nonexistent/bwrap")
+    monkeypatch.setenv(sandbox_bwrap.BWRAP_ENV, "/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailable, match="bubblewrap") as info:
         run("open('ran', 'w')", scratch_dir=str(scratch_dir))
     assert info.value.retryable is False
@@ -373,7 +373,7 @@ def test_refuses_when_bubblewrap_cannot_set_up(monkeypatch, scratch_dir):
                     "exit 1\n")
     fake.chmod(0o755)
     scratch_dir.chmod(0o755)  # the sandbox's uid starts it
-    monkeypatch.setenv(sandbox.BWRAP_ENV, str(fake))
+    monkeypatch.setenv(sandbox_bwrap.BWRAP_ENV, str(fake))
     with pytest.raises(SandboxUnavailable, match="No permissions to create new namespace"):
         run("open('ran', 'w')", scratch_dir=str(scratch_dir / "run"))
     assert not (scratch_dir / "run" / "ran").exists()
@@ -383,7 +383,7 @@ def test_problem_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(sandbox, "_probe_cache", None)
     assert sandbox.problem() is None
     monkeypatch.setattr(sandbox, "_probe_cache", None)
-    monkeypatch.setenv(sandbox.PYTHON_ENV, "/opt/nowhere/python3")
+    monkeypatch.setenv(sandbox_bwrap.PYTHON_ENV, "/opt/nowhere/python3")
     assert "not an executable under /usr" in sandbox.problem()
 
 
