@@ -76,17 +76,8 @@ def register(app: Flask, settings: Settings) -> None:
     app.extensions["agentq_rate"] = limiter
     app.extensions["agentq_holds"] = RedisHolds(redis_url) if redis_url else MemoryHolds()
     app.teardown_request(_release_request_holds)
-
-    @app.errorhandler(RateLimited)
-    def _too_many(exc: RateLimited):
-        return _answer(exc)
-
-
-def _answer(exc: RateLimited):
-    from api.errors import error_response
-    response = error_response(exc.status, exc.code, exc.message, exc.details)
-    response.headers["Retry-After"] = str(exc.retry_after_s)
-    return response
+    # a RateLimited is a ClientError carrying retry_after_s: api/errors.py renders it, with
+    # Retry-After, as it renders every other
 
 
 def _key() -> str:
