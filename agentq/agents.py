@@ -45,14 +45,13 @@ from agentq.loop.lifecycle import (
     resume,
     wait_for_children,
 )
-from agentq.loop.states import UNENDED_STATUSES
-from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall
+from agentq.loop.states import ENDED, ENDED_STATUSES, UNENDED_STATUSES
+from agentq.models import Conversation, Job, Persona, ToolCall
 from agentq.tools.registry import ToolRegistry, ToolResult
 
 log = logging.getLogger(__name__)
 
 DELEGATE = "agents.delegate"
-LIVE = UNENDED_STATUSES
 
 
 class DepthExceeded(ToolError):
@@ -220,7 +219,7 @@ def child_ended(uow, child: Job) -> None:
     parent.input_tokens += child.input_tokens or 0
     parent.output_tokens += child.output_tokens or 0
     parent.cost_estimate = (parent.cost_estimate or 0.0) + (child.cost_estimate or 0.0)
-    if parent.status in TERMINAL_STATUSES:
+    if parent.status in ENDED:
         return
     _event(uow, parent.id, "child_ended", {"job_id": str(child.id), "status": child.status})
     iteration = _record(uow, parent, child)
@@ -248,7 +247,7 @@ def _record(uow, parent: Job, child: Job) -> int | None:
 def settle(uow, parent: Job, iteration: int) -> None:
     """No delegate call of the parent's turn `iteration` pending any more: the parent runs
     again, and with no call of the turn pending at all its next step goes out."""
-    if parent.status in TERMINAL_STATUSES or parent.iteration != iteration \
+    if parent.status in ENDED or parent.iteration != iteration \
             or parent.phase != Phase.TOOLS:
         return
     uow.session.flush()
@@ -269,7 +268,8 @@ def awaits_children(session: Session, pending: list[ToolCall]) -> bool:
     if not ids:
         return False
     return session.execute(select(Job.id).where(
-        Job.parent_tool_use_id.in_(ids), Job.status.in_(LIVE)).limit(1)).first() is not None
+        Job.parent_tool_use_id.in_(ids), Job.status.in_(UNENDED_STATUSES)).limit(1)
+    ).first() is not None
 
 
 def cancel_children(sessions: sessionmaker, job_id: uuid.UUID) -> int:
@@ -280,12 +280,12 @@ def cancel_children(sessions: sessionmaker, job_id: uuid.UUID) -> int:
     from agentq.loop.uow import UnitOfWork
     with sessions() as session:
         ids = list(session.execute(select(Job.id).where(
-            Job.parent_job_id == job_id, Job.status.in_(LIVE))).scalars())
+            Job.parent_job_id == job_id, Job.status.in_(UNENDED_STATUSES))).scalars())
     cancelled = 0
     for child_id in ids:
         with UnitOfWork(sessions) as uow:
             child = lock_job(uow.session, child_id)
-            if child is None or child.status in TERMINAL_STATUSES:
+            if child is None or child.status in ENDED:
                 continue
             cancel(uow, child)
             cancelled += 1
@@ -301,8 +301,8 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
     with sessions() as session:
         orphans = list(session.execute(
             select(parents.id).join(Job, Job.parent_job_id == parents.id)
-            .where(Job.status.in_(LIVE),
-                   (parents.status.in_(tuple(TERMINAL_STATUSES)))
+            .where(Job.status.in_(UNENDED_STATUSES),
+                   (parents.status.in_(ENDED_STATUSES))
                    | parents.cancel_requested_at.is_not(None))
             .distinct().limit(100)).scalars())
         waiting = list(session.execute(select(Job.id).where(
@@ -331,7 +331,7 @@ def _wake(uow, parent: Job, settings: Settings) -> int:
     lost = [c for c in pending if c.tool_use_id not in children]
     for call in pending:
         child = children.get(call.tool_use_id)
-        if child is not None and child.status in TERMINAL_STATUSES:
+        if child is not None and child.status in ENDED:
             _record(uow, parent, child)
     parent.last_progress_at = utcnow()
     if lost:

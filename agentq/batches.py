@@ -28,8 +28,9 @@ from agentq.loop.lifecycle import (
 from agentq.loop.lifecycle import (
     admit as admit_line,
 )
+from agentq.loop.states import ENDED_STATUSES
 from agentq.loop.uow import UnitOfWork
-from agentq.models import TERMINAL_STATUSES, Batch, Job
+from agentq.models import Batch, Job
 from agentq.views import COUNT_KEYS
 
 _NOT_ADMITTED = (Job.waiting_for == WaitingFor.BATCH, Job.status == JobStatus.QUEUED)
@@ -123,7 +124,7 @@ def live_jobs(session: Session, batch_id: uuid.UUID) -> list[uuid.UUID]:
 
 def end_if_done(uow: UnitOfWork, batch: Batch) -> None:
     unfinished = uow.session.execute(select(func.count()).select_from(Job).where(
-        Job.batch_id == batch.id, Job.status.not_in(tuple(TERMINAL_STATUSES)))).scalar_one()
+        Job.batch_id == batch.id, Job.status.not_in(ENDED_STATUSES))).scalar_one()
     if unfinished == 0 and batch.status not in ("completed", "cancelled"):
         end_batch(uow, batch)
 

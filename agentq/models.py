@@ -34,7 +34,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agentq.db import utcnow
 from agentq.loop.states import (
-    ENDED,
     UNENDED_STATUSES,
     JobStatus,
     Phase,
@@ -42,8 +41,6 @@ from agentq.loop.states import (
     ToolCallStatus,
     WaitingFor,
 )
-from agentq.loop.states import FINISH_REASONS as FINISH_REASONS
-from agentq.loop.states import JOB_STATUSES as JOB_STATUSES
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -70,8 +67,6 @@ class UTCDateTime(TypeDecorator):
 TZ = UTCDateTime()
 
 MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
-TERMINAL_STATUSES = ENDED
-"""The job statuses of an ended job (`agentq.loop.states.ENDED`)."""
 
 
 def enum_column(kind: type[enum.StrEnum]) -> SqlEnum:

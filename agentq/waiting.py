@@ -9,7 +9,8 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from agentq.models import TERMINAL_STATUSES, Job
+from agentq.loop.states import ENDED
+from agentq.models import Job
 from agentq.notify import Hub
 
 RECHECK_S = 2.0
@@ -18,7 +19,7 @@ RECHECK_S = 2.0
 def _ended(sessions: sessionmaker, job_id: uuid.UUID) -> bool:
     with sessions() as session:
         status = session.execute(select(Job.status).where(Job.id == job_id)).scalar()
-    return status in TERMINAL_STATUSES
+    return status in ENDED
 
 
 def wait_for_end(sessions: sessionmaker, hub: Hub, job_id: uuid.UUID, timeout_s: float) -> bool:

@@ -17,10 +17,11 @@ from agentq.agents import cancel_children
 from agentq.db import session_factory, session_scope
 from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
 from agentq.loop.identity import Incoming
+from agentq.loop.states import ENDED
 from agentq.loop.store import event_dict
 from agentq.loop.submit import Submission, cancel, submit
 from agentq.loop.uow import UnitOfWork
-from agentq.models import TERMINAL_STATUSES, Conversation, Job, JobEvent
+from agentq.models import Conversation, Job, JobEvent
 from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
@@ -128,7 +129,7 @@ def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: b
             body = job_object(session.get(Job, job_id))
             if steering_input is not None:
                 body["steering"] = steering_status(session, job_id, steering_input)
-    ended = body["status"] in TERMINAL_STATUSES
+    ended = body["status"] in ENDED
     response = jsonify(body)
     response.status_code = 200 if (wait is not None and ended) or not created else 202
     if created:
@@ -273,7 +274,7 @@ def get_job(job_id: str):
 def cancel_job(job_id: str):
     with UnitOfWork(session_factory(g.settings)) as uow:
         job = load_job(uow.session, job_id)
-        if job.status in TERMINAL_STATUSES:
+        if job.status in ENDED:
             raise Conflict(f"Job {job_id} has already ended ({job.status}).",
                            job_id=job_id, status=job.status)
         cancel(uow, job)

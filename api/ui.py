@@ -25,6 +25,7 @@ from agentq.keys import lookup
 from agentq.loop import replay
 from agentq.loop.states import (
     ENDED,
+    FINISH_REASONS,
     JOB_STATUSES,
     LIVE_STATUSES,
     REPLAY_MODES,
@@ -35,7 +36,6 @@ from agentq.loop.states import (
 from agentq.loop.store import event_dict
 from agentq.loop.uow import UnitOfWork
 from agentq.models import (
-    FINISH_REASONS,
     Batch,
     Job,
     JobEvent,

@@ -32,8 +32,9 @@ from agentq.loop.effects import NextStep
 from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.lifecycle import ToolCallStatus
 from agentq.loop.rules import MAX_DELIVERIES
+from agentq.loop.states import ENDED
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import TERMINAL_STATUSES, Conversation, Job, Persona, ToolCall, User
+from agentq.models import Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry, ToolResult
 
@@ -265,7 +266,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
     job_id, now = call.job_id, utcnow()
     tool = registry.tools.get(call.name)
     verdict = rules.call_verdict(
-        status=call.status, job_ended=call.job_status in TERMINAL_STATUSES,
+        status=call.status, job_ended=call.job_status in ENDED,
         cancel_requested=call.cancel_requested_at is not None,
         delegate=call.name == agents.DELEGATE, attempts=call.attempts,
         lease_until=call.lease_until, now=now, idempotent=bool(tool and tool.idempotent))

@@ -41,7 +41,8 @@ from agentq import batches, metrics
 from agentq.config import Settings, get_settings
 from agentq.db import riding_out, session_factory, utcnow
 from agentq.errors import ConfigError, Conflict, ValidationFailed
-from agentq.models import TERMINAL_STATUSES, Batch, Job, Tenant, WebhookDelivery
+from agentq.loop.states import ENDED
+from agentq.models import Batch, Job, Tenant, WebhookDelivery
 from agentq.views import _iso, batch_object, job_object
 from agentq.webhooks.outbox import (
     APPROVAL_EVENT_TYPE,
@@ -85,7 +86,7 @@ def redeliver_job_event(session: Session, job: Job) -> WebhookDelivery:
     body), numbered after the last one. It continues the retry schedule from there: once the
     schedule is used up, a failed redelivery is not retried. The caller holds the job row
     locked, so two redeliveries cannot race."""
-    if job.status not in TERMINAL_STATUSES:
+    if job.status not in ENDED:
         raise Conflict("The job has not ended; it has no event to deliver yet.",
                        status=job.status)
     if not job.callback_url:
