@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.faults import ONE_TOOL_JOB, FaultLab, Submitter, run_scenario
+from benchmarks.harness import TERMINAL
 from benchmarks.observability import loadavg, log
 
-TERMINAL = ("completed", "failed", "cancelled")
 HOST_WORKERS = ("tools-slow", "webhooks")
 """What the host runs beside the API and beat: the kill scenario's job mix needs them; the
 measured one-tool jobs do not touch them."""

@@ -28,22 +28,18 @@ medians over the rounds, per child, and the ratios parent / top-level.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-import requests
-
 from benchmarks import fair
-from benchmarks.harness import uid
+from benchmarks.harness import TERMINAL, Client, ratio, uid
 from benchmarks.llm_server import DELEGATED_TASK, FINAL_TEXT
 
 MODULES = "agents,math"
 WAIT_S = 60
-TERMINAL = ("completed", "failed", "cancelled")
 CPU_PARTS = ("machine", "system", "postgres", "redis", "model_server", "load_generator")
 
 
@@ -60,24 +56,17 @@ SIZES = {"full": SubagentSizes(),
          "smoke": SubagentSizes(children=2, rounds=1)}
 
 
-class Agentq:
-    """The stack's HTTP API, one keep-alive session per thread; `clients` threads kept
-    across rounds (so their sessions are too)."""
+class Agentq(Client):
+    """The stack's HTTP API, one keep-alive session per thread (harness.Client); `clients`
+    threads kept across rounds (so their sessions are too)."""
 
     def __init__(self, base: str, key: str, clients: int):
-        self.base, self.key = base, key
-        self._local = threading.local()
+        super().__init__(base, key)
         self.clients = ThreadPoolExecutor(max_workers=clients)
-
-    def http(self) -> requests.Session:
-        if getattr(self._local, "http", None) is None:
-            self._local.http = requests.Session()
-            self._local.http.headers["Authorization"] = f"Bearer {self.key}"
-        return self._local.http
 
     def run(self, content: str, user: str) -> dict[str, Any]:
         """Submit a job in a new conversation of `user` and hold until it ends: its object."""
-        r = self.http().post(f"{self.base}/v1/messages?wait={WAIT_S}", timeout=WAIT_S + 30,
+        r = self._http().post(f"{self.base}/v1/messages?wait={WAIT_S}", timeout=WAIT_S + 30,
                              json={"platform": "api", "platform_user_id": user,
                                    "platform_channel_id": uid("c"), "content": content})
         if r.status_code not in (200, 202):
@@ -89,7 +78,7 @@ class Agentq:
         return job
 
     def job(self, job_id: str, wait: bool = False) -> dict[str, Any]:
-        r = self.http().get(f"{self.base}/v1/jobs/{job_id}",
+        r = self._http().get(f"{self.base}/v1/jobs/{job_id}",
                             params={"wait": WAIT_S} if wait else None, timeout=WAIT_S + 30)
         r.raise_for_status()
         return r.json()
@@ -140,10 +129,6 @@ def _kind_summary(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
                                  for part in CPU_PARTS},
             "round_trips_per_child": _median([r["round_trips_per_child"] for r in rounds]),
             "model_calls": _median([r["model_calls"] for r in rounds])}
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a is not None and b else None
 
 
 def run(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
@@ -201,10 +186,10 @@ def run(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
     top = _kind_summary([r for r in rounds if r["kind"] == "top_level"], n)
     return {"sizes": asdict(sizes), "children": n, "modules": MODULES,
             "pool": fair.FairSizes().pool, "parent": parent, "top_level": top,
-            "ratios": {"wall": _ratio(parent["wall_ms"], top["wall_ms"]),
-                       "machine_cpu": _ratio(parent["cpu_ms_per_child"]["machine"],
+            "ratios": {"wall": ratio(parent["wall_ms"], top["wall_ms"]),
+                       "machine_cpu": ratio(parent["cpu_ms_per_child"]["machine"],
                                              top["cpu_ms_per_child"]["machine"]),
-                       "round_trips": _ratio(parent["round_trips_per_child"],
+                       "round_trips": ratio(parent["round_trips_per_child"],
                                              top["round_trips_per_child"])},
             "rounds_detail": rounds,
             "rule": "per round: wall = the last job's finished_at − just before the first "
