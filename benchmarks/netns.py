@@ -237,9 +237,13 @@ class Node:
                               capture_output=True, timeout=timeout_s + 30).returncode == 0
 
     def destroy(self) -> None:
-        self.cpu.remove()
-        ip("link", "del", self.host_end, check=False)  # its peer goes with it
-        ip("netns", "del", self.name, check=False)
+        """The cgroup (what runs in it killed), the veth pair and the namespace: the link
+        and the namespace go even when the cgroup could not be removed."""
+        try:
+            self.cpu.remove()
+        finally:
+            ip("link", "del", self.host_end, check=False)  # its peer goes with it
+            ip("netns", "del", self.name, check=False)
 
 
 class Network:
@@ -302,14 +306,22 @@ class Network:
 
     def destroy(self) -> None:
         """Every node (what still runs in its cgroup is killed), the counting groups (what
-        is left in them moved back), then the bridge."""
-        while self.nodes:
-            self.nodes.pop().destroy()
-        while self.counted:
-            self.counted.pop().remove(kill=False)
+        is left in them moved back), then the bridge; one that cannot be removed does not
+        keep the others: the first such error is raised once all were tried."""
+        errors: list[Exception] = []
+        parts = [node.destroy for node in reversed(self.nodes)] + \
+            [lambda g=group: g.remove(kill=False) for group in reversed(self.counted)]
+        self.nodes, self.counted = [], []
+        for remove in parts:
+            try:
+                remove()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                errors.append(exc)
         if self._created:
             ip("link", "del", self.bridge, check=False)
             self._created = False
+        if errors:
+            raise errors[0]
 
 
 def remove_left_behind() -> int:
