@@ -289,8 +289,10 @@ class FaultLab:
             for _ in range(self.node_count):
                 node = self.network.node()
                 self.nodes.append(node)
+                # listed before it starts: a start that fails is stopped with the others
                 self.node_stacks.append(node_stack(node, self.stack.env,
-                                                   self.scratch / node.name).start())
+                                                   self.scratch / node.name))
+                self.node_stacks[-1].start()
             for node in self.nodes:  # once started: a start under a quota is slow, not less
                 node.cpu.limit(self.node_cpus)
         except Exception:  # a half-made lab (a node that did not start) is taken down
