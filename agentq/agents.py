@@ -47,7 +47,8 @@ from agentq.loop.lifecycle import (
 )
 from agentq.loop.states import ENDED, ENDED_STATUSES, UNENDED_STATUSES
 from agentq.models import Conversation, Job, Persona, ToolCall
-from agentq.tools.registry import ToolRegistry, ToolResult
+from agentq.tools.registry import ToolRegistry
+from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from marshmallow import (
 
 from agentq.config import get_settings
 from agentq.errors import ValidationFailed
+from agentq.loop.approvals import MAX_REASON_CHARS
 from agentq.loop.states import (
     ENDED_STATUSES,
     FINISH_REASONS,
@@ -969,5 +970,5 @@ class ApproveRequestSchema(StrictSchema):
 
 class DenyRequestSchema(StrictSchema):
     reason = fields.String(load_default=None, allow_none=True,
-                           validate=validate.Length(max=2000),
+                           validate=validate.Length(max=MAX_REASON_CHARS),
                            metadata={"description": "Told to the model with the denial."})

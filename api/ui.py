@@ -283,12 +283,12 @@ def cancel(job_id: str):
 def decide(job_id: str, tool_use_id: str, decision: str):
     """Approve or deny a call waiting for approval, through the API's own route logic
     (POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny)."""
-    from agentq.loop.approvals import approve, deny
+    from agentq.loop.approvals import MAX_REASON_CHARS, approve, deny
     from agentq.tools.registry import get_registry
     from api.jobs import _decide
     if decision not in ("approve", "deny"):
         abort(404)
-    reason = (request.form.get("reason") or "").strip()[:2000] or None
+    reason = (request.form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
     registry = get_registry(g.settings) if decision == "approve" else None
     try:
         if decision == "approve":

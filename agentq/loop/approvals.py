@@ -49,6 +49,7 @@ AWAITING = ToolCallStatus.AWAITING
 DECISIONS = {"denied": "denied", "approval_timeout": "timed_out"}
 """A refused call's error code → the `decision` of its approval_resolved event."""
 MAX_REASON_CHARS = 2000
+"""The longest reason a person may give with a denial (the API's and the dashboard's)."""
 
 
 def needs_approval(registry: ToolRegistry, name: str,

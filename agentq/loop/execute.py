@@ -36,7 +36,8 @@ from agentq.loop.states import ENDED
 from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import Conversation, Job, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
-from agentq.tools.registry import ToolRegistry, ToolResult
+from agentq.tools.registry import ToolRegistry
+from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
 _calls, _jobs = ToolCall.__table__, Job.__table__

@@ -39,6 +39,7 @@ from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
 from agentq.loop.states import (
     ENDED,
     LIVE_STATUSES,
+    NOT_ADMITTED,
     JobStatus,
     Phase,
     ReplayMode,
@@ -96,7 +97,6 @@ class Transition(enum.StrEnum):
     CANCEL = "cancel"
 
 
-NOT_ADMITTED_WAITS = frozenset({WaitingFor.CONVERSATION, WaitingFor.BATCH, WaitingFor.QUOTA})
 _ENDS = {Transition.COMPLETE: JobStatus.COMPLETED, Transition.FAIL: JobStatus.FAILED,
          Transition.CANCEL: JobStatus.CANCELLED}
 
@@ -106,7 +106,7 @@ def next_state(state: JobState, transition: Transition) -> JobState:
     no such move. Pure: the one place that says what may follow what."""
     status, waiting, phase = state
     match transition:
-        case Transition.ADMIT if status == JobStatus.QUEUED and waiting in NOT_ADMITTED_WAITS:
+        case Transition.ADMIT if status == JobStatus.QUEUED and waiting in NOT_ADMITTED:
             return JobState(JobStatus.QUEUED, None, phase)
         case Transition.QUEUE_BEHIND if (status == JobStatus.QUEUED
                                          and waiting == WaitingFor.BATCH):

@@ -104,4 +104,3 @@ NOT_ADMITTED = values(WaitingFor.CONVERSATION, WaitingFor.BATCH, WaitingFor.QUOT
 WAITS = values(*WaitingFor)
 FINISH_REASONS = values(*StopReason)
 REPLAY_MODES = values(*ReplayMode)
-TOOL_CALL_STATUSES = values(*ToolCallStatus)

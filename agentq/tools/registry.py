@@ -28,7 +28,7 @@ from agentq.errors import (
 )
 from agentq.llm.types import ToolSpec
 from agentq.tools.manifest import ToolContext, ToolDef, ToolModule, permission_rank
-from agentq.tools.result import ToolResult as ToolResult  # its callers' old import path
+from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
 
