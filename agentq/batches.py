@@ -172,11 +172,13 @@ def cancel(sessions, batch_id: uuid.UUID) -> None:
     """Cancel a batch: under its lock, mark it and cancel the lines never admitted; then
     each live job, one unit of work each (its row first), as a job cancel does. Raises
     Conflict when the batch has ended."""
-    from agentq.errors import Conflict
+    from agentq.errors import Conflict, NotFound
     from agentq.loop.busy import lock_job
     from agentq.loop.submit import cancel as cancel_job
     with UnitOfWork(sessions) as uow:
         batch = lock_batch(uow.session, batch_id)
+        if batch is None:
+            raise NotFound("batch", str(batch_id))
         if batch.status in ("completed", "cancelled"):
             raise Conflict(f"Batch {batch_id} has already ended ({batch.status}).",
                            batch_id=str(batch_id), status=batch.status)

@@ -17,9 +17,10 @@ import json
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import sessionmaker
 
 from agentq import memory
@@ -115,17 +116,17 @@ def digest(settings: Settings, sessions: sessionmaker, router, conversation_id: 
 
     def keep(uow: UnitOfWork) -> int:
         session = uow.session
-        advanced = session.execute(
+        advanced = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(Conversation).where(Conversation.id == conversation_id,
                                        Conversation.memory_summarized_seq < seq)
-            .values(memory_summarized_seq=seq)).rowcount
+            .values(memory_summarized_seq=seq))).rowcount
         if not advanced:  # another delivery wrote it first
             return 0
         if reply is not None:
             cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens)
             record_usage(session, user_id=user_id, conversation_id=conversation_id,
                          job_id=None, iteration=0, reply=reply, cost=cost, now=now)
-        if not worth:
+        if vector is None:  # not worth remembering: nothing was embedded
             log.info("idle conversation had nothing to remember",
                      extra={"conversation_id": str(conversation_id), "through_seq": seq})
             return 0

@@ -70,7 +70,7 @@ def zone(name: str) -> tzinfo:
                                "Unknown time zone.") from None
 
 
-def check_cron(expr: str) -> str:
+def check_cron(expr: str | None) -> str:
     expr = " ".join((expr or "").split())
     if not expr or len(expr) > MAX_CRON_CHARS or len(expr.split()) not in (5, 6) \
             or not croniter.is_valid(expr):
@@ -314,18 +314,21 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
         schedule.status, schedule.next_run_at = "cancelled", None
         schedule.cancelled_at = schedule.cancelled_at or now
         return False
+    due = schedule.next_run_at
+    assert due is not None, "claimed by next_run_at <= now"
+    upcoming: datetime | None
     if schedule.kind == "cron":
-        fire_at, missed, upcoming = latest_due(schedule.cron, schedule.timezone,
-                                               schedule.next_run_at, now)
+        assert schedule.cron is not None, "a cron schedule has its expression (timing)"
+        fire_at, missed, upcoming = latest_due(schedule.cron, schedule.timezone, due, now)
     else:
-        fire_at, missed, upcoming = schedule.next_run_at, 0, None
+        fire_at, missed, upcoming = due, 0, None
     submitted = submit(uow, settings, Submission(
         incoming=None, conversation_id=schedule.conversation_id, content=schedule.content,
         metadata={**(schedule.meta or {}), "schedule_id": str(schedule.id),
                   "scheduled_for": fire_at.isoformat()},
         callback_url=schedule.callback_url, on_busy="queue",
         api_key_id=schedule.api_key_id, tenant_id=schedule.tenant_id))
-    insert = (pg_insert if session.bind.dialect.name == "postgresql" else sqlite_insert)
+    insert = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)
     made = session.execute(
         insert(ScheduleFiring).values(id=uuid.uuid4(), schedule_id=schedule.id,
                                       fire_at=fire_at, job_id=submitted.job.id,
