@@ -211,15 +211,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def create_empty_database(name: str) -> str:
-    """A fresh, empty database (dropped first if it exists); returns its libpq URL."""
+def create_empty_database(name: str, template: str | None = None) -> str:
+    """A fresh database (dropped first if it exists), empty or a copy of the database
+    `template`; returns its libpq URL."""
     import psycopg2
     admin = psycopg2.connect(pg_admin_url())
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            cur.execute(f'CREATE DATABASE "{name}"')
+            cur.execute(f'CREATE DATABASE "{name}"'
+                        + (f' TEMPLATE "{template}"' if template else ''))
     finally:
         admin.close()
     return pg_admin_url().rsplit("/", 1)[0] + "/" + name

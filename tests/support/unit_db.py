@@ -37,11 +37,11 @@ _lock = threading.Lock()
 _sqlite_template: Path | None = None
 _pg_template: str | None = None
 _made: dict[str, str] = {}
-"""AGENTQ_HOME → the Postgres database made for it in this test (name)."""
+"""AGENTQ_HOME → the URL of the Postgres database made for it in this test."""
 _names = itertools.count()
 
 
-def backend() -> str:
+def _run_backend() -> str:
     """AGENTQ_UNIT_DB: `sqlite` (the default) or `postgres`."""
     value = os.environ.get(ENV, "sqlite").strip().lower() or "sqlite"
     if value not in BACKENDS:
@@ -49,14 +49,10 @@ def backend() -> str:
     return value
 
 
-def on_postgres() -> bool:
-    return backend() == "postgres"
-
-
 def settings(env: dict[str, str], *, backend: str | None = None) -> Settings:
     """Settings from `env` (it names AGENTQ_HOME) on a fresh migrated database of this
     run's backend (or `backend`)."""
-    kind = backend or globals()["backend"]()
+    kind = backend or _run_backend()
     env = dict(env)
     if kind == "postgres" and not env.get("AGENTQ_DATABASE_URL"):
         env["AGENTQ_DATABASE_URL"] = _postgres_for(env["AGENTQ_HOME"])
@@ -86,7 +82,7 @@ def upgrade(settings: Settings) -> Settings:
 def drop_made() -> None:
     """Drop the Postgres databases made since the last call (the end of a test)."""
     with _lock:
-        names = list(_made.values())
+        names = [url.rsplit("/", 1)[1] for url in _made.values()]
         _made.clear()
     if names:
         from tests.support.stack import drop_database
@@ -119,30 +115,15 @@ def _sqlite_template_file() -> Path:
 
 
 def _postgres_for(home: str) -> str:
-    from tests.support.stack import create_database, pg_admin_url
+    """The URL of the database made for `home` in this test: a copy of the migrated
+    template (made first, once a process)."""
+    from tests.support.stack import create_database, create_empty_database
     global _pg_template
     with _lock:
-        base = pg_admin_url().rsplit("/", 1)[0]
-        if home in _made:
-            return f"{base}/{_made[home]}"
-        if _pg_template is None:
-            _pg_template = f"agentq_unit_template_{os.getpid()}"
-            create_database(_pg_template)
-        name = f"agentq_unit_{os.getpid()}_{next(_names)}"
-        _create_from_template(name, _pg_template)
-        _made[home] = name
-        return f"{base}/{name}"
-
-
-def _create_from_template(name: str, template: str) -> None:
-    import psycopg2
-
-    from tests.support.stack import pg_admin_url
-    admin = psycopg2.connect(pg_admin_url())
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        admin.close()
+        if home not in _made:
+            if _pg_template is None:
+                _pg_template = f"agentq_unit_template_{os.getpid()}"
+                create_database(_pg_template)
+            name = f"agentq_unit_{os.getpid()}_{next(_names)}"
+            _made[home] = create_empty_database(name, template=_pg_template)
+        return _made[home]
