@@ -99,13 +99,9 @@ class Refused:
     result: ToolResult
 
 
-@dataclass(frozen=True)
-class RunningElsewhere:
-    """Another delivery of this call is running it (its lease is live): this one waits for
-    that one's result instead of running the tool a second time."""
-
-
-Prepared = Run | Answered | Refused | RunningElsewhere
+Prepared = Run | Answered | Refused | rules.Elsewhere
+"""What `_prepare` leaves this delivery to do; `rules.Elsewhere`: another delivery runs the
+call, this one waits for its result."""
 
 
 def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
@@ -115,7 +111,7 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     with UnitOfWork(sessions, durable=False) as uow:
         prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
     match prepared:
-        case RunningElsewhere():
+        case rules.Elsewhere():
             return _await_other_delivery(tool_use_id, settings, registry, sessions)
         case Answered(outcome=outcome):
             return outcome
@@ -287,7 +283,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         case rules.Elsewhere():
             log.info("tool call is running in another delivery; waiting for its result",
                      extra={"event": "tool.running_elsewhere", "tool_use_id": tool_use_id})
-            return RunningElsewhere()
+            return verdict
         case rules.Interrupted():
             # the delivery that started it died without storing a result: it may have acted
             # already, so a tool with side effects is not run again (the model is told)
