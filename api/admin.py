@@ -383,7 +383,7 @@ def delete_persona(persona_id: str):
 @operation(
     "listUsers", "The tenant's users",
     tags=["admin"],
-    parameters=["limit", "offset"],
+    query=PageQuerySchema,
     responses={
         200: json_response(UserPageSchema, "Users, oldest first, with identities."),
     },
@@ -463,7 +463,7 @@ def post_link(user_id: str):
 @operation(
     "usageReport", "Tokens and cost per user, persona or model",
     tags=["admin"],
-    parameters=["usage_group_by", "usage_since", "usage_until"],
+    query=UsageQuerySchema,
     responses={
         200: json_response(UsageReportSchema, "One row per group, largest cost first."),
     },
@@ -471,8 +471,8 @@ def post_link(user_id: str):
 @require_key(admin=True)
 def get_usage():
     query = UsageQuerySchema().load(request.args.to_dict())
-    until = query["until"] or utcnow()
-    since = query["since"] or until - timedelta(days=g.settings.budget_period_days)
+    until = query.get("until") or utcnow()
+    since = query.get("since") or until - timedelta(days=g.settings.budget_period_days)
     if since > until:
         raise ValidationFailed({"since": ["Must not be after until."]})
     with session_scope(g.settings) as session:

@@ -108,29 +108,6 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                         "description": "The same key and body within 24 h returns the first "
                                        "job; the same key with another body is `422`.",
                         "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
-    "offset": {"in": "query", "name": "offset", "required": False,
-               "description": "Skip this many.",
-               "schema": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0}},
-    "usage_group_by": {"in": "query", "name": "group_by", "required": False,
-                       "description": "One row per `user` (id), `persona` (the job's; null "
-                                      "for none) or `model`.",
-                       "schema": {"type": "string", "enum": ["user", "persona", "model"],
-                                  "default": "user"}},
-    "usage_since": {"in": "query", "name": "since", "required": False,
-                    "description": "From this time (ISO 8601; default: `until` less the "
-                                   "budget period).",
-                    "schema": {"type": "string", "format": "date-time"}},
-    "usage_until": {"in": "query", "name": "until", "required": False,
-                    "description": "Up to this time (ISO 8601; default: now).",
-                    "schema": {"type": "string", "format": "date-time"}},
-    "schedule_conversation": {"in": "query", "name": "conversation_id", "required": False,
-                              "description": "Only this conversation's schedules.",
-                              "schema": {"type": "string", "format": "uuid"}},
-    "schedule_status": {"in": "query", "name": "status", "required": False,
-                        "description": "Only schedules in this status (default: all, "
-                                       "cancelled ones too).",
-                        "schema": {"type": "string",
-                                   "enum": ["active", "done", "cancelled"]}},
     "last_event_id": {"in": "header", "name": "Last-Event-ID", "required": False,
                       "description": "Resume after this `seq` (overrides `after`).",
                       "schema": {"type": "string", "pattern": "^[0-9]+$"}},
@@ -182,11 +159,15 @@ class Operation:
     parameters: tuple[str | dict[str, Any], ...] = ()
     body: Any = None
     security: list[Any] | None = None
+    query: SchemaRef | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def query_names(self) -> set[str]:
         """The query parameters the route takes (api/limits.py refuses any other)."""
         names = set()
+        if self.query is not None:
+            schema = self.query() if isinstance(self.query, type) else self.query
+            names |= {f.data_key or name for name, f in schema.fields.items()}
         for parameter in self.parameters:
             spec = PARAMETERS[parameter] if isinstance(parameter, str) else parameter
             if spec["in"] == "query":
@@ -202,8 +183,10 @@ class Operation:
             document["description"] = self.description
         if self.security is not None:
             document["security"] = self.security
-        if self.parameters:
-            document["parameters"] = list(self.parameters)
+        parameters = ([{"in": "query", "schema": self.query}] if self.query is not None
+                      else []) + list(self.parameters)
+        if parameters:  # the marshmallow plugin makes a query schema one parameter a field
+            document["parameters"] = parameters
         if self.body is not None:
             document["requestBody"] = (self.body if isinstance(self.body, dict)
                                        else {"required": True, "content": {
@@ -218,13 +201,16 @@ def operation(operation_id: str, summary: str, *, tags: Iterable[str],
               description: str | None = None,
               parameters: Iterable[str | dict[str, Any]] = (),
               body: SchemaRef | dict[str, Any] | None = None,
+              query: SchemaRef | None = None,
               security: list[Any] | None = None) -> Callable[[V], V]:
     """Document the view below it (put it right under the route decorator).
 
     `body`: the request body's marshmallow schema (a required JSON body), or a whole
-    requestBody object; `responses`: its success statuses (`json_response`); `errors`: the
-    error statuses it answers, each one of ERROR_STATUSES; `parameters`: names of PARAMETERS
-    or parameter objects. A name or status not known here fails at import."""
+    requestBody object; `query`: the marshmallow schema the view loads its query string with
+    (each field a query parameter, its `description` metadata the parameter's);
+    `responses`: its success statuses (`json_response`); `errors`: the error statuses it
+    answers, each one of ERROR_STATUSES; `parameters`: names of PARAMETERS or parameter
+    objects, for what no schema loads. A name or status not known here fails at import."""
     errors = tuple(errors)
     unknown = [s for s in errors if s not in ERROR_STATUSES]
     if unknown:
@@ -236,7 +222,7 @@ def operation(operation_id: str, summary: str, *, tags: Iterable[str],
         raise ValueError(f"{operation_id}: parameters {unnamed} are not in api/openapi.py's "
                          f"PARAMETERS")
     declared = Operation(operation_id, summary, tuple(tags), dict(responses), errors,
-                         description, parameters, body, security)
+                         description, parameters, body, security, query)
 
     def document(view: V) -> V:
         setattr(view, OPERATION_ATTRIBUTE, declared)

@@ -74,7 +74,7 @@ def post_schedule():
 @operation(
     "listSchedules", "Schedules",
     tags=["schedules"],
-    parameters=["schedule_conversation", "schedule_status", "limit"],
+    query=ScheduleQuerySchema,
     responses={
         200: json_response(SchedulePageSchema, "Newest first."),
     },

@@ -885,16 +885,31 @@ class UsageReportSchema(Schema):
     data = fields.List(fields.Nested(UsageRowSchema), required=True)
 
 
+# Query strings: each field is a query parameter of the route that loads it (its operation's
+# `query`, api/openapi.py), described by its `description`.
+PAGE_SIZE = {"description": "Page size."}
+
+
 class UsageQuerySchema(StrictSchema):
     group_by = fields.String(load_default="user",
-                             validate=validate.OneOf(("user", "persona", "model")))
-    since = fields.AwareDateTime(load_default=None, default_timezone=timezone.utc)
-    until = fields.AwareDateTime(load_default=None, default_timezone=timezone.utc)
+                             validate=validate.OneOf(("user", "persona", "model")),
+                             metadata={"description": "One row per `user` (id), `persona` "
+                                                      "(the job's; null for none) or "
+                                                      "`model`."})
+    since = fields.AwareDateTime(default_timezone=timezone.utc,
+                                 metadata={"description": "From this time (ISO 8601; "
+                                                          "default: `until` less the budget "
+                                                          "period)."})
+    until = fields.AwareDateTime(default_timezone=timezone.utc,
+                                 metadata={"description": "Up to this time (ISO 8601; "
+                                                          "default: now)."})
 
 
 class PageQuerySchema(StrictSchema):
-    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
-    offset = fields.Integer(load_default=0, validate=validate.Range(0, 10**9))
+    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000),
+                           metadata=PAGE_SIZE)
+    offset = fields.Integer(load_default=0, validate=validate.Range(0, 10**9),
+                            metadata={"description": "Skip this many."})
 
 
 # --- schedules (api/schedules.py, agentq/schedules.py) --------------------------------------
@@ -954,9 +969,13 @@ class SchedulePageSchema(Schema):
 
 
 class ScheduleQuerySchema(StrictSchema):
-    conversation_id = fields.UUID()
-    status = fields.String(validate=validate.OneOf(("active", "done", "cancelled")))
-    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000))
+    conversation_id = fields.UUID(metadata={"description": "Only this conversation's "
+                                                           "schedules."})
+    status = fields.String(validate=validate.OneOf(("active", "done", "cancelled")),
+                           metadata={"description": "Only schedules in this status "
+                                                    "(default: all, cancelled ones too)."})
+    limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000),
+                           metadata=PAGE_SIZE)
 
 
 # --- approvals (api/jobs.py, agentq.loop.approvals) ----------------------------------------------

@@ -24,6 +24,12 @@ def test_every_route_of_the_app_carries_an_operation_and_the_spec_is_valid(make)
     # the query parameters a route takes are those its operation names (api/limits.py)
     submit = operation_of(app.view_functions["jobs.submit_message"])
     assert submit is not None and submit.query_names() == {"wait"}
+    # ... or the fields of the schema the view loads its query string with, each documented
+    usage = operation_of(app.view_functions["admin.get_usage"])
+    assert usage is not None and usage.query_names() == {"group_by", "since", "until"}
+    documented_query = {p["name"] for p in spec["paths"]["/v1/usage"]["get"]["parameters"]
+                        if p.get("in") == "query"}
+    assert documented_query == {"group_by", "since", "until"}
 
 
 def test_a_route_without_an_operation_is_named_when_the_spec_is_built():
