@@ -29,8 +29,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings, get_settings
-from agentq.db import utcnow
-from agentq.errors import Conflict, NotFound, ValidationFailed
+from agentq.db import lock_row, utcnow
+from agentq.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from agentq.loop.states import NOT_ADMITTED, UNENDED_STATUSES, JobStatus, WaitingFor
 from agentq.models import Job, Tenant
 
@@ -156,12 +156,12 @@ def check_quota(session: Session, tenant_id: uuid.UUID, quota: str, held,
                 settings: Settings | None = None) -> None:
     """Refuse one more of what `quota` bounds (QuotaExceeded, 422) when the tenant holds
     its quota already; `held` is the statement counting what it holds. The tenant's row is
-    locked first, so concurrent creations of one tenant count one after another."""
-    from agentq.errors import QuotaExceeded
+    locked first (agentq.db.lock_row: its jobs' inserts are not blocked by it), so
+    concurrent creations of one tenant count one after another."""
     limit = getattr(quotas_for(session, tenant_id, settings), quota)
     if not limit:
         return
-    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    lock_row(session, Tenant, tenant_id, load=False)
     used = session.execute(held).scalar_one()
     if used >= limit:
         raise QuotaExceeded(quota, limit, used)
@@ -239,7 +239,7 @@ call cost more of the caller's CPU than Postgres spends running it)."""
 
 
 def _runs(job) -> bool:
-    """`_running_statement`'s condition, of a job as it is in memory."""
+    """`_RUNNING`'s condition, of a job as it is in memory."""
     return job.status in UNENDED_STATUSES and job.waiting_for not in NOT_ADMITTED
 
 
