@@ -67,6 +67,9 @@ CLAIM_EARLY_TOLERANCE_S = 1.0
 LEASE_TIMEOUTS = 4
 """A claimed attempt is given this many timeouts (connect, write, read…) plus a margin."""
 LEASE_MARGIN_S = 30.0
+CLAIM_RIDE_OUT_S = 10.0
+"""How long a claim is tried again while the database is away; past that the row waits for
+the sweeper (`maintenance.sweep_webhooks`)."""
 ERROR_MAX_CHARS = 500
 USER_AGENT = "agentq-webhooks/1"
 CONTENT_TYPE = "application/json"
@@ -362,7 +365,12 @@ def attempt_delivery(delivery_id, *, settings: Settings | None = None,
     record what happened and, on a retryable failure, the next attempt's row."""
     settings = settings or get_settings()
     sessions = sessions or session_factory(settings)
-    claimed = _claim(sessions, uuid.UUID(str(delivery_id)), settings)
+    # the claim sends nothing: tried again at once through a blip or a statement a
+    # migration made stale (agentq.prepared's StalePlan), rather than left to the sweeper
+    for attempt in riding_out(CLAIM_RIDE_OUT_S, "delivery claim",
+                              delivery_id=str(delivery_id)):
+        with attempt:
+            claimed = _claim(sessions, uuid.UUID(str(delivery_id)), settings)
     if claimed is None:
         log.info("webhook delivery not due or already taken",
                  extra={"delivery_id": str(delivery_id)})

@@ -324,3 +324,28 @@ def test_an_attempt_whose_record_could_not_reach_the_database_is_recorded_when_i
     assert outcome.status == "succeeded" and len(receiver.requests) == 1
     [row] = rows(settings, job_id)
     assert (row.status, row.status_code) == ("succeeded", 204)
+
+
+def test_an_attempt_whose_job_read_a_migration_made_stale_is_made_at_once(tmp_path, effects):
+    # given a pool of one connection on which the read of an event's job is prepared
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+    settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_WEBHOOK_SECRET": SECRET,
+                                 "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "0,0,0",
+                                 "AGENTQ_DB_POOL_SIZE": "1",
+                                 "AGENTQ_DB_PREPARE_THRESHOLD": "1"}, backend="postgres")
+    job_id = ended_job(settings)
+    [row] = rows(settings, job_id)
+    first = attempt_delivery(str(row.id), settings=settings, send=Receiver(Answer(500)))
+    assert first.status == "failed" and first.retry_id
+    # when a migration changes the type of a column that read answers (agentq.prepared:
+    # the prepared read fails once as StalePlan, an error to run again)
+    other = create_engine(settings.database_url, poolclass=NullPool)
+    with other.begin() as conn:
+        conn.execute(text("ALTER TABLE jobs ALTER COLUMN custom_id TYPE text"))
+    other.dispose()
+    # then the next attempt is claimed and sent all the same, not left to the sweeper
+    receiver = Receiver()
+    assert attempt_delivery(first.retry_id, settings=settings, send=receiver).status == \
+        "succeeded"
+    assert len(receiver.requests) == 1
