@@ -128,9 +128,8 @@ class Router:
 @pytest.fixture
 def harness(tmp_path, modules):
     def make(**env) -> Harness:
-        h = Harness(unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env}), modules, None)
-        h.router = h.stepper.router = Router()
-        return h
+        return Harness(unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env}), modules,
+                       Router())
     return make
 
 

@@ -39,9 +39,7 @@ class Router:
 @pytest.fixture
 def h(tmp_path, modules):
     settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), "AGENTQ_MEMORY_IDLE_S": "600"})
-    harness = Harness(settings, modules, None)
-    harness.router = harness.stepper.router = Router()
-    return harness
+    return Harness(settings, modules, Router())
 
 
 def _conversation_of(h: Harness, job_id: str) -> uuid.UUID:
