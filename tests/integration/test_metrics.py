@@ -96,7 +96,7 @@ def in_flight(samples, model: str) -> float:
                if dict(k)["model"] == model)
 
 
-def test_metrics_after_jobs_match_the_database(client, script, stack, receiver):  # noqa: F811
+def test_metrics_after_jobs_match_the_database(client, script, stack, receiver):
     # Other tests end jobs too, some from this pytest process (whose metrics are not the
     # stack's): so what is compared is what changed while this test ran.
     samples = scrape(client)

@@ -130,7 +130,7 @@ def test_a_recorded_replay_answers_as_the_original(aq, script):
 
 
 def test_the_webhook_verifier_accepts_a_real_delivery_and_refuses_a_forgery(
-        aq, script, receiver):  # noqa: F811
+        aq, script, receiver):
     url = receiver.url("/client")
     marker = script([text("Done.")])
     job = aq.wait(aq.submit(f"{marker} hi", user=uid("u"), channel=uid("c"),

@@ -82,7 +82,7 @@ def test_the_page_of_an_unknown_job_is_not_found(web):
 
 @pytest.mark.parametrize("database", ["postgres", "sqlite"])
 def test_a_snapshot_does_not_see_what_commits_after_its_first_read(database, tmp_path,
-                                                                   pg_url):  # noqa: F811
+                                                                   pg_url):
     # given a snapshot that has read the keys once
     env = {"AGENTQ_DATABASE_URL": pg_url} if database == "postgres" else {}
     settings = unit_db.settings({"AGENTQ_HOME": str(tmp_path), **env}, backend=database)
