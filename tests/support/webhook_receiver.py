@@ -11,8 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-"""The stack's AGENTQ_WEBHOOK_SECRET (tests/support/api_client.py's TEST_ENV)."""
+from tests.integration.conftest import TEST_ENV
+
+SECRET = TEST_ENV["AGENTQ_WEBHOOK_SECRET"]
+"""The secret the test stacks sign their webhooks with."""
 DELIVERY_TIMEOUT_S = 20
 
 
