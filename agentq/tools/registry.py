@@ -29,6 +29,7 @@ from agentq.errors import (
 from agentq.llm.types import ToolSpec
 from agentq.tools.manifest import ToolContext, ToolDef, ToolModule, permission_rank
 from agentq.tools.result import ToolResult
+from agentq.tools.specs import ModuleUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,6 @@ class ToolRegistry:
         if tool is None:
             module = name.partition(".")[0]
             if self.remote is not None and module in self.remote.known():
-                from agentq.tools.remote import ModuleUnavailable
                 error = ModuleUnavailable(f"Module {module} is unavailable: its tools are "
                                           "not offered now.")
                 error.retryable = False
