@@ -337,19 +337,21 @@ class Stepper:
                                                 job.tenant_id)
         offered = self.registry.offered(user.permission_level, allowed)
         model = job.model or (persona.default_model if persona else None) or self.settings.model
+        approval_tools = persona.approval_tools if persona is not None else None
         if recorded is not None:  # answered from the recording: no context to build
             for kind, data in replay.recorded_compactions(session, job, turn_no):
                 uow.event(job.id, kind, **data)
             if not started:
                 uow.event(job.id, "message_start", role="assistant", turn=turn_no)
-            return Turn([], self.registry.specs(offered), model, None, recorded)
+            return Turn([], self.registry.specs(offered), model, None, recorded,
+                        approval_tools=approval_tools)
         system = (persona.system_prompt if persona and persona.system_prompt
                   else self.settings.default_system_prompt)
         max_tokens = remaining_output_budget(
             limits, persona.max_tokens_per_request if persona else None)
         turn = Turn([], self.registry.specs(offered), model, max_tokens,
                     stream=bool(job.stream or (persona is not None and persona.stream)),
-                    turn=job.iteration + 1, resumed=started)
+                    turn=job.iteration + 1, resumed=started, approval_tools=approval_tools)
         turn.extras = context_layers.extras(persona, conversation, turn.tools,
                                             context_layers.TenantLayers(*tenant_layers))
         stop = self._build_context(uow, job, conversation, summary, system, turn,
@@ -473,7 +475,8 @@ class Stepper:
             case Finish(content=content):
                 self.endings.finish(uow, job, turn_no, reply, content, now)
             case RunTools(calls=calls, content=content):
-                self.tool_turns.plan(uow, job, turn_no, reply, calls, content, now)
+                self.tool_turns.plan(uow, job, turn_no, reply, calls, content, now,
+                                     turn.approval_tools)
             case Stop() as stop:
                 self.endings.stop(uow, job, stop)
             case _:

@@ -37,7 +37,7 @@ from agentq.loop.lifecycle import (
 from agentq.loop.store import append_messages
 from agentq.loop.turn import Wired
 from agentq.loop.uow import UnitOfWork
-from agentq.models import Conversation, Job, Persona, ToolCall
+from agentq.models import Conversation, Job, ToolCall
 from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,10 @@ class ToolTurns:
 
     # -- step 7: the calls planned ------------------------------------------------------
     def plan(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
-             calls: Sequence[PlannedCall], content: str, now: datetime) -> None:
+             calls: Sequence[PlannedCall], content: str, now: datetime,
+             persona_tools: list[str] | None) -> None:
+        """The calls stored and sent, held or answered; `persona_tools`: those the job's
+        persona holds for a person's approval."""
         session, registry = uow.session, self.step.registry
         rows: list[tuple[str, str, str | None]] = []
         if content:
@@ -73,8 +76,6 @@ class ToolTurns:
         dispatch: list[tuple[str, str, float]] = []
         held: list[ToolCall] = []
         records: list[ToolCall] = []
-        persona = session.get(Persona, job.persona_id) if job.persona_id else None
-        persona_tools = persona.approval_tools if persona is not None else None
         for position, call in enumerate(calls):
             tool_use_id = tool_use_id_of(job.id, turn_no, position)
             queue = registry.queue_for(call.name) if call.name in registry.tools else ""

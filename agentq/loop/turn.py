@@ -71,6 +71,9 @@ class Turn:
     """A custom compaction strategy (AGENTQ_COMPACTION_STRATEGY) compacted this turn: it
     compacts each assembly of it again, and fitting the window is its business."""
     job_id: str | None = None
+    approval_tools: list[str] | None = None
+    """The tools the job's persona holds for a person's approval (read with the persona by
+    the step's first transaction: a tool turn's persist does not read the persona again)."""
 
     @property
     def built(self) -> context.Layers:

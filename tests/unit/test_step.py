@@ -64,6 +64,34 @@ def test_the_output_tokens_are_capped_by_the_budget_left(make):
 
 # --- a tool turn ----------------------------------------------------------------------
 
+def test_a_personas_approval_list_holds_its_call_and_the_persist_reads_no_persona(make):
+    """The persona is read once, with the user and the conversation, by the step's first
+    transaction: the persist that plans the turn's calls does not read it again."""
+    from sqlalchemy import event
+    # given a persona that holds math.evaluate for a person's approval
+    h = make(calls(("math.evaluate", {"expression": "2+2"})))
+    persona = h.add_persona(requires_approval=["math.evaluate"])
+    job_id = h.submit(persona_id=persona)
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    # when its first step runs
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        effects = h.stepper.run(job_id, 0, "start")
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    # then the call waits for a person, nothing is dispatched
+    assert not [e for e in effects if isinstance(e, DispatchTools)]
+    (call,) = h.rows(ToolCall, job_id)
+    assert (call.name, call.status) == ("math.evaluate", "awaiting")
+    job = h.job(job_id)
+    assert (job.status, job.waiting_for) == ("waiting", "approval")
+    # and the persona was read by one statement of the step (its first transaction's)
+    assert len([sql for sql in statements if "FROM personas" in sql
+                or "JOIN personas" in sql]) == 1
+
+
 def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
     # given a model that computes with a tool, then answers
     h = make(calls(("math.evaluate", {"expression": "2+2"}), content="Computing."), text("4"))
