@@ -26,8 +26,6 @@ from agentq.models import Job, TokenLog
 log = logging.getLogger(__name__)
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=1)
-ENDED = ENDED_STATUSES
-LIVE = UNENDED_STATUSES
 BROKER_TIMEOUT_S = 1.0
 """How long the page waits for the broker (its queues) and for the workers' pongs."""
 PALETTE = 6
@@ -111,10 +109,10 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
     rows = session.execute(visible(
         select(Job.status, Job.created_at, Job.finished_at)
         .where(Job.finished_at >= since, Job.finished_at <= now,
-               Job.status.in_(ENDED)))).all()
-    ended = {status: 0 for status in ENDED}
+               Job.status.in_(ENDED_STATUSES)))).all()
+    ended = {status: 0 for status in ENDED_STATUSES}
     buckets = int(WINDOW / BUCKET)
-    minutes = [{status: 0 for status in ENDED} for _ in range(buckets)]
+    minutes = [{status: 0 for status in ENDED_STATUSES} for _ in range(buckets)]
     durations = []
     for status, created_at, finished_at in rows:
         ended[status] += 1
@@ -125,10 +123,10 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
     submitted = session.execute(visible(
         select(func.count()).select_from(Job).where(Job.created_at >= since,
                                                     Job.created_at <= now))).scalar_one()
-    live = {status: 0 for status in LIVE}
+    live = {status: 0 for status in UNENDED_STATUSES}
     for status, waiting_for, count in session.execute(visible(
             select(Job.status, Job.waiting_for, func.count())
-            .where(Job.status.in_(LIVE)).group_by(Job.status, Job.waiting_for))).all():
+            .where(Job.status.in_(UNENDED_STATUSES)).group_by(Job.status, Job.waiting_for))).all():
         shown = JobStatus.WAITING if waiting_for in SHOWN_WAITS else status  # as the API shows it
         live[shown] = live.get(shown, 0) + count
     ago = _minutes_before(session, TokenLog.created_at, now).label("ago")

@@ -361,7 +361,7 @@ def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:
                 _error_line(f"stopped waiting; job {job_id} was asked to cancel")
                 return EXIT_INTERRUPTED
             seen, job = _print_new_events(sessions, job_id, seen)
-            if job.status in TERMINAL_STATUSES:
+            if job.status in ENDED:
                 return _print_ending(job_id, job.status, job.finish_reason, job.response or {})
             behind = waits_behind(sessions, job)
             if behind is not None and behind.id != told_behind:
@@ -390,7 +390,7 @@ def waits_behind(sessions, job):
         conversation = session.get(Conversation, job.conversation_id)
         owner = (session.get(Job, conversation.active_job_id)
                  if conversation is not None and conversation.active_job_id else None)
-        if owner is None or owner.status in TERMINAL_STATUSES or owner.id == job.id:
+        if owner is None or owner.status in ENDED or owner.id == job.id:
             return None
         session.expunge_all()
     return owner
@@ -437,7 +437,6 @@ class _CtrlC:
                 signal.signal(signal.SIGINT, previous)
 
 
-TERMINAL_STATUSES = ENDED
 EMBEDDED_POLL_S = 0.05
 """How often `agentq run` reads its job's new events (a local SQLite read)."""
 
@@ -497,7 +496,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
         job = lock_job(uow.session, job_id)
         if job is None:
             raise click.ClickException(f"no job {job_id} in {shown_url(settings.database_url)}")
-        if job.status in TERMINAL_STATUSES:
+        if job.status in ENDED:
             return f"job {job_id} already {job.status}"
         lease = job.step_lease_until  # UTC-aware on SQLite too (models.UTCDateTime)
         unheld = job.status == JobStatus.RUNNING and (lease is None or lease <= utcnow())
@@ -533,7 +532,7 @@ def _cancel_local(settings, job_id: uuid.UUID) -> None:
     from agentq.models import Job
     with UnitOfWork(session_factory(settings)) as uow:
         job = uow.session.get(Job, job_id)
-        if job is None or job.status in TERMINAL_STATUSES:
+        if job is None or job.status in ENDED:
             return
         cancel(uow, job)
 
