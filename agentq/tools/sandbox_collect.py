@@ -165,6 +165,8 @@ def collect(child: Child, status_fd: int, reports: list[dict[str, Any]], deadlin
                             > OUTPUT_KILL_BYTES and not ended.output_limited):
                         ended.output_limited = True
                         stop(time.monotonic())
+    if ended.status_overflow:  # not the supervisor's few lines: nothing of it is believed
+        return captures, ended
     for line in bytes(status_data).splitlines():
         try:
             item = json.loads(line)

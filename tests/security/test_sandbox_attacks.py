@@ -604,20 +604,30 @@ def _rss_peak_during(action) -> tuple[int, object]:
     return max(peak[0], rss()) - base, outcome
 
 
-def test_a_flooded_status_channel_kills_the_run_and_costs_the_worker_nothing(monkeypatch):
+@pytest.mark.parametrize("chunk", [
+    """b'{"exit_code": 0}' * 4096""",
+    # forged reports, each a line of its own: a run's answer that believed them said it was
+    # CPU- and memory-limited, and one without cpu_s failed the worker with a KeyError
+    """b'{"exit_code": 0, "cpu_s": 999, "memory_error": true}\\n' * 1024""",
+    """b'{"exit_code": 0}\\n' * 4096""",
+], ids=["one_line", "forged_reports", "forged_reports_without_cpu_s"])
+def test_a_flooded_status_channel_kills_the_run_and_costs_the_worker_nothing(monkeypatch,
+                                                                             chunk):
     # issue 30: 300 MiB pushed on the status pipe grew a tools-slow process by 890 MiB. The
     # code cannot reach the pipe any more (above); a supervisor that floods it stands for
     # one that could
     flooding = sandbox.SUPERVISOR.replace(
         "report(started=True)\n",
         "report(started=True)\n"
-        "chunk = b'{\"exit_code\": 0}' * 4096\n"
+        f"chunk = {chunk}\n"
         "for _ in range(300 * 2 ** 20 // len(chunk)):\n"
         "    os.write(status, chunk)\n", 1)
     assert flooding != sandbox.SUPERVISOR
     monkeypatch.setattr(sandbox, "SUPERVISOR", flooding)
     grew, result = _rss_peak_during(lambda: run("print('never')"))
     assert result["exit_signal"] == "SIGKILL" and result["stdout"] == "", result
+    # nothing that came on the flooded channel is believed
+    assert not (result["cpu_limited"] or result["memory_limited"]), result
     assert grew < 32 * 2 ** 20, grew
 
 
