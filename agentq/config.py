@@ -151,6 +151,14 @@ class Settings:
     """AGENTQ_TOOL_PACKAGES: comma-separated packages whose subpackages are tool modules."""
     slow_modules: tuple[str, ...] = ("code",)
     """AGENTQ_SLOW_MODULES: modules that run on tools.slow.<module> with the slow limits."""
+    local_modules: tuple[str, ...] = ()
+    """AGENTQ_LOCAL_MODULES: in-process modules that declare themselves local (`math`,
+    `time`) whose calls run inside the orchestrator's step, the next model call following
+    in the same task (DESIGN 1.2, "Local tools"); unset: none, every call goes by chord to
+    its module's queue."""
+    local_tool_time_limit_s: float = 5.0
+    """AGENTQ_LOCAL_TOOL_TIME_LIMIT_S: the most one attempt of a local call may take (its
+    tool's own limit when lower); past it the call is answered `tool_timeout`."""
     tool_time_limit_s: float = 30.0
     """AGENTQ_TOOL_TIME_LIMIT_S: default time limit of one tool attempt."""
     slow_tool_time_limit_s: float = 120.0
@@ -456,6 +464,11 @@ class Settings:
             web_connections=num("AGENTQ_WEB_CONNECTIONS", cls.web_connections, int, 16,
                                 1_000_000),
             slow_modules=names("AGENTQ_SLOW_MODULES", cls.slow_modules),
+            local_modules=_local_modules(env, names("AGENTQ_LOCAL_MODULES",
+                                                    cls.local_modules),
+                                         names("AGENTQ_SLOW_MODULES", cls.slow_modules)),
+            local_tool_time_limit_s=num("AGENTQ_LOCAL_TOOL_TIME_LIMIT_S",
+                                        cls.local_tool_time_limit_s, float, 0.1, 300),
             tool_modules=_static_modules(env),
             module_allow_private=(env.get("AGENTQ_MODULE_ALLOW_PRIVATE") or "0").lower()
             in ("1", "true", "yes"),
@@ -595,6 +608,25 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if value not in ("0", "1", "true", "false", "yes", "no"):
         raise ConfigError(name, f"expected 1 or 0, got {value!r}")
     return value in ("1", "true", "yes")
+
+
+def _local_modules(env: Mapping[str, str], local: tuple[str, ...],
+                   slow: tuple[str, ...]) -> tuple[str, ...]:
+    """AGENTQ_LOCAL_MODULES, refused here when a name cannot be local whatever the modules
+    are: a slow module, or a remote one of AGENTQ_TOOL_MODULES (its calls cross the
+    network). Whether each is an in-process module that declares itself local is checked
+    when the registry discovers them (`agentq.tools.registry`)."""
+    remote = {spec.name for spec in _static_modules(env)}
+    for name in local:
+        if name in slow:
+            raise ConfigError("AGENTQ_LOCAL_MODULES",
+                              f"{name!r} is slow (AGENTQ_SLOW_MODULES): a local module's "
+                              "calls run in the orchestrator's step, in bounded time")
+        if name in remote:
+            raise ConfigError("AGENTQ_LOCAL_MODULES",
+                              f"{name!r} is a remote module (AGENTQ_TOOL_MODULES): only an "
+                              "in-process module may run in the step")
+    return local
 
 
 def _static_modules(env: Mapping[str, str]) -> tuple[ModuleSpec, ...]:

@@ -32,17 +32,21 @@ from agentq.tools.remote import (
 log = logging.getLogger(__name__)
 
 
-def python_module_object(module) -> dict[str, Any]:
+def python_module_object(module, local: bool = False) -> dict[str, Any]:
+    """An in-process module as GET /v1/modules shows it; `local`: its calls run in the
+    step (`ToolRegistry.is_local`)."""
     return {"name": module.name, "kind": "python", "url": None, "command": None,
-            "slow": module.slow, "signed": False, "static": True, "permission": None,
-            "requires_approval": False, "timeout_s": None, "global": True, "tenant_id": None,
+            "slow": module.slow, "local": local, "signed": False, "static": True,
+            "permission": None, "requires_approval": False, "timeout_s": None,
+            "global": True, "tenant_id": None,
             "health": {"status": "ok", "error": None, "checked_at": None},
             "tools": tools_of(module)}
 
 
 def list_modules(registry: ToolRegistry, tenant_id=None) -> list[dict[str, Any]]:
     """Every module `tenant_id` may see (its own and the global ones; None: all)."""
-    local = [python_module_object(registry._local[n]) for n in sorted(registry._local)]
+    local = [python_module_object(registry._local[n], registry.is_local(n))
+             for n in sorted(registry._local)]
     remote = registry.remote.known(force=True) if registry.remote else {}
     return local + [module_object(remote[n]) for n in sorted(remote)
                     if n not in registry._local

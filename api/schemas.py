@@ -660,6 +660,11 @@ class ModuleSchema(Schema):
     url = fields.String(allow_none=True)
     command = fields.List(fields.String(), allow_none=True)
     slow = fields.Boolean(required=True)
+    local = fields.Boolean(required=True, metadata={
+        "description": "Its calls run inside the orchestrator's step, not by chord on its "
+                       "queue: an in-process module that declares itself local, named in "
+                       "AGENTQ_LOCAL_MODULES (docs/api-modules.md). A registered module "
+                       "never is."})
     signed = fields.Boolean(required=True)
     static = fields.Boolean(required=True)
     permission = fields.String(allow_none=True)

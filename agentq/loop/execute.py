@@ -105,19 +105,22 @@ call, this one waits for its result."""
 
 
 def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                      sessions: sessionmaker) -> CallOutcome:
+                      sessions: sessionmaker, join: bool = True) -> CallOutcome:
+    """Run one call (its tool task's body). `join=False`: the caller is the step that runs
+    its turn's local calls (`agentq.loop.tool_turn`); it goes on with the turn itself, so
+    storing the turn's last result sends no next step (`tool_join=database`)."""
     registry.look()  # before the transaction: one pooled connection at a time
     # a lost start is re-done by the redelivered task
     with UnitOfWork(sessions, durable=False) as uow:
         prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
     match prepared:
         case rules.Elsewhere():
-            return _await_other_delivery(tool_use_id, settings, registry, sessions)
+            return _await_other_delivery(tool_use_id, settings, registry, sessions, join)
         case Answered(outcome=outcome):
             return outcome
         case Refused(job_id=job_id, result=refusal):  # a delegate call: no sub-agent
             return _finish(tool_use_id, job_id, agents.DELEGATE, ToolCallStatus.FAILED,
-                           {**refusal.to_record(), "attempts": 1}, settings, sessions)
+                           {**refusal.to_record(), "attempts": 1}, settings, sessions, join)
         case Run(name=name, arguments=arguments, ctx=ctx, allowed=allowed,
                  lease_until=lease_until):
             # the lease taken in `_prepare` is renewed while the tool runs
@@ -126,14 +129,14 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
             status = ToolCallStatus.SUCCEEDED if result.ok else ToolCallStatus.FAILED
             record = {**result.to_record(), "attempts": result.attempts}
             return _finish(tool_use_id, uuid.UUID(ctx.job_id), name, status, record,
-                           settings, sessions)
+                           settings, sessions, join)
         case _:
             assert_never(prepared)
 
 
 def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
             record: dict[str, Any], settings: Settings,
-            sessions: sessionmaker) -> CallOutcome:
+            sessions: sessionmaker, join_turn: bool = True) -> CallOutcome:
     """Store a call's result and, when it was its turn's last, name the next step."""
     delegate = name == agents.DELEGATE
 
@@ -144,7 +147,8 @@ def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
         if delegate and iteration is not None and job is not None:
             agents.settle(uow, job, iteration)  # its parent may wait for children
         join = (_join_if_last(uow.session, job_id, iteration)
-                if iteration is not None and settings.tool_join == "database" else None)
+                if iteration is not None and join_turn and settings.tool_join == "database"
+                else None)
         if join is not None:  # this call was the turn's last: the next step goes out
             uow.effect(NextStep(join[0], join[1], "callback"))
         return iteration, join
@@ -179,7 +183,7 @@ def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:
 
 
 def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                          sessions: sessionmaker) -> CallOutcome:
+                          sessions: sessionmaker, join: bool = True) -> CallOutcome:
     """A copy of a call that a live delivery is running: wait until that one stores the
     result (this copy then answers `duplicate`; the storer joins the turn), or until its
     lease runs out unrenewed (its worker died: this copy decides again, in `_prepare`)."""
@@ -193,8 +197,15 @@ def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRe
         if lease_until is None or utcnow() >= lease_until:
             log.warning("the delivery running a tool call went silent",
                         extra={"event": "tool.lease_expired", "tool_use_id": tool_use_id})
-            return execute_tool_call(tool_use_id, settings, registry, sessions)
+            return execute_tool_call(tool_use_id, settings, registry, sessions, join)
         time.sleep(AWAIT_POLL_S)
+
+
+def turn_pending(sessions: sessionmaker, job_id: uuid.UUID, iteration: int) -> bool:
+    """Whether a call of the job's turn `iteration` has no result yet (committed)."""
+    with sessions() as session:
+        return session.execute(_PENDING_OF_TURN,
+                               {"job_id": job_id, "iteration": iteration}).first() is not None
 
 
 def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:

@@ -36,7 +36,10 @@ model calls already made. `run_step(job_id, k)` does, in order:
                                      reply was cut at its output limit: its tool
                                      calls, if any, are not run)
                   RunTools(calls)  → tool_call rows; the calls go out as a chord whose
-                                     callback is step k+1 (`agentq.loop.tool_turn`)
+                                     callback is step k+1 (`agentq.loop.tool_turn`); a
+                                     local module's run in this task after the commit,
+                                     and a turn of local calls only goes on to step k+1
+                                     here, no message sent (`run`)
                   Stop(reason)     → the job ends with that finish_reason
   8. effects    returned to the caller, who dispatches them only after the commit.
 
@@ -97,7 +100,7 @@ from agentq.loop.recall import Recall
 from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
 from agentq.loop.streaming import delta_publisher
 from agentq.loop.submit import describe_attachments
-from agentq.loop.tool_turn import ToolTurns
+from agentq.loop.tool_turn import LocalTurn, ToolTurns
 from agentq.loop.turn import Turn, hook_ctx
 from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import (
@@ -215,6 +218,24 @@ class Stepper:
 
     # -- the step ---------------------------------------------------------------------
     def run(self, job_id: str, iteration: int, cause: Cause = "continue") -> list[Effect]:
+        """Step `iteration` of the job, and the steps after it while a turn's calls all
+        run in the step (local tools, `agentq.loop.tool_turn.LocalTurn`): the next model
+        call follows in this task, no message sent for it. The effects sent."""
+        effects: list[Effect] = []
+        going_on: int | None = iteration
+        while going_on is not None:
+            local: list[LocalTurn] = []
+            effects += self._run(job_id, going_on, cause, local)
+            going_on = None
+            for turn in local:  # after the plan's commit
+                sent, going_on = self.tool_turns.run_local(turn)
+                effects += sent
+            cause = "callback"
+        return effects
+
+    def _run(self, job_id: str, iteration: int, cause: Cause,
+             local: list[LocalTurn]) -> list[Effect]:
+        """One step; a turn planned with local calls is added to `local`."""
         owner = uuid.uuid4().hex
         self.registry.look()  # before the transaction: one pooled connection at a time
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
@@ -245,10 +266,12 @@ class Stepper:
 
         # the model answered: its reply is kept through a database outage (written when the
         # database answers, within a step deadline) rather than lost and asked for again
-        _, uow = ride_out(self.sessions, self.settings.step_deadline_s, "model reply",
-                          lambda uow: self._persist(uow, uuid.UUID(job_id), iteration, owner,
-                                                    reply, outcome),
-                          autoflush=False, job_id=job_id)
+        planned, uow = ride_out(self.sessions, self.settings.step_deadline_s, "model reply",
+                                lambda uow: self._persist(uow, uuid.UUID(job_id), iteration,
+                                                          owner, reply, outcome),
+                                autoflush=False, job_id=job_id)
+        if planned is not None:
+            local.append(planned)
         if self.hooks.loaded:
             self.hooks.after_turn({"job_id": job_id, "turn": iteration + 1,
                                    "model": reply.model, "content": reply.content,
@@ -434,7 +457,7 @@ class Stepper:
 
     # -- 7. persist -------------------------------------------------------------------
     def _persist(self, uow: UnitOfWork, job_id: uuid.UUID, iteration: int, owner: str,
-                 reply: LLMReply, turn: Turn) -> None:
+                 reply: LLMReply, turn: Turn) -> LocalTurn | None:
         session, now = uow.session, utcnow()
         turn_no = iteration + 1
         charged = turn.recorded is None
@@ -447,7 +470,7 @@ class Stepper:
         if job is None:
             log.warning("step lost its lease; reply discarded",
                         extra={"job_id": str(job_id), "iteration": iteration})
-            return
+            return None
         uow.holds(job)  # the compare-and-set's UPDATE locked its row
         record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
                      job_id=job.id, iteration=turn_no, reply=reply, cost=cost,
@@ -464,7 +487,7 @@ class Stepper:
                 append_messages(session, job.conversation_id, job.id,
                                 [("assistant", reply.content, reply.model)], now)
             self.endings.stop_turn(uow, job, turn_no, CANCELLED)
-            return
+            return None
         decision = decide(reply, [t.name for t in turn.tools],
                           cached_quotas(session, job.tenant_id,
                                         self.settings).tool_calls_per_turn)
@@ -475,12 +498,13 @@ class Stepper:
             case Finish(content=content):
                 self.endings.finish(uow, job, turn_no, reply, content, now)
             case RunTools(calls=calls, content=content):
-                self.tool_turns.plan(uow, job, turn_no, reply, calls, content, now,
-                                     turn.approval_tools)
+                return self.tool_turns.plan(uow, job, turn_no, reply, calls, content, now,
+                                            turn.approval_tools)
             case Stop() as stop:
                 self.endings.stop(uow, job, stop)
             case _:
                 assert_never(decision)
+        return None
 
     def fail(self, job_id: str, exc: BaseException) -> list[Effect]:
         """A bug in this job's step: the job fails (`fail_job`), the hooks hear it."""

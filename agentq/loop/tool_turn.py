@@ -7,6 +7,13 @@ answered (`decide` rejected it) is stored failed; a call that needs a person's a
 held (`agentq.loop.approvals`); the rest go out as one `DispatchTools` effect. A turn with
 nothing to run sends its next step at once.
 
+Local tools (DESIGN 1.2): the calls of a local module (`ToolRegistry.is_local`) are not
+sent. The plan hands them back (`LocalTurn`) and, once its transaction has committed, the
+step runs them itself (`run_local`), each as a tool task would (`execute_tool_call`: the
+same checks, lease, stored result and events, so a re-driven turn runs again only a call
+whose result was not committed), then sends the turn's other calls by chord. A turn whose
+calls were all local goes on to its next step in the same task: no message, no broker hop.
+
 Collecting turns the results, in call order, into tool_result messages; what the step does
 with calls still pending is decided by `rules.after_tools`.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -24,9 +32,11 @@ from agentq import agents
 from agentq.db import insert_all, utcnow
 from agentq.llm.types import LLMReply
 from agentq.loop import approvals, replay, rules
+from agentq.loop import uow as units
 from agentq.loop.busy import CANCELLED_TOOL_RESULT
 from agentq.loop.decision import PlannedCall
-from agentq.loop.effects import Cause, DispatchTools, NextStep
+from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
+from agentq.loop.execute import execute_tool_call, turn_pending
 from agentq.loop.lifecycle import (
     ReplayMode,
     ToolCallStatus,
@@ -50,6 +60,20 @@ _TURN_CALLS = (select(ToolCall).where(ToolCall.job_id == bindparam("job_id"),
 """A turn's calls, in call order (the step after its tools collects their results)."""
 
 
+@dataclass(frozen=True)
+class LocalTurn:
+    """A planned turn with local calls, for the step to run once the plan has committed."""
+    job_id: str
+    turn: int
+    calls: tuple[str, ...]
+    """The local calls' tool_use_ids, in call order."""
+    remote: DispatchTools | None
+    """The turn's other calls, sent by chord after the local ones have run (the chord's
+    callback then finds every result in)."""
+    held: bool
+    """Some calls wait for a person's approval: the approval's dispatch ends the turn."""
+
+
 class ToolTurns:
     """The tool turns of one Stepper's jobs (its wiring read from it at each call)."""
 
@@ -66,14 +90,16 @@ class ToolTurns:
     # -- step 7: the calls planned ------------------------------------------------------
     def plan(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
              calls: Sequence[PlannedCall], content: str, now: datetime,
-             persona_tools: list[str] | None) -> None:
+             persona_tools: list[str] | None) -> LocalTurn | None:
         """The calls stored and sent, held or answered; `persona_tools`: those the job's
-        persona holds for a person's approval."""
+        persona holds for a person's approval. With local calls, nothing is sent here:
+        the `LocalTurn` returned is for the step to run after the commit."""
         session, registry = uow.session, self.step.registry
         rows: list[tuple[str, str, str | None]] = []
         if content:
             rows.append(("assistant", content, reply.model))
         dispatch: list[tuple[str, str, float]] = []
+        local: list[str] = []
         held: list[ToolCall] = []
         records: list[ToolCall] = []
         for position, call in enumerate(calls):
@@ -94,11 +120,16 @@ class ToolTurns:
             elif approvals.needs_approval(registry, call.name, persona_tools):
                 held.append(record)
             else:
-                dispatch.append((tool_use_id, queue, self.limit(call.name)))
+                in_step = registry.is_local(call.name.partition(".")[0])
+                if in_step:
+                    local.append(tool_use_id)
+                else:
+                    dispatch.append((tool_use_id, queue, self.limit(call.name)))
                 uow.event(job.id, "tool_execution_start", tool_use_id=tool_use_id,
                           name=call.name, arguments=call.arguments, queue=queue,
                           idempotent=getattr(registry.tools.get(call.name),
-                                             "idempotent", False))
+                                             "idempotent", False),
+                          **({"local": True} if in_step else {}))
             records.append(record)
             rows.append(("tool_call", json.dumps({"name": call.name,
                                                   "arguments": call.arguments,
@@ -106,13 +137,37 @@ class ToolTurns:
         insert_all(session, records)  # not flushed: the job's row then goes with its events
         append_messages(session, job.conversation_id, job.id, rows, now)
         run_tools(job)
-        if dispatch:
-            uow.effect(DispatchTools(str(job.id), turn_no, tuple(dispatch)))
+        remote = DispatchTools(str(job.id), turn_no, tuple(dispatch)) if dispatch else None
+        if remote is not None and not local:
+            uow.effect(remote)
         for record in held:  # they wait for a person; the job holds no worker meanwhile
             approvals.hold(uow, job, record, approvals.deadline(
                 registry, self.step.settings, record.name, now))
+        if local:
+            return LocalTurn(str(job.id), turn_no, tuple(local), remote, bool(held))
         if not dispatch and not held:
             uow.effect(NextStep(str(job.id), turn_no, "continue"))
+        return None
+
+    # -- after step 7's commit: the local calls run -------------------------------------
+    def run_local(self, turn: LocalTurn) -> tuple[list[Effect], int | None]:
+        """Run a turn's local calls here, one after another, each bounded by its limit
+        (`ToolRegistry.time_limit_for`); then send its other calls by chord. Returns the
+        effects sent and, when every call of the turn has its result, the iteration of
+        the next step, which the caller runs itself (the same task: no message sent)."""
+        step = self.step
+        job_id = uuid.UUID(turn.job_id)
+        for tool_use_id in turn.calls:
+            outcome = execute_tool_call(tool_use_id, step.settings, step.registry,
+                                        step.sessions, join=False)
+            log.info("local tool call ran in the step",
+                     extra={"job_id": turn.job_id, "tool_use_id": tool_use_id,
+                            "status": outcome.status})
+        if turn.remote is not None:  # the chord's callback collects the turn
+            return ([turn.remote] if units.send([turn.remote]) else []), None
+        if turn.held and turn_pending(step.sessions, job_id, turn.turn):
+            return [], None  # a held call's dispatch, once approved, collects the turn
+        return [], turn.turn
 
     # -- step 3: the results collected --------------------------------------------------
     def collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,

@@ -19,6 +19,13 @@ of running it once. A tool with side effects makes itself idempotent with the ca
 stores one file per key. A non-idempotent tool that is run again is logged
 (`tool.rerun_not_idempotent`) and its `tool_execution_end` event says `reruns`.
 
+A module may declare itself `"local": true`: its tools are pure (no side effects, nothing
+read but their arguments and the clock), run in-process and end in bounded time, so its
+calls may run inside the orchestrator's step instead of on its queue (DESIGN 1.2, "Local
+tools"). The declaration only allows it: the deployment turns it on per module
+(AGENTQ_LOCAL_MODULES; `agentq.tools.registry.ToolRegistry.is_local`). A slow module cannot
+declare it.
+
 An unknown key, a duplicate name, a name outside `module.tool`, a bad JSON Schema or an
 unknown permission fails at import with a ManifestError saying what to fix.
 
@@ -38,7 +45,7 @@ from agentq.errors import ManifestError
 
 PERMISSION_LEVELS = ("guest", "user", "admin", "owner")
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,30}")  # always used with fullmatch
-MODULE_KEYS = {"module", "description", "tools", "slow", "time_limit_s"}
+MODULE_KEYS = {"module", "description", "tools", "slow", "time_limit_s", "local"}
 TOOL_KEYS = {"name", "description", "parameters", "permission", "function", "time_limit_s",
              "idempotent", "requires_approval", "approval_timeout_s"}
 
@@ -104,6 +111,8 @@ class ToolModule:
     tools: tuple[ToolDef, ...]
     slow: bool = False
     time_limit_s: float | None = None
+    local: bool = False
+    """Declares its tools pure, in-process and bounded: its calls may run in the step."""
 
 
 def define_module(manifest: dict[str, Any]) -> ToolModule:
@@ -177,8 +186,14 @@ def define_module(manifest: dict[str, Any]) -> ToolModule:
     slow = manifest.get("slow", False)
     if not isinstance(slow, bool):
         raise ManifestError(module, "'slow' must be true or false")
+    local = manifest.get("local", False)
+    if not isinstance(local, bool):
+        raise ManifestError(module, "'local' must be true or false")
+    if local and slow:
+        raise ManifestError(module, "a slow module cannot be local: a local module's calls "
+                                    "run in the orchestrator's step, in bounded time")
     return ToolModule(name=module, description=str(manifest.get("description") or ""),
-                      tools=tuple(tools), slow=slow, time_limit_s=module_limit)
+                      tools=tuple(tools), slow=slow, time_limit_s=module_limit, local=local)
 
 
 def _limit(module: str, key: str, value: Any) -> float | None:

@@ -1,6 +1,14 @@
 """The tool registry: discovers the modules in `tool_workers/`, says which tools a caller is
 offered, where each runs, and executes one call with validation, a timeout and one retry.
 
+Where a call runs: on its module's queue (`tools.<module>`, `tools.slow.<module>`) by
+chord, the default; or, for a local module (`is_local`: an in-process module that
+declares itself `"local": true`, named in AGENTQ_LOCAL_MODULES), inside the orchestrator's
+step (`agentq.loop.tool_turn`), bounded by AGENTQ_LOCAL_TOOL_TIME_LIMIT_S. A local call
+that must be sent rather than run in the step (a person approved it, the sweeper re-drives
+its turn) goes to the orchestrator's queue (`LOCAL_QUEUE`), never to a module queue: no
+tools worker consumes a local module's queue.
+
 A tool's failure is data for the model (`ToolResult(ok=False, ...)`); only a bug in our own
 code escalates.
 """
@@ -11,6 +19,7 @@ import json
 import logging
 import os
 import pkgutil
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +28,7 @@ from typing import Any, Iterable
 
 from agentq.config import Settings
 from agentq.errors import (
+    ConfigError,
     ManifestError,
     ToolArgumentsInvalid,
     ToolError,
@@ -36,6 +46,10 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # seed 000: one automatic retry
 RETRY_PAUSE_S = 0.2
 MAX_STORED_RESULT_CHARS = 1_000_000
+LOCAL_QUEUE = "orchestrator"
+"""Where a local module's call goes when it is sent rather than run in a step: the
+orchestrator's queue (tasks.names.ORCHESTRATOR_QUEUE; agentq does not import tasks), whose
+workers run every task, the tool task included."""
 
 
 def discover(package: str = "tool_workers") -> list[ToolModule]:
@@ -69,6 +83,7 @@ class ToolRegistry:
         self.remote = remote
         """agentq.tools.remote.RemoteModules: HTTP modules and MCP servers, or None."""
         self._remote_key: tuple = ()
+        self._in_step = local_modules(settings, self._local)
         self._build(list(self._local.values()))
 
     def _build(self, modules: list[ToolModule]) -> None:
@@ -117,8 +132,18 @@ class ToolRegistry:
         m = self.modules.get(module)
         return module in self.settings.slow_modules or bool(m and m.slow)
 
+    def is_local(self, module: str) -> bool:
+        """Whether `module`'s calls run inside the orchestrator's step (a local module)
+        rather than by chord on its queue. Only an in-process module that declares itself
+        local and is named in AGENTQ_LOCAL_MODULES is: never an HTTP module nor an MCP
+        server (a registered module of the same name is not this process's), nor a slow
+        one."""
+        return module in self._in_step
+
     def queue_for(self, name: str) -> str:
         module = name.partition(".")[0]
+        if self.is_local(module):
+            return LOCAL_QUEUE
         return f"tools.slow.{module}" if self.is_slow(module) else f"tools.{module}"
 
     def time_limit_for(self, name: str) -> float:
@@ -126,13 +151,18 @@ class ToolRegistry:
         module = self.modules[tool.module]
         default = (self.settings.slow_tool_time_limit_s if self.is_slow(tool.module)
                    else self.settings.tool_time_limit_s)
-        return tool.time_limit_s or module.time_limit_s or default
+        limit = tool.time_limit_s or module.time_limit_s or default
+        if self.is_local(tool.module):  # it holds the step: bounded by the deployment too
+            return min(limit, self.settings.local_tool_time_limit_s)
+        return limit
 
     def queues(self, slow: bool) -> list[str]:
         """The queues of the modules offered now (a tools worker follows new ones:
-        tasks.app's module watcher)."""
+        tasks.app's module watcher); a local module has none (its calls run in the
+        orchestrator)."""
         return sorted(self.queue_for(t.name) for m in self.modules.values()
-                      if self.is_slow(m.name) == slow for t in m.tools[:1])
+                      if self.is_slow(m.name) == slow and not self.is_local(m.name)
+                      for t in m.tools[:1])
 
     def all_queues(self, slow: bool) -> list[str]:
         """queues(), and those of the registered modules not offered now (unhealthy): their
@@ -224,6 +254,8 @@ class ToolRegistry:
             return ToolResult.failure(exc)
         limit_s = self.time_limit_for(name)
         ctx.extra["time_limit_s"] = limit_s
+        # a local call holds its step: it is bounded by one limit, a timeout not tried again
+        local = self.is_local(tool.module)
         last: BaseException | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             started = time.monotonic()
@@ -236,7 +268,8 @@ class ToolRegistry:
                 return ToolResult.success(value, attempt)
             except Exception as exc:  # noqa: BLE001 - a tool's failure is data, whatever it raised
                 last = exc
-                retryable = getattr(exc, "retryable", True)
+                retryable = getattr(exc, "retryable", True) and not (
+                    local and isinstance(exc, ToolTimeout))
                 log.warning("tool failed", extra={"tool": name, "attempt": attempt,
                                                   "tool_use_id": ctx.tool_use_id,
                                                   "error": f"{type(exc).__name__}: {exc}",
@@ -249,8 +282,39 @@ class ToolRegistry:
         return ToolResult.failure(last, MAX_ATTEMPTS)
 
 
+def local_modules(settings: Settings, modules: dict[str, ToolModule]) -> frozenset[str]:
+    """AGENTQ_LOCAL_MODULES, each checked against the in-process modules: ConfigError for
+    a name that is none of them, or one that does not declare itself local (its tools may
+    have side effects or run long: they stay on their queue)."""
+    for name in settings.local_modules:
+        module = modules.get(name)
+        if module is None:
+            raise ConfigError("AGENTQ_LOCAL_MODULES",
+                              f"{name!r} is not an in-process tool module (in-process: "
+                              f"{', '.join(sorted(modules)) or 'none'}); a remote module "
+                              "is never local")
+        if not module.local or module.slow or name in settings.slow_modules:
+            declared = sorted(m.name for m in modules.values() if m.local and not m.slow)
+            raise ConfigError("AGENTQ_LOCAL_MODULES",
+                              f"module {name!r} does not declare itself local (pure, "
+                              "in-process, bounded time); modules that do: "
+                              f"{', '.join(declared) or 'none'}")
+    return frozenset(settings.local_modules)
+
+
 def _run_with_timeout(tool: ToolDef, arguments: dict, ctx: ToolContext, limit_s: float):
-    """Run in a helper thread so a stuck tool times out; the thread is left to finish."""
+    """Run in a helper thread so a stuck tool times out; the thread is left to finish.
+    Under gevent (an orchestrator on AGENTQ_ORCHESTRATOR_POOL=gevent runs local calls) the
+    helper is one of the hub's OS threads: a patched `threading` thread is a greenlet, and
+    a tool computing in it would hold every other greenlet of the process, the timeout's
+    included."""
+    os_threads = _gevent_threadpool()
+    if os_threads is not None:
+        import gevent
+        try:
+            return os_threads.spawn(tool.function, arguments, ctx).get(timeout=limit_s)
+        except gevent.Timeout:
+            raise ToolTimeout(tool.name, limit_s) from None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tool-{tool.module}")
     try:
         future = pool.submit(tool.function, arguments, ctx)
@@ -260,6 +324,16 @@ def _run_with_timeout(tool: ToolDef, arguments: dict, ctx: ToolContext, limit_s:
             raise ToolTimeout(tool.name, limit_s) from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _gevent_threadpool():
+    """The gevent hub's pool of OS threads when this process runs on gevent's patched
+    `threading`, else None (gevent is then neither needed nor imported)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return None
+    import gevent
+    return gevent.get_hub().threadpool
 
 
 def _check_json(value: Any) -> None:

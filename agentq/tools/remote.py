@@ -290,6 +290,9 @@ def build_module(spec: ModuleSpec, manifest: Any,
     if manifest.get("module") != spec.name:
         raise ManifestError(spec.name, f"the manifest names module {manifest.get('module')!r}; "
                                        f"it must be {spec.name!r}, the registered name")
+    if "local" in manifest:  # its calls cross the network: never run in the step
+        raise ManifestError(spec.name, "'local' is not a manifest key of a remote module: "
+                                       "only an in-process module may run in the step")
     tools = manifest.get("tools")
     if isinstance(tools, list):
         for i, tool in enumerate(tools):

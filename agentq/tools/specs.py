@@ -66,6 +66,7 @@ class ModuleSpec:
     def public(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "url": self.url,
                 "command": list(self.command) if self.command else None, "slow": self.slow,
+                "local": False,  # its calls cross the network: never run in the step
                 "signed": bool(self.secret), "static": self.static,
                 "permission": self.permission,
                 "requires_approval": (list(self.requires_approval)

@@ -21,6 +21,7 @@ def evaluate(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 MODULE = define_module({
     "module": "math",
     "description": "Arithmetic: evaluate a numeric expression exactly where possible.",
+    "local": True,  # pure and bounded: may run in the step (AGENTQ_LOCAL_MODULES)
     "tools": [
         {
             "name": "math.evaluate",

@@ -55,6 +55,7 @@ def now(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 MODULE = define_module({
     "module": "time",
     "description": "The current date and time.",
+    "local": True,  # reads the clock only: may run in the step (AGENTQ_LOCAL_MODULES)
     "tools": [
         {
             "name": "time.now",
