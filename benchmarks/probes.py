@@ -3,7 +3,11 @@
     python -m benchmarks probe
 
   statements   SQL statements and commits of one one-tool-turn job on the in-process floor
-               (counted with SQLAlchemy engine events), grouped by kind
+               (counted with SQLAlchemy engine events), grouped by kind; its round trips
+               on the wire (every string psycopg2 sends: statements, PREPAREs, the BEGIN it
+               sends before a transaction's first statement, COMMIT and ROLLBACK of an open
+               transaction), its transactions, and the rows it inserted and updated
+               (pg_stat_user_tables of the probe's own database)
   commit       a durable commit vs a commit that writes no WAL to fsync (temp table)
   sdk          LLMRouter.chat vs the same request posted through the SDK's low-level
                client.post (no typed-params transform), at 15 and 202 messages
@@ -50,6 +54,103 @@ class _FakeLab:
         return self._settings
 
 
+class _Wire:
+    """What agentq's psycopg2 connections (agentq.prepared) send, one entry a round trip:
+    each string executed (a statement, an EXECUTE, a PREPARE; statements sent ahead with the
+    next count with it), each row of an executemany, the BEGIN psycopg2 sends before the
+    first statement of a transaction, the COMMIT or ROLLBACK of an open one."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self._undo: list[Any] = []
+
+    def __enter__(self) -> "_Wire":
+        import psycopg2.extensions
+
+        from agentq import prepared
+        idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        sent = self.sent
+
+        def opens(conn) -> None:
+            if not conn.autocommit and conn.get_transaction_status() == idle:
+                sent.append("BEGIN")
+
+        plain = prepared._PLAIN_EXECUTE
+
+        def execute(cursor, query, vars=None):
+            opens(cursor.connection)
+            text = query if isinstance(query, str) else str(query)
+            sent.append(text.split(None, 1)[0].upper() if text.strip() else "?")
+            return plain(cursor, query, vars)
+
+        many = prepared.Cursor.executemany
+
+        def executemany(cursor, query, vars_list):
+            vars_list = list(vars_list)
+            opens(cursor.connection)
+            sent.extend(["EXECUTEMANY"] * len(vars_list))
+            return many(cursor, query, vars_list)
+
+        def ending(name: str, method):
+            def end(conn) -> None:
+                if conn.get_transaction_status() != idle:
+                    sent.append(name)
+                return method(conn)
+            return end
+
+        commit, rollback = prepared.Connection.commit, prepared.Connection.rollback
+        prepared._PLAIN_EXECUTE = execute
+        prepared.Cursor.executemany = executemany  # type: ignore[method-assign]
+        prepared.Connection.commit = ending("COMMIT", commit)  # type: ignore[method-assign]
+        prepared.Connection.rollback = ending("ROLLBACK", rollback)  # type: ignore[method-assign]
+        self._undo = [(prepared, "_PLAIN_EXECUTE", plain), (prepared.Cursor, "executemany", many),
+                      (prepared.Connection, "commit", commit),
+                      (prepared.Connection, "rollback", rollback)]
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for owner, name, value in self._undo:
+            setattr(owner, name, value)
+
+    def counts(self) -> dict[str, Any]:
+        kinds = collections.Counter(self.sent)
+        return {"round_trips": len(self.sent), "transactions": kinds["BEGIN"],
+                "wire": dict(kinds.most_common())}
+
+
+_TUPLES = ("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
+           "FROM pg_stat_user_tables")
+
+
+def _table_counts(lab: _FakeLab) -> dict[str, tuple[int, ...]]:
+    """Rows inserted, updated (HOT of them) and deleted per table of the probe's database,
+    as its statistics say once every connection that wrote has ended (a backend reports
+    its counts as it exits, a moment after its client closed it): read until two reads
+    a quarter of a second apart agree."""
+    from benchmarks.harness import query
+    last: dict[str, tuple[int, ...]] | None = None
+    for _ in range(40):
+        now = {name: tuple(rest) for name, *rest in query(lab.database_url, _TUPLES)}
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.25)
+    return last or {}
+
+
+def _rows_written(before: dict[str, tuple[int, ...]],
+                  after: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    delta = {name: tuple(a - b for a, b in zip(after[name], before.get(name, (0,) * 4),
+                                                   strict=True))
+             for name in after}
+    inserted = {name: d[0] for name, d in delta.items() if d[0]}
+    updated = {name: d[1] for name, d in delta.items() if d[1]}
+    return {"rows_inserted": sum(inserted.values()), "inserted_by_table": inserted,
+            "rows_updated": sum(updated.values()), "updated_by_table": updated,
+            "hot_updates": sum(d[2] for d in delta.values()),
+            "row_versions": sum(d[0] + d[1] for d in delta.values())}
+
+
 def probe_statements(lab: _FakeLab) -> dict[str, Any]:
     from sqlalchemy import event
 
@@ -61,8 +162,8 @@ def probe_statements(lab: _FakeLab) -> dict[str, Any]:
     engine = engine_for(lab.settings())
     seen: list[str] = []
 
-    def before(_conn, _cursor, statement, *_args):
-        words = statement.split()
+    def statement(_conn, _cursor, text, *_args):
+        words = text.split()
         verb = words[0].upper()
         table = ""
         for marker in ("FROM", "INTO", "UPDATE"):
@@ -76,18 +177,28 @@ def probe_statements(lab: _FakeLab) -> dict[str, Any]:
     def commit(_conn):
         seen.append("COMMIT")
 
-    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "before_cursor_execute", statement)
     event.listen(engine, "commit", commit)
     try:
-        floor.run_job("What is 6*7? turns=1", *new_ids())
+        with _Wire() as wire:
+            floor.run_job("What is 6*7? turns=1", *new_ids())
     finally:
-        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "before_cursor_execute", statement)
         event.remove(engine, "commit", commit)
+    # the rows of one more such job: the statistics of a connection are complete once it
+    # ended (a backend reports its counts when it exits)
+    try:
+        engine.dispose()
+        before = _table_counts(lab)
+        floor.run_job("What is 6*7? turns=1", *new_ids())
+        engine.dispose()
+        rows = _rows_written(before, _table_counts(lab))
+    finally:
         floor.close()
     kinds = collections.Counter(s for s in seen if s != "COMMIT")
     return {"statements": sum(kinds.values()), "commits": seen.count("COMMIT"),
-            "by_kind": dict(kinds.most_common()), "sequence": seen,
-            **_floor_cost(lab)}
+            **wire.counts(), **rows, "by_kind": dict(kinds.most_common()),
+            "sequence": seen, "wire_sequence": list(wire.sent), **_floor_cost(lab)}
 
 
 def _floor_cost(lab: _FakeLab, jobs: int = 15) -> dict[str, float]:
@@ -239,8 +350,12 @@ def render(results: dict[str, Any]) -> str:
     lines = ["### Probes (`python -m benchmarks probe`)", ""]
     st = results.get("statements") or {}
     if "statements" in st:
+        inserted = ", ".join(f"{k} {v}" for k, v in (st.get("inserted_by_table") or {}).items())
         lines.append(f"- One one-tool-turn job on the floor: **{st['statements']} SQL statements "
-                     f"in {st['commits']} commits**; by kind: "
+                     f"in {st['commits']} commits**, **{st.get('round_trips')} round trips** "
+                     f"({st.get('transactions')} transactions), "
+                     f"{st.get('rows_inserted')} rows inserted ({inserted}), "
+                     f"{st.get('rows_updated')} updated; by kind: "
                      + ", ".join(f"{k} ×{v}" for k, v in st["by_kind"].items()) + ". "
                      f"Per floor job: {st.get('floor_job_wall_ms')} ms wall, "
                      f"{st.get('floor_job_cpu_ms')} ms of the client process's CPU.")
