@@ -19,12 +19,13 @@ Every job is made by `new_job` (a submission, a batch line, a follow-up of late 
 replay, a sub-agent) and ended by `end_job`, the one writer of end state: status, finish
 reason, the response object, `job_end`, the conversation handed on, the webhook's first
 delivery row, the batch advanced. The stop reason maps to the end status by an exhaustive
-`match`.
+`match`. A sub-agent's end is its parent's too (`child_ended`, in the same unit of work): the
+child's answer becomes its delegate call's result and the parent goes on after its last
+child (`settle`); the delegate tool that starts children is `agentq.agents`.
 """
 from __future__ import annotations
 
 import enum
-import json
 import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
@@ -33,9 +34,10 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import utcnow
+from agentq.db import lock_row, utcnow
 from agentq.errors import IllegalTransition
 from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
+from agentq.loop.response import response_object
 from agentq.loop.states import (
     ENDED,
     LIVE_STATUSES,
@@ -49,17 +51,19 @@ from agentq.loop.states import (
 )
 from agentq.models import Conversation, Job, ToolCall
 from agentq.tenants import cached_quotas, running_count
+from agentq.tools.result import ToolResult
 
 if TYPE_CHECKING:
     from agentq.loop.uow import UnitOfWork
 
-__all__ = ["ENDED", "EXECUTION_LIMITS", "LIVE_STATUSES", "JobState", "JobStatus", "Phase",
-           "ReplayMode", "StopReason", "ToolCallStatus", "Transition", "WaitingFor",
-           "active_job", "admit", "admit_quota_waiters", "end_job", "end_status",
-           "end_unstarted", "may_start", "new_job", "next_state", "queue_behind",
-           "read_results", "release_conversation", "resume", "resume_from_provider",
-           "run_tools", "start", "take_conversation", "wait_for_approval",
-           "wait_for_children", "wait_for_provider"]
+__all__ = ["DELEGATE", "ENDED", "EXECUTION_LIMITS", "LIVE_STATUSES", "JobState", "JobStatus",
+           "Phase", "ReplayMode", "StopReason", "ToolCallStatus", "Transition", "WaitingFor",
+           "active_job", "admit", "admit_quota_waiters", "child_ended", "child_result",
+           "end_job", "end_status", "end_unstarted", "hand_conversation", "may_start",
+           "new_job", "next_state", "queue_behind", "read_results", "record_child",
+           "release_conversation", "resume", "resume_from_provider", "run_tools", "settle",
+           "start", "take_conversation", "wait_for_approval", "wait_for_children",
+           "wait_for_provider"]
 
 EXECUTION_LIMITS = (StopReason.MAX_ITERATIONS, StopReason.MAX_TOKENS, StopReason.MAX_TIME)
 """Stops that end a job `completed` with "[Agent stopped: <reason>]" in its conversation."""
@@ -227,6 +231,16 @@ def may_start(session: Session, job: Job, settings: Settings | None = None) -> b
     return True
 
 
+def hand_conversation(uow: UnitOfWork, conversation: Conversation, job: Job, now: datetime,
+                      settings: Settings | None = None) -> None:
+    """`job`, queued for `conversation` (found free), takes it: admitted, its owner, and its
+    first step sent unless its tenant's running-jobs quota holds it (`may_start`)."""
+    admit(job, now)
+    take_conversation(conversation, job)
+    if may_start(uow.session, job, settings):
+        uow.effect(NextStep(str(job.id), 0, "start"))
+
+
 def admit_quota_waiters(uow: UnitOfWork, tenant_id: uuid.UUID,
                         settings: Settings | None = None) -> int:
     """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
@@ -315,70 +329,6 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
                created_at=now, last_progress_at=now, limits=limits or None, **extra)
 
 
-SHOWN_BYTES = 2048
-"""A tool call's `arguments` and `result` in a job's response are cut at this many bytes
-of their JSON (API.md 1.2, "Responses say what was done"); the events keep them whole."""
-
-
-def response_object(content: str, error: dict[str, Any] | None,
-                    calls: list) -> dict[str, Any]:
-    """A job's `response`: its answer, the files its tools made, and what each call did:
-    its name, arguments, result (or error), status and success."""
-    ok_results = [c.result.get("result") for c in calls if tool_succeeded(c)]
-    return {"content": content, "files": extract_files(ok_results), "error": error,
-            "metadata": {"tool_calls": [_call_shown(c) for c in calls]}}
-
-
-def _call_shown(call) -> dict[str, Any]:
-    """One call as the response lists it: `arguments` and `result` as sent and returned,
-    each cut at SHOWN_BYTES of JSON (then a string, and `truncated: true`)."""
-    record = call.result or {}
-    arguments, cut_arguments = _cut(call.arguments)
-    result, cut_result = _cut(record.get("result"))
-    return {"name": call.name, "tool_use_id": call.tool_use_id,
-            "status": call.status, "success": tool_succeeded(call),
-            "arguments": arguments, "result": result, "error": record.get("error"),
-            "truncated": cut_arguments or cut_result}
-
-
-def _cut(value: Any) -> tuple[Any, bool]:
-    """`value` whole when it takes at most SHOWN_BYTES (UTF-8; an object or a list: its
-    JSON), else its first SHOWN_BYTES as a string (never half a character), and True."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value, False
-    encoded = (value if isinstance(value, str)
-               else json.dumps(value, ensure_ascii=False, default=str)).encode()
-    if len(encoded) <= SHOWN_BYTES:
-        return value, False
-    return encoded[:SHOWN_BYTES].decode("utf-8", "ignore"), True
-
-
-def tool_succeeded(call) -> bool:
-    """A tool result is stored as `{"ok", "result", "error"}` (`ToolResult.to_record`)."""
-    return bool(call.result and call.result.get("ok"))
-
-
-def extract_files(results: list[Any]) -> list[dict[str, str]]:
-    """File URLs in tool results (seed 000): a top-level `url`, or a `files` list."""
-    files: list[dict[str, str]] = []
-    seen: set[str] = set()
-
-    def add(entry: dict[str, Any]) -> None:
-        url = entry.get("url")
-        if isinstance(url, str) and url and url not in seen:
-            seen.add(url)
-            files.append({"filename": str(entry.get("filename") or "file"), "url": url})
-
-    for result in results:
-        if not isinstance(result, dict):
-            continue
-        add(result)
-        for entry in result.get("files") or []:
-            if isinstance(entry, dict):
-                add(entry)
-    return files
-
-
 _conversations = Conversation.__table__
 _CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result,
                     ToolCall.arguments, ToolCall.status)
@@ -427,7 +377,6 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
                  if job.follow_up_job_id else {}))
     uow.effect(JobEnded(str(job.id), status, reason))
     if job.parent_job_id is not None:  # a sub-agent: its answer is its parent's tool result
-        from agentq.agents import child_ended
         child_ended(uow, job)
     delivery = enqueue_job_event(session, job)  # its webhook's first delivery row
     if delivery is not None:
@@ -488,3 +437,83 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
         uow.effect(NextStep(str(nxt.id), 0, "start"))
+
+
+# --- a sub-agent's end, on its parent ------------------------------------------------------------
+
+DELEGATE = "agents.delegate"
+"""The tool whose call starts a sub-agent (`agentq.agents`): the call stays pending while
+its child runs, and the child's end is its result."""
+
+
+def child_ended(uow: UnitOfWork, child: Job) -> None:
+    """In a sub-agent's end (`end_job`): its answer or error becomes its call's result, its
+    tokens count in the parent's, and the parent goes on when this was its last child."""
+    session = uow.session
+    parent = lock_row(session, Job, child.parent_job_id)  # the child's row, then the parent's
+    if parent is None:
+        return
+    parent.input_tokens += child.input_tokens or 0
+    parent.output_tokens += child.output_tokens or 0
+    parent.cost_estimate = (parent.cost_estimate or 0.0) + (child.cost_estimate or 0.0)
+    if parent.status in ENDED:
+        return
+    # `uow.event` would take the child's `job_id` for the parent's
+    uow.events.append((parent.id, "child_ended",
+                       {"job_id": str(child.id), "status": child.status}))
+    iteration = record_child(uow, parent, child)
+    if iteration is not None:
+        settle(uow, parent, iteration)
+
+
+def child_result(child: Job) -> tuple[ToolCallStatus, dict[str, Any]]:
+    """(the call's status, its stored result) for an ended child."""
+    response = child.response or {}
+    if child.status == JobStatus.COMPLETED:
+        # the child's id is in the events (child_started, tool_execution_end), not here:
+        # a recorded replay's child answers the same and is another job
+        return ToolCallStatus.SUCCEEDED, ToolResult.success({
+            "answer": response.get("content") or "",
+            "finish_reason": child.finish_reason}).to_record()
+    error = response.get("error") or {}
+    return ToolCallStatus.FAILED, ToolResult.failed(
+        f"sub_agent_{child.status}",
+        f"The sub-agent {child.status}: "
+        f"{error.get('message') or child.error or child.finish_reason}",
+        job_id=str(child.id), finish_reason=child.finish_reason,
+        cause=error.get("code")).to_record()
+
+
+def record_child(uow: UnitOfWork, parent: Job, child: Job) -> int | None:
+    """Store the ended child's result on its call; the call's turn, or None when the call
+    had an end already (cancelled with its parent)."""
+    status, record = child_result(child)
+    iteration = uow.session.execute(
+        update(ToolCall).where(ToolCall.tool_use_id == child.parent_tool_use_id,
+                               ToolCall.status == ToolCallStatus.PENDING)
+        .values(status=status, result=record, finished_at=utcnow())
+        .returning(ToolCall.iteration)).scalar_one_or_none()
+    if iteration is not None:
+        uow.event(parent.id, "tool_execution_end", tool_use_id=child.parent_tool_use_id,
+                  name=DELEGATE, ok=record["ok"],
+                  error=(record["error"] or {}).get("code"), attempts=1,
+                  child_job_id=str(child.id))
+    return iteration
+
+
+def settle(uow: UnitOfWork, parent: Job, iteration: int) -> None:
+    """No delegate call of the parent's turn `iteration` pending any more: the parent runs
+    again (`resume`), and with no call of the turn pending at all its next step goes out."""
+    if parent.status in ENDED or parent.iteration != iteration \
+            or parent.phase != Phase.TOOLS:
+        return
+    uow.session.flush()
+    calls = uow.session.execute(select(ToolCall.name, ToolCall.status).where(
+        ToolCall.job_id == parent.id, ToolCall.iteration == iteration)).all()
+    if any(name == DELEGATE and status == ToolCallStatus.PENDING for name, status in calls):
+        return
+    if parent.status == JobStatus.WAITING and parent.waiting_for == WaitingFor.CHILDREN:
+        resume(parent, utcnow())
+    if parent.status == JobStatus.RUNNING and not any(
+            status in (ToolCallStatus.PENDING, ToolCallStatus.AWAITING) for _, status in calls):
+        uow.effect(NextStep(str(parent.id), iteration, "callback"))

@@ -33,12 +33,12 @@ from agentq.loop.lifecycle import (
     WaitingFor,
     active_job,
     end_job,
+    hand_conversation,
     may_start,
     new_job,
     queue_behind,
     take_conversation,
 )
-from agentq.loop.lifecycle import admit as admit_job
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, FileRecord, Job, Persona, User
 from agentq.tenants import DEFAULT_TENANT_ID
@@ -188,10 +188,7 @@ def admit(uow: UnitOfWork, job: Job) -> None:
     conversation = lock_conversation(uow.session, job.conversation_id)
     owner = active_job(uow.session, conversation)
     if owner is None:
-        admit_job(job, utcnow())
-        take_conversation(conversation, job)
-        if may_start(uow.session, job):
-            uow.effect(NextStep(str(job.id), 0, "start"))
+        hand_conversation(uow, conversation, job, utcnow())
     else:
         queue_behind(job)
 

@@ -29,11 +29,9 @@ from agentq.loop.lifecycle import (
     StopReason,
     WaitingFor,
     active_job,
-    admit,
     admit_quota_waiters,
     end_job,
-    may_start,
-    take_conversation,
+    hand_conversation,
 )
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job, WebhookDelivery
@@ -150,10 +148,7 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
             if nxt is not None:
                 log.warning("starting a job its conversation forgot",
                             extra={"job_id": str(nxt.id)})
-                admit(nxt, now)
-                take_conversation(conversation, nxt)
-                if may_start(session, nxt, settings):
-                    uow.effect(NextStep(str(nxt.id), 0, "start"))
+                hand_conversation(uow, conversation, nxt, now, settings)
                 started += 1
         for tenant_id in tenants_waiting_for_quota(session):  # a running-jobs quota
             started += admit_quota_waiters(uow, tenant_id, settings)  # with room again
