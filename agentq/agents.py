@@ -8,11 +8,12 @@ call delivered twice makes one child), puts the parent in `waiting` (`waiting_fo
 children`: no step claims it, so it holds no worker) and records `child_started` on the
 parent. The call stays `pending` while its child runs.
 
-A child's end (`lifecycle.end_job`, in the same unit of work as its end state) records its
-answer, or its error, as the call's result, adds its tokens to the parent's (the parent's
-`max_tokens` counts them; the user's budget counted them as they were used), records
-`child_ended` on the parent and, when no delegate call of the turn is pending any more,
-puts the parent back to `running` and, with no other call pending, sends its next step.
+A child's end is the loop's (`agentq.loop.lifecycle.child_ended`, called by `end_job` in
+the same unit of work as the child's end state): it records the child's answer, or its
+error, as the call's result, adds its tokens to the parent's (the parent's `max_tokens`
+counts them; the user's budget counted them as they were used), records `child_ended` on
+the parent and, when no delegate call of the turn is pending any more (`settle`), puts the
+parent back to `running` and, with no other call pending, sends its next step.
 
 Cancelling a parent cancels its children (`cancel_children`, after the parent's own
 cancel commits, each child in a transaction of its own). The sweeper (`sweep`) covers a
@@ -36,13 +37,14 @@ from agentq.db import lock_row, utcnow
 from agentq.errors import ToolError
 from agentq.loop.effects import DispatchTools, NextStep
 from agentq.loop.lifecycle import (
+    DELEGATE,
     JobStatus,
-    Phase,
     ReplayMode,
     ToolCallStatus,
     WaitingFor,
     new_job,
-    resume,
+    record_child,
+    settle,
     wait_for_children,
 )
 from agentq.loop.states import ENDED, ENDED_STATUSES, UNENDED_STATUSES
@@ -51,9 +53,6 @@ from agentq.tools.registry import ToolRegistry
 from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
-
-DELEGATE = "agents.delegate"
-
 
 class DepthExceeded(ToolError):
     code = "agent_depth_exceeded"
@@ -192,77 +191,6 @@ def _tokens_left(parent: Job) -> int | None:
     return int(cap) - (parent.input_tokens + parent.output_tokens)
 
 
-def result_of(child: Job) -> tuple[str, dict[str, Any]]:
-    """(the call's status, its stored result) for an ended child."""
-    response = child.response or {}
-    if child.status == JobStatus.COMPLETED:
-        # the child's id is in the events (child_started, tool_execution_end), not here:
-        # a recorded replay's child answers the same and is another job
-        return ToolCallStatus.SUCCEEDED, ToolResult.success({
-            "answer": response.get("content") or "",
-            "finish_reason": child.finish_reason}).to_record()
-    error = response.get("error") or {}
-    return ToolCallStatus.FAILED, ToolResult.failed(
-        f"sub_agent_{child.status}",
-        f"The sub-agent {child.status}: "
-        f"{error.get('message') or child.error or child.finish_reason}",
-        job_id=str(child.id), finish_reason=child.finish_reason,
-        cause=error.get("code")).to_record()
-
-
-def child_ended(uow, child: Job) -> None:
-    """In the child's end (`end_job`): its answer or error becomes its call's result, its
-    tokens count in the parent's, and the parent goes on when this was its last child."""
-    session = uow.session
-    parent = lock_row(session, Job, child.parent_job_id)  # the child's row, then the parent's
-    if parent is None:
-        return
-    parent.input_tokens += child.input_tokens or 0
-    parent.output_tokens += child.output_tokens or 0
-    parent.cost_estimate = (parent.cost_estimate or 0.0) + (child.cost_estimate or 0.0)
-    if parent.status in ENDED:
-        return
-    _event(uow, parent.id, "child_ended", {"job_id": str(child.id), "status": child.status})
-    iteration = _record(uow, parent, child)
-    if iteration is not None:
-        settle(uow, parent, iteration)
-
-
-def _record(uow, parent: Job, child: Job) -> int | None:
-    """Store the ended child's result on its call; the call's turn, or None when the call
-    had an end already (cancelled with its parent)."""
-    status, record = result_of(child)
-    iteration = uow.session.execute(
-        update(ToolCall).where(ToolCall.tool_use_id == child.parent_tool_use_id,
-                               ToolCall.status == ToolCallStatus.PENDING)
-        .values(status=status, result=record, finished_at=utcnow())
-        .returning(ToolCall.iteration)).scalar_one_or_none()
-    if iteration is not None:
-        uow.event(parent.id, "tool_execution_end", tool_use_id=child.parent_tool_use_id,
-                  name=DELEGATE, ok=record["ok"],
-                  error=(record["error"] or {}).get("code"), attempts=1,
-                  child_job_id=str(child.id))
-    return iteration
-
-
-def settle(uow, parent: Job, iteration: int) -> None:
-    """No delegate call of the parent's turn `iteration` pending any more: the parent runs
-    again, and with no call of the turn pending at all its next step goes out."""
-    if parent.status in ENDED or parent.iteration != iteration \
-            or parent.phase != Phase.TOOLS:
-        return
-    uow.session.flush()
-    calls = uow.session.execute(select(ToolCall.name, ToolCall.status).where(
-        ToolCall.job_id == parent.id, ToolCall.iteration == iteration)).all()
-    if any(name == DELEGATE and status == ToolCallStatus.PENDING for name, status in calls):
-        return
-    if parent.status == JobStatus.WAITING and parent.waiting_for == WaitingFor.CHILDREN:
-        resume(parent, utcnow())
-    if parent.status == JobStatus.RUNNING and not any(
-            status in (ToolCallStatus.PENDING, ToolCallStatus.AWAITING) for _, status in calls):
-        uow.effect(NextStep(str(parent.id), iteration, "callback"))
-
-
 def awaits_children(session: Session, pending: list[ToolCall]) -> bool:
     """Some of these pending calls are delegate calls whose child is still live."""
     ids = [c.tool_use_id for c in pending if c.name == DELEGATE]
@@ -333,7 +261,7 @@ def _wake(uow, parent: Job, settings: Settings) -> int:
     for call in pending:
         child = children.get(call.tool_use_id)
         if child is not None and child.status in ENDED:
-            _record(uow, parent, child)
+            record_child(uow, parent, child)
     parent.last_progress_at = utcnow()
     if lost:
         log.warning("re-dispatching lost delegate calls",

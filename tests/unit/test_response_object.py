@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from agentq.loop.lifecycle import SHOWN_BYTES, response_object
+from agentq.loop.response import SHOWN_BYTES, response_object
 
 
 def _call(arguments, result, status="succeeded", ok=True, error=None):
