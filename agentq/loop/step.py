@@ -97,7 +97,14 @@ from agentq.loop.lifecycle import (
 )
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
-from agentq.loop.store import STORED_MESSAGE, append_messages, recent_messages, record_usage
+from agentq.loop.store import (
+    STORED_MESSAGE,
+    append_messages,
+    recent_messages,
+    record_usage,
+    usage_parameters,
+    with_usage,
+)
 from agentq.loop.streaming import delta_publisher
 from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import LocalTurn, ToolTurns
@@ -160,7 +167,7 @@ _CLAIM = _loading(
             last_progress_at=_param("now", _jobs.c.last_progress_at), redrive_after=None))
 """Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
 
-_ADVANCE = _loading(
+_ADVANCING = (
     update(_jobs).where(_jobs.c.id == bindparam("job_id"),
                         _jobs.c.iteration == bindparam("at_iteration"),
                         _jobs.c.step_owner == bindparam("owner"),
@@ -172,8 +179,14 @@ _ADVANCE = _loading(
             input_tokens=_jobs.c.input_tokens + _param("add_input", _jobs.c.input_tokens),
             output_tokens=_jobs.c.output_tokens + _param("add_output", _jobs.c.output_tokens),
             cost_estimate=_jobs.c.cost_estimate + _param("cost", _jobs.c.cost_estimate)))
+_ADVANCE = _loading(_ADVANCING)
 """Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
 call's usage added."""
+_ADVANCE_WITH_USAGE = {
+    charged: select(Job).from_statement(with_usage(_ADVANCING, charged))
+    .execution_options(populate_existing=True) for charged in (True, False)}
+"""`_ADVANCE` with the call's token log and its user's charge in one statement (Postgres;
+`agentq.loop.store.with_usage`): when the compare-and-set fails, nothing is written."""
 
 _versions = aliased(ConversationSummary)
 _WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id),
@@ -463,18 +476,26 @@ class Stepper:
         charged = turn.recorded is None
         cost = estimate_cost(reply.model, reply.input_tokens, reply.output_tokens) \
             if charged else 0.0
-        job: Job | None = session.execute(_ADVANCE, {
+        advance = {
             "job_id": job_id, "at_iteration": iteration, "owner": owner, "turn_no": turn_no,
             "now": now, "add_input": reply.input_tokens, "add_output": reply.output_tokens,
-            "cost": cost}).scalar_one_or_none()
+            "cost": cost}
+        together = session.bind.dialect.name == "postgresql"
+        if together:  # the usage written by the compare-and-set's own statement
+            advance.update(usage_parameters(iteration=turn_no, reply=reply, cost=cost,
+                                            keep_reply=True, now=now))
+        job: Job | None = session.execute(
+            _ADVANCE_WITH_USAGE[charged] if together else _ADVANCE,
+            advance).scalar_one_or_none()
         if job is None:
             log.warning("step lost its lease; reply discarded",
                         extra={"job_id": str(job_id), "iteration": iteration})
             return None
         uow.holds(job)  # the compare-and-set's UPDATE locked its row
-        record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
-                     job_id=job.id, iteration=turn_no, reply=reply, cost=cost,
-                     charged=charged, keep_reply=True, now=now)
+        if not together:
+            record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
+                         job_id=job.id, iteration=turn_no, reply=reply, cost=cost,
+                         charged=charged, keep_reply=True, now=now)
         uow.event(job.id, "message_end", turn=turn_no, role="assistant", model=reply.model,
                   content=reply.content, tool_calls=[c.name for c in reply.tool_calls],
                   input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,

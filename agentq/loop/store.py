@@ -115,6 +115,44 @@ _LOG_AND_CHARGE = _CHARGE_USER.add_cte(insert(_token_logs).values({
 data-modifying CTE, which Postgres runs once whether or not the UPDATE reads it."""
 
 
+def with_usage(advance, charged: bool):
+    """`advance` (a compare-and-set `UPDATE jobs … WHERE <the step holds the job>`, without
+    RETURNING) with the model call's usage in the same statement (Postgres): the UPDATE as a
+    data-modifying CTE that returns the job's row, the token log inserted from what it
+    returns and, when `charged`, the job's user charged by joining it. When the
+    compare-and-set fails the CTE returns no row, and neither the log nor the charge writes
+    anything: a late step's reply is discarded whole. The statement answers the job's row
+    (every column of jobs, as `advance … RETURNING` would). Its parameters: `advance`'s,
+    `usage_parameters(…)`'s."""
+    advanced = advance.returning(*_jobs.c).cte("advanced")
+    given = {name: bindparam(f"log_{name}", type_=_token_logs.c[name].type)
+             for name in _TOKEN_LOG_COLUMNS}
+    given.update(user_id=advanced.c.user_id, conversation_id=advanced.c.conversation_id,
+                 job_id=advanced.c.id)
+    logged = insert(_token_logs).from_select(
+        list(_TOKEN_LOG_COLUMNS), select(*(given[name] for name in _TOKEN_LOG_COLUMNS))
+        .select_from(advanced)).cte("logged")
+    statement = select(*advanced.c).add_cte(logged)
+    if charged:
+        statement = statement.add_cte(
+            update(_users).where(_users.c.id == advanced.c.user_id)
+            .values(tokens_used_this_month=_users.c.tokens_used_this_month
+                    + bindparam("charge_n", type_=_users.c.tokens_used_this_month.type))
+            .cte("charged"))
+    return statement
+
+
+def usage_parameters(*, iteration: int, reply, cost: float, keep_reply: bool,
+                     now: datetime) -> dict[str, Any]:
+    """The parameters of a `with_usage` statement's log and charge: a model call's tokens
+    (the job, its user and conversation come from the job's row)."""
+    return {"log_id": uuid.uuid4(), "log_iteration": iteration, "log_model": reply.model,
+            "log_input_tokens": reply.input_tokens, "log_output_tokens": reply.output_tokens,
+            "log_cost_estimate": cost, "log_usage_estimated": reply.usage_estimated,
+            "log_reply": reply.to_record() if keep_reply else None, "log_created_at": now,
+            "charge_n": reply.input_tokens + reply.output_tokens}
+
+
 def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
                     rows: Sequence[tuple[str, str, str | None]],
                     now: datetime | None = None) -> list[StoredMessage]:

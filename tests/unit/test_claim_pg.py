@@ -238,6 +238,57 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
     assert nulls[7] == nulls[17] and nulls[8] is False and nulls[18] is False
 
 
+def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(make):
+    # given a step whose job another worker takes over while the model thinks
+    from sqlalchemy import event, update
+
+    from agentq.models import TokenLog, User
+    from agentq.testing.harness import MODEL, text
+    h = make()
+    job_id = h.submit()
+    user_id = h.job(job_id).user_id
+    with h.sessions() as session:
+        before = session.get(User, user_id).tokens_used_this_month
+
+    def taken_over():
+        with h.sessions() as session, session.begin():
+            session.execute(update(Job).values(step_owner="worker-b"))
+        return text("late answer", input_tokens=30, output_tokens=12)
+
+    h.router.replies.extend([taken_over, text("4", input_tokens=30, output_tokens=12)])
+    # when its reply is persisted
+    assert h.stepper.run(job_id, 0, "start") == []
+    # then the compare-and-set failed and its statement wrote no log and no charge
+    job = h.job(job_id)
+    assert (job.iteration, job.step_owner, job.input_tokens) == (0, "worker-b", 0)
+    assert h.rows(TokenLog, job_id) == []
+    with h.sessions() as session:
+        assert session.get(User, user_id).tokens_used_this_month == before
+    # and when the step runs again, free, its persist's compare-and-set, token log and
+    # charge are one statement
+    with h.sessions() as session, session.begin():
+        session.execute(update(Job).values(step_owner=None, step_lease_until=None))
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        h.stepper.run(job_id, 0, "start")
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    (persist,) = [s for s in statements if "INSERT INTO token_logs" in s]
+    assert "UPDATE jobs" in persist and "UPDATE users" in persist
+    job = h.job(job_id)
+    assert (job.status, job.iteration, job.input_tokens, job.output_tokens) == (
+        "completed", 1, 30, 12)
+    (log,) = h.rows(TokenLog, job_id)
+    assert (log.user_id, log.conversation_id, log.iteration, log.model) == (
+        user_id, job.conversation_id, 1, MODEL)
+    assert (log.input_tokens, log.output_tokens, log.reply["content"]) == (30, 12, "4")
+    with h.sessions() as session:
+        assert session.get(User, user_id).tokens_used_this_month == before + 42
+
+
 def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     # given a job whose turn asked for one tool call
     from sqlalchemy import event
