@@ -28,7 +28,7 @@ from agentq.loop.lifecycle import (
 from agentq.loop.lifecycle import (
     admit as admit_line,
 )
-from agentq.loop.states import ENDED_STATUSES
+from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, BatchStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job
 from agentq.views import COUNT_KEYS
@@ -55,7 +55,7 @@ def admit(uow: UnitOfWork, batch: Batch) -> None:
     """Admit waiting jobs in request order up to the batch's concurrency."""
     from agentq.loop.submit import admit as admit_job
     session = uow.session
-    if batch.cancel_requested_at is not None or batch.status in ("completed", "cancelled"):
+    if batch.cancel_requested_at is not None or batch.status in BATCH_ENDED:
         return
     live = session.execute(select(func.count()).select_from(Job).where(
         Job.batch_id == batch.id, Job.status.in_(LIVE_STATUSES),
@@ -68,8 +68,8 @@ def admit(uow: UnitOfWork, batch: Batch) -> None:
         .order_by(Job.batch_index).limit(room)).scalars().all()
     for job in waiting:
         admit_job(uow, job)
-    if waiting and batch.status == "queued":
-        batch.status = "running"
+    if waiting and batch.status == BatchStatus.QUEUED:
+        batch.status = BatchStatus.RUNNING
 
 
 def advance(sessions, batch_id: uuid.UUID) -> None:
@@ -86,7 +86,8 @@ def advance(sessions, batch_id: uuid.UUID) -> None:
 
 def end_batch(uow: UnitOfWork, batch: Batch) -> None:
     """The batch's last job ended: its status, and its webhook's first delivery row."""
-    batch.status = "cancelled" if batch.cancel_requested_at is not None else "completed"
+    batch.status = (BatchStatus.CANCELLED if batch.cancel_requested_at is not None
+                    else BatchStatus.COMPLETED)
     batch.finished_at = utcnow()
     if batch.callback_url:
         from agentq.webhooks.outbox import enqueue_event
@@ -125,7 +126,7 @@ def live_jobs(session: Session, batch_id: uuid.UUID) -> list[uuid.UUID]:
 def end_if_done(uow: UnitOfWork, batch: Batch) -> None:
     unfinished = uow.session.execute(select(func.count()).select_from(Job).where(
         Job.batch_id == batch.id, Job.status.not_in(ENDED_STATUSES))).scalar_one()
-    if unfinished == 0 and batch.status not in ("completed", "cancelled"):
+    if unfinished == 0 and batch.status not in BATCH_ENDED:
         end_batch(uow, batch)
 
 
@@ -137,7 +138,7 @@ def create(uow: UnitOfWork, *, kind: str, tenant_id: uuid.UUID,
     """The batch's row; the caller adds its jobs (`add_messages`, `add_replays`), then
     `admit`s the first ones in the same unit of work."""
     batch = Batch(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id, kind=kind,
-                  status="queued", total=total, max_concurrency=max_concurrency,
+                  status=BatchStatus.QUEUED, total=total, max_concurrency=max_concurrency,
                   callback_url=callback_url, meta=meta)
     uow.session.add(batch)
     uow.session.flush()
@@ -179,7 +180,7 @@ def cancel(sessions, batch_id: uuid.UUID) -> None:
         batch = lock_batch(uow.session, batch_id)
         if batch is None:
             raise NotFound("batch", str(batch_id))
-        if batch.status in ("completed", "cancelled"):
+        if batch.status in BATCH_ENDED:
             raise Conflict(f"Batch {batch_id} has already ended ({batch.status}).",
                            batch_id=str(batch_id), status=batch.status)
         cancel_waiting(uow, batch)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.errors import Forbidden, NotFound
+from agentq.loop.states import ScheduleStatus
 from agentq.models import ApiKey, Conversation, Schedule
 from agentq.tenants import DEFAULT_TENANT_ID
 
@@ -92,8 +93,9 @@ def cancel_schedules_of(session: Session, key_id: uuid.UUID, at) -> int:
     """Cancel the key's active schedules (as DELETE /v1/schedules/<id> does); returns how
     many."""
     result = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
-        update(Schedule).where(Schedule.api_key_id == key_id, Schedule.status == "active")
-        .values(status="cancelled", next_run_at=None, cancelled_at=at)
+        update(Schedule).where(Schedule.api_key_id == key_id,
+                               Schedule.status == ScheduleStatus.ACTIVE)
+        .values(status=ScheduleStatus.CANCELLED, next_run_at=None, cancelled_at=at)
         .execution_options(synchronize_session=False)))
     return result.rowcount or 0
 
@@ -103,7 +105,7 @@ def hand_over(session: Session, old: ApiKey, new: ApiKey) -> None:
     non-admin key, its conversations at their places (`agentq.loop.identity.scope_key`
     names the owning key), so the same client goes on where it was."""
     session.execute(update(Schedule).where(Schedule.api_key_id == old.id,
-                                           Schedule.status == "active")
+                                           Schedule.status == ScheduleStatus.ACTIVE)
                     .values(api_key_id=new.id)
                     .execution_options(synchronize_session=False))
     if old.is_admin:

@@ -35,9 +35,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from agentq.db import utcnow
 from agentq.loop.states import (
     UNENDED_STATUSES,
+    BatchStatus,
     JobStatus,
     Phase,
     ReplayMode,
+    ScheduleStatus,
     ToolCallStatus,
     WaitingFor,
 )
@@ -518,7 +520,8 @@ class Batch(Base):
     api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     kind: Mapped[str] = mapped_column(String(16), default="messages")
     """messages | replay."""
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[BatchStatus] = mapped_column(enum_column(BatchStatus),
+                                                default=BatchStatus.QUEUED)
     total: Mapped[int] = mapped_column(Integer, default=0)
     max_concurrency: Mapped[int] = mapped_column(Integer, default=50)
     callback_url: Mapped[str | None] = mapped_column(Text)
@@ -547,7 +550,6 @@ class ToolModuleRow(Base):
     """The tenant that registered it; None: global (an operator's, or AGENTQ_TOOL_MODULES)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 SCHEDULE_KINDS = ("once", "cron")
-SCHEDULE_STATUSES = ("active", "completed", "cancelled")
 
 
 class Schedule(Base):
@@ -572,8 +574,8 @@ class Schedule(Base):
     timezone: Mapped[str] = mapped_column(String(64), default="UTC")
     next_run_at: Mapped[datetime | None]
     """The next tick to fire; None once it will not fire again."""
-    status: Mapped[str] = mapped_column(String(16), default="active")
-    """active → completed (a one-off that fired) | cancelled."""
+    status: Mapped[ScheduleStatus] = mapped_column(enum_column(ScheduleStatus),
+                                                   default=ScheduleStatus.ACTIVE)
     created_by: Mapped[str] = mapped_column(String(16), default="api")
     """api | tool (the scheduler tool module, on the model's call)."""
     tool_use_id: Mapped[str | None] = mapped_column(String(64), unique=True)

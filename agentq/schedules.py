@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
+from agentq.loop.states import SCHEDULE_SHOWN, ScheduleStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
 
@@ -168,7 +169,7 @@ def create_schedule(session: Session, conversation: Conversation, content: str, 
                         api_key_id=api_key_id, conversation_id=conversation.id,
                         user_id=conversation.user_id, content=content, kind=when.kind,
                         run_at=when.run_at, cron=when.cron, timezone=when.timezone,
-                        next_run_at=when.next_run_at, status="active",
+                        next_run_at=when.next_run_at, status=ScheduleStatus.ACTIVE,
                         created_by=created_by, tool_use_id=tool_use_id,
                         callback_url=callback_url, meta=metadata or {}, fire_count=0,
                         created_at=now)
@@ -182,7 +183,8 @@ def check_schedule_quota(session: Session, tenant_id: uuid.UUID,
     """Refuse one more active schedule past the tenant's quota (agentq.tenants.check_quota)."""
     from agentq.tenants import check_quota
     check_quota(session, tenant_id, "schedules", select(func.count()).select_from(Schedule)
-                .where(Schedule.tenant_id == tenant_id, Schedule.status == "active"), settings)
+                .where(Schedule.tenant_id == tenant_id,
+                       Schedule.status == ScheduleStatus.ACTIVE), settings)
 
 
 def cancel_schedule(session: Session, schedule: Schedule) -> Schedule:
@@ -191,8 +193,8 @@ def cancel_schedule(session: Session, schedule: Schedule) -> Schedule:
     second DELETE changes nothing."""
     session.refresh(schedule, with_for_update=True)
     now = utcnow()
-    if schedule.status == "active":
-        schedule.status, schedule.next_run_at = "cancelled", None
+    if schedule.status == ScheduleStatus.ACTIVE:
+        schedule.status, schedule.next_run_at = ScheduleStatus.CANCELLED, None
     schedule.cancelled_at = schedule.cancelled_at or now
     session.flush()
     return schedule
@@ -205,10 +207,9 @@ def firings(session: Session, schedule_id: uuid.UUID,
         .order_by(ScheduleFiring.fire_at.desc()).limit(limit)).scalars())
 
 
-STATUS_SHOWN = {"completed": "done"}
-"""Stored status → the API's (API.md: active | done | cancelled). A one-off that fired is
-stored `completed` (its rows predate the contract's name), shown `done`."""
-STATUS_STORED = {shown: stored for stored, shown in STATUS_SHOWN.items()}
+STATUS_STORED = {shown: stored for stored, shown in SCHEDULE_SHOWN.items()}
+"""The API's status → the stored one, where they differ (a one-off that fired is stored
+`completed`, shown `done`: `agentq.loop.states.SCHEDULE_SHOWN`)."""
 
 
 def last_jobs(session: Session, schedule_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
@@ -237,7 +238,7 @@ def schedule_object(schedule: Schedule, recent: list[ScheduleFiring] | None = No
             "content": schedule.content, "kind": schedule.kind, "run_at": iso(schedule.run_at),
             "cron": schedule.cron, "timezone": schedule.timezone,
             "next_run_at": iso(schedule.next_run_at),
-            "status": STATUS_SHOWN.get(schedule.status, schedule.status),
+            "status": SCHEDULE_SHOWN.get(schedule.status, schedule.status),
             "runs": schedule.fire_count,
             "last_job_id": str(last_job_id) if last_job_id else None,
             "created_by": schedule.created_by,
@@ -269,7 +270,7 @@ def fire_due(settings: Settings, sessions: Callable[[], Session],
     for _ in range(max_rounds):
         with sessions() as session:
             due = list(session.execute(
-                select(Schedule.id).where(Schedule.status == "active",
+                select(Schedule.id).where(Schedule.status == ScheduleStatus.ACTIVE,
                                           Schedule.next_run_at <= now())
                 .order_by(Schedule.next_run_at).limit(batch)).scalars())
         for schedule_id in due:
@@ -303,7 +304,7 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
     claimed = session.execute(
         select(Schedule, ApiKey.revoked_at)
         .outerjoin(ApiKey, ApiKey.id == Schedule.api_key_id)
-        .where(Schedule.id == schedule_id, Schedule.status == "active",
+        .where(Schedule.id == schedule_id, Schedule.status == ScheduleStatus.ACTIVE,
                Schedule.next_run_at <= now)
         .with_for_update(of=Schedule, skip_locked=True)).one_or_none()
     if claimed is None:
@@ -311,7 +312,7 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
     schedule, key_revoked_at = claimed
     if key_revoked_at is not None:
         log.info("schedule of a revoked key cancelled", extra={"schedule_id": str(schedule.id)})
-        schedule.status, schedule.next_run_at = "cancelled", None
+        schedule.status, schedule.next_run_at = ScheduleStatus.CANCELLED, None
         schedule.cancelled_at = schedule.cancelled_at or now
         return False
     due = schedule.next_run_at
@@ -340,7 +341,7 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
         raise _NothingToFire
     schedule.next_run_at = upcoming
     if upcoming is None:
-        schedule.status = "completed"
+        schedule.status = ScheduleStatus.COMPLETED
     schedule.fire_count += 1
     schedule.last_fired_at = now
     return True
@@ -348,5 +349,6 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
 
 def due_count(session: Session, now: datetime | None = None) -> int:
     return session.execute(select(func.count()).select_from(Schedule).where(
-        Schedule.status == "active", Schedule.next_run_at <= (now or utcnow()))).scalar_one()
+        Schedule.status == ScheduleStatus.ACTIVE,
+        Schedule.next_run_at <= (now or utcnow()))).scalar_one()
 

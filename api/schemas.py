@@ -22,10 +22,12 @@ from agentq.config import get_settings
 from agentq.errors import ValidationFailed
 from agentq.loop.approvals import MAX_REASON_CHARS
 from agentq.loop.states import (
+    BATCH_STATUSES,
     ENDED_STATUSES,
     FINISH_REASONS,
     JOB_STATUSES,
     REPLAY_MODES,
+    SCHEDULE_STATUSES_SHOWN,
     WAITS,
     ReplayMode,
 )
@@ -255,8 +257,7 @@ class BatchCountsSchema(Schema):
 class BatchSchema(Schema):
     id = fields.String()
     kind = fields.String()
-    status = fields.String(validate=validate.OneOf(("queued", "running", "completed",
-                                                    "cancelled")))
+    status = fields.String(validate=validate.OneOf(BATCH_STATUSES))
     counts = fields.Nested(BatchCountsSchema)
     max_concurrency = fields.Integer()
     created_at = fields.String()
@@ -952,8 +953,7 @@ class ScheduleSchema(Schema):
     cron = fields.String(allow_none=True, required=True)
     timezone = fields.String(required=True)
     next_run_at = fields.String(allow_none=True, required=True)
-    status = fields.String(required=True,
-                           validate=validate.OneOf(("active", "done", "cancelled")))
+    status = fields.String(required=True, validate=validate.OneOf(SCHEDULE_STATUSES_SHOWN))
     runs = fields.Integer(required=True, metadata={"description": "Firings so far."})
     last_job_id = fields.String(allow_none=True, required=True, metadata={
         "description": "The job of the latest firing (null before the first)."})
@@ -976,7 +976,7 @@ class SchedulePageSchema(Schema):
 class ScheduleQuerySchema(StrictSchema):
     conversation_id = fields.UUID(metadata={"description": "Only this conversation's "
                                                            "schedules."})
-    status = fields.String(validate=validate.OneOf(("active", "done", "cancelled")),
+    status = fields.String(validate=validate.OneOf(SCHEDULE_STATUSES_SHOWN),
                            metadata={"description": "Only schedules in this status "
                                                     "(default: all, cancelled ones too)."})
     limit = fields.Integer(load_default=100, validate=validate.Range(1, 1000),

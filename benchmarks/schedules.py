@@ -36,6 +36,7 @@ def _seed(settings, n: int, run_at: datetime, tag: str) -> list[uuid.UUID]:
     """N users, each with one conversation and one schedule due at run_at."""
     from agentq.db import session_scope
     from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
+    from agentq.loop.states import ScheduleStatus
     from agentq.models import Schedule
     from agentq.tenants import DEFAULT_TENANT_ID
     ids = []
@@ -48,7 +49,7 @@ def _seed(settings, n: int, run_at: datetime, tag: str) -> list[uuid.UUID]:
             schedule = Schedule(id=uuid.uuid4(), tenant_id=DEFAULT_TENANT_ID,
                                 conversation_id=conversation.id, user_id=user.id,
                                 content=f"scheduled {i}", kind="once", run_at=run_at,
-                                timezone="UTC", next_run_at=run_at, status="active",
+                                timezone="UTC", next_run_at=run_at, status=ScheduleStatus.ACTIVE,
                                 created_by="api", meta={}, fire_count=0)
             session.add(schedule)
             ids.append(schedule.id)

@@ -17,7 +17,7 @@ import click
 
 from agentq.cli.core import main
 from agentq.cli.remote import _api_client, _api_errors, _api_options
-from agentq.loop.states import ENDED_STATUSES, REPLAY_MODES, ReplayMode
+from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, REPLAY_MODES, ReplayMode
 
 if TYPE_CHECKING:
     from agentq.client import AgentQ
@@ -62,7 +62,7 @@ def _watch(client: AgentQ, batch_id: str, timeout_s: float) -> dict:
         batch = client.batch(batch_id).raw
         line = progress_line(batch["counts"], started, time.monotonic())
         click.echo(("\r" + line) if tty else line, err=True, nl=not tty)
-        if batch["status"] in ("completed", "cancelled"):
+        if batch["status"] in BATCH_ENDED:
             if tty:
                 click.echo("", err=True)
             return batch

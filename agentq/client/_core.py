@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from agentq.loop.states import ENDED_STATUSES
+from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES
 
 ENDED = frozenset(ENDED_STATUSES)
-BATCH_ENDED = frozenset({"completed", "cancelled"})
 MAX_WAIT_S = 60  # API.md: ?wait=S, 0-60
 RETRY_STATUSES = frozenset({502, 503, 504})
 

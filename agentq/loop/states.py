@@ -1,5 +1,6 @@
 """The job's vocabulary: every value its state columns take, as enums, and the groups of
-them the code, the API, the dashboard and the CLI ask about, derived from the enums.
+them the code, the API, the dashboard and the CLI ask about, derived from the enums; and the
+statuses of what makes jobs, batches and schedules.
 
 A leaf: it imports nothing of agentq, so the models (whose columns are typed by these
 enums), the API's schemas, the CLI and the client all read one spelling. The enums are
@@ -80,6 +81,23 @@ class ToolCallStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class BatchStatus(enum.StrEnum):
+    """queued → running (its first line admitted) → completed | cancelled (its last line
+    ended; cancelled when a cancel was asked for): `agentq.batches`."""
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
+class ScheduleStatus(enum.StrEnum):
+    """active → completed (a one-off that fired) | cancelled: `agentq.schedules`."""
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    """Shown `done` by the API (`SCHEDULE_SHOWN`): the rows predate the contract's name."""
+    CANCELLED = "cancelled"
+
+
 def values(*members: enum.StrEnum) -> tuple[str, ...]:
     """The plain strings of `members` (for marshmallow's OneOf, click's Choice, SQL)."""
     return tuple(m.value for m in members)
@@ -104,3 +122,10 @@ NOT_ADMITTED = values(WaitingFor.CONVERSATION, WaitingFor.BATCH, WaitingFor.QUOT
 WAITS = values(*WaitingFor)
 FINISH_REASONS = values(*StopReason)
 REPLAY_MODES = values(*ReplayMode)
+BATCH_STATUSES = values(*BatchStatus)
+BATCH_ENDED = frozenset({BatchStatus.COMPLETED, BatchStatus.CANCELLED})
+"""A batch whose every line has ended: nothing about it changes any more."""
+SCHEDULE_SHOWN = {ScheduleStatus.COMPLETED: "done"}
+"""A schedule's stored status → the API's, where they differ (API.md: active | done |
+cancelled)."""
+SCHEDULE_STATUSES_SHOWN = tuple(SCHEDULE_SHOWN.get(s, s.value) for s in ScheduleStatus)

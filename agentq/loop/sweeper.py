@@ -33,6 +33,7 @@ from agentq.loop.lifecycle import (
     end_job,
     hand_conversation,
 )
+from agentq.loop.states import BatchStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job, WebhookDelivery
 
@@ -158,7 +159,7 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
                                        Job.created_at < stale)
             .distinct().limit(SWEEP_BATCH)).scalars())
         batch_ids |= set(session.execute(  # every job ended, the batch not marked so
-            select(Batch.id).where(Batch.status.in_(("queued", "running")),
+            select(Batch.id).where(Batch.status.in_((BatchStatus.QUEUED, BatchStatus.RUNNING)),
                                    Batch.created_at < stale,
                                    ~exists().where(Job.batch_id == Batch.id,
                                                    Job.status.in_(LIVE_STATUSES)))

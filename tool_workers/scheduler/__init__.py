@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from agentq.errors import ClientError, QuotaExceeded, ToolError
+from agentq.loop.states import ScheduleStatus
 from agentq.models import Conversation, Job, Schedule
 from agentq.schedules import cancel_schedule, create_schedule, schedule_object, timing
 from agentq.tools.manifest import ToolContext, define_module
@@ -90,7 +91,7 @@ def list_jobs(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     with _sessions(ctx)() as session:
         rows = session.execute(select(Schedule).where(
             Schedule.conversation_id == uuid.UUID(ctx.conversation_id),
-            Schedule.status == "active", Schedule.cancelled_at.is_(None))
+            Schedule.status == ScheduleStatus.ACTIVE, Schedule.cancelled_at.is_(None))
             .order_by(Schedule.next_run_at).limit(MAX_LISTED)).scalars()
         return {"jobs": [_brief(s) for s in rows]}
 
