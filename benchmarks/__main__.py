@@ -36,6 +36,11 @@ def parse(argv: list[str] | None):
     run.add_argument("--peer", action="append", default=[],
                      help="run only this peer in the peer scenario (repeatable): langgraph, "
                           "langgraph-async, dbos")
+    run.add_argument("--fair-system", action="append", default=[],
+                     help="run only this system in the fair scenario (repeatable): agentq, "
+                          "agentq-local (math a local module), celery-langgraph, "
+                          "dbos-service, langgraph-sync, langgraph-async, "
+                          "langgraph-default, dbos")
     run.add_argument("--memory-backend", choices=("lab", "pgvector"), default="lab",
                      help="where the recall scenario searches: the lab's database (its "
                           "migrations' backend) or a pgvector Postgres of its own "
@@ -231,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.peer:
         sizes.peers = list(dict.fromkeys(args.peer))
+    from benchmarks.fair import ALL
+    unknown_systems = [n for n in args.fair_system if n not in ALL]
+    if unknown_systems:
+        print(f"unknown fair system(s): {', '.join(unknown_systems)}; choose from "
+              f"{', '.join(ALL)}", file=sys.stderr)
+        return 2
+    sizes.fair_systems = list(dict.fromkeys(args.fair_system))
     names = args.only or list(scenarios.SCENARIOS)
     unknown = [n for n in names if n not in scenarios.SCENARIOS]
     if unknown:

@@ -9,7 +9,11 @@ Redis, on loopback ports; one database per system. The systems, one after anothe
 
     agentq            the Procfile's processes (gunicorn API, orchestrator and tools workers),
                       offered only the `math` module (AGENTQ_DEFAULT_MODULES=math: one tool,
-                      as the peers)
+                      as the peers); its call goes by chord to the tools worker, the default
+    agentq-local      the same, `math` a local module (AGENTQ_LOCAL_MODULES=math): its call
+                      runs in the orchestrator's step and the next model call follows in the
+                      same task; no tools worker runs. Its own row, beside agentq's: the
+                      headline ratios are the chord's
     celery-langgraph  a Flask front (gunicorn) enqueuing a Celery task (Redis broker and
                       result backend) that runs LangGraph's ReAct agent with `PostgresSaver` at
                       `durability="sync"` (benchmarks/peers/celery_langgraph.py)
@@ -72,6 +76,8 @@ POLL_S = 0.02
 """How often an HTTP client asks whether its job has ended (the same for every service)."""
 JOB_TIMEOUT_S = 300
 SERVICES = ("agentq", "celery-langgraph", "dbos-service")
+VARIANTS = ("agentq-local",)
+"""agentq configured otherwise: a service, shown beside agentq, never a peer of it."""
 LIBRARIES = {"langgraph-sync": ("langgraph", "sync"),
              "langgraph-async": ("langgraph-async", "sync"),
              "langgraph-default": ("langgraph", None),
@@ -410,9 +416,18 @@ class Run:
         stack, key = self.agentq_stack(procs, db, "math")  # one tool, as the peers
         return agentq_driver(stack.base, key), db
 
-    def agentq_stack(self, procs: Procs, db: str, modules: str):
+    def start_agentq_local(self, procs: Procs):
+        """agentq with `math` local: no tools worker runs (its call cannot go by chord)."""
+        db = "fair_agentq_local"
+        stack, key = self.agentq_stack(procs, db, "math", {"AGENTQ_LOCAL_MODULES": "math"},
+                                       workers=("orchestrator",))
+        return agentq_driver(stack.base, key), db
+
+    def agentq_stack(self, procs: Procs, db: str, modules: str,
+                     extra: dict[str, str] | None = None,
+                     workers: tuple[str, ...] = ("orchestrator", "tools")):
         """agentq's stack on this run's servers, offering `modules` (AGENTQ_DEFAULT_MODULES),
-        in database `db`; (the stack, an admin key)."""
+        in database `db`, with `extra` settings and `workers`; (the stack, an admin key)."""
         from benchmarks.harness import BENCH_ENV, BenchStack
         url = self.pg.create_database(db)
         redis_url = f"redis://127.0.0.1:{self.redis.port}/1"
@@ -420,9 +435,9 @@ class Run:
                "AGENTQ_RESULT_BACKEND_URL": redis_url,
                "AGENTQ_DEFAULT_MODULES": modules,
                "AGENTQ_ORCHESTRATOR_CONCURRENCY": str(self.sizes.pool),
-               "AGENTQ_DB_POOL_SIZE": str(self.sizes.db_pool)}
+               "AGENTQ_DB_POOL_SIZE": str(self.sizes.db_pool), **(extra or {})}
         stack = BenchStack(url, self.model.base_url, procs.scratch, env,
-                           workers=("orchestrator", "tools"), beat=False,
+                           workers=workers, beat=False,
                            web_workers=WEB_WORKERS, web_threads=WEB_THREADS)
         try:
             stack.start()
@@ -479,7 +494,8 @@ class Run:
         procs = Procs(self.scratch / name)
         procs.scratch.mkdir(parents=True, exist_ok=True)
         try:
-            if name in SERVICES:
+            service = name in SERVICES or name in VARIANTS
+            if service:
                 driver, db = getattr(self, "start_" + name.replace("-", "_"))(procs)
             else:
                 driver, db = self.start_library(name, procs)
@@ -492,8 +508,8 @@ class Run:
                     "model_server": self.model.pid}
             # a library's burst runs P at a time; a service's clients submit all at once and
             # its workers run P at a time
-            burst_c = s.pool if name not in SERVICES else s.clients
-            out = {"kind": "service" if name in SERVICES else "library",
+            burst_c = s.pool if not service else s.clients
+            out = {"kind": "service" if service else "library",
                    "burst": self.phase(driver, db, pids, s.burst_jobs, burst_c, True)}
             out["idle_round_trips_per_s"] = self.idle_round_trips_per_s  # after the warm-up
             out["closed_loop"] = self.phase(driver, db, pids, s.closed_jobs, s.clients, False)
@@ -570,10 +586,32 @@ def ratios(systems: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def local_vs_chord(systems: dict[str, Any]) -> dict[str, Any]:
+    """agentq with `math` local against agentq with its call by chord, phase by phase:
+    jobs/s, machine CPU per job and round trips per job (each local / chord)."""
+    a, b = systems.get("agentq-local"), systems.get("agentq")
+    if not a or not b or "error" in a or "error" in b:
+        return {}
+    from benchmarks.harness import ratio
+    out: dict[str, Any] = {}
+    for phase in ("burst", "closed_loop"):
+        out[f"{phase}_jobs_per_s"] = ratio(a[phase]["jobs_per_s"], b[phase]["jobs_per_s"])
+        out[f"{phase}_machine_cpu"] = ratio(a[phase]["cpu_ms_per_job"]["machine"],
+                                            b[phase]["cpu_ms_per_job"]["machine"])
+        out[f"{phase}_round_trips"] = ratio(a[phase]["per_job"]["round_trips"],
+                                            b[phase]["per_job"]["round_trips"])
+    return out
+
+
+ALL = (*SERVICES, *VARIANTS, *LIBRARIES)
+"""Every system, in the order a run takes them."""
+
+
 def run(mode: str, log: Callable[[str], None], only: list[str] | None = None) -> dict[str, Any]:
-    """The fair comparison at the mode's sizes; every system's figures, and the ratios."""
+    """The fair comparison at the mode's sizes; every system's figures (or those of `only`),
+    the ratios, and local tools against the chord."""
     sizes = SIZES[mode]
-    names = only or [*SERVICES, *LIBRARIES]
+    names = only or list(ALL)
     fair = Run(sizes, log)
     log(f"fair: private Postgres and Redis, logs in {fair.scratch}")
     systems: dict[str, Any] = {}
@@ -593,4 +631,4 @@ def run(mode: str, log: Callable[[str], None], only: list[str] | None = None) ->
     finally:
         fair.stop()
     return {"sizes": asdict(sizes), "poll_s": POLL_S, "systems": systems,
-            "ratios": ratios(systems)}
+            "ratios": ratios(systems), "local_vs_chord": local_vs_chord(systems)}

@@ -67,7 +67,7 @@ the scenarios measure one key's clients); `AGENTQ_ORCHESTRATOR_CONCURRENCY`, `AG
 | `peer` | the peers, each as a library in its own process against the same model server and the same tool (`benchmarks/peer.py`): LangGraph `create_react_agent` + `PostgresSaver` + `ChatOpenAI` in a thread pool; the same graph async (`ainvoke`, `AsyncPostgresSaver`, the AsyncOpenAI client) on one event loop; DBOS Transact (a durable workflow per job, model and tool calls as steps with the openai SDK, enqueued on a DBOS queue, system database on Postgres). Each runs the jobs one at a time (latency), in a burst capped at the orchestrator's pool (jobs/s, CPU per job) and the `inflight` scenario's jobs all at once with its model latency (jobs/s, calls waiting at once, peak RSS); agentq runs the same one-at-a-time and burst jobs in the same run. `--peer KIND` picks peers. A peer whose packages are missing is skipped with a message (the `bench` extra has them) |
 | `modules` | one tool call through `ToolRegistry.execute` (as a tool task runs it on its module's queue): an in-process tool (`math.evaluate`), an HTTP module (`examples/http_module.py`, signed), an MCP server over stdio and over streamable HTTP (`examples/mcp_server.py`), each in its own process on loopback, calls interleaved, 200 each (50 quick); medians and p95, ratios to the in-process tool. The Celery hop, the same for all, is not included |
 | `subagents` | a parent job whose model delegates ten children in one turn (`agents.delegate` × 10, each child a one-tool-turn job: two model calls and `math.evaluate`, in a conversation of its own) against ten top-level jobs of the same work submitted at once (the same user, a conversation each), on a private Postgres and Redis as `fair` (`benchmarks/subagents.py`; `AGENTQ_DEFAULT_MODULES=agents,math`); each submit is `POST /v1/messages?wait=60` (the parent's client waits for the parent only); the kinds alternate, 10 rounds (4 quick). Per child: wall time (the round's last `finished_at` − the first submit) and machine CPU (the stack's processes + Postgres + Redis), Postgres round trips; medians over the rounds. Starts no lab of its own |
-| `fair` | agentq against the services a user would build instead with the same guarantees and against the library peers, all on a private Postgres (`pg_stat_statements` preloaded) and Redis of their own, one system at a time (`benchmarks/fair.py`): agentq offered one tool (`AGENTQ_DEFAULT_MODULES=math`); Flask (gunicorn) enqueuing a Celery task (Redis) that runs LangGraph's ReAct agent with `PostgresSaver` at `durability="sync"`; Flask enqueuing to a DBOS queue whose worker is a process of its own; LangGraph sync and async at `durability="sync"`, LangGraph at its default, DBOS in-process. The same burst and the same closed loop (jobs, clients) for all; a new conversation per job for all; the HTTP clients poll the job every 20 ms. Machine CPU per job = the system's processes + Postgres + Redis; per job: statements, round trips (with BEGIN/COMMIT), transactions, rows inserted / updated, row versions, WAL bytes. A run of only `fair` starts no lab |
+| `fair` | agentq against the services a user would build instead with the same guarantees and against the library peers, all on a private Postgres (`pg_stat_statements` preloaded) and Redis of their own, one system at a time (`benchmarks/fair.py`): agentq offered one tool (`AGENTQ_DEFAULT_MODULES=math`); Flask (gunicorn) enqueuing a Celery task (Redis) that runs LangGraph's ReAct agent with `PostgresSaver` at `durability="sync"`; Flask enqueuing to a DBOS queue whose worker is a process of its own; LangGraph sync and async at `durability="sync"`, LangGraph at its default, DBOS in-process; and agentq with `math` local (`AGENTQ_LOCAL_MODULES=math`: the call runs in the orchestrator's step, no tools worker), its own row beside agentq's chord, with local ÷ chord ratios (`--fair-system NAME`, repeatable, runs only those systems). The same burst and the same closed loop (jobs, clients) for all; a new conversation per job for all; the HTTP clients poll the job every 20 ms. Machine CPU per job = the system's processes + Postgres + Redis; per job: statements, round trips (with BEGIN/COMMIT), transactions, rows inserted / updated, row versions, WAL bytes. A run of only `fair` starts no lab |
 
 Latencies are wall clock from just before the HTTP submit (or the floor's `create_job`) to the
 job row's `finished_at`; the watcher that sees jobs end polls Postgres, so its interval does not
@@ -407,6 +407,7 @@ def _peers(p: dict[str, Any]) -> list[str]:
 
 
 FAIR_NAMES = {"agentq": "agentq",
+              "agentq-local": "agentq, `math` local",
               "celery-langgraph": "Flask + Celery + LangGraph (sync)",
               "dbos-service": "Flask + DBOS queue worker",
               "langgraph-sync": "LangGraph sync, `durability=\"sync\"`",
@@ -446,7 +447,7 @@ def _fair_table(systems: dict[str, Any], names: list[str]) -> list[str]:
 def fair_tables(f: dict[str, Any]) -> list[str]:
     """The fair comparison (benchmarks/fair.py): ratios, the services, the libraries, and the
     per-job counts, in that order."""
-    from benchmarks.fair import LIBRARIES, SERVICES
+    from benchmarks.fair import LIBRARIES, SERVICES, VARIANTS
     out = ["### The fair comparison: same guarantees, same job, same servers", ""]
     if "error" in f:
         return out + [f"Failed: {f['error']}", ""]
@@ -467,7 +468,21 @@ def fair_tables(f: dict[str, Any]) -> list[str]:
     out += _fair_table(systems, list(SERVICES))
     out += ["Libraries (in one process; agentq for reference):", ""]
     out += _fair_table(systems, ["agentq", *LIBRARIES])
-    names = [n for n in [*SERVICES, *LIBRARIES] if n in systems and "error" not in systems[n]]
+    if any(n in systems and "error" not in systems[n] for n in VARIANTS):
+        out += ["Local tools: agentq with `math` local (AGENTQ_LOCAL_MODULES=math; its call "
+                "runs in the orchestrator's step, the next model call in the same task, no "
+                "tools worker running) beside agentq's chord (the headline rows):", ""]
+        out += _fair_table(systems, ["agentq", *VARIANTS])
+        lvc = f.get("local_vs_chord") or {}
+        if lvc:
+            out += ["| local ÷ chord | burst | closed loop |", "| --- | --- | --- |"]
+            for key, label in (("jobs_per_s", "jobs/s"), ("machine_cpu", "machine CPU per job"),
+                               ("round_trips", "round trips per job")):
+                out.append(f"| {label} | ×{lvc.get('burst_' + key)} | "
+                           f"×{lvc.get('closed_loop_' + key)} |")
+            out.append("")
+    names = [n for n in [SERVICES[0], *VARIANTS, *SERVICES[1:], *LIBRARIES]
+             if n in systems and "error" not in systems[n]]  # agentq's variants beside it
     if names:
         out += ["Per job, in the burst, from the system's own database (pg_stat_statements, "
                 "pg_stat_database; WAL from `pg_current_wal_lsn()`). Counts do not depend on "

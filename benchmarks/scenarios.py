@@ -81,6 +81,8 @@ class Sizes:
     modules_calls: int = 200
     fair: str = "full"
     """The fair comparison's sizes (benchmarks/fair.py: SIZES)."""
+    fair_systems: list[str] = field(default_factory=list)
+    """The fair comparison's systems (benchmarks/fair.py: ALL); empty: all of them."""
     subagents: str = "full"
     """The sub-agents row's sizes (benchmarks/subagents.py: SIZES)."""
 
@@ -733,7 +735,7 @@ def scenario_fair(ctx: Context) -> dict[str, Any]:
     own (benchmarks/fair.py); the lab is not used."""
     from benchmarks import fair
     from benchmarks.observability import log
-    return fair.run(ctx.sizes.fair, log)
+    return fair.run(ctx.sizes.fair, log, ctx.sizes.fair_systems or None)
 
 
 def scenario_subagents(ctx: Context) -> dict[str, Any]:

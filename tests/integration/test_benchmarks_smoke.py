@@ -122,13 +122,13 @@ def test_quick_smoke_run_writes_results_with_every_scenario(servers_up, tmp_path
     assert not docs.exists()
 
 
-FAIR_SYSTEMS = ("agentq", "celery-langgraph", "dbos-service", "langgraph-sync",
-                "langgraph-async", "langgraph-default", "dbos")
+FAIR_SYSTEMS = ("agentq", "agentq-local", "celery-langgraph", "dbos-service",
+                "langgraph-sync", "langgraph-async", "langgraph-default", "dbos")
 FAIR_COUNTS = ("statements", "round_trips", "transactions", "rows_inserted", "row_versions",
                "wal_bytes")
 """Counts every system makes for a job (rows_updated is 0 for LangGraph: append-only)."""
 FAIR_TIMEOUT_S = 1200
-"""Seven systems, each started, warmed, and its counters read three times after the 11 s they
+"""Eight systems, each started, warmed, and its counters read three times after the 11 s they
 take to settle (benchmarks/fair.py: STATS_SETTLE_S): about 5 minutes on a loaded 2-core
 machine."""
 
@@ -167,6 +167,10 @@ def test_the_fair_comparison_runs_every_system_and_counts_their_work(servers_up,
     # agentq against the best peer of each table, both phases
     assert {"burst_jobs_per_s_vs_best_service", "closed_loop_machine_cpu_vs_best_library"} \
         <= set(fair["ratios"])
+    # local tools, their own row: agentq with math local (no tools worker) against the chord
+    assert all(fair["local_vs_chord"][f"{phase}_{key}"] > 0
+               for phase in ("burst", "closed_loop")
+               for key in ("jobs_per_s", "machine_cpu", "round_trips")), fair["local_vs_chord"]
     # the printed figures carry the fair tables first
     assert "### The fair comparison" in proc.stdout
     assert "round trips (with BEGIN/COMMIT)" in proc.stdout
