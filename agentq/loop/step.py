@@ -150,7 +150,7 @@ def _loading(core_update):
             .execution_options(populate_existing=True))
 
 
-_CLAIM = _loading(
+_CLAIMING = (
     update(_jobs).where(
         _jobs.c.id == bindparam("job_id"), _jobs.c.iteration == bindparam("at_iteration"),
         _jobs.c.status.in_(LIVE_STATUSES),
@@ -165,6 +165,7 @@ _CLAIM = _loading(
     .values(step_owner=bindparam("owner"),
             step_lease_until=_param("lease_until", _jobs.c.step_lease_until),
             last_progress_at=_param("now", _jobs.c.last_progress_at), redrive_after=None))
+_CLAIM = _loading(_CLAIMING)
 """Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
 
 _ADVANCING = (
@@ -189,19 +190,38 @@ _ADVANCE_WITH_USAGE = {
 `agentq.loop.store.with_usage`): when the compare-and-set fails, nothing is written."""
 
 _versions = aliased(ConversationSummary)
-_WHO = (select(User, Conversation, Persona, memory.has_memories_clause(User.id),
-               ConversationSummary, Tenant.bootstrap, Tenant.skills)
-        .select_from(User)
-        .join(Tenant, Tenant.id == User.tenant_id)
-        .join(Conversation, Conversation.id == bindparam("conversation_id"))
-        .outerjoin(Persona, Persona.id == bindparam("persona_id"))
-        .outerjoin(ConversationSummary, ConversationSummary.id == (
-            select(_versions.id).where(_versions.conversation_id == Conversation.id)
-            .order_by(_versions.version.desc()).limit(1).scalar_subquery()))
-        .where(User.id == bindparam("user_id")))
+
+
+def _who(job: Any) -> Any:
+    """Who, where, as whom, whether the user has memories, the conversation's current
+    summary (its highest version; None before the first) and the tenant's default context
+    layers: of the job whose ids are bound (`job` None), or of `job`'s row (an entity),
+    which comes first."""
+    who = (User, Conversation, Persona, memory.has_memories_clause(User.id),
+           ConversationSummary, Tenant.bootstrap, Tenant.skills)
+    if job is None:
+        query = (select(*who).select_from(User).where(User.id == bindparam("user_id")))
+        conversation_id, persona_id = bindparam("conversation_id"), bindparam("persona_id")
+    else:
+        query = select(job, *who).select_from(job).join(User, User.id == job.user_id)
+        conversation_id, persona_id = job.conversation_id, job.persona_id
+    return (query.join(Tenant, Tenant.id == User.tenant_id)
+            .join(Conversation, Conversation.id == conversation_id)
+            .outerjoin(Persona, Persona.id == persona_id)
+            .outerjoin(ConversationSummary, ConversationSummary.id == (
+                select(_versions.id).where(_versions.conversation_id == Conversation.id)
+                .order_by(_versions.version.desc()).limit(1).scalar_subquery())))
+
+
+_WHO = _who(None)
 """Who, where, as whom, whether the user has memories, the conversation's current
-summary (its highest version; None before the first) and the tenant's default context
-layers: one round trip."""
+summary and the tenant's default context layers: one round trip (SQLite, after the
+claim)."""
+_claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
+_CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
+"""The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
+data-modifying CTE returning the job's row, joined to its user, conversation, persona,
+summary and tenant. No row when the claim fails; the job loaded current."""
 _OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
@@ -253,14 +273,15 @@ class Stepper:
         self.registry.look()  # before the transaction: one pooled connection at a time
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
         with UnitOfWork(self.sessions, durable=False, autoflush=False) as uow:
-            job = self._claim(uow.session, uuid.UUID(job_id), iteration, owner)
-            if job is None:
+            claimed = self._claim_who(uow.session, uuid.UUID(job_id), iteration, owner)
+            if claimed is None:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
                 return []
+            job, who = claimed
             uow.holds(job)  # the claim's UPDATE locked its row
             lease_until = job.step_lease_until
-            outcome = self._prepare(uow, job, cause)
+            outcome = self._prepare(uow, job, who, cause)
         if outcome is None:
             return uow.sent
 
@@ -315,25 +336,38 @@ class Stepper:
     # -- 1. claim ---------------------------------------------------------------------
     def _claim(self, session: Session, job_id: uuid.UUID, iteration: int,
                owner: str) -> Job | None:
+        claimed = self._claim_who(session, job_id, iteration, owner)
+        return claimed[0] if claimed is not None else None
+
+    def _claim_who(self, session: Session, job_id: uuid.UUID, iteration: int,
+                   owner: str) -> tuple[Job, tuple[Any, ...]] | None:
+        """The claim, and what the step reads with it (`_WHO`'s row): on Postgres one
+        statement (`_CLAIM_WHO`), elsewhere the claim, then the read. None: not claimed."""
         now = utcnow()
-        job: Job | None = session.execute(_CLAIM, {
+        claim = {
             "job_id": job_id, "at_iteration": iteration, "now": now,
             "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
             "lease_until": now + timedelta(seconds=self.settings.step_deadline_s)}
-        ).scalar_one_or_none()
-        return job
+        if session.bind.dialect.name == "postgresql":
+            row = session.execute(_CLAIM_WHO, claim).one_or_none()
+            return None if row is None else (row[0], tuple(row[1:]))
+        job: Job | None = session.execute(_CLAIM, claim).scalar_one_or_none()
+        if job is None:
+            return None
+        return job, tuple(session.execute(_WHO, {
+            "user_id": job.user_id, "conversation_id": job.conversation_id,
+            "persona_id": job.persona_id}).one())
 
     # -- 2..5 -------------------------------------------------------------------------
-    def _prepare(self, uow: UnitOfWork, job: Job, cause: Cause) -> Turn | None:
+    def _prepare(self, uow: UnitOfWork, job: Job, who: tuple[Any, ...],
+                 cause: Cause) -> Turn | None:
         """The step's first transaction: None when the step ends here (its effects are on
-        the unit of work), else the turn for the model call."""
+        the unit of work), else the turn for the model call. `who`: `_WHO`'s row, read with
+        the claim."""
         session, now = uow.session, utcnow()
         # who, where, as whom, whether the user has memories, the conversation's summary,
-        # the tenant's default layers: one round trip
-        (user, conversation, persona, has_memories, summary,
-         *tenant_layers) = session.execute(_WHO, {
-            "user_id": job.user_id, "conversation_id": job.conversation_id,
-            "persona_id": job.persona_id}).one()
+        # the tenant's default layers
+        user, conversation, persona, has_memories, summary, *tenant_layers = who
         # the job's own messages, when this step wrote every one (its first): not read back
         asked = (_begin(uow, job, conversation, now) if job.status == JobStatus.QUEUED
                  else None)

@@ -238,6 +238,40 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
     assert nulls[7] == nulls[17] and nulls[8] is False and nulls[18] is False
 
 
+def test_a_steps_claim_reads_its_user_conversation_and_persona_in_the_same_statement(make):
+    # given a queued job of a persona
+    from sqlalchemy import event
+
+    from agentq.models import Persona
+    from agentq.tenants import DEFAULT_TENANT_ID
+    from agentq.testing.harness import text
+    h = make(text("4"))
+    with h.sessions() as session, session.begin():
+        persona = Persona(id=uuid.uuid4(), tenant_id=DEFAULT_TENANT_ID,
+                          name=f"p-{uuid.uuid4().hex[:8]}",
+                          system_prompt="You answer in digits.")
+        session.add(persona)
+    job_id = h.submit(persona_id=persona.id)
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    # when its first step runs
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        h.stepper.run(job_id, 0, "start")
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    # then its first statement claims the job and reads who, where and as whom with it
+    claim = statements[0]
+    assert claim.startswith("WITH claimed AS") and "UPDATE jobs" in claim
+    assert "JOIN users" in claim and "JOIN personas" in claim
+    assert not any(s.lstrip().startswith("SELECT") and "FROM users" in s
+                   for s in statements[1:])
+    # and the step used what it read: the persona's prompt, the job done
+    assert h.router.requests[0]["messages"][0]["content"].startswith("You answer in digits.")
+    assert h.job(job_id).status == "completed"
+
+
 def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(make):
     # given a step whose job another worker takes over while the model thinks
     from sqlalchemy import event, update
