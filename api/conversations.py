@@ -16,7 +16,7 @@ from agentq.models import Message
 from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
-from api.openapi import job_links, json_response, operation
+from api.openapi import MAX_SEQ, job_links, json_response, operation
 from api.schemas import (
     BranchRequestSchema,
     ConversationSchema,
@@ -56,7 +56,7 @@ def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
 @require_key()
 def list_messages(conversation_id: str):
     limit = _int_arg("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    after = _int_arg("after", 0, 0, 2**62)
+    after = _int_arg("after", 0, 0, MAX_SEQ)
     ident = parse_uuid(conversation_id, "conversation")
     with session_scope(g.settings) as session:
         load_conversation(session, ident)

@@ -26,7 +26,7 @@ from agentq.notify import hub_for
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
-from api.openapi import json_response, operation, submitted_responses
+from api.openapi import MAX_SEQ, json_response, operation, submitted_responses
 from api.ratelimit import hold_request, take_hold
 from api.rideout import rides_out_database
 from api.schemas import (
@@ -379,8 +379,8 @@ def _after_arg() -> int:
         after = int(raw)
     except ValueError:
         raise ValidationFailed({"after": ["Must be an integer (an event seq)."]}) from None
-    if after < 0:
-        raise ValidationFailed({"after": ["Must not be negative."]})
+    if not 0 <= after <= MAX_SEQ:
+        raise ValidationFailed({"after": [f"Must be between 0 and {MAX_SEQ}."]})
     return after
 
 

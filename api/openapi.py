@@ -88,6 +88,10 @@ ALWAYS_POSSIBLE = (400, 431)
 """Any route may answer these (an unknown query parameter, an oversize header); a route
 with a body may answer 413 too. Added to every operation when the spec is built."""
 
+MAX_SEQ = 2**62
+"""The largest `seq` a cursor (`after`, `Last-Event-ID`) may name: a seq is a BIGINT, and a
+larger number is a 422, never a query that overflows."""
+
 PARAMETERS: dict[str, dict[str, Any]] = {
     "wait": {"in": "query", "name": "wait", "required": False,
              "description": "Hold the answer until the job ends or this many seconds pass; "
@@ -95,11 +99,12 @@ PARAMETERS: dict[str, dict[str, Any]] = {
              "schema": {"type": "number", "minimum": 0, "maximum": 60}},
     "events_after": {"in": "query", "name": "after", "required": False,
                      "description": "Only events with a larger `seq`.",
-                     "schema": {"type": "integer", "minimum": 0, "default": 0}},
+                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ,
+                                "default": 0}},
     "messages_after": {"in": "query", "name": "after", "required": False,
                        "description": "Only messages with a larger `seq` (the page's "
                                       "`next_after`).",
-                       "schema": {"type": "integer", "minimum": 0, "maximum": 2**62,
+                       "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ,
                                   "default": 0}},
     "limit": {"in": "query", "name": "limit", "required": False,
               "description": "Page size.",

@@ -95,3 +95,23 @@ def test_an_operator_and_a_tenant_admin_in_one_process(make):
     # and the operator sees both tenants
     names = {t["name"] for t in client.get("/v1/admin/tenants", headers=ops).get_json()["data"]}
     assert {"default", "acme"} <= names
+
+
+def test_a_cursor_past_any_seq_is_a_422_not_a_500(make):
+    # a seq is a BIGINT: a larger cursor overflowed the query (SQLite's binding, Postgres's
+    # bigint) and answered 500 internal_error
+    h = make(text("four"))
+    job = h.submit("2+2?")
+    h.drive(job)
+    client, auth = _client(h)
+    conversation = client.get(f"/v1/jobs/{job}", headers=auth).get_json()["conversation_id"]
+    for path, headers in ((f"/v1/jobs/{job}/events?after={2**63}", {}),
+                          (f"/v1/jobs/{job}/events?after={10**30}", {}),
+                          (f"/v1/jobs/{job}/events", {"Last-Event-ID": str(10**30)}),
+                          (f"/v1/conversations/{conversation}/messages?after={2**63}", {})):
+        answer = client.get(path, headers={**auth, **headers})
+        assert answer.status_code == 422, (path, answer.get_data(as_text=True))
+        assert answer.get_json()["error"]["details"]["fields"]["after"], path
+    # the largest allowed cursor is a page with nothing after it
+    answer = client.get(f"/v1/jobs/{job}/events?after={2**62}", headers=auth)
+    assert answer.status_code == 200 and answer.get_json()["data"] == []
