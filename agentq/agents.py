@@ -121,8 +121,8 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
                     limits_applied=applied_limits(settings,
                                                   persona.limits if persona else None, asked),
                     parent_job_id=parent.id, parent_tool_use_id=tool_use_id,
-                    **({"replay_of": recorded, "replay_mode": ReplayMode.RECORDED}
-                       if recorded else {}))
+                    replay_of=recorded,
+                    replay_mode=ReplayMode.RECORDED if recorded is not None else None)
     source = session.get(Conversation, parent.conversation_id)
     session.add(Conversation(
         id=child.conversation_id, tenant_id=parent.tenant_id, user_id=parent.user_id,

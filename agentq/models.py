@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -85,6 +86,9 @@ _QUOTA_WAIT_SQL = f"waiting_for = '{WaitingFor.QUOTA.value}'"
 
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: TZ, dict[str, Any]: JSONType, list[Any]: JSONType}
+    __table__: ClassVar[Table]
+    """Every model here is mapped by `__tablename__`, so its `__table__` is a Table (the
+    stubs say FromClause, which `update`, `delete` and `insert` do not take)."""
 
 
 def _id() -> Mapped[uuid.UUID]:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 
+from agentq.config import Settings
 from agentq.llm.types import LLMReply
-from agentq.loop.lifecycle import StopReason
+from agentq.loop.states import StopReason
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Stop:
 
 Decision = Finish | RunTools | Stop
 
-CANCELLED = Stop("cancelled", "The job was cancelled.")
+CANCELLED = Stop(StopReason.CANCELLED, "The job was cancelled.")
 """The job's cancel was recorded: it ends `cancelled`."""
 
 
@@ -96,7 +97,7 @@ def effective_limits(settings_iterations: int, settings_tokens: int | None,
     return out
 
 
-def applied_limits(settings, persona_limits: dict[str, Any] | None,
+def applied_limits(settings: Settings, persona_limits: dict[str, Any] | None,
                    requested: dict[str, Any] | None) -> dict[str, Any]:
     """The limits that apply to a new job (the job object's `limits_applied`): the
     smallest of the settings', the persona's and the request's."""
@@ -110,24 +111,24 @@ def check_limits(limits: Limits) -> Stop | None:
     if limits.cancel_requested:
         return CANCELLED
     if limits.iteration >= limits.max_iterations:
-        return Stop("max_iterations",
+        return Stop(StopReason.MAX_ITERATIONS,
                     f"Stopped after {limits.iteration} model calls (the limit is "
                     f"{limits.max_iterations}) without a final answer.",
                     {"iterations": limits.iteration, "limit": limits.max_iterations})
     if limits.max_tokens is not None and limits.tokens_used >= limits.max_tokens:
-        return Stop("max_tokens",
+        return Stop(StopReason.MAX_TOKENS,
                     f"Stopped after using {limits.tokens_used} tokens (the job's limit is "
                     f"{limits.max_tokens}) without a final answer.",
                     {"used": limits.tokens_used, "limit": limits.max_tokens})
     if limits.max_seconds is not None and limits.elapsed_s >= limits.max_seconds:
-        return Stop("max_time",
+        return Stop(StopReason.MAX_TIME,
                     f"Stopped after {limits.elapsed_s:.1f} s (the job's limit is "
                     f"{limits.max_seconds:g} s) without a final answer.",
                     {"elapsed_s": round(limits.elapsed_s, 3), "limit": limits.max_seconds})
     if limits.budget_limit is not None and limits.budget_used >= limits.budget_limit:
         when = (f" It resets at {limits.budget_reset_at.isoformat()}."
                 if limits.budget_reset_at else "")
-        return Stop("budget_exceeded",
+        return Stop(StopReason.BUDGET_EXCEEDED,
                     f"Your monthly token budget is used up ({limits.budget_used} of "
                     f"{limits.budget_limit} tokens).{when}",
                     {"used": limits.budget_used, "limit": limits.budget_limit})
@@ -180,7 +181,7 @@ def provider_backoff_s(attempt: int, base_s: float, max_s: float, jitter: float,
     """The delay after failed attempt `attempt` (1, 2, ...): base · 2^(attempt-1), capped at
     `max_s`, "equal jitter" (half fixed, half `jitter` ∈ [0, 1) of it) so a fleet that parked
     together does not come back together; a provider's `Retry-After` is a floor."""
-    ceiling = min(max_s, base_s * 2 ** min(max(attempt - 1, 0), 30))
+    ceiling = min(max_s, base_s * 2.0 ** min(max(attempt - 1, 0), 30))
     delay = ceiling / 2 + ceiling / 2 * min(max(jitter, 0.0), 1.0)
     if retry_after_s is not None and retry_after_s > delay:
         delay = retry_after_s
@@ -199,7 +200,7 @@ def wait_for_provider(*, now: datetime, waiting_since: datetime | None, attempts
     deadline = since + timedelta(seconds=window_s)
     if now >= deadline:
         waited = (now - since).total_seconds()
-        return Stop("error",
+        return Stop(StopReason.ERROR,
                     f"The model provider kept failing for {waited:.0f} s ({attempt} "
                     f"attempts); last error: {last_error}",
                     {"code": "provider_unavailable", "attempts_made": attempt,

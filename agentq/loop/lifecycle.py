@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ColumnElement
 
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
@@ -313,8 +314,9 @@ _END_BY = {JobStatus.COMPLETED: Transition.COMPLETE, JobStatus.FAILED: Transitio
 
 def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.UUID,
             content: str, now: datetime, persona_id: uuid.UUID | None = None,
-            api_key_id: uuid.UUID | None = None, attachments: list[dict] | None = None,
-            meta: dict | None = None, callback_url: str | None = None,
+            api_key_id: uuid.UUID | None = None,
+            attachments: list[dict[str, Any]] | None = None,
+            meta: dict[str, Any] | None = None, callback_url: str | None = None,
             on_busy: str = "queue", model: str | None = None, stream: bool = False,
             limits: dict[str, Any] | None = None,
             waiting_for: WaitingFor | None = None, **extra: Any) -> Job:
@@ -385,8 +387,8 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
         uow.effect(AdmitBatch(str(job.batch_id)))
 
 
-def end_unstarted(session: Session, where: tuple, error: dict[str, Any],
-                  now: datetime) -> None:
+def end_unstarted(session: Session, where: tuple[ColumnElement[bool], ...],
+                  error: dict[str, Any], now: datetime) -> None:
     """Cancel, in one statement, jobs that never started and hold nothing: a cancelled
     batch's lines not admitted yet (thousands at once). They hold no conversation and have
     no webhook (the caller ends those with `end_job`), so no event or effect is due."""
