@@ -87,6 +87,13 @@ class ToolTurns:
         return (registry.time_limit_for(name) if name in registry.tools
                 else self.step.settings.tool_time_limit_s)
 
+    def queue_now(self, call: ToolCall) -> str:
+        """Where a call sent again goes: its tool's queue in this deployment as it is now
+        (a module made local or slow since the call was planned), or the one it was
+        planned for when no tool of that name is offered now."""
+        registry = self.step.registry
+        return registry.queue_for(call.name) if call.name in registry.tools else call.queue
+
     # -- step 7: the calls planned ------------------------------------------------------
     def plan(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
              calls: Sequence[PlannedCall], content: str, now: datetime,
@@ -195,7 +202,7 @@ class ToolTurns:
                 log.warning("re-dispatching lost tool calls",
                             extra={"job_id": str(job.id), "count": len(pending)})
                 uow.effect(DispatchTools(str(job.id), job.iteration, tuple(
-                    (c.tool_use_id, c.queue, self.limit(c.name)) for c in pending)))
+                    (c.tool_use_id, self.queue_now(c), self.limit(c.name)) for c in pending)))
             case rules.Collect():
                 self._collect(uow, job, conversation, calls, pending, after.cancelled)
         return after

@@ -414,3 +414,24 @@ def test_under_gevent_a_computing_local_tool_times_out_and_holds_no_greenlet(tmp
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["error"]["code"] == "tool_timeout" and out["attempts"] == 1
     assert out["ticked"]
+
+
+def test_a_call_sent_again_goes_where_its_module_runs_now(tmp_path):
+    # given a turn planned by chord (math on tools.math), whose task was lost
+    h = _harness(tmp_path, discover(), calls(("math.evaluate", {"expression": "5*5"})),
+                 AGENTQ_STEP_DEADLINE_S="1")
+    job_id = h.submit()
+    (dispatch,) = h.stepper.run(job_id, 0, "start")
+    assert [q for _i, q, _limit in dispatch.calls] == ["tools.math"]
+    # when the deployment has made math local since, and the sweeper re-drives the turn
+    local = _harness(tmp_path, discover(), text("25"), AGENTQ_LOCAL_MODULES="math",
+                     AGENTQ_STEP_DEADLINE_S="1")
+    _stalled(local, job_id)
+    (redrive,) = local.sweep()
+    (again,) = local.stepper.run(redrive.job_id, redrive.iteration, redrive.cause)
+    # then the call goes to the orchestrator's queue, which its workers consume (no tools
+    # worker consumes tools.math any more), and the job completes
+    assert [q for _i, q, _limit in again.calls] == [ORCHESTRATOR_QUEUE]
+    local.runner.run_until_idle()
+    assert local.runner.ended[job_id] == "completed"
+    h.router.assert_done()
