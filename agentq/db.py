@@ -11,7 +11,7 @@ import select as io_select  # sqlalchemy's select is the name used here
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence, TypeVar, overload
 
 from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -217,7 +217,15 @@ def _lock_statement(model, postgres: bool, load: bool):
     return query.execution_options(populate_existing=True) if load else query
 
 
-def lock_row(session: Session, model, ident, *, load: bool = True):
+_Row = TypeVar("_Row")
+
+
+@overload
+def lock_row(session: Session, model: type[_Row], ident: Any, *,
+             load: Literal[True] = True) -> _Row | None: ...
+@overload
+def lock_row(session: Session, model: type[Any], ident: Any, *, load: bool) -> Any: ...
+def lock_row(session: Session, model: type[Any], ident: Any, *, load: bool = True) -> Any:
     """`model`'s row with this id, locked for the transaction (None when there is none).
 
     FOR NO KEY UPDATE: inserts of rows that reference it (their foreign key takes KEY
@@ -226,7 +234,7 @@ def lock_row(session: Session, model, ident, *, load: bool = True):
     (for a writer that changes the row only through statements of its own). The one lock
     helper: jobs, conversations and batches are locked through it, always in that order (a
     batch's row only ever first, alone)."""
-    statement = _lock_statement(model, session.bind.dialect.name == "postgresql", load)
+    statement = _lock_statement(model, session.get_bind().dialect.name == "postgresql", load)
     return session.execute(statement, {"ident": ident}).scalar_one_or_none()
 
 

@@ -80,6 +80,13 @@ def hold(uow: UnitOfWork, job: Job, call: ToolCall, expires_at: datetime) -> Non
         uow.effect(SendWebhooks((str(delivery.id),)))
 
 
+def _locked_job(session: Session, job_id: uuid.UUID) -> Job:
+    job = lock_job(session, job_id)
+    if job is None:  # deleted since the caller read it
+        raise NotFound("job", str(job_id))
+    return job
+
+
 def _awaiting_call(session: Session, job: Job, tool_use_id: str) -> ToolCall:
     call = session.execute(select(ToolCall).where(
         ToolCall.job_id == job.id, ToolCall.tool_use_id == tool_use_id)
@@ -95,7 +102,7 @@ def _awaiting_call(session: Session, job: Job, tool_use_id: str) -> ToolCall:
 def approve(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
             arguments: dict[str, Any] | None, registry: ToolRegistry) -> None:
     session = uow.session
-    job = lock_job(session, job_id)
+    job = _locked_job(session, job_id)
     call = _awaiting_call(session, job, tool_use_id)
     if arguments is not None:
         tool = registry.tools.get(call.name)
@@ -119,7 +126,7 @@ def approve(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
 
 def deny(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, reason: str | None,
          code: str = "denied") -> None:
-    job = lock_job(uow.session, job_id)
+    job = _locked_job(uow.session, job_id)
     call = _awaiting_call(uow.session, job, tool_use_id)
     _deny(uow, job, call, reason, code)
 
@@ -165,7 +172,7 @@ def cancel_awaiting(uow: UnitOfWork, job: Job) -> None:
         resume(job, now)
 
 
-def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> int:
+def expire(settings: Settings, sessions: sessionmaker[Session], limit: int = 100) -> int:
     """Deny every awaiting call past its deadline (the sweeper), each in its own unit of
     work; returns how many were denied."""
     now = utcnow()
@@ -178,7 +185,7 @@ def expire(settings: Settings, sessions: sessionmaker, limit: int = 100) -> int:
         try:
             with UnitOfWork(sessions) as uow:
                 deny(uow, job_id, tool_use_id, None, code="approval_timeout")
-        except Conflict:
-            continue  # approved or denied meanwhile
+        except (Conflict, NotFound):
+            continue  # approved or denied meanwhile, or the job deleted
         denied += 1
     return denied

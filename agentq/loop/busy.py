@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
@@ -71,7 +71,7 @@ def request_cancel(uow: UnitOfWork, job: Job, now: datetime | None = None) -> li
     return [tool_use_id for tool_use_id, _ in pending]
 
 
-def steer(uow: UnitOfWork, job: Job, content: str, metadata: dict,
+def steer(uow: UnitOfWork, job: Job, content: str, metadata: dict[str, Any] | None,
           now: datetime | None = None) -> JobInput:
     entry = JobInput(id=uuid.uuid4(), job_id=job.id, content=content, meta=metadata or {},
                      created_at=now or utcnow())

@@ -23,7 +23,7 @@ import uuid
 from typing import Iterator
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.llm.cancel import CancelToken
 from agentq.models import Job
@@ -41,7 +41,7 @@ _CANCELLED = (select(Job.id)
 class CancelWatch:
     """Sets the token of each watched step whose job was cancelled. Thread-safe."""
 
-    def __init__(self, sessions: sessionmaker, poll_s: float = POLL_S):
+    def __init__(self, sessions: sessionmaker[Session], poll_s: float = POLL_S):
         self._sessions = sessions
         self.poll_s = poll_s
         self._watched: dict[int, tuple[uuid.UUID, CancelToken]] = {}

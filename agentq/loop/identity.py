@@ -12,8 +12,9 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import bindparam, case, delete, false, literal_column, or_, select
+from sqlalchemy import Select, bindparam, case, delete, false, literal_column, or_, select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
@@ -55,7 +56,7 @@ _FIND_USER = (select(User).join(UserPlatformLink, UserPlatformLink.user_id == Us
 _FIND_CONVERSATION = select(Conversation).where(Conversation.scope_key == bindparam("scope_key"))
 
 
-def _find_persona(with_server: bool):
+def _find_persona(with_server: bool) -> Select[Persona]:
     """The tenant's server-specific → platform-specific → default persona (seed 000), the
     oldest of the first scope that has one: ranked by scope."""
     on_platform = Persona.platform == bindparam("platform")
@@ -69,7 +70,7 @@ def _find_persona(with_server: bool):
             .limit(1))
 
 
-def _find_all(with_server: bool):
+def _find_all(with_server: bool) -> Select[User, Persona, Conversation]:
     """User, persona and conversation in one round trip: each outer-joined to a one-row
     anchor, so a missing one is None and the others still come back."""
     anchor = select(literal_column("1").label("one")).subquery("anchor")
@@ -84,7 +85,8 @@ def _find_all(with_server: bool):
 _FIND_ALL = {True: _find_all(True), False: _find_all(False)}
 
 
-def _params(tenant_id: uuid.UUID, incoming: Incoming, owner: uuid.UUID | None = None) -> dict:
+def _params(tenant_id: uuid.UUID, incoming: Incoming,
+            owner: uuid.UUID | None = None) -> dict[str, Any]:
     return {"tenant_id": tenant_id, "platform": incoming.platform,
             "platform_user_id": incoming.platform_user_id,
             "server_id": incoming.platform_server_id,
@@ -121,7 +123,7 @@ def resolve_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
 
 
 def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
-               settings: Settings, find: dict, now: datetime | None) -> User:
+               settings: Settings, find: dict[str, Any], now: datetime | None) -> User:
     """A guest for a platform user nobody has linked yet; the winner's user when a
     concurrent request links it first."""
     now = now or utcnow()

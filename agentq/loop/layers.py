@@ -25,10 +25,11 @@ PROJECT_HEADER = "[Active project]"
 MAX_PARAMETERS_SHOWN = 20
 
 
-def extras(persona, conversation, tools: Sequence[ToolSpec],
+def extras(persona: object, conversation: object, tools: Sequence[ToolSpec],
            tenant: TenantLayers | None = None) -> dict[str, str | None]:
     """The layers (`context.Layers` fields) of a persona and conversation for a turn that
-    offers `tools`, over the tenant's defaults."""
+    offers `tools`, over the tenant's defaults. `persona` and `conversation` are read by
+    attribute, each None or anything with the models' fields (a row of the step's query)."""
     offered = {t.name for t in tools}
     own_bootstrap = getattr(persona, "bootstrap", None)
     bootstrap = (own_bootstrap if own_bootstrap and own_bootstrap.strip()

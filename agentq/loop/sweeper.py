@@ -18,7 +18,7 @@ import logging
 from datetime import timedelta
 
 from sqlalchemy import exists, or_, select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
 from agentq.db import utcnow
@@ -43,11 +43,11 @@ SWEEP_BATCH = 200
 
 def redrive_delay_s(settings: Settings, unclaimed: int) -> float:
     """The wait before re-driving again a job whose last `unclaimed` re-drives nobody took."""
-    return min(settings.step_deadline_s * 2 ** min(unclaimed, 20),
+    return min(settings.step_deadline_s * 2.0 ** min(unclaimed, 20),
                max(settings.redrive_backoff_max_s, settings.step_deadline_s))
 
 
-def sweep(settings: Settings, sessions: sessionmaker) -> int:
+def sweep(settings: Settings, sessions: sessionmaker[Session]) -> int:
     """Re-drive (or, past `max_redrives` crashes, fail) stalled jobs; returns how many."""
     now = utcnow()
     deadline = now - timedelta(seconds=settings.step_deadline_s)
@@ -62,7 +62,7 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
                                    or_(Job.redrive_after.is_(None),
                                        Job.redrive_after <= now))
                  .order_by(Job.last_progress_at).limit(SWEEP_BATCH))
-        if session.bind.dialect.name == "postgresql":
+        if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         for job in session.execute(query).scalars():
             swept += 1
@@ -93,7 +93,7 @@ def sweep(settings: Settings, sessions: sessionmaker) -> int:
     return swept
 
 
-def backlog(session) -> int:
+def backlog(session: Session) -> int:
     """Live jobs whose latest re-drive no worker has taken: the sign that nothing consumes
     the orchestrator queue (they wait; they are not failed for it)."""
     from sqlalchemy import func
@@ -103,7 +103,7 @@ def backlog(session) -> int:
             Job.step_owner.is_(None), Job.redrives > Job.claimed_attempts)).scalar_one())
 
 
-def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
+def sweep_deliveries(settings: Settings, sessions: sessionmaker[Session]) -> list[str]:
     """Ids of overdue pending webhook deliveries, each marked due now, so that one is
     re-enqueued at most once per margin (a duplicate is harmless: attempts claim the row)."""
     now = utcnow()
@@ -113,7 +113,7 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
                  .where(WebhookDelivery.status == "pending",
                         WebhookDelivery.next_attempt_at < overdue)
                  .order_by(WebhookDelivery.next_attempt_at).limit(SWEEP_BATCH))
-        if session.bind.dialect.name == "postgresql":
+        if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         rows = session.execute(query).scalars().all()
         for row in rows:
@@ -124,7 +124,7 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker) -> list[str]:
     return ids
 
 
-def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
+def sweep_waiting(settings: Settings, sessions: sessionmaker[Session]) -> int:
     """Safety net for jobs that wait: a conversation left without a live owner gets its next
     waiting job, and a batch with room admits more (each normally happens when a job ends,
     in that job's transaction; this covers a crash between)."""
@@ -153,11 +153,11 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker) -> int:
                 started += 1
         for tenant_id in tenants_waiting_for_quota(session):  # a running-jobs quota
             started += admit_quota_waiters(uow, tenant_id, settings)  # with room again
-        batch_ids = set(session.execute(
+        batch_ids = {batch_id for batch_id in session.execute(  # a line's: never None
             select(Job.batch_id).where(Job.status == JobStatus.QUEUED,
                                        Job.waiting_for == WaitingFor.BATCH,
                                        Job.created_at < stale)
-            .distinct().limit(SWEEP_BATCH)).scalars())
+            .distinct().limit(SWEEP_BATCH)).scalars() if batch_id is not None}
         batch_ids |= set(session.execute(  # every job ended, the batch not marked so
             select(Batch.id).where(Batch.status.in_((BatchStatus.QUEUED, BatchStatus.RUNNING)),
                                    Batch.created_at < stale,
