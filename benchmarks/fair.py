@@ -46,7 +46,8 @@ Per phase and system:
   xact_commit + xact_rollback), rows inserted / updated and row versions (tup_inserted +
   tup_updated, the sum over the database's tables of pg_stat_user_tables' n_tup_ins and
   n_tup_upd), and WAL bytes (`pg_current_wal_lsn()` delta: the cluster's, so the systems run
-  one at a time). Counts do not depend on the machine's load; times do. A system that polls
+  one at a time), and Redis commands (the private Redis's `total_commands_processed`: a
+  broker's round trips). Counts do not depend on the machine's load; times do. A system that polls
   Postgres while idle (DBOS's queue, every 10 ms) sends round trips in proportion to the run's
   length, not its jobs: each system's idle round trips per second (measured while its counters
   settle after the warm-up) are given beside the counts.
@@ -383,6 +384,7 @@ class Run:
         self.model = None
         self.last_snapshot: dict[str, float] | None = None
         self.idle_round_trips_per_s: float | None = None
+        self.idle_redis_commands_per_s: float | None = None
         self.keep_logs = False
 
     def start(self) -> "Run":
@@ -512,19 +514,36 @@ class Run:
             out = {"kind": "service" if service else "library",
                    "burst": self.phase(driver, db, pids, s.burst_jobs, burst_c, True)}
             out["idle_round_trips_per_s"] = self.idle_round_trips_per_s  # after the warm-up
+            out["idle_redis_commands_per_s"] = self.idle_redis_commands_per_s
             out["closed_loop"] = self.phase(driver, db, pids, s.closed_jobs, s.clients, False)
             return out
         finally:
             procs.stop()
 
     def snapshot(self, db: str) -> dict[str, float]:
-        """The database's counters once they are flushed; the wait, the system idle, also
-        gives its background round trips per second (a polling queue's, a sweeper's)."""
+        """The database's counters once they are flushed, and the Redis server's commands;
+        the wait, the system idle, also gives its background round trips per second (a
+        polling queue's, a sweeper's) and Redis commands per second (a worker's polls)."""
         t0, calls0 = time.monotonic(), round_trips(self.pg, db)
+        commands0 = self.redis_commands()
         time.sleep(STATS_SETTLE_S)
-        self.idle_round_trips_per_s = round(
-            (round_trips(self.pg, db) - calls0) / (time.monotonic() - t0), 1)
-        return db_snapshot(self.pg, db)
+        elapsed = time.monotonic() - t0
+        self.idle_round_trips_per_s = round((round_trips(self.pg, db) - calls0) / elapsed, 1)
+        self.idle_redis_commands_per_s = round((self.redis_commands() - commands0) / elapsed, 1)
+        return {**db_snapshot(self.pg, db), "redis_commands": self.redis_commands()}
+
+    def redis_commands(self) -> float:
+        """Commands the private Redis has processed so far (`INFO stats`), its own INFO
+        calls excluded: a broker's round trips (a system without Redis sends none)."""
+        import redis
+        client = redis.Redis(port=self.redis.port)
+        try:
+            return float(client.info("stats")["total_commands_processed"]) - self._info_calls
+        finally:
+            self._info_calls += 1
+            client.close()
+
+    _info_calls = 0
 
     def phase(self, driver, db: str, pids: dict[str, int], n: int, clients: int,
               burst: bool) -> dict[str, Any]:
@@ -600,6 +619,8 @@ def local_vs_chord(systems: dict[str, Any]) -> dict[str, Any]:
                                             b[phase]["cpu_ms_per_job"]["machine"])
         out[f"{phase}_round_trips"] = ratio(a[phase]["per_job"]["round_trips"],
                                             b[phase]["per_job"]["round_trips"])
+        out[f"{phase}_redis_commands"] = ratio(a[phase]["per_job"].get("redis_commands"),
+                                               b[phase]["per_job"].get("redis_commands"))
     return out
 
 

@@ -417,7 +417,11 @@ FAIR_NAMES = {"agentq": "agentq",
 COUNTS = (("statements", "statements"), ("round_trips", "round trips (with BEGIN/COMMIT)"),
           ("transactions", "transactions"), ("rows_inserted", "rows inserted"),
           ("rows_updated", "rows updated"), ("row_versions", "row versions"),
-          ("wal_bytes", "WAL bytes"))
+          ("wal_bytes", "WAL bytes"), ("redis_commands", "Redis commands"))
+
+
+def _count(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"  # not counted by an older run
 
 
 def _fair_table(systems: dict[str, Any], names: list[str]) -> list[str]:
@@ -477,9 +481,11 @@ def fair_tables(f: dict[str, Any]) -> list[str]:
         if lvc:
             out += ["| local ÷ chord | burst | closed loop |", "| --- | --- | --- |"]
             for key, label in (("jobs_per_s", "jobs/s"), ("machine_cpu", "machine CPU per job"),
-                               ("round_trips", "round trips per job")):
-                out.append(f"| {label} | ×{lvc.get('burst_' + key)} | "
-                           f"×{lvc.get('closed_loop_' + key)} |")
+                               ("round_trips", "Postgres round trips per job"),
+                               ("redis_commands", "Redis commands per job")):
+                out.append(f"| {label} | " + " | ".join(
+                    "–" if lvc.get(f"{phase}_{key}") is None else f"×{lvc[f'{phase}_{key}']}"
+                    for phase in ("burst", "closed_loop")) + " |")
             out.append("")
     names = [n for n in [SERVICES[0], *VARIANTS, *SERVICES[1:], *LIBRARIES]
              if n in systems and "error" not in systems[n]]  # agentq's variants beside it
@@ -491,9 +497,11 @@ def fair_tables(f: dict[str, Any]) -> list[str]:
                 "| --- |" + " --- |" * len(names)]
         for key, label in COUNTS:
             out.append(f"| {label} | " + " | ".join(
-                f"{systems[n]['burst']['per_job'][key]:g}" for n in names) + " |")
+                _count(systems[n]["burst"]["per_job"].get(key)) for n in names) + " |")
         out.append("| idle: round trips per second | " + " | ".join(
             str(systems[n].get("idle_round_trips_per_s", "–")) for n in names) + " |")
+        out.append("| idle: Redis commands per second | " + " | ".join(
+            str(systems[n].get("idle_redis_commands_per_s", "–")) for n in names) + " |")
         out.append("")
     for name, v in systems.items():
         if "error" in v:

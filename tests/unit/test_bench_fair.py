@@ -91,6 +91,8 @@ def test_local_tools_are_their_own_row_beside_agentqs_chord_never_a_peer():
     systems = {"agentq": _system(10.0, 100.0), "agentq-local": _system(15.0, 60.0),
                "celery-langgraph": _system(20.0, 50.0)}
     systems["agentq-local"]["burst"]["per_job"]["round_trips"] = 7.0
+    systems["agentq"]["burst"]["per_job"]["redis_commands"] = 40.0
+    systems["agentq-local"]["burst"]["per_job"]["redis_commands"] = 10.0
     # the headline ratios are the chord's, against the peers only
     r = fair.ratios(systems)
     assert r["burst_jobs_per_s_vs_best_service"] == {"peer": "celery-langgraph", "ratio": 0.5}
@@ -98,12 +100,16 @@ def test_local_tools_are_their_own_row_beside_agentqs_chord_never_a_peer():
     lvc = fair.local_vs_chord(systems)
     assert lvc["burst_jobs_per_s"] == 1.5 and lvc["burst_machine_cpu"] == 0.6
     assert lvc["burst_round_trips"] == 0.5 and lvc["closed_loop_jobs_per_s"] == 1.5
+    assert lvc["burst_redis_commands"] == 0.25
+    assert lvc["closed_loop_redis_commands"] is None  # not counted there (an older run)
     assert fair.local_vs_chord({"agentq": systems["agentq"]}) == {}
     text = "\n".join(report.fair_tables({"sizes": vars(fair.SIZES["smoke"]), "poll_s": 0.02,
                                          "systems": systems, "ratios": r,
                                          "local_vs_chord": lvc}))
     assert "Local tools: agentq with `math` local" in text
     assert "| agentq | agentq, `math` local |" in text
-    assert "| round trips per job | ×0.5 | ×1.0 |" in text
-    # and its counts are in the per-job table
+    assert "| Postgres round trips per job | ×0.5 | ×1.0 |" in text
+    assert "| Redis commands per job | ×0.25 | – |" in text
+    # and its counts are in the per-job table, a count a system lacks shown as such
     assert "| round trips (with BEGIN/COMMIT) | 14 | 7 | 14 |" in text
+    assert "| Redis commands | 40 | 10 | – |" in text
