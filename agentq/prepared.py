@@ -40,7 +40,14 @@ statement is sent again whole, or fails as `StalePlan`, as above.
 
 `Connection.ahead` holds a statement for the open transaction (agentq.db's SET LOCAL
 synchronous_commit) that goes out in the same string as the transaction's next statement,
-saving its round trip; it is dropped when the transaction ends."""
+saving its round trip; it is dropped when the transaction ends.
+
+`Connection.fold_begin()` does the same for the transaction's BEGIN, which psycopg2 sends
+alone before a transaction's first statement: the connection is put in autocommit mode for
+that one transaction, "BEGIN" is sent ahead with the first statement, and the commit or
+rollback that ends it is sent as a COMMIT or ROLLBACK statement (nothing when no statement
+was sent), after which the connection is as before. A unit of work folds its BEGIN
+(agentq.loop.uow): one round trip less per transaction."""
 from __future__ import annotations
 
 import functools
@@ -217,7 +224,8 @@ class _Prepared:
         if self.stale:
             sql = "".join(f"DEALLOCATE {old}; " for old in self.stale) + sql
             self.stale = []
-        in_transaction = not cursor.connection.autocommit
+        conn = cursor.connection
+        in_transaction = not conn.autocommit or conn.get_transaction_status() != _IDLE
         if in_transaction:  # psycopg2 opens the transaction first, if none is open
             sql = f"SAVEPOINT {_SAVEPOINT}; {sql}; RELEASE SAVEPOINT {_SAVEPOINT}"
         try:
@@ -249,8 +257,8 @@ class Cursor(psycopg2.extensions.cursor):
         if self.name is not None:  # a server-side cursor's DECLARE takes the statement as is
             return _PLAIN_EXECUTE(self, query, vars)
         conn = self.connection
-        ahead = conn.ahead
-        opens = conn.autocommit or conn.get_transaction_status() == _IDLE
+        ahead, folded = conn.ahead, conn.folded
+        opens = conn.get_transaction_status() == _IDLE
         try:
             return self._execute(conn, query, vars, ahead)
         except StalePlan:
@@ -258,6 +266,8 @@ class Cursor(psycopg2.extensions.cursor):
                 raise
         # it opened its transaction, which held nothing else: a new one, the statement whole
         conn.rollback()
+        if folded:
+            conn.fold_begin()
         conn.ahead = ahead
         return self._execute(conn, query, vars, ahead, whole=True)
 
@@ -304,14 +314,45 @@ class Connection(psycopg2.extensions.connection):
         self.cursor_factory = Cursor
         self.agentq_prepared = _Prepared(self.threshold) if self.threshold > 0 else None
         self.ahead: str | None = None
+        self.folded = False
+        """The open (or next) transaction's BEGIN is sent by us (`fold_begin`)."""
+
+    def fold_begin(self) -> bool:
+        """The next transaction's BEGIN goes with its first statement, and its end is sent
+        as a statement (see the module's notes). False, and nothing changed, when a
+        transaction is open or the connection is in autocommit mode."""
+        if self.folded or self.autocommit or self.get_transaction_status() != _IDLE:
+            return False
+        self.autocommit = True  # psycopg2 sends no BEGIN of its own now
+        self.folded = True
+        self.ahead = f"BEGIN; {self.ahead}" if self.ahead else "BEGIN"
+        return True
+
+    def _end_folded(self, command: str) -> None:
+        """A folded transaction's end: `command` sent if a statement opened it; the
+        connection back out of autocommit mode, whatever happens."""
+        try:
+            if self.get_transaction_status() != _IDLE:
+                with self.cursor() as cursor:
+                    _PLAIN_EXECUTE(cursor, command)
+        finally:
+            self.folded = False
+            if not self.closed:
+                self.autocommit = False
 
     def commit(self) -> None:
         self.ahead = None
-        super().commit()
+        if self.folded:
+            self._end_folded("COMMIT")
+        else:
+            super().commit()
 
     def rollback(self) -> None:
         self.ahead = None
-        super().rollback()
+        if self.folded:
+            self._end_folded("ROLLBACK")
+        else:
+            super().rollback()
 
 
 @functools.cache

@@ -80,7 +80,7 @@ class _Wire:
         def execute(cursor, query, vars=None):
             opens(cursor.connection)
             text = query if isinstance(query, str) else str(query)
-            sent.append(text.split(None, 1)[0].upper() if text.strip() else "?")
+            sent.append(text.split(None, 1)[0].rstrip(";").upper() if text.strip() else "?")
             return plain(cursor, query, vars)
 
         many = prepared.Cursor.executemany
@@ -93,7 +93,8 @@ class _Wire:
 
         def ending(name: str, method):
             def end(conn) -> None:
-                if conn.get_transaction_status() != idle:
+                # (a folded transaction's end is a statement: counted as one)
+                if not getattr(conn, "folded", False) and conn.get_transaction_status() != idle:
                     sent.append(name)
                 return method(conn)
             return end

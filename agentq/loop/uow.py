@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from agentq import prepared
 from agentq.config import get_settings
 from agentq.db import relax_durability, riding_out, utcnow, write_changes
 from agentq.loop.effects import Effect
@@ -131,6 +132,7 @@ class UnitOfWork:
         session.begin()
         if not self._durable:
             relax_durability(session)
+        _fold_begin(session)  # its BEGIN sent with its first statement (and the SET)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -232,6 +234,18 @@ class UnitOfWork:
         announced, self.announced = self.announced, {}
         for job_id, written in announced.items():
             notify(job_id, written)
+
+
+def _fold_begin(session: Session) -> bool:
+    """The transaction's BEGIN goes with its first statement, one round trip instead of
+    two, on agentq's psycopg2 connections (`agentq.prepared.Connection.fold_begin`); its
+    commit or rollback ends it as before. False (nothing changed) on another driver or
+    dialect, or when the transaction has begun already."""
+    if session.bind.dialect.name != "postgresql":
+        return False
+    dbapi_connection = session.connection().connection.dbapi_connection
+    return (isinstance(dbapi_connection, prepared.Connection)
+            and dbapi_connection.fold_begin())
 
 
 def due_now(sessions: sessionmaker | Callable[[], Session], job_ids: Iterable[str]) -> int:

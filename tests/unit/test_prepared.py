@@ -331,3 +331,95 @@ def test_behind_a_transaction_pooler_a_statement_on_another_server_connection_fa
             assert a.connection.dbapi_connection.agentq_prepared is None
     finally:
         engine.dispose()
+
+
+def test_a_unit_of_work_sends_its_begin_with_its_first_statement_and_ends_as_before(
+        engines, monkeypatch):
+    # given a pool of one connection, and what it sends
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    sent: list[str] = []
+    plain = prepared._PLAIN_EXECUTE
+
+    def counted(cursor, query, vars=None):
+        sent.append(query if isinstance(query, str) else str(query))
+        return plain(cursor, query, vars)
+
+    monkeypatch.setattr(prepared, "_PLAIN_EXECUTE", counted)
+    insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
+    count = text("SELECT count(*) FROM probe")
+    xid = text("SELECT txid_current()")
+    for n in range(3):  # (the statements prepared on the way)
+        sent.clear()
+        # when a unit of work writes a row and reads in its transaction
+        with UnitOfWork(sessions) as unit:
+            conn = unit.session.connection().connection.dbapi_connection
+            unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": n})
+            first = unit.session.execute(xid).scalar_one()
+            assert unit.session.execute(xid).scalar_one() == first  # one transaction
+            assert conn.autocommit and conn.folded  # psycopg2 sends no BEGIN of its own
+        # then its BEGIN went with its first statement, its end as a statement of its own
+        # (a statement prepared on its first run is PREPAREd before it, outside)
+        statements = [s for s in sent if not s.startswith("PREPARE")]
+        assert statements[0].startswith("BEGIN; ") and statements[-1] == "COMMIT"
+        assert not any(s.startswith("BEGIN") for s in statements[1:])
+        assert (conn.autocommit, conn.folded, conn.ahead) == (False, False, None)
+    with sessions() as session:
+        assert session.execute(count).scalar_one() == 3
+    # and a unit of work that fails is rolled back whole
+    with pytest.raises(RuntimeError), UnitOfWork(sessions, durable=False) as unit:
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 9})
+        raise RuntimeError("after a write")
+    assert sent[-1] == "ROLLBACK"
+    with sessions() as session:
+        assert session.execute(count).scalar_one() == 3
+        dbapi = session.connection().connection.dbapi_connection
+        assert (dbapi.autocommit, dbapi.folded) == (False, False)
+    # and one that sends nothing sends no end either
+    sent.clear()
+    with UnitOfWork(sessions):
+        pass
+    assert sent == []
+
+
+def test_a_stale_plan_in_a_folded_transaction_begins_it_again_only_as_its_first_statement(
+        engines):
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    # given a prepared read of a column, on a pool of one connection
+    engine = engines(threshold=1)
+    sessions = sessionmaker(bind=engine, expire_on_commit=False)
+    read = text("SELECT n FROM probe WHERE id = CAST(:id AS UUID)")
+    ident = str(uuid.uuid4())
+    with UnitOfWork(sessions) as unit:
+        unit.session.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), 5)"),
+                             {"id": ident})
+        assert unit.session.execute(read, {"id": ident}).scalar_one() == 5
+    # when a migration changes its type and it is a unit of work's first statement
+    _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE text")
+    with UnitOfWork(sessions, durable=False) as unit:
+        # then it answers the new type in a transaction begun again, folded and relaxed
+        assert unit.session.execute(read, {"id": ident}).scalar_one() == "5"
+        assert unit.session.execute(read, {"id": ident}).scalar_one() == "5"  # prepared
+        assert unit.session.execute(text("SELECT current_setting('synchronous_commit')")
+                                    ).scalar_one() == "off"
+        unit.session.execute(text("UPDATE probe SET label = 'kept' WHERE id = CAST(:id AS UUID)"),
+                             {"id": ident})
+        conn = unit.session.connection().connection.dbapi_connection
+        assert conn.folded
+    with sessions() as session:
+        assert session.execute(text("SELECT label FROM probe")).scalar_one() == "kept"
+    # when it changes again and the read comes after a write in its transaction
+    _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE int USING n::int")
+    with pytest.raises(OperationalError) as failed, UnitOfWork(sessions) as unit:
+        unit.session.execute(text("UPDATE probe SET label = 'lost' WHERE id = CAST(:id AS UUID)"),
+                             {"id": ident})
+        unit.session.execute(read, {"id": ident})
+    # then it fails (retried as a blip by agentq), and the write before it is not kept
+    assert isinstance(failed.value.orig, prepared.StalePlan)
+    with sessions() as session:
+        assert session.execute(text("SELECT label FROM probe")).scalar_one() == "kept"
