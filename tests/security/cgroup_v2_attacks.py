@@ -23,11 +23,13 @@ import shlex
 import shutil
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 from tests.security.attacks import (
+    FORK_BOMB,
+    FOUR_TIMES_200_MIB,
     HOLD_640_MIB,
+    SPIN,
     SUPERVISOR_ATTACK,
     SUPERVISOR_ATTACK_REFUSED,
     held_mib,
@@ -43,54 +45,6 @@ on a quiet host and 21 at load 27, and the 640 MiB attack 62 before its OOM kill
 SPIN_CPU_S = 20
 """The spinners' CPU limit: RLIMIT_CPU per process would let nine of them use 180 CPU-s."""
 WALL_S = 1200
-SPINNERS = 9
-SPIN = textwrap.dedent(f"""
-    import os, time
-    def spin(i):
-        with open(f"cpu-{{i}}", "w") as f:
-            last = 0.0
-            while True:
-                now = time.process_time()
-                if now - last > 0.02:
-                    f.seek(0); f.write("%.3f " % now); f.flush()
-                    last = now
-    for i in range({SPINNERS - 1}):
-        if os.fork() == 0:
-            spin(i)
-    spin({SPINNERS - 1})
-""")
-"""SPINNERS processes spinning, each writing its own CPU time (the kernel's count,
-CLOCK_PROCESS_CPUTIME_ID) to its own file: their sum is what the run used, by its own
-count."""
-
-FORK_BOMB = textwrap.dedent("""
-    import errno, os, time
-    made = 0
-    try:
-        while True:
-            if os.fork() == 0:
-                time.sleep(60)
-                os._exit(0)
-            made += 1
-    except OSError as exc:
-        print(made, errno.errorcode[exc.errno], flush=True)
-    os._exit(0)
-""")
-"""Forks sleepers until fork fails; prints how many it made and the error."""
-
-FOUR_TIMES_200_MIB = textwrap.dedent("""
-    import os, time
-    for _ in range(4):
-        if os.fork() == 0:
-            b = bytearray(200 * 2 ** 20)
-            for i in range(0, len(b), 4096):
-                b[i] = 1
-            print("filled", flush=True)
-            time.sleep(60)
-            os._exit(0)
-    time.sleep(60)
-""")
-"""Four processes of 200 MiB each, each under a 256 MiB RLIMIT_AS."""
 
 GROUP_FILES = ("memory.max", "memory.peak", "memory.swap.max", "memory.oom.group",
                "pids.max", "pids.peak", "cpu.max")

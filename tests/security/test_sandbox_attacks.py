@@ -25,7 +25,11 @@ from agentq.tools import sandbox, sandbox_bwrap, sandbox_meter
 from agentq.tools.sandbox import run_python
 from tests.security.attacks import (
     FLOOD_STDOUT,
+    FORK_BOMB,
+    FOUR_TIMES_200_MIB,
     HOLD_640_MIB,
+    SPIN,
+    SPINNERS,
     SUPERVISOR_ATTACK,
     SUPERVISOR_ATTACK_REFUSED,
     SYSCALLS,
@@ -261,20 +265,9 @@ def _processes_in_pid_namespace(inode: int) -> list[int]:
 
 
 def test_a_fork_bomb_stops_at_the_cap():
-    result = run("""
-        import os, time
-        made = 0
-        try:
-            while True:
-                if os.fork() == 0:
-                    time.sleep(60)
-                    os._exit(0)
-                made += 1
-        except OSError as exc:
-            print(made, exc.errno)
-    """)
+    result = run(FORK_BOMB)
     made, err = result["stdout"].split()
-    assert int(err) == errno.EAGAIN
+    assert err == "EAGAIN", result
     assert 0 < int(made) < sandbox.MAX_PROCESSES
 
 
@@ -523,17 +516,7 @@ def test_memory_outside_rlimit_as_is_held_to_the_runs_limit():
 
 def test_processes_each_under_rlimit_as_are_held_to_the_runs_memory_together():
     # RLIMIT_AS is per process: four processes of 200 MiB each fit it one by one
-    result = run("""
-        import os, time
-        for _ in range(4):
-            if os.fork() == 0:
-                b = bytearray(200 * 2 ** 20)
-                for i in range(0, len(b), 4096):
-                    b[i] = 1
-                time.sleep(60)
-                os._exit(0)
-        time.sleep(60)
-    """, memory_mb=256, wall_s=60)
+    result = run(FOUR_TIMES_200_MIB, memory_mb=256, wall_s=60)
     assert result["memory_limited"] is True and result["timed_out"] is False, result
     assert result["exit_signal"] == "SIGKILL"
 
@@ -551,22 +534,7 @@ def test_spinning_processes_stop_at_the_runs_cpu_budget(scratch_dir, monkeypatch
             readings.append(cpu_s)
             return cpu_s, over_memory
         monkeypatch.setattr(meter, "sample", sample)
-    spinners = 9
-    result = run(f"""
-        import os, time
-        def spin(i):
-            with open(f"cpu-{{i}}", "w") as f:
-                last = 0.0
-                while True:
-                    now = time.process_time()
-                    if now - last > 0.02:
-                        f.seek(0); f.write("%.3f " % now); f.flush()
-                        last = now
-        for i in range({spinners - 1}):
-            if os.fork() == 0:
-                spin(i)
-        spin({spinners - 1})
-    """, cpu_s=2, wall_s=60, scratch_dir=str(scratch_dir))
+    result = run(SPIN, cpu_s=2, wall_s=60, scratch_dir=str(scratch_dir))
     used = sum(float(p.read_text().split()[0]) for p in scratch_dir.glob("cpu-*")
                if p.read_text().strip())
     assert result["cpu_limited"] is True and result["timed_out"] is False, result
@@ -577,7 +545,7 @@ def test_spinning_processes_stop_at_the_runs_cpu_budget(scratch_dir, monkeypatch
     # and that reading was the whole run's: the spinners' own count is no more than it, but
     # for /proc's granularity (utime and stime each cut to a clock tick, per process). How
     # late the reading came (the machine's load) moves both counts alike
-    granularity_s = spinners * 2 / os.sysconf("SC_CLK_TCK")
+    granularity_s = SPINNERS * 2 / os.sysconf("SC_CLK_TCK")
     assert used <= readings[-1] + granularity_s, (used, readings[-1])
     assert used >= 1.5, used
 

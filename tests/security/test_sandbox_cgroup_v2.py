@@ -72,6 +72,10 @@ def test_the_worker_sets_up_its_delegation_on_a_cgroup_v2_kernel(report):
     assert report["own_cgroup"] == f"0::/{cgroup_v2_vm.SERVICE_GROUP}/{cgroups.LEAF}"
     assert {"memory", "pids", "cpu"} <= set(report["base_subtree_control"])
     assert report["left_behind"] == []              # every run's group was removed
+    # and a plain run ran in a group of its own, with the run's limits
+    entry = report["attacks"]["print_1"]
+    _limits_of_a_run(entry["group"], 256)
+    assert entry["result"]["stdout"] == "1\n" and entry["result"]["exit_code"] == 0, entry
 
 
 def test_memory_in_memfd_and_tmpfs_is_held_to_the_runs_memory_max(report):
