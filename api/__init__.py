@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 from flask import Flask, g
+from flask.json.provider import DefaultJSONProvider
 
 from agentq.config import Settings, get_settings, set_settings
+
+
+class _UnsortedJSON(DefaultJSONProvider):
+    sort_keys = False
+    """Bodies keep the order their view wrote them in."""
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -12,7 +18,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = get_settings()
     app = Flask("agentq", static_folder=None)
     app.config["JSON_SORT_KEYS"] = False
-    app.json.sort_keys = False
+    app.json = _UnsortedJSON(app)
 
     @app.before_request
     def _bind_settings() -> None:

@@ -229,7 +229,7 @@ def cancel_batch(batch_id: str):
         ident = load_batch(session, batch_id).id
     batches.cancel(session_factory(g.settings), ident)
     with session_scope(g.settings) as session:
-        batch = session.get(Batch, ident)
+        batch = load_batch(session, batch_id)
         body = batch_object(batch, batches.counts(session, ident))
     return accepted(body)
 

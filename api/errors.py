@@ -23,7 +23,7 @@ RETRY_AFTER_S = 5
 """What a 503 asks the client to wait: about one Postgres restart or broker reconnect."""
 
 
-def unavailable_dependency(exc: BaseException) -> str | None:
+def unavailable_dependency(exc: BaseException | None) -> str | None:
     """`database` or `broker` when `exc` (or what caused it) says that one is unreachable;
     None for any other error (a bug stays a 500)."""
     from sqlalchemy import exc as sa_exc

@@ -11,6 +11,7 @@ from typing import Iterator
 from flask import Blueprint, Response, g, jsonify, request
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from agentq import idempotency
 from agentq.agents import cancel_children
@@ -86,6 +87,15 @@ def load_job(session, job_id: str) -> Job:
     return job
 
 
+def _get_job(session: Session, job_id: uuid.UUID) -> Job:
+    """A job this request has seen already (made, or loaded through `load_job`), read
+    again; NotFound if it was deleted meanwhile."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound("job", str(job_id))
+    return job
+
+
 def load_conversation(session, conversation_id: uuid.UUID) -> Conversation:
     """A conversation of the key's tenant (any, for an admin key); for another key, one it
     owns (`agentq.loop.identity.scope_key`: a conversation made at a place by a non-admin
@@ -126,7 +136,7 @@ def answer_job(job_id: uuid.UUID, wait: float | None, created: bool, replayed: b
         wait_for_end(session_factory(g.settings), hub_for(g.settings), job_id, wait)
     if body is None or wait or steering_input is not None:
         with session_scope(g.settings) as session:
-            body = job_object(session.get(Job, job_id))
+            body = job_object(_get_job(session, job_id))
             if steering_input is not None:
                 body["steering"] = steering_status(session, job_id, steering_input)
     ended = body["status"] in ENDED
@@ -296,7 +306,7 @@ def _decide(job_id: str, decide) -> object:
         job = load_job(uow.session, job_id)
         decide(uow, job.id)
         uow.session.flush()
-        body = job_object(uow.session.get(Job, job.id))
+        body = job_object(_get_job(uow.session, job.id))
     return accepted(body)
 
 

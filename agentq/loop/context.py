@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from agentq.config import Settings
+
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
 TRUNCATION_MARKER = "\n... [truncated {n} chars]"
@@ -101,13 +103,14 @@ def _json_len(text: str) -> int:
     return len(json.dumps(text, ensure_ascii=False))
 
 
-def _longest_string(value: Any, path: tuple) -> tuple[tuple | None, str]:
+def _longest_string(value: Any, path: tuple[Any, ...]
+                    ) -> tuple[tuple[Any, ...] | None, str]:
     """The string taking the most room in `value`'s JSON, and where it is."""
     if isinstance(value, str):
         return path, value
     items = (value.items() if isinstance(value, dict)
              else enumerate(value) if isinstance(value, list) else ())
-    best: tuple[tuple | None, str] = (None, "")
+    best: tuple[tuple[Any, ...] | None, str] = (None, "")
     for key, item in items:
         found = _longest_string(item, path + (key,))
         if found[0] is not None and _json_len(found[1]) > _json_len(best[1]):
@@ -115,7 +118,7 @@ def _longest_string(value: Any, path: tuple) -> tuple[tuple | None, str]:
     return best
 
 
-def _replace(value: Any, path: tuple, new: str) -> Any:
+def _replace(value: Any, path: tuple[Any, ...], new: str) -> Any:
     if not path:
         return new
     head, rest = path[0], path[1:]
@@ -270,18 +273,17 @@ PRUNED_RESULT = ("[tool result pruned to save context: {name}, {chars} chars; "
                  "call the tool again if it is needed]")
 
 
-def context_window(model: str, settings) -> int:
+def context_window(model: str, settings: Settings) -> int:
     """The model's context window: AGENTQ_CONTEXT_WINDOW, else the model catalogue's
     (AGENTQ_MODELS), else AGENTQ_MODEL_CONTEXT_WINDOWS,
     else the table (longest matching prefix), else DEFAULT_CONTEXT_WINDOW."""
-    if getattr(settings, "context_window", None):
+    if settings.context_window:
         return settings.context_window
-    entry = (getattr(settings, "models", None) or {}).get(model)
+    entry = settings.models.get(model)
     if entry is not None and entry.context_window:  # the model catalogue's (AGENTQ_MODELS)
         return entry.context_window
     name = model.rsplit("/", 1)[-1]
-    for table in (getattr(settings, "model_context_windows", None) or {},
-                  MODEL_CONTEXT_WINDOWS):
+    for table in (settings.model_context_windows, MODEL_CONTEXT_WINDOWS):
         if model in table:
             return table[model]
         matches = [k for k in table if name == k or name.startswith(k + "-")]

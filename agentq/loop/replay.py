@@ -36,7 +36,7 @@ def allowed_models(settings: Settings, persona: Persona | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def check_model(session, settings: Settings, model: str | None,
+def check_model(session: Session, settings: Settings, model: str | None,
                 persona_ids: Iterable[uuid.UUID | None], tenant_id: uuid.UUID,
                 action: str = "replay") -> None:
     """Raise ValidationFailed unless `model` (None: the original's) is one a non-admin key
@@ -74,6 +74,8 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
         raise NotFound("persona", str(persona_id))
     now = utcnow()
     source = session.get(Conversation, original.conversation_id)
+    if source is None:  # deleted since the caller read the original
+        raise NotFound("conversation", str(original.conversation_id))
     answers_as = persona or (session.get(Persona, original.persona_id)
                              if original.persona_id else None)
     job = new_job(tenant_id=original.tenant_id, conversation_id=uuid.uuid4(),
@@ -206,6 +208,8 @@ def recorded_compactions(session: Session, job: Job, turn: int
             if version is None:
                 continue
             original = session.get(Job, job.replay_of)
+            if original is None:  # deleted since its events were read: nothing to copy
+                continue
             summary = session.execute(select(ConversationSummary).where(
                 ConversationSummary.conversation_id == original.conversation_id,
                 ConversationSummary.version == version)).scalar_one_or_none()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, select
@@ -70,6 +71,10 @@ class Submission:
     (`agentq.loop.identity.scope_key`), never another key's."""
 
 
+Resolved = dict[tuple[Any, ...], tuple[User, Persona | None, Conversation]]
+"""A batch's cache of who and where (`submit`'s `cache`), by the place a line came from."""
+
+
 @dataclass
 class Submitted:
     job: Job
@@ -80,7 +85,7 @@ class Submitted:
 
 
 def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
-           batch_id: uuid.UUID | None = None, cache: dict | None = None) -> Submitted:
+           batch_id: uuid.UUID | None = None, cache: Resolved | None = None) -> Submitted:
     """Create the job (or steer the running one); `batch_id` jobs wait for admission.
 
     `cache` remembers who and where across the lines of one batch, so a batch of many
@@ -115,8 +120,8 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     return Submitted(job, True)
 
 
-def _resolve(session: Session, settings: Settings, sub: Submission, now,
-             cache: dict | None) -> tuple[User, Persona | None, Conversation]:
+def _resolve(session: Session, settings: Settings, sub: Submission, now: datetime,
+             cache: Resolved | None) -> tuple[User, Persona | None, Conversation]:
     """The user, persona and conversation a submission goes to.
 
     A conversation keeps its persona (`conversations.persona_id`): every job made on it — a
@@ -130,11 +135,16 @@ def _resolve(session: Session, settings: Settings, sub: Submission, now,
         conversation = session.get(Conversation, sub.conversation_id)
         if conversation is None or conversation.tenant_id != sub.tenant_id:
             raise NotFound("conversation", str(sub.conversation_id))
-        user = session.get(User, conversation.user_id)
+        found = session.get(User, conversation.user_id)
+        if found is None:  # deleted since (its conversations go with it)
+            raise NotFound("conversation", str(sub.conversation_id))
+        user = found
         persona = (session.get(Persona, conversation.persona_id)
                    if conversation.persona_id else None)
     else:
         incoming = sub.incoming
+        if incoming is None:
+            raise ValueError("A Submission names its conversation_id or its incoming place.")
         owner = sub.api_key_id if sub.own_conversations else None
         key = (sub.tenant_id, incoming.platform, incoming.platform_user_id,
                incoming.platform_channel_id, incoming.platform_thread_id,
@@ -221,7 +231,7 @@ def cancel(uow: UnitOfWork, job: Job) -> None:
 
 
 def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
-             persona: Persona | None, conversation: Conversation, now,
+             persona: Persona | None, conversation: Conversation, now: datetime,
              waiting_for: WaitingFor | None, flush: bool = True) -> Job:
     asked = {k: v for k, v in (sub.limits or {}).items() if v is not None}
     job = new_job(tenant_id=sub.tenant_id, conversation_id=conversation.id,
@@ -240,7 +250,7 @@ def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
 
 
 def _register_attachments(session: Session, attachments: list[dict[str, Any]], user: User,
-                          job_id: uuid.UUID | None, now) -> list[dict[str, Any]]:
+                          job_id: uuid.UUID | None, now: datetime) -> list[dict[str, Any]]:
     registered = []
     for att in attachments:
         record = FileRecord(id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
@@ -254,13 +264,13 @@ def _register_attachments(session: Session, attachments: list[dict[str, Any]], u
     return registered
 
 
-def _with_attachments(session: Session, sub: Submission, user: User, now) -> str:
+def _with_attachments(session: Session, sub: Submission, user: User, now: datetime) -> str:
     """A steering message's text, with its attachments described as in a new message."""
     registered = _register_attachments(session, sub.attachments, user, None, now)
     return describe_attachments(sub.content, registered)
 
 
-def describe_attachments(content: str, attachments: list[dict]) -> str:
+def describe_attachments(content: str, attachments: list[dict[str, Any]]) -> str:
     """The message text with its attachments listed for the model (seed 000)."""
     if not attachments:
         return content
