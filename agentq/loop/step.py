@@ -55,7 +55,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, assert_never
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import bindparam, false, func, or_, select, text, true, union_all, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentq import branches, memory
@@ -227,6 +227,27 @@ _OWN_MESSAGES = (select(*STORED_MESSAGE)
                         or_(Message.seq > bindparam("through"), Message.role == "user"))
                  .order_by(Message.seq))
 """The job's question (its first message) and its messages after the summary."""
+
+
+def _own_and_history():
+    """`_OWN_MESSAGES` and the history before the job's question (the `limit` messages
+    before it; before the conversation's next seq, `next_seq`, when the job has none), in
+    one statement: (own, seq, role, content, token_count) rows, the job's own first, each
+    part in seq order. What `recent_messages` reads bounded by the question's seq, without
+    waiting for the first read's answer to bound the second."""
+    own = _OWN_MESSAGES.order_by(None).cte("own")
+    top = func.coalesce(select(func.min(own.c.seq)).scalar_subquery(),
+                        bindparam("next_seq", type_=Message.seq.type))
+    limit = bindparam("limit", type_=Message.seq.type)
+    history = (select(*STORED_MESSAGE)
+               .where(Message.conversation_id == bindparam("conversation_id"),
+                      Message.seq < top, Message.seq >= top - limit)
+               .order_by(Message.seq.desc()).limit(limit).subquery("history"))
+    parts = union_all(select(true().label("own"), *own.c), select(false(), *history.c))
+    return select(parts.subquery("parts")).order_by(text("own DESC"), text("seq"))
+
+
+_OWN_AND_HISTORY = _own_and_history()
 
 class Stepper:
     """Runs one step of a job (the module's contract). Its parts, each a module of its
@@ -466,13 +487,21 @@ class Stepper:
         through = summary.through_seq if summary else 0
         # the job's question (its first message) and what this run added since the summary:
         # one read (the job's user messages come with it; those summarised are dropped)
-        own = asked if asked is not None else [context.StoredMessage(*row) for row in (
-            session.execute(_OWN_MESSAGES, {"job_id": job.id, "through": through}).all())]
+        if asked is not None:
+            own = asked
+            top = asked[0].seq if asked else conversation.message_seq + 1
+            recent = list(reversed(recent_messages(
+                session, conversation.id, settings.history_max_messages, top - 1)))
+        else:  # the history before its question read with them, in the same statement
+            own, recent = [], []
+            for mine, *row in session.execute(_OWN_AND_HISTORY, {
+                    "job_id": job.id, "through": through, "conversation_id": conversation.id,
+                    "next_seq": conversation.message_seq + 1,
+                    "limit": settings.history_max_messages}):
+                (own if mine else recent).append(context.StoredMessage(*row))
         question = own[0] if own else None
         top = question.seq if question else conversation.message_seq + 1
-        history = [m for m in reversed(recent_messages(
-            session, conversation.id, settings.history_max_messages, top - 1))
-            if m.seq > through and m.seq < top]
+        history = [m for m in recent if m.seq > through and m.seq < top]
         # older messages than that read, not in the summary yet: summarised, never dropped
         turn.conversation_id = conversation.id
         turn.backlog_end = top - 1 - settings.history_max_messages

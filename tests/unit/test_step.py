@@ -134,6 +134,39 @@ def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
     assert h.user_of(job_id).tokens_used_this_month == 30
 
 
+def test_a_step_after_tools_reads_its_own_messages_and_the_history_in_one_statement(make):
+    # given a conversation with one job answered, and a second job in it whose first turn
+    # ran a tool
+    from sqlalchemy import event
+    h = make(text("first answer"), calls(("math.evaluate", {"expression": "6*7"})),
+             text("42"))
+    h.drive(h.submit("first question", thread="t-history"))
+    job_id = h.submit("What is 6*7?", thread="t-history")
+    (dispatch,) = h.stepper.run(job_id, 0, "start")
+    ((tool_use_id, _, _),) = dispatch.calls
+    execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
+    # when the step after its tools runs
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        effects = h.stepper.run(job_id, 1, "callback")
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    # then the model was sent the history, the question, the call and its result, in order
+    assert effects == [JobEnded(job_id, "completed")]
+    messages = h.router.requests[-1]["messages"]
+    assert [(m["role"], m.get("content")) for m in messages[1:4]] == [
+        ("user", "first question"), ("assistant", "first answer"),
+        ("user", "What is 6*7?")]
+    assert [m["role"] for m in messages[4:]] == ["assistant", "tool"]
+    assert json.loads(messages[5]["content"])["result"] == 42
+    # and the job's messages and the history before its question were one read
+    reads = [s for s in statements if "FROM messages" in s and "INSERT" not in s]
+    assert len(reads) == 1
+
+
 def test_answer_after_tools_offers_no_tools_after_a_turn_whose_calls_all_succeeded(make):
     # given the setting `agentq run` uses with the local model, and a model that calls two
     # tools that both succeed, then answers
