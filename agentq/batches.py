@@ -31,7 +31,6 @@ from agentq.loop.lifecycle import (
 from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, BatchStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job
-from agentq.views import COUNT_KEYS
 
 _NOT_ADMITTED = (Job.waiting_for == WaitingFor.BATCH, Job.status == JobStatus.QUEUED)
 """A line of the batch not admitted yet."""
@@ -39,16 +38,6 @@ _NOT_ADMITTED = (Job.waiting_for == WaitingFor.BATCH, Job.status == JobStatus.QU
 
 def lock_batch(session: Session, batch_id: uuid.UUID) -> Batch | None:
     return lock_row(session, Batch, batch_id)
-
-
-def counts(session: Session, batch_id: uuid.UUID) -> dict[str, int]:
-    rows = session.execute(select(Job.status, func.count()).where(Job.batch_id == batch_id)
-                           .group_by(Job.status)).all()
-    out = {key: 0 for key in COUNT_KEYS}
-    for status, n in rows:
-        out[status] = n
-    out["total"] = sum(out[k] for k in COUNT_KEYS)
-    return out
 
 
 def admit(uow: UnitOfWork, batch: Batch) -> None:

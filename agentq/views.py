@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
 from agentq.loop.states import COUNTED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
@@ -99,7 +99,19 @@ def delivery_object(delivery: WebhookDelivery) -> dict[str, Any]:
 
 
 COUNT_KEYS = COUNTED_STATUSES
-"""A batch's jobs counted by status (`agentq.batches.counts`)."""
+"""A batch's jobs counted by status (`batch_counts`)."""
+
+
+def batch_counts(session: Session, batch_id: uuid.UUID) -> dict[str, int]:
+    """A batch object's `counts`: its jobs by status, and their total. Here, not in
+    `agentq.batches`, because the webhook payloads carry the batch object too."""
+    rows = session.execute(select(Job.status, func.count()).where(Job.batch_id == batch_id)
+                           .group_by(Job.status)).all()
+    out = {key: 0 for key in COUNT_KEYS}
+    for status, n in rows:
+        out[status] = n
+    out["total"] = sum(out[k] for k in COUNT_KEYS)
+    return out
 
 
 def batch_object(batch: Batch, tallies: dict[str, int]) -> dict[str, Any]:

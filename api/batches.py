@@ -25,7 +25,7 @@ from agentq.loop.states import ENDED_STATUSES
 from agentq.loop.submit import Submission
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Conversation, Job
-from agentq.views import batch_object
+from agentq.views import batch_counts, batch_object
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json, utf8
@@ -150,7 +150,7 @@ def create_batch():
 def _admitted(uow: UnitOfWork, batch: Batch) -> dict:
     """Admit the first jobs (they start after the commit); the batch as answered."""
     batches.admit(uow, batch)
-    return batch_object(batch, batches.counts(uow.session, batch.id))
+    return batch_object(batch, batch_counts(uow.session, batch.id))
 
 
 def _answer(body: dict):
@@ -176,7 +176,7 @@ def load_batch(session, batch_id: str) -> Batch:
 def get_batch(batch_id: str):
     with session_scope(g.settings) as session:
         batch = load_batch(session, batch_id)
-        return jsonify(batch_object(batch, batches.counts(session, batch.id)))
+        return jsonify(batch_object(batch, batch_counts(session, batch.id)))
 
 
 @bp.get("/v1/batches/<batch_id>/results")
@@ -230,7 +230,7 @@ def cancel_batch(batch_id: str):
     batches.cancel(session_factory(g.settings), ident)
     with session_scope(g.settings) as session:
         batch = load_batch(session, batch_id)
-        body = batch_object(batch, batches.counts(session, ident))
+        body = batch_object(batch, batch_counts(session, ident))
     return accepted(body)
 
 

@@ -37,13 +37,13 @@ import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq import batches, metrics
+from agentq import metrics
 from agentq.config import Settings, get_settings
 from agentq.db import riding_out, session_factory, utcnow
 from agentq.errors import ConfigError, Conflict, ValidationFailed
 from agentq.loop.states import ENDED
 from agentq.models import Batch, Job, Tenant, WebhookDelivery
-from agentq.views import _iso, batch_object, job_object
+from agentq.views import _iso, batch_counts, batch_object, job_object
 from agentq.webhooks.outbox import (
     APPROVAL_EVENT_TYPE,
     FAILED,
@@ -131,7 +131,7 @@ def event_body(session: Session, delivery: WebhookDelivery) -> str | None:
         if batch is None:
             return None
         # the batch object exactly as GET /v1/batches/<id> gives it
-        data = batch_object(batch, batches.counts(session, batch.id))
+        data = batch_object(batch, batch_counts(session, batch.id))
         at = batch.finished_at
     payload = {"type": delivery.event_type, "timestamp": _iso(at or delivery.created_at),
                "data": data}

@@ -21,7 +21,7 @@ from agentq.loop.submit import Submission, create_job
 from agentq.loop.sweeper import sweep_deliveries
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, WebhookDelivery
-from agentq.views import batch_object, job_object
+from agentq.views import batch_counts, batch_object, job_object
 from agentq.webhooks.delivery import (
     RETRY_AFTER_MAX_S,
     Answer,
@@ -277,7 +277,6 @@ def test_the_sweeper_picks_up_overdue_deliveries_once(settings):
 
 def test_a_batch_event_carries_the_batch_object(settings):
     # given an ended batch with a callback (its event row written as agentq.batches does)
-    from agentq import batches
     from agentq.models import Batch
     from agentq.tenants import DEFAULT_TENANT_ID
     from agentq.webhooks.delivery import enqueue_event
@@ -297,7 +296,7 @@ def test_a_batch_event_carries_the_batch_object(settings):
                                      receiver.requests[0]["headers"])
     with session_factory(settings)() as session:
         batch = session.get(Batch, batch_id)
-        expected = batch_object(batch, batches.counts(session, batch_id))
+        expected = batch_object(batch, batch_counts(session, batch_id))
     assert payload == {"type": "batch.completed", "timestamp": batch.finished_at.isoformat(),
                        "data": expected}
 
