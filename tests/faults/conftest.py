@@ -99,7 +99,7 @@ def restarted_under_load(run, lab, name: str, server: str, times: int, down_s: f
     times while the jobs flow (down `down_s` each, `pause_s` between): every job completes,
     the server really went away each time (a new process), and the same worker processes
     carried on (none died and was replaced). Returns the outcome."""
-    pids: list[int] = []
+    pids = [getattr(lab, server).proc.pid]  # the one before, then one per restart
 
     def restarts(lab):
         for _ in range(times):
@@ -109,6 +109,6 @@ def restarted_under_load(run, lab, name: str, server: str, times: int, down_s: f
     workers = {n: p.pid for n, p in lab.stack.procs.items()}
     outcome = run(name, restarts)
     assert outcome.statuses == {"completed": outcome.jobs}
-    assert len(set(pids)) == times, pids
+    assert len(set(pids)) == times + 1, pids
     assert {n: p.pid for n, p in lab.stack.procs.items()} == workers
     return outcome
