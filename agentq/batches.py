@@ -10,11 +10,13 @@ last, ends the batch (`batch.completed` / `batch.cancelled` webhook).
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session, sessionmaker
 
+from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.loop.lifecycle import (
@@ -29,6 +31,7 @@ from agentq.loop.lifecycle import (
     admit as admit_line,
 )
 from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, BatchStatus
+from agentq.loop.sweeper import SWEEP_BATCH
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Batch, Job
 
@@ -71,6 +74,26 @@ def advance(sessions, batch_id: uuid.UUID) -> None:
         admit(uow, batch)
         uow.session.flush()
         end_if_done(uow, batch)
+
+
+def sweep(settings: Settings, sessions: sessionmaker[Session]) -> int:
+    """The sweeper's safety net for batches (a crash between a line's end and its batch's
+    `advance`): a batch with lines waiting for admission for a step deadline, or whose
+    every job ended while it is not marked ended, is advanced. Returns how many."""
+    stale = utcnow() - timedelta(seconds=settings.step_deadline_s)
+    with sessions() as session:
+        batch_ids = {batch_id for batch_id in session.execute(  # a line's: never None
+            select(Job.batch_id).where(*_NOT_ADMITTED, Job.created_at < stale)
+            .distinct().limit(SWEEP_BATCH)).scalars() if batch_id is not None}
+        batch_ids |= set(session.execute(  # every job ended, the batch not marked so
+            select(Batch.id).where(Batch.status.in_((BatchStatus.QUEUED, BatchStatus.RUNNING)),
+                                   Batch.created_at < stale,
+                                   ~exists().where(Job.batch_id == Batch.id,
+                                                   Job.status.in_(LIVE_STATUSES)))
+            .limit(SWEEP_BATCH)).scalars())
+    for batch_id in batch_ids:
+        advance(sessions, batch_id)
+    return len(batch_ids)
 
 
 def end_batch(uow: UnitOfWork, batch: Batch) -> None:

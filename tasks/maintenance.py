@@ -2,6 +2,7 @@
 database blip and logs one line when it could not (tasks.base.maintenance_run)."""
 from __future__ import annotations
 
+from agentq.batches import sweep as sweep_batches
 from agentq.loop.provider_wait import sweep_provider_waits
 from agentq.loop.sweeper import sweep as sweep_jobs
 from agentq.loop.sweeper import sweep_waiting
@@ -12,12 +13,14 @@ from tasks.base import AgentqTask, maintenance_run, services
 
 @app.task(base=AgentqTask, name=names.SWEEP)
 def sweep() -> int:
-    """Stalled jobs re-driven, waiting ones started, overdue provider attempts re-sent,
-    approvals past their deadline denied: each in its unit of work. Returns how many."""
+    """Stalled jobs re-driven, waiting ones started, batches advanced, overdue provider
+    attempts re-sent, approvals past their deadline denied: each in its unit of work.
+    Returns how many."""
     from agentq.loop.approvals import expire
     s = services()
     return maintenance_run(names.SWEEP, lambda: (
         sweep_jobs(s.settings, s.sessions) + sweep_waiting(s.settings, s.sessions)
+        + sweep_batches(s.settings, s.sessions)
         + sweep_provider_waits(s.settings, s.sessions) + expire(s.settings, s.sessions)))
 
 

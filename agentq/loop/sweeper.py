@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
@@ -33,9 +33,8 @@ from agentq.loop.lifecycle import (
     end_job,
     hand_conversation,
 )
-from agentq.loop.states import BatchStatus
 from agentq.loop.uow import UnitOfWork
-from agentq.models import Batch, Job, WebhookDelivery
+from agentq.models import Job, WebhookDelivery
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
@@ -127,8 +126,8 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker[Session]) -> lis
 def sweep_waiting(settings: Settings, sessions: sessionmaker[Session]) -> int:
     """Safety net for jobs that wait: a conversation left without a live owner gets its next
     waiting job, and a batch with room admits more (each normally happens when a job ends,
-    in that job's transaction; this covers a crash between)."""
-    from agentq.batches import advance
+    in that job's transaction; this covers a crash between). A batch's lines are
+    `agentq.batches.sweep`'s."""
     from agentq.loop.busy import lock_conversation, next_waiting
     from agentq.tenants import tenants_waiting_for_quota
     now = utcnow()
@@ -153,18 +152,5 @@ def sweep_waiting(settings: Settings, sessions: sessionmaker[Session]) -> int:
                 started += 1
         for tenant_id in tenants_waiting_for_quota(session):  # a running-jobs quota
             started += admit_quota_waiters(uow, tenant_id, settings)  # with room again
-        batch_ids = {batch_id for batch_id in session.execute(  # a line's: never None
-            select(Job.batch_id).where(Job.status == JobStatus.QUEUED,
-                                       Job.waiting_for == WaitingFor.BATCH,
-                                       Job.created_at < stale)
-            .distinct().limit(SWEEP_BATCH)).scalars() if batch_id is not None}
-        batch_ids |= set(session.execute(  # every job ended, the batch not marked so
-            select(Batch.id).where(Batch.status.in_((BatchStatus.QUEUED, BatchStatus.RUNNING)),
-                                   Batch.created_at < stale,
-                                   ~exists().where(Job.batch_id == Batch.id,
-                                                   Job.status.in_(LIVE_STATUSES)))
-            .limit(SWEEP_BATCH)).scalars())
-    for batch_id in batch_ids:
-        advance(sessions, batch_id)
     from agentq.agents import sweep as sweep_sub_agents  # parents and their children
-    return started + len(batch_ids) + sweep_sub_agents(settings, sessions)
+    return started + sweep_sub_agents(settings, sessions)
