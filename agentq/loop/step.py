@@ -100,7 +100,7 @@ from agentq.loop.recall import Recall
 from agentq.loop.store import (
     STORED_MESSAGE,
     append_messages,
-    recent_messages,
+    append_with_history,
     record_usage,
     usage_parameters,
     with_usage,
@@ -389,9 +389,10 @@ class Stepper:
         # who, where, as whom, whether the user has memories, the conversation's summary,
         # the tenant's default layers
         user, conversation, persona, has_memories, summary, *tenant_layers = who
-        # the job's own messages, when this step wrote every one (its first): not read back
-        asked = (_begin(uow, job, conversation, now) if job.status == JobStatus.QUEUED
-                 else None)
+        # the job's own messages, when this step wrote every one (its first): not read back;
+        # the history before them read as the question is written
+        asked = (_begin(uow, job, conversation, now, self.settings.history_max_messages)
+                 if job.status == JobStatus.QUEUED else None)
 
         resuming = job.waiting_for == WaitingFor.PROVIDER
         if resuming:  # the provider's turn again: the job runs (its turn began already)
@@ -478,20 +479,18 @@ class Stepper:
     def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
                        summary: ConversationSummary | None, system: str, turn: Turn,
                        has_memories: bool,
-                       asked: list[context.StoredMessage] | None = None) -> Stop | None:
+                       asked: Asked | None = None) -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
         `before_turn` hook may stop the job here. `asked`: the job's messages, when this
-        transaction wrote all of them (its question, on its first step)."""
+        transaction wrote all of them (its question, on its first step), and the history
+        before them, read as they were written."""
         session, settings = uow.session, self.settings
         through = summary.through_seq if summary else 0
         # the job's question (its first message) and what this run added since the summary:
         # one read (the job's user messages come with it; those summarised are dropped)
         if asked is not None:
-            own = asked
-            top = asked[0].seq if asked else conversation.message_seq + 1
-            recent = list(reversed(recent_messages(
-                session, conversation.id, settings.history_max_messages, top - 1)))
+            own, recent = asked
         else:  # the history before its question read with them, in the same statement
             own, recent = [], []
             for mine, *row in session.execute(_OWN_AND_HISTORY, {
@@ -595,15 +594,20 @@ class Stepper:
         return fail_job(self.sessions, job_id, exc, self.hooks)
 
 
-def _begin(uow: UnitOfWork, job: Job, conversation: Conversation,
-           now: datetime) -> list[context.StoredMessage]:
+Asked = tuple[list[context.StoredMessage], list[context.StoredMessage]]
+"""A first step's messages (the job's own, as written) and the history before them."""
+
+
+def _begin(uow: UnitOfWork, job: Job, conversation: Conversation, now: datetime,
+           history: int) -> Asked:
     """Step 2, a job's first step: it runs (`job_start`), its question is stored; the
-    messages stored (the job's own, not read back)."""
+    messages stored (the job's own, not read back) and the `history` messages before them,
+    oldest first (read with the question's write: `store.append_with_history`)."""
     start(job, now)
     uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
     question = describe_attachments(job.content, job.attachments)
-    asked = append_messages(uow.session, conversation.id, job.id,
-                            [("user", question, None)], now)
+    asked = append_with_history(uow.session, conversation.id, job.id,
+                                ("user", question, None), history, now)
     uow.event(job.id, "message_start", role="user", kind="question", content=question)
     uow.event(job.id, "message_end", role="user", kind="question", content=question)
     return asked

@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
-from sqlalchemy import bindparam, column, func, insert, literal, select, update
+from sqlalchemy import bindparam, column, func, insert, literal, null, select, union_all, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -103,6 +103,27 @@ _APPEND_ONE = _append_one(_ADVANCE_MESSAGES, _messages, "conversation_id", "mess
 _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
                                 ("id", "type", "data"), "event")
 
+
+
+def _append_one_with_history():
+    """`_APPEND_ONE` and the conversation's history before the row it appends (the `limit`
+    messages below its seq) in one statement (Postgres): the row's seq on a line of its own
+    (its role NULL), then the history's (seq, role, content, token_count), newest first.
+    The read's snapshot is the statement's, before the row: bounded by its seq, as
+    `recent_messages` would be after it."""
+    appended = _APPEND_ONE.cte("appended")
+    top = select(appended.c.seq).scalar_subquery()
+    limit = bindparam("limit", type_=_messages.c.seq.type)
+    history = (select(_messages.c.seq, _messages.c.role, _messages.c.content,
+                      _messages.c.token_count)
+               .where(_messages.c.conversation_id == bindparam("ident"),
+                      _messages.c.seq < top, _messages.c.seq >= top - limit)
+               .order_by(_messages.c.seq.desc()).limit(limit).subquery("history"))
+    return union_all(select(appended.c.seq, null(), null(), null()), select(*history.c))
+
+
+_APPEND_ONE_WITH_HISTORY = _append_one_with_history()
+
 _TOKEN_LOG_COLUMNS = ("id", "user_id", "conversation_id", "job_id", "iteration", "model",
                       "input_tokens", "output_tokens", "cost_estimate", "usage_estimated",
                       "reply", "created_at")
@@ -180,6 +201,36 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     sync_loaded(session, Conversation, conversation_id, message_seq=last)
     return [StoredMessage(first + i, role, content, tokens[i])
             for i, (role, content, _) in enumerate(rows)]
+
+
+def append_with_history(session: Session, conversation_id: uuid.UUID,
+                        job_id: uuid.UUID | None, row: tuple[str, str, str | None],
+                        limit: int, now: datetime | None = None
+                        ) -> tuple[list[StoredMessage], list[StoredMessage]]:
+    """Append one (role, content, model_used) row as `append_messages` does, and read the
+    `limit` messages before it, oldest first: on Postgres in one statement. (The row as
+    stored, the history.)"""
+    if session.bind.dialect.name != "postgresql":
+        stored = append_messages(session, conversation_id, job_id, [row], now)
+        return stored, list(reversed(recent_messages(session, conversation_id, limit,
+                                                     stored[0].seq - 1)))
+    now = now or utcnow()
+    role, content, model = row
+    tokens = estimate_tokens(content)
+    seq, history = None, []
+    for found in session.execute(_APPEND_ONE_WITH_HISTORY, {
+            "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
+            "message_job_id": job_id, "message_role": role, "message_content": content,
+            "message_token_count": tokens, "message_model_used": model, "limit": limit}):
+        if found[1] is None:
+            seq = found[0]
+        else:
+            history.append(StoredMessage(*found))
+    if seq is None:
+        raise RuntimeError(f"conversation {conversation_id} not found")
+    sync_loaded(session, Conversation, conversation_id, message_seq=seq)
+    history.sort(key=lambda m: m.seq)
+    return [StoredMessage(seq, role, content, tokens)], history
 
 
 def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,

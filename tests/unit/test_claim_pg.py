@@ -362,13 +362,25 @@ def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     thread = f"t-{uuid.uuid4().hex[:8]}"  # a conversation of its own in the module's database
     h.drive(h.submit("first question", thread=thread))
     second = h.submit("second question", thread=thread)
+    from sqlalchemy import event
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when its first step runs (its question written there, not read back)
-    h.stepper.run(second, 0, "start")
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        h.stepper.run(second, 0, "start")
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
     # then the model is sent the history, then the question
     messages = h.router.requests[-1]["messages"]
     assert [(m["role"], m["content"]) for m in messages[1:]] == [
         ("user", "first question"), ("assistant", "first answer"),
         ("user", "second question")]
+    # and the history was read by the statement that wrote the question, and only there
+    (wrote,) = [s for s in statements if "INSERT INTO messages" in s and "history" in s]
+    assert not [s for s in statements if "FROM messages" in s and s is not wrote
+                and "INSERT INTO messages" not in s]
 
 
 def _hot_updates(session, table: str) -> tuple[int, int]:
