@@ -339,8 +339,9 @@ def _submit_one(settings, content: str, user_id: str, channel: str) -> uuid.UUID
     from agentq.loop.submit import Submission, create_job
     from agentq.loop.uow import UnitOfWork
     with UnitOfWork(session_factory(settings)) as uow:
-        return create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
-                                                    content)).id
+        job_id = create_job(uow, settings, Submission(Incoming("cli", user_id, channel),
+                                                      content)).id
+    return job_id
 
 
 def _follow(settings, job_id: uuid.UUID, timeout_s: float) -> int:

@@ -222,7 +222,7 @@ def users() -> None:
 @click.option("--tenant", "tenant_ref", default=None,
               help="The user's tenant, by id or name (default: the default tenant).")
 def users_set(platform: str, platform_user_id: str, level: str | None,
-              budget: str | None, tenant_ref: str | None) -> None:
+              budget: int | str | None, tenant_ref: str | None) -> None:
     """Set a user's permission level or monthly budget (the user is made if new)."""
     from agentq.db import session_scope
     from agentq.loop.identity import Incoming, resolve_user
@@ -234,7 +234,8 @@ def users_set(platform: str, platform_user_id: str, level: str | None,
         if level:
             user.permission_level = level
         if budget is not None:
-            user.token_budget_monthly = None if budget == UNLIMITED else budget
+            # BUDGET gives a whole number or UNLIMITED
+            user.token_budget_monthly = None if budget == UNLIMITED else int(budget)
         click.echo(json.dumps({"user_id": str(user.id), "permission_level":
                                user.permission_level,
                                "token_budget_monthly": user.token_budget_monthly}))
