@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 from flask import Blueprint, Response, abort, g, redirect, render_template, request, url_for
 from sqlalchemy import and_, or_, select
 
-from agentq import batches as batch_rows
 from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
 from agentq.keys import lookup
@@ -45,7 +44,7 @@ from agentq.models import (
     UserPlatformLink,
     WebhookDelivery,
 )
-from agentq.views import SHOWN_WAITS, batch_object, delivery_object, job_object
+from agentq.views import SHOWN_WAITS, batch_counts, batch_object, delivery_object, job_object
 from api import ui_overview
 from api import ui_timeline as timeline
 from api.auth import can_see
@@ -358,7 +357,7 @@ def batches():
     with session_scope(g.settings) as session:
         rows = session.execute(_visible(select(Batch), Batch).order_by(Batch.created_at.desc())
                                .limit(PAGE)).scalars().all()
-        items = [batch_object(b, batch_rows.counts(session, b.id)) for b in rows]
+        items = [batch_object(b, batch_counts(session, b.id)) for b in rows]
     return render_template("ui/batches.html", batches=items)
 
 
