@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 import uuid
+from contextlib import ExitStack, contextmanager
+from typing import Iterator
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from agentq.loop.busy import request_cancel
 from agentq.loop.store import append_messages
@@ -31,6 +33,21 @@ def _in_thread(work) -> tuple[threading.Thread, list]:
     thread = threading.Thread(target=lambda: out.append(work()), daemon=True)
     thread.start()
     return thread, out
+
+
+@contextmanager
+def _sql_sent(h) -> Iterator[list[str]]:
+    """The SQL the harness's engine sends while the block runs, in order."""
+    statements: list[str] = []
+    engine = h.sessions.kw["bind"]
+
+    def listener(*args) -> None:
+        statements.append(args[2])  # (conn, cursor, statement, ...): the SQL
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
 
 
 def test_two_deliveries_of_one_step_claim_it_once(make):
@@ -160,20 +177,16 @@ def test_events_written_at_once_by_holders_and_others_are_numbered_gap_free(make
 
 def test_a_held_job_is_written_with_its_events_in_one_statement(make):
     # given a unit of work that holds its job (a step's claim) and changes it
-    from sqlalchemy import event
     h = make()
     job_id = uuid.UUID(h.submit())
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
-    with UnitOfWork(h.sessions) as unit:
-        job = h.stepper._claim(unit.session, job_id, 0, "worker-a")
-        unit.holds(job)
-        job.status = "running"
-        unit.event(job_id, "job_start")
-        unit.event(job_id, "turn_start", turn=1)
-        event.listen(engine, "before_cursor_execute", listener)
-    event.remove(engine, "before_cursor_execute", listener)
+    with ExitStack() as capture:  # from the last change to after the unit's end
+        with UnitOfWork(h.sessions) as unit:
+            job = h.stepper._claim(unit.session, job_id, 0, "worker-a")
+            unit.holds(job)
+            job.status = "running"
+            unit.event(job_id, "job_start")
+            unit.event(job_id, "turn_start", turn=1)
+            statements = capture.enter_context(_sql_sent(h))
     # then its changes and its events went in one statement
     assert len(statements) == 1 and statements[0].startswith("WITH together AS")
     # and they are stored: the status, the events in order, the counter
@@ -188,7 +201,7 @@ def test_a_held_job_is_written_with_its_events_in_one_statement(make):
 
 def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
     # given a job's user, and a model reply
-    from sqlalchemy import event, insert
+    from sqlalchemy import insert
 
     from agentq.llm.types import LLMReply
     from agentq.loop.store import record_usage
@@ -197,21 +210,15 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
     job = h.job(h.submit())
     reply = LLMReply(content="4", tool_calls=(), stop_reason="end_turn", model="m-1",
                      input_tokens=30, output_tokens=12, usage_estimated=True)
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     with h.sessions() as session, session.begin():
         user = session.get(User, job.user_id)
         before = user.tokens_used_this_month
         # when the call is recorded charged, with and without the reply kept
-        event.listen(engine, "before_cursor_execute", listener)
-        try:
+        with _sql_sent(h) as statements:
             for keep in (False, True):
                 record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
                              job_id=job.id, iteration=7 + keep, reply=reply, cost=0.25,
                              keep_reply=keep)
-        finally:
-            event.remove(engine, "before_cursor_execute", listener)
         # then the loaded user shows the count the database holds
         assert user.tokens_used_this_month == before + 2 * 42
     assert len(statements) == 2  # one a call
@@ -240,7 +247,6 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
 
 def test_a_steps_claim_reads_its_user_conversation_and_persona_in_the_same_statement(make):
     # given a queued job of a persona
-    from sqlalchemy import event
 
     from agentq.models import Persona
     from agentq.tenants import DEFAULT_TENANT_ID
@@ -252,15 +258,9 @@ def test_a_steps_claim_reads_its_user_conversation_and_persona_in_the_same_state
                           system_prompt="You answer in digits.")
         session.add(persona)
     job_id = h.submit(persona_id=persona.id)
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when its first step runs
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with _sql_sent(h) as statements:
         h.stepper.run(job_id, 0, "start")
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     # then its first statement claims the job and reads who, where and as whom with it
     claim = statements[0]
     assert claim.startswith("WITH claimed AS") and "UPDATE jobs" in claim
@@ -274,7 +274,7 @@ def test_a_steps_claim_reads_its_user_conversation_and_persona_in_the_same_state
 
 def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(make):
     # given a step whose job another worker takes over while the model thinks
-    from sqlalchemy import event, update
+    from sqlalchemy import update
 
     from agentq.models import TokenLog, User
     from agentq.testing.harness import MODEL, text
@@ -302,14 +302,8 @@ def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(m
     # charge are one statement
     with h.sessions() as session, session.begin():
         session.execute(update(Job).values(step_owner=None, step_lease_until=None))
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with _sql_sent(h) as statements:
         h.stepper.run(job_id, 0, "start")
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     (persist,) = [s for s in statements if "INSERT INTO token_logs" in s]
     assert "UPDATE jobs" in persist and "UPDATE users" in persist
     job = h.job(job_id)
@@ -325,7 +319,6 @@ def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(m
 
 def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     # given a job whose turn asked for one tool call
-    from sqlalchemy import event
 
     from agentq.loop.execute import Run, _prepare
     from agentq.models import ToolCall
@@ -334,16 +327,10 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     job_id = h.submit()
     h.stepper.run(job_id, 0, "start")
     (call,) = h.rows(ToolCall, job_id)
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when a delivery of it starts it
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with _sql_sent(h) as statements:
         with UnitOfWork(h.sessions, durable=False) as unit:
             prepared = _prepare(unit, call.tool_use_id, h.settings, h.registry, h.sessions)
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     # then the call is read with its job locked, and the job's lease and the call's start
     # are one statement (the transaction's SET LOCAL goes with the first: agentq.db)
     assert [s.split()[0] for s in statements] == ["SELECT", "WITH"]
@@ -362,16 +349,9 @@ def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     thread = f"t-{uuid.uuid4().hex[:8]}"  # a conversation of its own in the module's database
     h.drive(h.submit("first question", thread=thread))
     second = h.submit("second question", thread=thread)
-    from sqlalchemy import event
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when its first step runs (its question written there, not read back)
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with _sql_sent(h) as statements:
         h.stepper.run(second, 0, "start")
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     # then the model is sent the history, then the question
     messages = h.router.requests[-1]["messages"]
     assert [(m["role"], m["content"]) for m in messages[1:]] == [
