@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import threading
 import uuid
-from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from contextlib import ExitStack
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from agentq.loop.busy import request_cancel
 from agentq.loop.store import append_messages
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, JobEvent, Message
+from tests.support.sql import sql_sent
 
 
 @pytest.fixture
@@ -34,20 +34,6 @@ def _in_thread(work) -> tuple[threading.Thread, list]:
     thread.start()
     return thread, out
 
-
-@contextmanager
-def _sql_sent(h) -> Iterator[list[str]]:
-    """The SQL the harness's engine sends while the block runs, in order."""
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-
-    def listener(*args) -> None:
-        statements.append(args[2])  # (conn, cursor, statement, ...): the SQL
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
 
 
 def test_two_deliveries_of_one_step_claim_it_once(make):
@@ -186,7 +172,7 @@ def test_a_held_job_is_written_with_its_events_in_one_statement(make):
             job.status = "running"
             unit.event(job_id, "job_start")
             unit.event(job_id, "turn_start", turn=1)
-            statements = capture.enter_context(_sql_sent(h))
+            statements = capture.enter_context(sql_sent(h.sessions.kw["bind"]))
     # then its changes and its events went in one statement
     assert len(statements) == 1 and statements[0].startswith("WITH together AS")
     # and they are stored: the status, the events in order, the counter
@@ -214,7 +200,7 @@ def test_a_charged_call_logs_and_charges_in_one_statement_as_two_would(make):
         user = session.get(User, job.user_id)
         before = user.tokens_used_this_month
         # when the call is recorded charged, with and without the reply kept
-        with _sql_sent(h) as statements:
+        with sql_sent(h.sessions.kw["bind"]) as statements:
             for keep in (False, True):
                 record_usage(session, user_id=job.user_id, conversation_id=job.conversation_id,
                              job_id=job.id, iteration=7 + keep, reply=reply, cost=0.25,
@@ -259,7 +245,7 @@ def test_a_steps_claim_reads_its_user_conversation_and_persona_in_the_same_state
         session.add(persona)
     job_id = h.submit(persona_id=persona.id)
     # when its first step runs
-    with _sql_sent(h) as statements:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         h.stepper.run(job_id, 0, "start")
     # then its first statement claims the job and reads who, where and as whom with it
     claim = statements[0]
@@ -302,7 +288,7 @@ def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(m
     # charge are one statement
     with h.sessions() as session, session.begin():
         session.execute(update(Job).values(step_owner=None, step_lease_until=None))
-    with _sql_sent(h) as statements:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         h.stepper.run(job_id, 0, "start")
     (persist,) = [s for s in statements if "INSERT INTO token_logs" in s]
     assert "UPDATE jobs" in persist and "UPDATE users" in persist
@@ -328,7 +314,7 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     h.stepper.run(job_id, 0, "start")
     (call,) = h.rows(ToolCall, job_id)
     # when a delivery of it starts it
-    with _sql_sent(h) as statements:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         with UnitOfWork(h.sessions, durable=False) as unit:
             prepared = _prepare(unit, call.tool_use_id, h.settings, h.registry, h.sessions)
     # then the call is read with its job locked, and the job's lease and the call's start
@@ -350,7 +336,7 @@ def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     h.drive(h.submit("first question", thread=thread))
     second = h.submit("second question", thread=thread)
     # when its first step runs (its question written there, not read back)
-    with _sql_sent(h) as statements:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         h.stepper.run(second, 0, "start")
     # then the model is sent the history, then the question
     messages = h.router.requests[-1]["messages"]

@@ -18,6 +18,7 @@ from agentq.loop.effects import DispatchTools, JobEnded, NextStep
 from agentq.loop.execute import execute_tool_call
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall, User
 from agentq.testing.harness import MODEL, calls, text
+from tests.support.sql import sql_sent
 
 # --- a plain answer -------------------------------------------------------------------
 
@@ -67,20 +68,13 @@ def test_the_output_tokens_are_capped_by_the_budget_left(make):
 def test_a_personas_approval_list_holds_its_call_and_the_persist_reads_no_persona(make):
     """The persona is read once, with the user and the conversation, by the step's first
     transaction: the persist that plans the turn's calls does not read it again."""
-    from sqlalchemy import event
     # given a persona that holds math.evaluate for a person's approval
     h = make(calls(("math.evaluate", {"expression": "2+2"})))
     persona = h.add_persona(requires_approval=["math.evaluate"])
     job_id = h.submit(persona_id=persona)
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when its first step runs
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         effects = h.stepper.run(job_id, 0, "start")
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     # then the call waits for a person, nothing is dispatched
     assert not [e for e in effects if isinstance(e, DispatchTools)]
     (call,) = h.rows(ToolCall, job_id)
@@ -137,7 +131,6 @@ def test_a_tool_call_is_dispatched_then_its_result_feeds_the_next_turn(make):
 def test_a_step_after_tools_reads_its_own_messages_and_the_history_in_one_statement(make):
     # given a conversation with one job answered, and a second job in it whose first turn
     # ran a tool
-    from sqlalchemy import event
     h = make(text("first answer"), calls(("math.evaluate", {"expression": "6*7"})),
              text("42"))
     h.drive(h.submit("first question", thread="t-history"))
@@ -145,15 +138,9 @@ def test_a_step_after_tools_reads_its_own_messages_and_the_history_in_one_statem
     (dispatch,) = h.stepper.run(job_id, 0, "start")
     ((tool_use_id, _, _),) = dispatch.calls
     execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions)
-    statements: list[str] = []
-    engine = h.sessions.kw["bind"]
-    listener = lambda *args: statements.append(args[2])  # noqa: E731  (the SQL)
     # when the step after its tools runs
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
         effects = h.stepper.run(job_id, 1, "callback")
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     # then the model was sent the history, the question, the call and its result, in order
     assert effects == [JobEnded(job_id, "completed")]
     messages = h.router.requests[-1]["messages"]
