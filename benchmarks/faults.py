@@ -50,7 +50,7 @@ CODERS = 3
 """users of `user` level (code.run_python needs it), made by the lab: coder0..coder2"""
 STORM_S = float(os.environ.get("AGENTQ_FAULT_STORM_S", "300"))
 """The provider storm's length for `python -m benchmarks faults` (5 minutes; the tests'
-size is set in tests/faults/conftest.py)."""
+size is set in tests/support/fault_lab.py)."""
 
 
 def job_content(n: int) -> tuple[str, str]:

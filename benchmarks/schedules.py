@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from agentq.config import Settings
     from agentq.testing.scripted_llm import ScriptedLLM, text
-    from tests.integration.conftest import TEST_ENV
+    from tests.support.api import TEST_ENV
     from tests.support.stack import Stack, create_database, drop_database, flush_redis
 
     name = f"agentq_bench_sched_{os.getpid()}"

@@ -34,7 +34,7 @@ if _cgroups.check() is not None:
     os.environ.setdefault("AGENTQ_SANDBOX_CGROUP", "off")
 
 from agentq.testing.scripted_llm import ScriptedLLM
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import (
     REDIS_URL,
     Stack,

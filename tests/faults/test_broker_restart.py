@@ -85,7 +85,7 @@ def test_a_redis_broker_connection_gets_the_tolerant_transport(private_redis):
 def test_redis_restarts_under_load_kill_no_worker(run_fault, fault_lab):
     """Three restarts of Redis while jobs flow (each loses every key): all workers live on,
     all jobs complete (the sweeper re-drives what the restarts lost)."""
-    from tests.faults.conftest import restarted_under_load
+    from tests.support.fault_lab import restarted_under_load
     restarted_under_load(run_fault, fault_lab, "redis_restart_x3", "redis", times=3,
                          down_s=1.0, pause_s=2.0)
 

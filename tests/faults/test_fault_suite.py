@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.faults import SCENARIOS, provider_storm
-from tests.faults.conftest import STORM_S
+from tests.support.fault_lab import STORM_S
 
 FAULTS = ["orchestrator_kill9", "tools_kill9", "tools_slow_kill9", "webhooks_kill9",
           "web_kill9", "beat_kill9", "redis_flushall", "postgres_restart",

@@ -40,13 +40,13 @@ pytestmark = pytest.mark.skipif(netns.available() is not None,
 def node_lab(servers_up):
     """A fault lab on the suite's broker (AGENTQ_FAULT_BROKER) with one node beside the
     host's processes."""
-    from tests.faults.conftest import BROKER, started_lab
+    from tests.support.fault_lab import BROKER, started_lab
     yield from started_lab(BROKER, nodes=1)
 
 
 @pytest.fixture
 def run_on_node_lab(node_lab):
-    from tests.faults.conftest import make_runner
+    from tests.support.fault_lab import make_runner
     return make_runner(node_lab)
 
 
@@ -101,7 +101,7 @@ def test_a_node_cut_off_for_a_minute_loses_and_doubles_nothing(run_on_node_lab, 
         host.procs[name].wait(timeout=60)
     try:
         from benchmarks.faults import run_scenario
-        from tests.faults.conftest import DRAIN_TIMEOUT_S
+        from tests.support.fault_lab import DRAIN_TIMEOUT_S
         alone = run_scenario(node_lab, "node_alone_after_the_cut", None, 10, 10,
                              DRAIN_TIMEOUT_S)
         print(alone.as_dict())

@@ -14,13 +14,13 @@ import pytest
 def rabbit_lab(servers_up):
     """A fault lab whose broker is a private RabbitMQ node (the session's lab, when
     AGENTQ_FAULT_BROKER=amqp already made it so, is not reused: it may be on Redis)."""
-    from tests.faults.conftest import started_lab
+    from tests.support.fault_lab import started_lab
     yield from started_lab("amqp")
 
 
 @pytest.fixture
 def run_on_rabbit(rabbit_lab):
-    from tests.faults.conftest import make_runner
+    from tests.support.fault_lab import make_runner
     return make_runner(rabbit_lab)
 
 
@@ -39,7 +39,7 @@ def test_the_lab_runs_on_quorum_queues(rabbit_lab):
 def test_rabbitmq_restarts_under_load(run_on_rabbit, rabbit_lab):
     """Two kills of the RabbitMQ node while jobs flow (2 s down each, then its recovery):
     all workers live on (the same processes), every job completes, none twice."""
-    from tests.faults.conftest import restarted_under_load
+    from tests.support.fault_lab import restarted_under_load
     outcome = restarted_under_load(run_on_rabbit, rabbit_lab, "rabbitmq_restart_x2", "rabbit",
                                    times=2, down_s=2.0, pause_s=3.0)
     assert outcome.duplicates.get("non_idempotent_tool_runs") == 0, outcome.as_dict()

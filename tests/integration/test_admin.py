@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid
+from tests.support.api import Client, uid
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from agentq.models import Job, ToolCall
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid, wait_until
+from tests.support.api import uid, wait_until
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60
@@ -211,7 +211,7 @@ def test_approval_routes_bad_input(stack, client, script):
                        headers={"Content-Type": "text/plain"}).status_code == 415
     other = stack.create_key("appr-other", admin=True,
                              tenant=stack.create_tenant(uid("appr-t")))
-    from tests.integration.conftest import Client
+    from tests.support.api import Client
     stranger = Client(stack, other)
     assert stranger.post(f"{base}/{tool_use_id}/deny").status_code == 404
     foreign = stranger.post(f"{base}/{tool_use_id}/approve")
@@ -222,7 +222,7 @@ def test_approval_routes_bad_input(stack, client, script):
 
 
 def test_a_persona_can_require_approval_of_any_tool(stack, script):
-    from tests.integration.conftest import Client
+    from tests.support.api import Client
     client = Client(stack, stack.create_key("appr-persona", admin=True,
                                             tenant=stack.create_tenant(uid("appr-p"))))
     persona = client.post("/v1/personas", json={"name": "Careful",

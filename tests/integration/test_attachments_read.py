@@ -13,7 +13,7 @@ import pytest
 
 from agentq.models import FileRecord
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 
 pytestmark = pytest.mark.integration
 CSV = "city,population\n" + "".join(f"city{i},{1000 + i}\n" for i in range(300))

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import Client, uid
+from tests.support.api import Client, uid
 
 pytestmark = pytest.mark.integration
 

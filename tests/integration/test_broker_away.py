@@ -16,7 +16,7 @@ import time
 import pytest
 
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.services import PrivateRedis
 from tests.support.stack import own_stack
 

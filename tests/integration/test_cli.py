@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 from tests.support.cli_run import agentq
 
 pytestmark = pytest.mark.integration

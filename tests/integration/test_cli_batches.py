@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 from tests.support.cli_run import agentq
 
 pytestmark = pytest.mark.integration

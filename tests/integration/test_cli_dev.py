@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 from tests.support.stack import ROOT, free_port
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 
 from agentq.client import AgentQ, AsyncAgentQ, Conflict
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid, wait_until
+from tests.support.api import uid, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall
 from agentq.testing.scripted_llm import call, held, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.hook_log import DIST, _calls
 from tests.support.stack import own_stack
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import Client, uid
+from tests.support.api import Client, uid
 from tests.support.stack import REDIS_URL
 from tests.support.tool_gate import ToolGate
 
@@ -157,7 +157,7 @@ def test_cancel_from_the_job_page(page, client, script):
 def waiting_for_approval(page, client, script, user: str, expression: str) -> dict:
     """A job whose flaky.guarded call waits for approval, its page open on the Approve and
     Deny buttons (the page reloads itself when the approval is asked for)."""
-    from tests.integration.conftest import wait_until
+    from tests.support.api import wait_until
     marker = script([tool_calls(call("flaky.guarded", {"text": expression})),
                      text("guarded done")])
     job = client.submit(f"{marker} guarded", user=user)
@@ -342,7 +342,7 @@ def ms(later, earlier) -> float:
 
 
 def test_the_job_page_draws_its_steps_as_a_waterfall(page, client, script, stack):
-    from tests.integration.conftest import wait_until
+    from tests.support.api import wait_until
     marker = script([
         tool_calls(call("math.evaluate", {"expression": "6*7"}),
                    call("flaky.sleep", {"seconds": 0.4}),

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
+from tests.support.api import TEST_ENV, Client, uid, wait_until
 from tests.support.hook_log import DIST, _calls
 from tests.support.stack import own_stack
 

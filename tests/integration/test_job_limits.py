@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentq.testing.scripted_llm import call, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, assert_one_tool_turn_told, wait_until
+from tests.support.api import TEST_ENV, Client, assert_one_tool_turn_told, wait_until
 from tests.support.stack import own_stack, queue_depth
 
 pytestmark = pytest.mark.integration

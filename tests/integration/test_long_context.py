@@ -15,7 +15,7 @@ from agentq.loop.compaction_plan import SUMMARY_SYSTEM_PROMPT, summary_max_token
 from agentq.loop.context import estimate_tokens
 from agentq.models import Conversation, ConversationSummary, Message, TokenLog
 from agentq.testing.scripted_llm import Reply, ScriptedLLM, call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

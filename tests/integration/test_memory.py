@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from agentq.models import Memory, ToolCall
 from agentq.testing.scripted_llm import call, embedding_vector, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 
 pytestmark = pytest.mark.integration
 FACT = "The user's favourite colour is teal."

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from agentq.memory_digest import DIGEST_SYSTEM_PROMPT, SOURCE
 from agentq.models import Conversation, Memory
 from agentq.testing.scripted_llm import ScriptedLLM, text
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

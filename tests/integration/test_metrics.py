@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from agentq.models import Job, TokenLog, ToolCall, WebhookDelivery
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 
 pytestmark = pytest.mark.integration
 SETTLE_S = 60  # counters are written after each commit; the scrape may run just before

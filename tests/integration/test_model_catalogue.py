@@ -12,7 +12,7 @@ import redis
 
 from agentq.llm.gate import KEY_PREFIX, provider_name
 from agentq.testing.scripted_llm import ScriptedLLM, error, text
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from agentq.keys import lookup
 from agentq.models import Job, Schedule
 from agentq.testing.scripted_llm import SCRIPT_KEY_RE, text
-from tests.integration.conftest import uid
+from tests.support.api import uid
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from sqlalchemy import text as sql
 
 from agentq.models import Job
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, assert_one_tool_turn_told, uid, wait_until
+from tests.support.api import TEST_ENV, Client, assert_one_tool_turn_told, uid, wait_until
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

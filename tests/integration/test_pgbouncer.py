@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 
 from agentq.client import AgentQ
 from agentq.testing.scripted_llm import ScriptedLLM, react_responder
-from tests.integration.conftest import TEST_ENV, uid
+from tests.support.api import TEST_ENV, uid
 from tests.support.services import PgBouncer, require_pgbouncer
 from tests.support.stack import own_stack
 

@@ -2,7 +2,7 @@
 Postgres, Redis), with the scripted provider answering 429 (with and without Retry-After),
 500 and hanging past the client's timeout for as long as a test says, then recovering.
 
-The test settings (tests/integration/conftest.py) make the delays short (0.2 to 1.5 s) and
+The test settings (tests/support/api.py) make the delays short (0.2 to 1.5 s) and
 the window long (15 minutes: no job of a loaded machine runs out of it), with a circuit that
 opens after 15 transient failures; the test of a window that runs out has a stack of its own
 with a 3 s window. No test asserts a
@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from agentq.models import FileRecord, Job, JobEvent, Message, TokenLog, ToolCall
 from agentq.testing.scripted_llm import call, error, hang, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

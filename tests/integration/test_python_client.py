@@ -18,7 +18,7 @@ from agentq.client import (
     verify_webhook,
 )
 from agentq.testing.scripted_llm import call, held, text, tool_calls
-from tests.integration.conftest import TEST_ENV, own_events_start, uid
+from tests.support.api import TEST_ENV, own_events_start, uid
 
 pytestmark = pytest.mark.integration
 

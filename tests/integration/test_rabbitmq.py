@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import (
     RABBITMQ_URL,
     ROOT,

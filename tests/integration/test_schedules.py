@@ -20,7 +20,7 @@ from sqlalchemy import func, select, update
 
 from agentq.models import Job, Schedule, ScheduleFiring
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid, wait_until
+from tests.support.api import Client, uid, wait_until
 from tests.support.schedules import conversation_of, fired, schedule, sentinel
 from tests.support.stack import ROOT, die_with_parent
 

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall, User, UserPlatformLink
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import assert_one_tool_turn_told, uid
+from tests.support.api import assert_one_tool_turn_told, uid
 from tests.support.stack import purge_queues, queue_depth
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid, wait_until
+from tests.support.api import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60

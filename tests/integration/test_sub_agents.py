@@ -15,7 +15,7 @@ import pytest
 
 from agentq.models import Job
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import Client, uid, wait_until
+from tests.support.api import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +201,7 @@ def test_a_failed_child_is_an_error_result_and_the_parent_completes(agents_clien
 @pytest.fixture(scope="module")
 def lab(servers_up, llm, tmp_path_factory):
     """A stack of its own (Redis, database, processes): its orchestrator is killed."""
-    from tests.integration.conftest import TEST_ENV
+    from tests.support.api import TEST_ENV
     from tests.support.stack import own_stack
     with own_stack("sub_agents", llm.base_url, tmp_path_factory.mktemp("sub-agents"),
                    TEST_ENV, workers=("orchestrator", "tools"), beat=True) as stack:

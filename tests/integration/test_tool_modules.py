@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import uid
+from tests.support.api import uid
 from tests.support.module_process import OTHER_SECRET, SECRET, ModuleProcess
 from tests.support.stack import ROOT, die_with_parent, free_port
 

@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid
+from tests.support.api import TEST_ENV, Client, uid
 from tests.support.stack import Stack, create_database, die_with_parent, drop_database, free_port
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from agentq.models import JobInput
 from agentq.testing.scripted_llm import call, error, text, tool_calls
-from tests.integration.conftest import uid, wait_until
+from tests.support.api import uid, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid, wait_until
+from tests.support.api import Client, uid, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 
 from agentq.testing.scripted_llm import call, text, tool_calls
 from examples.http_module import manifest as example_manifest
-from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
+from tests.support.api import TEST_ENV, Client, uid, wait_until
 from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.integration

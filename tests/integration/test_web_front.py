@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 
 from agentq.models import Job
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import TEST_ENV, wait_until
+from tests.support.api import TEST_ENV, wait_until
 from tests.support.stack import own_stack
 
 pytestmark = pytest.mark.integration

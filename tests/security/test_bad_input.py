@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from agentq.keys import lookup
 from agentq.models import Batch, Job, Schedule, Tenant
-from tests.integration.conftest import Client, uid
+from tests.support.api import Client, uid
 
 pytestmark = pytest.mark.integration
 DEPTHS = (100, 1_000, 100_000)

@@ -23,7 +23,7 @@ import pytest
 from agentq.loop.context import render_tool_result
 from agentq.tools import sandbox, sandbox_bwrap, sandbox_meter
 from agentq.tools.sandbox import run_python
-from tests.security.attacks import (
+from tests.support.attacks import (
     FLOOD_STDOUT,
     FORK_BOMB,
     FOUR_TIMES_200_MIB,

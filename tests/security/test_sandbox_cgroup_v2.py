@@ -4,10 +4,10 @@ This host binds memory, pids and cpu to cgroup v1, so the rest of the suite runs
 sandbox with AGENTQ_SANDBOX_CGROUP=off. Here a virtual machine (tests/support/cgroup_v2_vm.py:
 Debian's kernel in QEMU, this host's root shared read-only, cgroup v2 alone, the worker in a
 delegated group as systemd's Delegate=yes leaves it) runs, with AGENTQ_SANDBOX_CGROUP=required,
-the whole-run attacks (tests/security/cgroup_v2_attacks.py) through the real run_python
+the whole-run attacks (tests/support/cgroup_v2_attacks.py) through the real run_python
 (bwrap, the seccomp filter, the run's own group), and what the kernel set and counted in each
 run's group is checked below. The sandbox's whole attack and unit test files run in the same
-machine with `python -m tests.security.cgroup_v2_attacks --pytest` (long under QEMU's
+machine with `python -m tests.support.cgroup_v2_attacks --pytest` (long under QEMU's
 emulator: not here, see docs/security.md).
 
 One boot serves the module. Where the machine's packages are missing the tests skip, and
@@ -22,8 +22,8 @@ import shutil
 import pytest
 
 from agentq.tools import cgroups, sandbox
-from tests.security.cgroup_v2_attacks import script, table
 from tests.support import cgroup_v2_vm
+from tests.support.cgroup_v2_attacks import script, table
 
 MIB = 2 ** 20
 BOOT_TIMEOUT_S = 1800

@@ -17,8 +17,8 @@ from sqlalchemy import func, inspect, select
 from agentq.models import ApiKey
 from agentq.testing.scripted_llm import call, text, tool_calls
 from agentq.tools import sandbox
-from tests.integration.conftest import uid
-from tests.security.attacks import (
+from tests.support.api import uid
+from tests.support.attacks import (
     FLOOD_STDOUT,
     HOLD_640_MIB,
     SUPERVISOR_ATTACK,
@@ -101,7 +101,7 @@ def test_the_tools_worker_runs_no_code_without_its_cgroups(llm, script, tmp_path
     says `sandbox` is down; on one that can, the run works and the tools-slow worker has
     moved itself into its leaf group, the runs' groups beside it."""
     from agentq.tools import cgroups
-    from tests.integration.conftest import TEST_ENV, Client
+    from tests.support.api import TEST_ENV, Client
     from tests.support.stack import own_stack
     problem = cgroups.check()
     env = {**TEST_ENV, "AGENTQ_SANDBOX_CGROUP": "required"}

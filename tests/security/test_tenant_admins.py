@@ -16,8 +16,8 @@ from sqlalchemy import func, select, update
 
 from agentq.models import ApiKey, Memory, Schedule, ScheduleFiring, Tenant, ToolCall
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid, wait_until
-from tests.security.busy_place import busy_place, count, write_there
+from tests.support.api import Client, uid, wait_until
+from tests.support.busy_place import busy_place, count, write_there
 
 pytestmark = pytest.mark.integration
 FACT = "The user's locker code is 4711."

@@ -42,7 +42,7 @@ from agentq.models import (
     UserPlatformLink,
 )
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import TEST_ENV, Client, uid, wait_until
+from tests.support.api import TEST_ENV, Client, uid, wait_until
 from tests.support.module_process import SECRET as MODULE_SECRET
 from tests.support.module_process import ModuleProcess
 from tests.support.stack import own_stack

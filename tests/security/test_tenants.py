@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from agentq.models import ApiKey, Batch, FileRecord, Job, JobInput, Message, WebhookDelivery
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.integration.conftest import Client, uid
-from tests.security.busy_place import busy_place, count, write_there
+from tests.support.api import Client, uid
+from tests.support.busy_place import busy_place, count, write_there
 
 pytestmark = pytest.mark.integration
 ENDED = ("completed", "failed", "cancelled")

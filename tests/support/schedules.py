@@ -4,7 +4,7 @@ sentinel that shows beat has run since."""
 from __future__ import annotations
 
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import uid, wait_until
+from tests.support.api import uid, wait_until
 
 
 def conversation_of(client, llm, key: str) -> str:

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from tests.integration.conftest import TEST_ENV
+from tests.support.api import TEST_ENV
 
 SECRET = TEST_ENV["AGENTQ_WEBHOOK_SECRET"]
 """The secret the test stacks sign their webhooks with."""

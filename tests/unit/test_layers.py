@@ -73,3 +73,19 @@ def test_the_job_vocabulary_imports_nothing_of_ours(graph):
     ours = {m for m in graph.find_modules_directly_imported_by("agentq.loop.states")
             if m.split(".")[0] in PACKAGES}
     assert ours == set()
+
+
+def test_suites_share_code_through_tests_support_only():
+    """A test module imports no other test module or conftest: what the suites and the
+    benchmarks share lives in tests.support (the stack, the HTTP client, the fault lab's
+    runner, the attack scripts), so a suite can be run, moved or deleted on its own."""
+    suites = grimp.build_graph("tests", "benchmarks", exclude_type_checking_imports=True,
+                               cache_dir=None)
+    shared = ("tests", "tests.support")
+    crossing = sorted(
+        (importer, imported)
+        for importer in suites.modules
+        for imported in suites.find_modules_directly_imported_by(importer)
+        if imported.startswith("tests.") and imported != importer
+        and not imported.startswith("tests.support") and imported not in shared)
+    assert crossing == []

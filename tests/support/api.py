@@ -1,7 +1,9 @@
-"""What integration tests share: the test settings, the HTTP client, `uid`.
+"""What the tests that run the real stack share: the stack's test settings (`TEST_ENV`),
+the API through HTTP as a user sees it (`Client`), `uid` and `wait_until`.
 
 The fixtures themselves (`stack`, `client`, `script`, ...) are in tests/conftest.py, so
-that tests/integration and tests/security share one stack per session."""
+that tests/integration and tests/security share one stack per session; benchmarks import
+the same client from here."""
 from __future__ import annotations
 
 import os

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from agentq.models import Job, JobInput
 from agentq.testing.scripted_llm import text
-from tests.integration.conftest import Client, uid, wait_until
+from tests.support.api import Client, uid, wait_until
 
 
 def count(stack, model, *where) -> int:

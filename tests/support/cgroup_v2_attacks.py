@@ -1,11 +1,11 @@
 """Issue 30's whole-run attacks against the sandbox's real per-run cgroup v2 groups, run
 inside the cgroup v2 machine (tests/support/cgroup_v2_vm.py) with
 AGENTQ_SANDBOX_CGROUP=required: by tests/security/test_sandbox_cgroup_v2.py, which checks
-them, or by hand, `python -m tests.security.cgroup_v2_attacks [--pytest [PYTEST ARGS]]`:
+them, or by hand, `python -m tests.support.cgroup_v2_attacks [--pytest [PYTEST ARGS]]`:
 boots the machine, runs them and prints the figures docs/security.md quotes; with
 `--pytest`, also the sandbox's attack and unit tests (INNER_TESTS) in the machine, which
 under QEMU's emulator take long (see docs/security.md). Inside the machine it is
-`python -m tests.security.cgroup_v2_attacks --inside OUT.json`.
+`python -m tests.support.cgroup_v2_attacks --inside OUT.json`.
 
 These are the attacks that `AGENTQ_SANDBOX_CGROUP=off` (this host, a hybrid cgroup v1 one)
 only meters from outside: memory written to memfd and tmpfs files (never mapped, so outside
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.security.attacks import (
+from tests.support.attacks import (
     FORK_BOMB,
     FOUR_TIMES_200_MIB,
     HOLD_640_MIB,
@@ -151,7 +151,7 @@ def script(*commands: str) -> str:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "AGENTQ_SANDBOX_CGROUP": "required"}
     return (cgroup_v2_vm.shell_env(env) + f"cd {ROOT}\n"
-            f"{sys.executable} -m tests.security.cgroup_v2_attacks --inside "
+            f"{sys.executable} -m tests.support.cgroup_v2_attacks --inside "
             f"{cgroup_v2_vm.SHARE_IN_VM}/attacks.json > {cgroup_v2_vm.SHARE_IN_VM}/attacks.log "
             f"2>&1\necho $? > {cgroup_v2_vm.SHARE_IN_VM}/attacks.exit\n"
             + "".join(command + "\n" for command in commands))
