@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings, get_settings
+from agentq.config.quotas import QUOTA_NAMES, Quotas
 from agentq.db import lock_row, utcnow
 from agentq.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from agentq.loop.states import NOT_ADMITTED, UNENDED_STATUSES, JobStatus, WaitingFor
@@ -86,33 +87,11 @@ def tenant_object(tenant: Tenant, settings: Settings | None = None) -> dict:
 
 # --- quotas -------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class Quotas:
-    """One tenant's quotas and rate limits (API.md 1.2); 0 is no limit."""
-    requests_per_second: int
-    """Requests per second per key (429 `rate_limited` past it)."""
-    streams_per_key: int
-    """Open event streams and `?wait` holds per key (429 past it)."""
-    running_jobs: int
-    """Jobs of the tenant running at once; more stay `queued`, `waiting_for: "quota"`."""
-    schedules: int
-    """Active schedules of the tenant (422 `quota_exceeded` past it)."""
-    modules: int
-    """Tool modules the tenant registered (422 `quota_exceeded` past it)."""
-    tool_calls_per_turn: int
-    """Tool calls one model reply may make; calls past it get `too_many_tool_calls`."""
-
-
-QUOTA_NAMES = tuple(f.name for f in dataclasses.fields(Quotas))
 MAX_QUOTA = 1_000_000
 
 
-def default_quotas(settings: Settings) -> Quotas:
-    return Quotas(**{name: getattr(settings, f"quota_{name}") for name in QUOTA_NAMES})
-
-
 def _quotas(stored: Mapping[str, Any] | None, settings: Settings) -> Quotas:
-    defaults = default_quotas(settings)
+    defaults = settings.quotas
     own = {k: v for k, v in (stored or {}).items()
            if k in QUOTA_NAMES and isinstance(v, int) and not isinstance(v, bool)}
     return dataclasses.replace(defaults, **own)

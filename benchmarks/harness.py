@@ -313,7 +313,7 @@ def services_answer() -> list[str]:
 
 
 def plain_pg_url(sqlalchemy_url: str) -> str:
-    from agentq.config import libpq_url
+    from agentq.config.urls import libpq_url
     return libpq_url(sqlalchemy_url)
 
 

@@ -135,7 +135,7 @@ def _database_error(exc: BaseException, orig: BaseException | None) -> click.Cli
     if getattr(orig, "pgcode", None) in ("42P01", "42703") or "no such table" in first:
         return click.ClickException(f"the database is not migrated ({first}): run "
                                     f"`agentq db upgrade`")
-    from agentq.config import typed_database_url
+    from agentq.config.environment import typed_database_url
     try:
         where = typed_database_url()  # as typed, not the driver's spelling
     except Exception:  # noqa: BLE001 - the settings themselves may be what is wrong

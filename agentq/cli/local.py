@@ -26,7 +26,8 @@ from agentq.cli.core import (
     log_path,
     main,
 )
-from agentq.config import get_settings, shown_url
+from agentq.config import get_settings
+from agentq.config.urls import shown_url
 from agentq.loop.states import ENDED, JobStatus, WaitingFor
 
 

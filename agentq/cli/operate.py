@@ -38,7 +38,7 @@ def db_upgrade(revision: str, create: bool) -> None:
         migrate.upgrade(settings, revision=revision)
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        from agentq.config import typed_database_url
+        from agentq.config.environment import typed_database_url
         raise click.ClickException(f"cannot reach the database at {typed_database_url()}: "
                                    f"{first}") from None
     click.echo(f"database at {revision}")

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator, cast
 
 import httpx
 
-from agentq.config import Settings, shown_url
+from agentq.config import Settings
+from agentq.config.urls import shown_url
 from agentq.errors import ManifestError, ToolTimeout, ValidationFailed
 from agentq.tools.manifest import NAME_RE, ToolContext, ToolModule, define_module
 from agentq.tools.specs import (

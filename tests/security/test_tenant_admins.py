@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import func, select, update
 
+from agentq.config.quotas import Quotas
 from agentq.models import ApiKey, Memory, Schedule, ScheduleFiring, Tenant, ToolCall
 from agentq.testing.scripted_llm import call, text, tool_calls
 from tests.support.api import Client, uid, wait_until
@@ -414,8 +415,7 @@ def test_an_operator_sets_quotas_and_the_tenant_admin_reads_them(stack, client,
     shown = quota_tenant["quotas"]
     assert shown["quotas"]["schedules"] == 2 and shown["quotas"]["tool_calls_per_turn"] == 2
     assert sorted(shown["quotas_set"]) == ["schedules", "tool_calls_per_turn"]
-    from agentq.config import Settings
-    assert shown["quotas"]["modules"] == Settings.quota_modules  # the default
+    assert shown["quotas"]["modules"] == Quotas.modules  # the default
     read = quota_tenant["admin"].get(f"/v1/admin/tenants/{quota_tenant['id']}")
     assert read.status_code == 200 and read.json()["quotas"] == shown["quotas"]
     for body in ({"quotas": {"schedules": -1}}, {"quotas": {"schedules": "ten"}},
@@ -504,10 +504,9 @@ def test_the_default_quotas_apply_without_a_setting(stack, client):
     tenant_id = stack.create_tenant(uid("plain"))
     shown = client.get(f"/v1/admin/tenants/{tenant_id}").json()
     from agentq.config import Settings
-    from agentq.tenants import default_quotas
     assert shown["quotas_set"] == []
     # the stack's settings (its environment sets a few, e.g. the request rate)
-    assert shown["quotas"] == dataclasses.asdict(default_quotas(Settings.from_env(stack.env)))
+    assert shown["quotas"] == dataclasses.asdict(Settings.from_env(stack.env).quotas)
 
 
 def test_modules_past_the_tenants_quota_are_422_and_never_fetched(stack, client):
@@ -596,7 +595,6 @@ def _post_paced(client: Client, path: str, body: dict):
 
 def test_one_key_cannot_make_600_schedules_by_default(stack, script):
     """The issue: 600 schedules from one key. AGENTQ_QUOTA_SCHEDULES (100) stops it."""
-    from agentq.config import Settings
     tenant_id = stack.create_tenant(uid("many"))
     app = Http(stack, stack.create_key("many-app", admin=False, tenant=tenant_id))
     conversation = _conversation(app, script)
@@ -609,7 +607,7 @@ def test_one_key_cannot_make_600_schedules_by_default(stack, script):
             break
         assert response.status_code == 201, response.text
         made += 1
-    assert made == Settings.quota_schedules
+    assert made == Quotas.schedules
     assert refused_at["code"] == "quota_exceeded"
     assert count(stack, Schedule, Schedule.tenant_id == uuid.UUID(tenant_id)) == made
 
@@ -618,8 +616,7 @@ def test_tool_calls_past_the_default_cap_of_one_turn_are_not_run(stack, script):
     """The issue: 300 tool calls in one turn. AGENTQ_QUOTA_TOOL_CALLS_PER_TURN (32) runs
     the first 32; the rest are answered with too_many_tool_calls, never run (40 here: 300
     results overflow the test stack's context budget into a compaction call)."""
-    from agentq.config import Settings
-    cap = Settings.quota_tool_calls_per_turn
+    cap = Quotas.tool_calls_per_turn
     tenant_id = stack.create_tenant(uid("calls"))
     app = Http(stack, stack.create_key("calls-app", admin=False, tenant=tenant_id))
     total = cap + 8

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine
 
-from agentq.config import Settings, libpq_url, normalize_database_url
+from agentq.config import Settings
+from agentq.config.urls import libpq_url, normalize_database_url
 
 
 @pytest.mark.parametrize("url", [

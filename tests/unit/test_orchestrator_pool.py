@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from agentq import cli
-from agentq.config import ConfigError, Settings, set_settings
+from agentq.config import Settings, set_settings
+from agentq.errors import ConfigError
 from tasks import pools
 
 

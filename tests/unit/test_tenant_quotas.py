@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from agentq.config import Settings
+from agentq.config.quotas import QUOTA_NAMES, Quotas
 from agentq.db import session_scope
 from agentq.errors import QuotaExceeded, ValidationFailed
 from agentq.llm.types import LLMReply, ToolCallRequest
@@ -19,10 +19,7 @@ from agentq.models import Job, Tenant
 from agentq.schedules import create_schedule, timing
 from agentq.tenants import (
     DEFAULT_TENANT_ID,
-    QUOTA_NAMES,
-    Quotas,
     create_tenant,
-    default_quotas,
     quotas_for,
     running_count,
     update_quotas,
@@ -38,8 +35,8 @@ def settings(tmp_path):
 
 
 def test_the_defaults_come_from_the_settings(settings):
-    quotas = default_quotas(settings)
-    assert quotas.schedules == 7 and quotas.modules == Settings.quota_modules
+    quotas = settings.quotas
+    assert quotas.schedules == 7 and quotas.modules == Quotas.modules
     assert set(dataclasses.asdict(quotas)) == set(QUOTA_NAMES)
     with pytest.raises(dataclasses.FrozenInstanceError):
         quotas.schedules = 1  # type: ignore[misc]
@@ -51,12 +48,12 @@ def test_an_operators_quotas_override_the_defaults_and_null_resets_one(settings)
         update_quotas(session, tenant, {"schedules": 2, "tool_calls_per_turn": 0})
         quotas = quotas_for(session, tenant.id, settings)
         assert (quotas.schedules, quotas.tool_calls_per_turn) == (2, 0)
-        assert quotas.modules == Settings.quota_modules
+        assert quotas.modules == Quotas.modules
         update_quotas(session, tenant, {"schedules": None})
         assert quotas_for(session, tenant.id, settings).schedules == 7
         assert session.get(Tenant, tenant.id).quotas == {"tool_calls_per_turn": 0}
         # an unknown tenant has the defaults
-        assert quotas_for(session, uuid.uuid4(), settings) == default_quotas(settings)
+        assert quotas_for(session, uuid.uuid4(), settings) == settings.quotas
 
 
 @pytest.mark.parametrize("changes", [{"schedules": -1}, {"schedules": 1.5},
