@@ -36,7 +36,7 @@ from agentq.tenants import (
 from api.auth import admin_reach, require_key
 from api.jobs import json_body, parse_uuid
 from api.openapi import json_response, operation
-from api.schemas import (
+from api.schemas.admin import (
     ApiKeyPageSchema,
     ApiKeySchema,
     ContextLayersSchema,

@@ -30,16 +30,16 @@ from api.auth import can_see, require_key
 from api.jobs import json_body, load_job, parse_uuid
 from api.limits import parse_json, utf8
 from api.openapi import batch_links, job_links, json_response, operation
-from api.schemas import (
+from api.schemas.batches import (
     BatchLineSchema,
     BatchOptionsSchema,
     BatchRequestSchema,
     BatchSchema,
     CompareSchema,
-    JobSchema,
     ReplayBatchSchema,
     ReplaySchema,
 )
+from api.schemas.jobs import JobSchema
 from api.views import accepted, job_object
 
 bp = Blueprint("batches", __name__)

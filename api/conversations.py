@@ -17,13 +17,13 @@ from agentq.views import conversation_object, job_object
 from api.auth import require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.openapi import MAX_SEQ, job_links, json_response, operation
-from api.schemas import (
+from api.schemas.conversations import (
     BranchRequestSchema,
     ConversationSchema,
     ConversationUpdateSchema,
-    JobSchema,
     MessagePageSchema,
 )
+from api.schemas.jobs import JobSchema
 from api.views import accepted, message_object
 
 bp = Blueprint("conversations", __name__)

@@ -17,7 +17,11 @@ from agentq.webhooks.delivery import deliveries_for_job, redeliver_job_event
 from api.auth import require_key
 from api.jobs import load_job
 from api.openapi import json_response, operation
-from api.schemas import DeliveryPageSchema, DeliverySchema, WebhookSecretSchema
+from api.schemas.deliveries import (
+    DeliveryPageSchema,
+    DeliverySchema,
+    WebhookSecretSchema,
+)
 from api.views import accepted
 
 bp = Blueprint("deliveries", __name__)

@@ -30,7 +30,8 @@ from api.auth import require_key
 from api.errors import error_response
 from api.jobs import json_body
 from api.openapi import json_response, operation
-from api.schemas import EmbedRequestSchema, EmbedResponseSchema, ErrorSchema
+from api.schemas.common import ErrorSchema
+from api.schemas.embed import EmbedRequestSchema, EmbedResponseSchema
 
 bp = Blueprint("embed", __name__)
 _router = None

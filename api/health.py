@@ -12,7 +12,7 @@ from sqlalchemy import text
 from agentq.db import engine_for
 from agentq.tools import sandbox
 from api.openapi import json_response, operation
-from api.schemas import HealthSchema, NotReadySchema
+from api.schemas.health import HealthSchema, NotReadySchema
 
 log = logging.getLogger(__name__)
 bp = Blueprint("health", __name__)

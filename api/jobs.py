@@ -30,7 +30,7 @@ from api.limits import request_json
 from api.openapi import MAX_SEQ, json_response, operation, submitted_responses
 from api.ratelimit import hold_request, take_hold
 from api.rideout import rides_out_database
-from api.schemas import (
+from api.schemas.jobs import (
     ApproveRequestSchema,
     ContinueRequestSchema,
     DenyRequestSchema,

@@ -17,7 +17,7 @@ from agentq.tools.remote import ModuleSpec
 from api.auth import require_key
 from api.jobs import json_body
 from api.openapi import json_response, operation
-from api.schemas import ModulePageSchema, ModuleRequestSchema, ModuleSchema
+from api.schemas.modules import ModulePageSchema, ModuleRequestSchema, ModuleSchema
 
 bp = Blueprint("modules", __name__)
 

@@ -10,7 +10,7 @@ Each view carries its operation, next to its route:
     @require_key()
     def replay_job(job_id): ...
 
-Request and response bodies are the marshmallow schemas of api/schemas.py (each a component
+Request and response bodies are the marshmallow schemas of api/schemas/ (each a component
 named by its class, less `Schema`); error statuses name the shared responses below, in the
 error shape of API.md. Path parameters, the statuses any route may answer (400, 431, 413 with
 a body, 503 and 429) and the security scheme are added here, once. This module holds no
@@ -35,7 +35,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask import Blueprint, Flask, current_app, jsonify
 from marshmallow import Schema, fields
 
-from api.schemas import ErrorSchema
+from api.schemas.common import ErrorSchema
 
 bp = Blueprint("openapi", __name__)
 OPENAPI_VERSION = "3.1.0"

@@ -23,7 +23,7 @@ from agentq.schedules import (
 from api.auth import can_see, require_key
 from api.jobs import json_body, load_conversation, parse_uuid
 from api.openapi import json_response, operation
-from api.schemas import (
+from api.schemas.schedules import (
     ScheduleDetailSchema,
     SchedulePageSchema,
     ScheduleQuerySchema,
