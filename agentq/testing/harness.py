@@ -16,15 +16,16 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
 from sqlalchemy import select, update
 
 from agentq import migrate
 from agentq.config import Settings
 from agentq.db import session_factory, session_scope, utcnow
-from agentq.llm.types import LLMReply, ToolCallRequest
+from agentq.llm.types import LLMReply, ToolCallRequest, ToolSpec
 from agentq.loop import uow
+from agentq.loop.effects import Effect
 from agentq.loop.identity import Incoming
 from agentq.loop.step import Stepper
 from agentq.loop.submit import Submission, create_job
@@ -34,8 +35,13 @@ from agentq.runner import InProcessRunner
 from agentq.tools.manifest import ToolModule
 from agentq.tools.registry import ToolRegistry, discover
 
+if TYPE_CHECKING:  # the router's module imports the provider SDKs
+    from agentq.llm.router import LLMRouter
+
 MODEL = "gpt-4o-mini"
 """The model a scripted reply says it came from (agentq's default model)."""
+ScriptedReply = LLMReply | BaseException | Callable[[], LLMReply]
+"""A reply in a `ScriptedModel`'s script: returned, raised, or called for the reply."""
 
 
 def text(content: str, input_tokens: int = 10, output_tokens: int = 5) -> LLMReply:
@@ -43,7 +49,7 @@ def text(content: str, input_tokens: int = 10, output_tokens: int = 5) -> LLMRep
     return LLMReply(content, (), "end_turn", MODEL, input_tokens, output_tokens)
 
 
-def calls(*requests: tuple[str, dict | None], content: str = "") -> LLMReply:
+def calls(*requests: tuple[str, dict[str, Any] | None], content: str = "") -> LLMReply:
     """A reply that calls tools: `calls(("math.evaluate", {"expression": "2+2"}))`."""
     return LLMReply(content, tuple(ToolCallRequest(f"call_{i}", name, args)
                                    for i, (name, args) in enumerate(requests)),
@@ -61,13 +67,17 @@ class ScriptedModel:
     reply raises `UnexpectedModelCall`; `forever` answers every call the same way.
     `requests` records what each call was given: messages, tool names, model, max_tokens."""
 
-    def __init__(self, *replies: LLMReply | BaseException | Callable[[], LLMReply],
+    def __init__(self, *replies: ScriptedReply,
                  forever: LLMReply | None = None):
         self.replies = list(replies)
         self.forever = forever
         self.requests: list[dict[str, Any]] = []
 
-    def chat(self, messages, tools, model=None, max_tokens=None, on_delta=None) -> LLMReply:
+    def chat(self, messages: list[dict[str, Any]], tools: list[ToolSpec],
+             model: str | None = None, max_tokens: int | None = None,
+             on_delta: Callable[[str, int], None] | None = None) -> LLMReply:
+        """As `LLMRouter.chat` answers (`on_delta` is not called: a scripted reply comes
+        whole)."""
         self.requests.append({"messages": messages, "tools": [t.name for t in tools],
                               "model": model, "max_tokens": max_tokens})
         if self.forever is not None:
@@ -104,12 +114,15 @@ class Harness:
         self.router = router
         self.registry = ToolRegistry(settings, modules)
         self.sessions = session_factory(settings)
-        self.stepper = Stepper(settings, router, self.registry, self.sessions)
+        # the Stepper is typed with the router it has in production; a test's model answers
+        # the same calls (chat; embed where memory search is on), not being one
+        self.stepper = Stepper(settings, cast("LLMRouter", router), self.registry,
+                               self.sessions)
         self.runner = InProcessRunner(self.stepper, settings)
         self.previous_dispatcher = uow.set_dispatcher(self.runner)
 
     @classmethod
-    def create(cls, home: str | Path, *replies, forever: LLMReply | None = None,
+    def create(cls, home: str | Path, *replies: ScriptedReply, forever: LLMReply | None = None,
                env: Mapping[str, str] | None = None,
                modules: Iterable[ToolModule] | None = None,
                tool_packages: Iterable[str] = ()) -> "Harness":
@@ -160,7 +173,7 @@ class Harness:
                                         **fields))
             return str(job.id)
 
-    def drive(self, job_id: str, limit: int = 20) -> list:
+    def drive(self, job_id: str, limit: int = 20) -> list[Effect]:
         """Run the job to its end, each effect handled as the workers would; returns the
         effects its steps sent. Fails when the job has not ended after `limit` steps' worth
         of effects."""
@@ -171,13 +184,13 @@ class Harness:
             raise AssertionError(f"the job {job_id} did not end")
         return self.runner.sent[before:]
 
-    def sent_by(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+    def sent_by(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Effect]:
         """Call `work`; the effects its units of work sent (not run: the test runs them)."""
         before = len(self.runner.sent)
         work(*args, **kwargs)
         return self.runner.sent[before:]
 
-    def sweep(self) -> list:
+    def sweep(self) -> list[Effect]:
         """One pass of the sweeper; the effects it sent."""
         return self.sent_by(sweep, self.settings, self.sessions)
 
@@ -190,7 +203,7 @@ class Harness:
 
     def job(self, job_id: str) -> Job:
         with self.sessions() as session:
-            return session.get(Job, uuid.UUID(job_id))
+            return session.get_one(Job, uuid.UUID(job_id))
 
     def rows(self, model, job_id: str, order_by=None) -> list:
         """The job's rows of `model` (Message, ToolCall, TokenLog, JobEvent, …)."""
@@ -202,4 +215,4 @@ class Harness:
 
     def user_of(self, job_id: str) -> User:
         with self.sessions() as session:
-            return session.get(User, self.job(job_id).user_id)
+            return session.get_one(User, self.job(job_id).user_id)

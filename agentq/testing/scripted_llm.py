@@ -1,10 +1,9 @@
 """A scripted OpenAI-compatible HTTP server for tests and benchmarks (agentq's and yours:
 docs/testing.md). The model a real stack's workers talk to through the `openai` SDK.
 
-It runs an asyncio server in a background thread: thousands of concurrent connections, each
-waiting out an artificial latency with `asyncio.sleep`, cost next to nothing, so the server
-is never what a benchmark measures. HTTP/1.1 with keep-alive; every response is one write
-(headers and body together) on a socket with TCP_NODELAY, so no Nagle/delayed-ACK stalls.
+It serves from a background thread (agentq.testing.scripted_http: asyncio, keep-alive,
+thousands of concurrent connections at next to no cost, so the server is never what a
+benchmark measures); this module says what each request is answered.
 
     with ScriptedLLM() as llm:
         marker = llm.script("calc", [tool_calls(call("math.evaluate", {"expression": "1+1"})),
@@ -33,41 +32,66 @@ import base64
 import collections
 import contextlib
 import hashlib
-import http
 import itertools
 import json
 import math
 import re
 import signal
-import socket
 import struct
 import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, Literal, NotRequired, TypedDict
 
 from agentq.llm.names import to_api_name
+from agentq.testing.scripted_http import HOLD_KEEPALIVE_S, HTTPServer, Request, Response
 
 SCRIPT_KEY_RE = re.compile(r"script:([A-Za-z0-9_-]+)")
 EMBEDDING_DIM = 16
-LISTEN_BACKLOG = 4096
-HEADER_MAX_BYTES = 64 * 1024
-START_TIMEOUT_S = 5.0
-STOP_TIMEOUT_S = 5.0
 HANG_REPLY_TEXT = "(a late answer)"
 
-Responder = Callable[[dict], "Reply"]
+RequestBody = dict[str, Any]
+"""A request's JSON body, as the client sent it."""
+Responder = Callable[[RequestBody], "Reply"]
+Check = Callable[[RequestBody], Any]
+"""Asserts on a request: an AssertionError (or any exception) is recorded as a failure."""
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str
+    """JSON, or any string a test sends verbatim."""
+
+
+class ToolCall(TypedDict):
+    type: str
+    function: FunctionCall
+    id: NotRequired[str]
+
+
+class Unexpected(TypedDict):
+    """A request nothing answered."""
+    key: str | None
+    reason: str
+    request: RequestBody
+
+
+class CheckFailure(TypedDict):
+    """A failed check, a wrong model or a server error (index -1: no reply of a script)."""
+    key: str | None
+    index: int
+    problem: str
 
 
 @dataclass
 class Reply:
     """One scripted answer; build it with text(), tool_calls(), function_call(), error(), hang()."""
-    kind: str = "message"  # "message" | "error" | "hang"
+    kind: Literal["message", "error", "hang", "pass"] = "message"
     content: str | None = ""
-    tool_calls: list[dict] = field(default_factory=list)
-    function_call: dict | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    function_call: FunctionCall | None = None
     finish_reason: str = "stop"
     input_tokens: int = 10
     output_tokens: int = 5
@@ -77,7 +101,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     expect_model: str | None = None
-    check: Callable[[dict], Any] | None = None
+    check: Check | None = None
     hold: threading.Event | None = None
     """Answer only once this is set (the test decides when the model has "thought" enough).
     Meanwhile the response has begun: its head is sent at once and a blank (JSON's leading
@@ -91,14 +115,15 @@ class Reply:
             return f"error({self.status})"
         if self.kind == "hang":
             return f"hang({self.delay_s:g})"
-        if self.tool_calls or self.function_call:
-            return "tool_calls(" + ", ".join(c["function"]["name"] for c in self.tool_calls
-                                            or [{"function": self.function_call}]) + ")"
+        if self.tool_calls:
+            return "tool_calls(" + ", ".join(c["function"]["name"] for c in self.tool_calls) + ")"
+        if self.function_call:
+            return f"tool_calls({self.function_call['name']})"
         return f"text({(self.content or '')[:30]!r})"
 
 
 def text(content: str, *, input_tokens: int = 10, output_tokens: int = 5, delay_s: float = 0.0,
-         expect_model: str | None = None, check: Callable[[dict], Any] | None = None,
+         expect_model: str | None = None, check: Check | None = None,
          usage: bool = True, finish_reason: str = "stop", model: str | None = None,
          hold: threading.Event | None = None, stream_cut: bool = False) -> Reply:
     """A plain answer. `model` overrides the echoed request model; `usage=False` omits usage;
@@ -109,21 +134,21 @@ def text(content: str, *, input_tokens: int = 10, output_tokens: int = 5, delay_
                  finish_reason=finish_reason, model=model, hold=hold, stream_cut=stream_cut)
 
 
-def call(name: str, arguments: dict | str | None = None, id: str | None = None,  # noqa: A002
-         *, raw: bool = False, omit_id: bool = False) -> dict:
+def call(name: str, arguments: dict[str, Any] | str | None = None,
+         id: str | None = None,  # noqa: A002
+         *, raw: bool = False, omit_id: bool = False) -> ToolCall:
     """One tool call. Dotted names are sent as API names unless `raw`; str arguments verbatim."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
-    entry: dict[str, Any] = {"type": "function",
-                             "function": {"name": name if raw else to_api_name(name),
-                                          "arguments": args}}
+    entry: ToolCall = {"type": "function",
+                       "function": {"name": name if raw else to_api_name(name), "arguments": args}}
     if not omit_id:
         entry["id"] = id or f"call_{uuid.uuid4().hex[:24]}"
     return entry
 
 
-def tool_calls(*calls: dict, content: str = "", input_tokens: int = 10, output_tokens: int = 5,
+def tool_calls(*calls: ToolCall, content: str = "", input_tokens: int = 10, output_tokens: int = 5,
                delay_s: float = 0.0, expect_model: str | None = None,
-               check: Callable[[dict], Any] | None = None, usage: bool = True,
+               check: Check | None = None, usage: bool = True,
                model: str | None = None, hold: threading.Event | None = None) -> Reply:
     """A reply asking for tool calls; `hold`: sent only once that event is set."""
     return Reply(content=content, tool_calls=list(calls), finish_reason="tool_calls",
@@ -131,7 +156,7 @@ def tool_calls(*calls: dict, content: str = "", input_tokens: int = 10, output_t
                  expect_model=expect_model, check=check, usage=usage, model=model, hold=hold)
 
 
-def function_call(name: str, arguments: dict | str | None = None, *, content: str = "",
+def function_call(name: str, arguments: dict[str, Any] | str | None = None, *, content: str = "",
                   raw: bool = False, **options: Any) -> Reply:
     """The legacy `function_call` answer (no `tool_calls`)."""
     legacy = call(name, arguments, raw=raw, omit_id=True)["function"]
@@ -140,7 +165,7 @@ def function_call(name: str, arguments: dict | str | None = None, *, content: st
 
 def error(status: int, message: str = "scripted error", headers: dict[str, str] | None = None,
           delay_s: float = 0.0, *, expect_model: str | None = None,
-          check: Callable[[dict], Any] | None = None) -> Reply:
+          check: Check | None = None) -> Reply:
     return Reply(kind="error", status=status, content=message, headers=dict(headers or {}),
                  delay_s=delay_s, expect_model=expect_model, check=check)
 
@@ -161,13 +186,13 @@ def held(reply: Reply, gate: threading.Event) -> Reply:
     return reply
 
 
-def react_responder(tool_name: str = "math.evaluate", arguments: dict | None = None,
+def react_responder(tool_name: str = "math.evaluate", arguments: dict[str, Any] | None = None,
                     tool_turns: int = 1, final_text: str = "The answer is 42.") -> Responder:
     """`tool_turns` tool-call replies (counted from the assistant tool calls already in the
     request), then a text reply."""
     arguments = {"expression": "6*7"} if arguments is None else arguments
 
-    def respond(request: dict) -> Reply:
+    def respond(request: RequestBody) -> Reply:
         done = sum(1 for m in request.get("messages") or ()
                    if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls"))
         if done < tool_turns:
@@ -193,7 +218,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _script_key(texts: Any) -> str | None:
+def _script_key(texts: Iterable[str]) -> str | None:
     for item in texts:
         match = SCRIPT_KEY_RE.search(item)
         if match:
@@ -201,195 +226,73 @@ def _script_key(texts: Any) -> str | None:
     return None
 
 
-def _error_body(message: str, status: int) -> dict:
+def _error_body(message: str, status: int) -> dict[str, Any]:
     kind = "server_error" if status >= 500 else "invalid_request_error"
     return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
-
-
-def _encode_stream(payload: dict, cut: bool) -> bytes:
-    """A chat completion as OpenAI's streamed chunks (server-sent events), then the usage
-    chunk and [DONE]; the connection closes after it (no Content-Length)."""
-    base = {"id": payload["id"], "object": "chat.completion.chunk",
-            "created": payload["created"], "model": payload["model"]}
-    choice = payload["choices"][0]
-    message = choice["message"]
-    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant"},
-                                    "finish_reason": None}]}]
-    words = re.findall(r"\S+\s*|\s+", message.get("content") or "")
-    for word in words:
-        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": word},
-                                            "finish_reason": None}]})
-    for i, call in enumerate(message.get("tool_calls") or []):
-        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": i, **call}]}, "finish_reason": None}]})
-    chunks.append({**base, "choices": [{"index": 0, "delta": {},
-                                        "finish_reason": choice["finish_reason"]}]})
-    if payload.get("usage"):
-        chunks.append({**base, "choices": [], "usage": payload["usage"]})
-    if cut:
-        chunks = chunks[:max(1, (len(words) + 1) // 2)]
-    body = "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks)
-    if not cut:
-        body += "data: [DONE]\n\n"
-    head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            "Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
-    return head.encode("latin-1") + body.encode()
-
-
-HOLD_KEEPALIVE_S = 1.0
-"""How often a held response sends a blank while it waits: well under any client's read
-timeout (the tests' AGENTQ_LLM_TIMEOUT_S is 5)."""
-HOLD_POLL_S = 0.05
-HOLD_MAX_S = 600.0
-"""The most a reply is held: a test that failed before letting it go frees the connection."""
-
-
-async def _send_when_let_go(writer: asyncio.StreamWriter, response: bytes,
-                            hold: threading.Event, streamed: bool,
-                            keepalive_s: float = HOLD_KEEPALIVE_S,
-                            gone: Callable[[], bool] | None = None) -> bool:
-    """Send a held response: its head at once (its body then ends with the connection: no
-    Content-Length), a blank every `keepalive_s` until `hold` is set, then the body. A
-    client that went away meanwhile spent the reply, as with any reply a client drops:
-    True then (`gone()` says whether the client closed its side)."""
-    head, _, body = response.partition(b"\r\n\r\n")
-    head = b"\r\n".join(line for line in head.split(b"\r\n")
-                         if not line.lower().startswith((b"content-length:", b"connection:")))
-    blank = b": held\n\n" if streamed else b" "  # an SSE comment; JSON's leading whitespace
-    try:
-        writer.write(head + b"\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        since = last = time.monotonic()
-        while not hold.is_set() and time.monotonic() - since < HOLD_MAX_S:
-            await asyncio.sleep(HOLD_POLL_S)
-            if gone is not None and gone():
-                return True
-            if time.monotonic() - last >= keepalive_s:
-                last = time.monotonic()
-                writer.write(blank)
-                await writer.drain()
-        writer.write(body)
-        await writer.drain()
-    except ConnectionError:
-        return True
-    return False
-
-
-def _encode(status: int, payload: dict, headers: dict[str, str], keep_alive: bool) -> bytes:
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n{extra}\r\n")
-    return head.encode("latin-1") + body
-
 
 class ScriptedLLM:
     def __init__(self, latency_s: float = 0.0, responder: Responder | None = None, *,
                  host: str = "127.0.0.1", port: int = 0,
                  hold_keepalive_s: float = HOLD_KEEPALIVE_S):
         self.latency_s = latency_s
-        self.hold_keepalive_s = hold_keepalive_s
         self.responder = responder
-        self.host, self.port = host, port
-        self.unexpected: list[dict] = []
-        """Requests nothing answered: {"key", "reason", "request"}."""
-        self.check_failures: list[dict] = []
-        """{"key", "index", "problem"}: failed checks, wrong models, server errors."""
+        self.http = HTTPServer(self._route, host, port, hold_keepalive_s)
+        """The HTTP side: its connections, and the held replies its clients abandoned."""
+        self.unexpected: list[Unexpected] = []
+        self.check_failures: list[CheckFailure] = []
         self.calls = 0
         self.embedding_calls = 0
-        self.abandoned = 0
-        """Held replies whose client went away (closed the connection) before they were
-        let go: a call the client aborted."""
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
         self._scripts: dict[str, collections.deque[Reply]] = {}
         self._served: collections.Counter[str] = collections.Counter()
-        self._requests: list[tuple[str | None, dict]] = []
+        self._requests: list[tuple[str | None, RequestBody]] = []
         self.authorizations: collections.Counter[str | None] = collections.Counter()
         """The Authorization headers requests came with (what key a client sent)."""
         self._ids = itertools.count(1)
         self._first_t: float | None = None
         self._last_t: float | None = None
         self._cpu_start_s = time.process_time()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[asyncio.Task] = set()
-        self._storms: dict[str | None, tuple["itertools.cycle[Reply]",
-                                              Callable[[dict], bool] | None]] = {}
+        self._storms: dict[str | None, tuple[itertools.cycle[Reply],
+                                             Callable[[RequestBody], bool] | None]] = {}
         self.storm_served: collections.Counter[str | None] = collections.Counter()
         """Requests answered by a storm, per script key (None: a storm on every key)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
     @property
+    def host(self) -> str:
+        return self.http.host
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (once started, when it was asked for port 0)."""
+        return self.http.port
+
+    @property
+    def abandoned(self) -> int:
+        """Held replies whose client went away (closed the connection) before they were
+        let go: a call the client aborted."""
+        return self.http.abandoned
+
+    @property
     def base_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}/v1"
 
-    def start(self) -> "ScriptedLLM":
-        if self._thread is not None:
-            raise RuntimeError("ScriptedLLM already started")
-        ready = threading.Event()
-        failures: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, args=(ready, failures),
-                                        name="scripted-llm", daemon=True)
-        self._thread.start()
-        if not ready.wait(START_TIMEOUT_S):
-            raise RuntimeError("ScriptedLLM did not start")
-        if failures:
-            self._thread.join()
-            self._thread = None
-            raise failures[0]
+    def start(self) -> ScriptedLLM:
+        self.http.start()
         return self
 
     def stop(self) -> None:
-        if self._thread is None or self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(STOP_TIMEOUT_S)
-        self._thread = None
+        self.http.stop()
 
-    def __enter__(self) -> "ScriptedLLM":
+    def __enter__(self) -> ScriptedLLM:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    def _run(self, ready: threading.Event, failures: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            self._server = loop.run_until_complete(asyncio.start_server(
-                self._handle, self.host, self.port, backlog=LISTEN_BACKLOG,
-                limit=HEADER_MAX_BYTES))
-            self.port = self._server.sockets[0].getsockname()[1]
-        except BaseException as exc:  # noqa: BLE001 - handed to start()
-            failures.append(exc)
-            loop.close()
-            ready.set()
-            return
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(self._shutdown())
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await self._server.wait_closed()
 
     # --- scripts and records -------------------------------------------------------------
 
@@ -404,7 +307,7 @@ class ScriptedLLM:
         return f"script:{key}"
 
     def storm(self, key: str | None, replies: list[Reply],
-              when: Callable[[dict], bool] | None = None) -> None:
+              when: Callable[[RequestBody], bool] | None = None) -> None:
         """Until `calm(key)`, answer every chat request for `key` (every request when None)
         with the next of `replies` (errors, hangs), in a cycle; no script is consumed.
         `when(request)`, if given, picks the requests the storm hits (e.g. later turns)."""
@@ -418,7 +321,8 @@ class ScriptedLLM:
         with self._lock:
             self._storms.pop(key, None)
 
-    def _storm_reply(self, key: str | None, request: dict) -> tuple[Reply | None, str | None]:
+    def _storm_reply(self, key: str | None,
+                     request: RequestBody) -> tuple[Reply | None, str | None]:
         with self._lock:
             for which in (key, None):
                 if which in self._storms:
@@ -429,7 +333,7 @@ class ScriptedLLM:
                     return next(replies), which
         return None, None
 
-    def requests(self, key: str | None = None) -> list[dict]:
+    def requests(self, key: str | None = None) -> list[RequestBody]:
         """The chat request bodies received for `key` (all of them when None), in order."""
         with self._lock:
             return [body for k, body in self._requests if key is None or k == key]
@@ -464,8 +368,10 @@ class ScriptedLLM:
         self._cpu_start_s = time.process_time()
 
     def _take(self, key: str | None) -> tuple[Reply | None, int]:
+        if key is None:
+            return None, -1
         with self._lock:
-            queue = self._scripts.get(key) if key is not None else None
+            queue = self._scripts.get(key)
             if not queue:
                 return None, -1
             index = self._served[key]
@@ -476,7 +382,8 @@ class ScriptedLLM:
         with self._lock:
             self.check_failures.append({"key": key, "index": index, "problem": problem})
 
-    def _run_checks(self, key: str | None, index: int, reply: Reply, request: dict) -> None:
+    def _run_checks(self, key: str | None, index: int, reply: Reply,
+                    request: RequestBody) -> None:
         if reply.expect_model is not None and request.get("model") != reply.expect_model:
             self._record_failure(key, index, f"expected model {reply.expect_model!r}, "
                                              f"got {request.get('model')!r}")
@@ -488,102 +395,34 @@ class ScriptedLLM:
             except Exception as exc:  # noqa: BLE001 - recorded, never raised in the server
                 self._record_failure(key, index, f"check raised {type(exc).__name__}: {exc}")
 
-    # --- HTTP ----------------------------------------------------------------------------
+    # --- answers -------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                    break
-                lines = head[:-4].decode("latin-1").split("\r\n")
-                method, target, version = (lines[0].split(" ", 2) + ["", ""])[:3]
-                headers = {}
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                with self._lock:
-                    self.authorizations[headers.get("authorization")] += 1
-                if headers.get("transfer-encoding", "").lower() == "chunked":
-                    body = await self._read_chunked(reader)
-                else:
-                    body = await reader.readexactly(int(headers.get("content-length") or 0))
-                connection = headers.get("connection", "").lower()
-                keep_alive = (connection != "close" if version == "HTTP/1.1"
-                              else connection == "keep-alive")
-                status, payload, extra = await self._route(method, target.split("?", 1)[0], body)
-                if writer.is_closing():
-                    break
-                streamed = payload.pop("_stream", None) if isinstance(payload, dict) else None
-                hold = payload.pop("_hold", None) if isinstance(payload, dict) else None
-                if streamed is not None:
-                    data = _encode_stream(payload, streamed["cut"])
-                else:
-                    data = _encode(status, payload, extra, keep_alive and hold is None)
-                if hold is not None:  # its body ends with the connection
-                    if await _send_when_let_go(writer, data, hold, streamed is not None,
-                                               self.hold_keepalive_s, reader.at_eof):
-                        with self._lock:
-                            self.abandoned += 1
-                    break
-                writer.write(data)
-                await writer.drain()
-                if streamed is not None or not keep_alive:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
-
-    @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        parts = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                return b"".join(parts)
-            parts.append(await reader.readexactly(size + 2))
-            parts[-1] = parts[-1][:-2]
-
-    async def _route(self, method: str, path: str, body: bytes) -> tuple[int, dict, dict]:
+    async def _route(self, request: Request) -> Response:
+        with self._lock:
+            self.authorizations[request.headers.get("authorization")] += 1
+        method, path = request.method, request.path
         path = path[3:] if path.startswith("/v1/") else path
         try:
             if method == "GET" and path == "/models":
-                return 200, {"object": "list", "data": [
-                    {"id": "scripted", "object": "model", "created": 0, "owned_by": "tests"}]}, {}
+                return Response(200, {"object": "list", "data": [
+                    {"id": "scripted", "object": "model", "created": 0, "owned_by": "tests"}]})
             if method == "GET" and path == "/stats":
-                return 200, self.stats(), {}
+                return Response(200, self.stats())
             if method == "POST" and path in ("/chat/completions", "/embeddings"):
                 try:
-                    request = json.loads(body or b"{}")
+                    body = json.loads(request.body or b"{}")
                 except ValueError:
-                    return 400, _error_body("the request body is not JSON", 400), {}
+                    return Response(400, _error_body("the request body is not JSON", 400))
                 if path == "/embeddings":
-                    return await self._embeddings(request)
-                return await self._chat(request)
-            return 404, _error_body(f"no route {method} {path}", 404), {}
+                    return await self._embeddings(body)
+                return await self._chat(body)
+            return Response(404, _error_body(f"no route {method} {path}", 404))
         except Exception as exc:  # noqa: BLE001 - a bug here must show in assert_done
             self._record_failure(None, -1, f"server error {type(exc).__name__}: {exc}")
-            return 500, _error_body(f"scripted server error: {exc}", 500), {}
+            return Response(500, _error_body(f"scripted server error: {exc}", 500))
 
     @contextlib.contextmanager
-    def _in_flight(self):
+    def _in_flight(self) -> Iterator[None]:
         """Counts one chat request: calls, the requests waiting at once, the request rate."""
         if self._first_t is None:
             self._first_t = time.perf_counter()
@@ -596,9 +435,10 @@ class ScriptedLLM:
             self.in_flight -= 1
             self._last_t = time.perf_counter()
 
-    async def _chat(self, request: dict) -> tuple[int, dict, dict]:
+    async def _chat(self, request: RequestBody) -> Response:
         with self._in_flight():
             messages = request.get("messages") or []
+            model = request.get("model") or "scripted"
             key = _script_key(_content_text(m.get("content")) for m in messages
                               if isinstance(m, dict))
             with self._lock:
@@ -608,9 +448,10 @@ class ScriptedLLM:
                 if stormy.delay_s > 0:
                     await asyncio.sleep(stormy.delay_s)
                 if stormy.kind == "error":
-                    return (stormy.status, _error_body(stormy.content or "", stormy.status),
-                            stormy.headers)
-                return 200, self._completion(stormy, request.get("model") or "scripted"), {}
+                    return Response(stormy.status,
+                                    _error_body(stormy.content or "", stormy.status),
+                                    stormy.headers)
+                return Response(200, self._completion(stormy, model))
             reply, index = self._take(key)
             if reply is None and self.responder is not None:
                 reply = self.responder(request)
@@ -620,23 +461,21 @@ class ScriptedLLM:
                           else f"script {key!r} is used up")
                 with self._lock:
                     self.unexpected.append({"key": key, "reason": reason, "request": request})
-                return 500, _error_body(f"ScriptedLLM: unexpected request: {reason}", 500), {}
+                return Response(500, _error_body(f"ScriptedLLM: unexpected request: {reason}",
+                                                 500))
             self._run_checks(key, index, reply, request)
             delay_s = self.latency_s + reply.delay_s
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
+            # a held reply: the connection sends it once the hold is let go
             if reply.kind == "error":
-                body = _error_body(reply.content or "", reply.status)
-                status = reply.status
-            else:
-                body, status = self._completion(reply, request.get("model") or "scripted"), 200
-                if request.get("stream"):
-                    body["_stream"] = {"cut": reply.stream_cut}
-            if reply.hold is not None:  # the connection sends it once the hold is let go
-                body["_hold"] = reply.hold
-            return status, body, reply.headers
+                return Response(reply.status, _error_body(reply.content or "", reply.status),
+                                reply.headers, hold=reply.hold)
+            return Response(200, self._completion(reply, model),
+                            reply.headers, hold=reply.hold,
+                            stream_cut=reply.stream_cut if request.get("stream") else None)
 
-    def _completion(self, reply: Reply, model: str) -> dict:
+    def _completion(self, reply: Reply, model: str) -> dict[str, Any]:
         has_calls = bool(reply.tool_calls or reply.function_call)
         message: dict[str, Any] = {"role": "assistant",
                                    "content": None if has_calls and not reply.content
@@ -656,19 +495,20 @@ class ScriptedLLM:
                              "total_tokens": reply.input_tokens + reply.output_tokens}
         return body
 
-    async def _embeddings(self, request: dict) -> tuple[int, dict, dict]:
+    async def _embeddings(self, request: RequestBody) -> Response:
         """A vector per input; a `script:<key>` in the input may take an error() or hang()."""
         self.embedding_calls += 1
         raw = request.get("input")
         inputs = [raw] if isinstance(raw, str) else [str(i) for i in raw or []]
         key = _script_key(inputs)
-        reply, index = self._take(key) if key is not None else (None, -1)
+        reply, index = self._take(key)
         if reply is not None:
             self._run_checks(key, index, reply, request)
             if reply.delay_s > 0:
                 await asyncio.sleep(reply.delay_s)
             if reply.kind == "error":
-                return reply.status, _error_body(reply.content or "", reply.status), reply.headers
+                return Response(reply.status, _error_body(reply.content or "", reply.status),
+                                reply.headers)
         data = []
         for i, item in enumerate(inputs):
             vector: Any = embedding_vector(item)
@@ -676,8 +516,9 @@ class ScriptedLLM:
                 vector = base64.b64encode(struct.pack(f"<{EMBEDDING_DIM}f", *vector)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vector})
         tokens = sum(math.ceil(len(i) / 4) for i in inputs)
-        return 200, {"object": "list", "data": data, "model": request.get("model") or "scripted",
-                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, {}
+        return Response(200, {"object": "list", "data": data,
+                              "model": request.get("model") or "scripted",
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 def _raise_open_files_limit() -> None:

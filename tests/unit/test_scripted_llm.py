@@ -147,7 +147,7 @@ def test_sequential_calls_share_one_keep_alive_connection(llm, client):
     for _ in range(50):
         assert chat(client, "hi")[0] == 200
     assert llm.calls == 50
-    assert len(llm._connections) == 1  # every call on the first connection
+    assert llm.http.connections_opened == 1  # every call on the first connection
 
 
 def test_embeddings_and_models(llm, client):
