@@ -115,6 +115,20 @@ def _abortable_client(**options: Any) -> openai.OpenAI:
     return openai.OpenAI(http_client=abortable_http_client(), **options)
 
 
+def _log_retry(model: str, label: str, what: str, state: RetryCallState) -> None:
+    """Tenacity's before_sleep: a retry counted and logged (never the request's content)."""
+    exc = state.outcome.exception() if state.outcome else None
+    wait_s = state.next_action.sleep if state.next_action else 0.0
+    metrics.provider_retry(label)
+    log.warning("llm.retry call=%s model=%s attempt=%d status=%s error=%s wait_s=%.3f",
+                what, model, state.attempt_number, _status(exc) if exc else None,
+                type(exc).__name__, wait_s,
+                extra={"event": "llm.retry", "call": what, "model": model,
+                       "attempt": state.attempt_number,
+                       "status": _status(exc) if exc else None,
+                       "error_type": type(exc).__name__, "wait_s": round(wait_s, 3)})
+
+
 # --- the router -------------------------------------------------------------------------
 
 class LLMRouter:
@@ -370,7 +384,7 @@ class LLMRouter:
             stop=stop_after_attempt(self._settings.llm_retries + 1),
             wait=self._wait,
             retry=retry_if_exception(_is_retryable),
-            before_sleep=partial(self._log_retry, model, label, what),
+            before_sleep=partial(_log_retry, model, label, what),
             sleep=self._sleep if token is None else token.sleep,
             reraise=True,
         )
@@ -413,16 +427,3 @@ class LLMRouter:
         if retry_after is not None and retry_after <= self._settings.llm_retry_max_s:
             return retry_after
         return self._backoff(state)
-
-    @staticmethod
-    def _log_retry(model: str, label: str, what: str, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        wait_s = state.next_action.sleep if state.next_action else 0.0
-        metrics.provider_retry(label)
-        log.warning("llm.retry call=%s model=%s attempt=%d status=%s error=%s wait_s=%.3f",
-                    what, model, state.attempt_number, _status(exc) if exc else None,
-                    type(exc).__name__, wait_s,
-                    extra={"event": "llm.retry", "call": what, "model": model,
-                           "attempt": state.attempt_number,
-                           "status": _status(exc) if exc else None,
-                           "error_type": type(exc).__name__, "wait_s": round(wait_s, 3)})
