@@ -8,20 +8,49 @@ from __future__ import annotations
 import functools
 import logging
 import select as io_select  # sqlalchemy's select is the name used here
+import sqlite3
 import threading
+import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator, Literal, Sequence, TypeVar, overload
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Iterator,
+    Literal,
+    Protocol,
+    Sequence,
+    TypeVar,
+    cast,
+    overload,
+)
 
-from sqlalchemy import JSON, bindparam, create_engine, event, insert, inspect, select, update
+from sqlalchemy import (
+    JSON,
+    Column,
+    Insert,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    create_engine,
+    event,
+    insert,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import CursorResult, Dialect, Engine, make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, InvalidatePoolError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
+from sqlalchemy.sql.dml import UpdateBase
+from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 from tenacity import (
     AttemptManager,
     RetryCallState,
@@ -43,7 +72,18 @@ again. The API answers it 503 (api/errors.py), a step or tool task retries it
 (tasks/base.py), a tool's result waits it out (agentq/loop/execute.py)."""
 log = logging.getLogger(__name__)
 _engines: dict[str, Engine] = {}
-_makers: dict[str, sessionmaker] = {}
+_makers: dict[str, sessionmaker[Session]] = {}
+
+
+class Model(Protocol):
+    """An object of a mapped class of agentq.models, as the statement helpers here see it
+    (this module cannot import those: they import it): its class's Table."""
+    __table__: ClassVar[Table]
+
+
+class ModelWithId(Model, Protocol):
+    """A `Model` whose primary key is its UUID `id` (every table but tool_modules)."""
+    id: uuid.UUID
 
 
 def riding_out(deadline_s: float, kept: str, *, first_wait_s: float = 0.5,
@@ -87,7 +127,8 @@ def make_engine(settings: Settings) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
+        def _sqlite_pragmas(dbapi_conn: sqlite3.Connection,
+                            _record: object) -> None:  # pragma: no cover - trivial
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=30000")
@@ -121,7 +162,7 @@ def make_sqlite_folder(url: str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _closed_by_server_replaced(dialect):
+def _closed_by_server_replaced(dialect: Dialect) -> Callable[[Any, object, object], None]:
     """A pool `checkout` listener: a pooled connection the server has closed is replaced
     before it is used, without a round trip for one that is alive.
 
@@ -135,8 +176,10 @@ def _closed_by_server_replaced(dialect):
     pool, as a failed pre-ping does, and SQLAlchemy connects again. A server gone without
     closing (a host lost, a network cut) is not seen here, nor by a ping until its TCP
     timeout: the statement fails instead, SQLAlchemy invalidates the pool, and the API
-    answers 503 or the task retries (DATABASE_UNREACHABLE)."""
-    def checkout(dbapi_connection, _record, _proxy) -> None:
+    answers 503 or the task retries (DATABASE_UNREACHABLE). The connection is the
+    driver's own (psycopg2's, or another Postgres driver's): typed Any, as DB-API
+    connections have no common type with `closed` and `fileno()`."""
+    def checkout(dbapi_connection: Any, _record: object, _proxy: object) -> None:
         if dbapi_connection.closed:
             raise InvalidatePoolError("the connection was closed")
         idle = io_select.poll()  # looked up now: gevent's, if it patched the module
@@ -210,22 +253,23 @@ def snapshot_scope(settings: Settings | None = None) -> Iterator[Session]:
 
 
 @functools.cache
-def _lock_statement(model, postgres: bool, load: bool):
-    query = (select(model) if load else select(model.id)).where(model.id == bindparam("ident"))
+def _lock_statement(model: type[Model], postgres: bool, load: bool) -> Select[Any]:
+    ident = model.__table__.c.id
+    query = (select(model) if load else select(ident)).where(ident == bindparam("ident"))
     if postgres:
         query = query.with_for_update(key_share=True)
     return query.execution_options(populate_existing=True) if load else query
 
 
-_Row = TypeVar("_Row")
+_Row = TypeVar("_Row", bound=Model)
 
 
 @overload
 def lock_row(session: Session, model: type[_Row], ident: Any, *,
              load: Literal[True] = True) -> _Row | None: ...
 @overload
-def lock_row(session: Session, model: type[Any], ident: Any, *, load: bool) -> Any: ...
-def lock_row(session: Session, model: type[Any], ident: Any, *, load: bool = True) -> Any:
+def lock_row(session: Session, model: type[Model], ident: Any, *, load: bool) -> Any: ...
+def lock_row(session: Session, model: type[Model], ident: Any, *, load: bool = True) -> Any:
     """`model`'s row with this id, locked for the transaction (None when there is none).
 
     FOR NO KEY UPDATE: inserts of rows that reference it (their foreign key takes KEY
@@ -244,46 +288,47 @@ column left unset (the column's own type would write JSON's `null`)."""
 
 
 @functools.cache
-def _insert_statement(dialect: str, model, unique: tuple[str, ...]):
+def _insert_statement(dialect: str, model: type[Model], unique: tuple[str, ...]) -> Insert:
     table = model.__table__
     json_nulls = {column.key: bindparam(column.key, type_=_NONE_AS_SQL_NULL)
                   for column in table.c if isinstance(column.type, JSON)}
     if not unique:
         return insert(table).values(json_nulls)
-    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (insert_(table).values(json_nulls)
+    if dialect == "postgresql":
+        return (postgresql.insert(table).values(json_nulls)
+                .on_conflict_do_nothing(index_elements=list(unique)))
+    return (sqlite.insert(table).values(json_nulls)
             .on_conflict_do_nothing(index_elements=list(unique)))
 
 
 @functools.cache
-def _mapped_columns(model) -> tuple[tuple[str, object], ...]:
+def _mapped_columns(model: type[Model]) -> tuple[tuple[str, Column[Any]], ...]:
     """(attribute name, table column) of each mapped column: `Job.meta` is the column
     `metadata`."""
     return tuple((prop.key, prop.columns[0]) for prop in inspect(model).column_attrs)
 
 
 @functools.cache
-def _columns_of(model) -> dict[str, object]:
+def _columns_of(model: type[Model]) -> dict[str, Column[Any]]:
     """attribute name → table column, of each mapped column."""
     return dict(_mapped_columns(model))
 
 
-def _column_value(obj, attribute: str, column):
+def _column_value(obj: Model, attribute: str, column: Column[Any]) -> Any:
     """What the ORM's flush would write for `column`: the attribute's value, else the
     column's Python default (a scalar, or a callable of no argument), else NULL."""
     if attribute in obj.__dict__:
         return obj.__dict__[attribute]
     default = column.default
-    if default is None:
-        return None
-    if default.is_scalar:
+    if isinstance(default, ScalarElementColumnDefault):
         return default.arg
-    if default.is_callable:
-        return default.arg(None)  # the ORM wraps a no-argument callable to take a context
+    if isinstance(default, CallableColumnDefault):
+        # the ORM wraps a no-argument callable to take a context, which it ignores
+        return default.arg(None)  # type: ignore[arg-type]  # no context outside a flush
     return None
 
 
-def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
+def insert_new(session: Session, obj: Model, unique: tuple[str, ...] = ()) -> bool:
     """Write a new ORM object's row with one Core INSERT, the ORM's flush skipped (its
     unit-of-work machinery costs more CPU than the statement); `… ON CONFLICT (unique) DO
     NOTHING` when a concurrent writer may hold a unique key, with no SAVEPOINT, so the
@@ -292,15 +337,16 @@ def insert_new(session: Session, obj, unique: tuple[str, ...] = ()) -> bool:
     columns = _mapped_columns(type(obj))
     values = {attribute: _column_value(obj, attribute, column)
               for attribute, column in columns}
-    statement = _insert_statement(session.bind.dialect.name, type(obj), unique)
-    if session.execute(statement, {column.key: values[attribute]
-                                   for attribute, column in columns}).rowcount != 1:
+    statement = _insert_statement(session.get_bind().dialect.name, type(obj), unique)
+    result = cast("CursorResult[Any]", session.execute(  # an INSERT's: it has rowcount
+        statement, {column.key: values[attribute] for attribute, column in columns}))
+    if result.rowcount != 1:
         return False
     _joined_as_written(session, obj, values)
     return True
 
 
-def _joined_as_written(session: Session, obj, values: dict[str, Any]) -> None:
+def _joined_as_written(session: Session, obj: Model, values: dict[str, Any]) -> None:
     """`obj`, whose row was written with `values` (every column), joins the session as if
     loaded from that row: nothing to read back."""
     for attribute, value in values.items():
@@ -309,7 +355,7 @@ def _joined_as_written(session: Session, obj, values: dict[str, Any]) -> None:
     session.add(obj)
 
 
-def insert_all(session: Session, objects: Sequence[Any]) -> None:
+def insert_all(session: Session, objects: Sequence[Model]) -> None:
     """Write new ORM objects of one class with one Core INSERT (as `insert_new` writes one,
     with no unique key to contend for): the flush skipped, so a transaction whose other
     change is its held job writes that with `write_changes` (a step's tool calls)."""
@@ -319,7 +365,7 @@ def insert_all(session: Session, objects: Sequence[Any]) -> None:
     columns = _mapped_columns(model)
     values = [{attribute: _column_value(obj, attribute, column)
                for attribute, column in columns} for obj in objects]
-    session.execute(_insert_statement(session.bind.dialect.name, model, ()),
+    session.execute(_insert_statement(session.get_bind().dialect.name, model, ()),
                     [{column.key: row[attribute] for attribute, column in columns}
                      for row in values])
     for obj, row in zip(objects, values, strict=True):
@@ -331,8 +377,8 @@ _MARKS_FLUSHED = hasattr(InstanceState, "_commit_all")
 release without it makes write_changes decline, and the caller flush, rather than fail."""
 
 
-def write_changes(session: Session, obj,
-                  together: tuple[Any, dict[str, Any]] | None = None) -> bool:
+def write_changes(session: Session, obj: ModelWithId,
+                  together: tuple[UpdateBase, dict[str, Any]] | None = None) -> bool:
     """Write a loaded object's changed columns with one Core UPDATE by its id, the ORM's
     flush skipped (its unit-of-work machinery costs more CPU than the statement: a step's
     job row, changed many times in one transaction); the object is then as after a flush,
@@ -364,7 +410,8 @@ def write_changes(session: Session, obj,
 
 
 @functools.cache
-def _update_statement(model, attributes: frozenset[str], together=None):
+def _update_statement(model: type[Model], attributes: frozenset[str],
+                      together: UpdateBase | None = None) -> Update:
     """`UPDATE … SET <those columns> WHERE id = :ident`, built once per set of attributes
     (a step changes its job in a handful of ways) and statement run with it: a statement
     made per call costs more CPU than running it. Bound as `new_<attribute>`: a parameter
@@ -382,7 +429,7 @@ def relax_durability(session: Session) -> None:
     re-done by the next delivery or the sweeper (a claim, a tool's start). Skipping its
     disk flush saves a sync per step on Postgres. On agentq's psycopg2 connections the SET
     goes with the transaction's next statement, in one round trip (agentq.prepared)."""
-    if session.bind.dialect.name != "postgresql":
+    if session.get_bind().dialect.name != "postgresql":
         return
     connection = session.connection()
     dbapi_connection = connection.connection.dbapi_connection

@@ -24,10 +24,11 @@ import logging
 import threading
 import uuid
 from datetime import datetime, timedelta
-from typing import Iterator
+from typing import Any, Callable, Iterator, cast
 
 from sqlalchemy import or_, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.db import utcnow
 from agentq.models import Job, ToolCall
@@ -43,7 +44,8 @@ class _Keeper:
     the first hold) writes, in one statement, every held lease with a third of a deadline
     or less left. Thread-safe; a process that ends takes its leases with it."""
 
-    def __init__(self, sessions: sessionmaker, deadline_s: float):
+    def __init__(self, sessions: sessionmaker[Session] | Callable[[], Session],
+                 deadline_s: float):
         self._sessions = sessions
         self.deadline_s = deadline_s
         self._margin = timedelta(seconds=deadline_s / 3)
@@ -95,7 +97,7 @@ class _Keeper:
         self._reschedule(held, until - self._margin)
         return renewed
 
-    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
+    def _write(self, session: Session, held: dict[str, uuid.UUID], until: datetime) -> int:
         raise NotImplementedError
 
     def _reschedule(self, held: dict[str, uuid.UUID], due: datetime) -> None:
@@ -139,12 +141,13 @@ class LeaseKeeper(_Keeper):
     named `owner` works (a step whose job was re-driven or ended meanwhile has no lease left
     to renew)."""
 
-    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
-        return session.execute(
+    def _write(self, session: Session, held: dict[str, uuid.UUID], until: datetime) -> int:
+        renewed = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(Job).where(Job.id.in_(list(set(held.values()))),
                               Job.step_owner.in_(list(held)))
             .values(step_lease_until=until)
-            .execution_options(synchronize_session=False)).rowcount
+            .execution_options(synchronize_session=False)))
+        return renewed.rowcount
 
 
 class ToolLeaseKeeper(_Keeper):
@@ -152,12 +155,12 @@ class ToolLeaseKeeper(_Keeper):
     its tool runs, and its job's `redrive_after` no sooner (a slow tool is no stalled job:
     the sweeper leaves it alone while the worker running the call lives)."""
 
-    def _write(self, session, held: dict[str, uuid.UUID], until: datetime) -> int:
-        renewed = session.execute(
+    def _write(self, session: Session, held: dict[str, uuid.UUID], until: datetime) -> int:
+        renewed = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(ToolCall).where(ToolCall.tool_use_id.in_(list(held)),
                                    ToolCall.status == "pending")
             .values(lease_until=until)
-            .execution_options(synchronize_session=False)).rowcount
+            .execution_options(synchronize_session=False))).rowcount
         session.execute(
             update(Job).where(Job.id.in_(list(set(held.values()))),
                               or_(Job.redrive_after.is_(None), Job.redrive_after < until))

@@ -11,16 +11,34 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, Unpack
 
-from sqlalchemy import bindparam, column, func, insert, literal, null, select, union_all, update
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Insert,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    column,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
 from agentq.db import utcnow
+from agentq.llm.types import LLMReply
 from agentq.loop.context import StoredMessage, estimate_tokens
-from agentq.models import Conversation, Job, JobEvent, Message, TokenLog, User
+from agentq.models import Base, Conversation, Job, JobEvent, Message, TokenLog, User
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +72,11 @@ the ORM's bulk-update and unit-of-work machinery (a third of their CPU, profiled
 floor benchmark)."""
 
 
-def _advance(table, counter: str, stamp: str | None = None):
+def _advance(table: Table, counter: str, stamp: str | None = None) -> ReturningUpdate[Any]:
     """`UPDATE table SET counter = counter + :n[, stamp = :now] WHERE id = :ident RETURNING
     counter`, built once: a statement made per call costs more CPU than running it."""
     column = table.c[counter]
-    values = {counter: column + bindparam("n", type_=column.type)}
+    values: dict[str, ColumnElement[Any]] = {counter: column + bindparam("n", type_=column.type)}
     if stamp is not None:
         values[stamp] = bindparam("now", type_=table.c[stamp].type)
     return (update(table).where(table.c.id == bindparam("ident")).values(values)
@@ -79,8 +97,8 @@ _CHARGE_USER = (update(_users).where(_users.c.id == bindparam("ident"))
                 .returning(_users.c.tokens_used_this_month))
 
 
-def _append_one(advance, table, parent: str, counter: str, own: tuple[str, ...],
-                prefix: str):
+def _append_one(advance: ReturningUpdate[Any], table: Table, parent: str, counter: str,
+                own: tuple[str, ...], prefix: str) -> ReturningInsert[Any]:
     """One row appended in one statement (Postgres): `advance` (its parent's counter,
     `UPDATE … RETURNING`) as a data-modifying CTE, the row numbered from what it returns.
     A step appends one message at a time (the question, a reply, a tool result), a tool's
@@ -88,7 +106,8 @@ def _append_one(advance, table, parent: str, counter: str, own: tuple[str, ...],
     are bound as <prefix>_<column>: a parameter named as a column of the parent (`id`)
     would also be SET by the UPDATE."""
     advanced = advance.cte("advanced")
-    values = {name: bindparam(f"{prefix}_{name}", type_=table.c[name].type) for name in own}
+    values: dict[str, ColumnElement[Any]] = {
+        name: bindparam(f"{prefix}_{name}", type_=table.c[name].type) for name in own}
     values.update({parent: bindparam("ident", type_=table.c[parent].type),
                    "seq": advanced.c[counter],
                    "created_at": bindparam("now", type_=table.c.created_at.type)})
@@ -105,7 +124,7 @@ _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
 
 
 
-def _append_one_with_history():
+def _append_one_with_history() -> CompoundSelect[Any, Any, Any, Any]:
     """`_APPEND_ONE` and the conversation's history before the row it appends (the `limit`
     messages below its seq) in one statement (Postgres): the row's seq on a line of its own
     (its role NULL), then the history's (seq, role, content, token_count), newest first.
@@ -136,7 +155,7 @@ _LOG_AND_CHARGE = _CHARGE_USER.add_cte(insert(_token_logs).values({
 data-modifying CTE, which Postgres runs once whether or not the UPDATE reads it."""
 
 
-def with_usage(advance, charged: bool):
+def with_usage(advance: Update, charged: bool) -> Select[Unpack[tuple[Any, ...]]]:
     """`advance` (a compare-and-set `UPDATE jobs … WHERE <the step holds the job>`, without
     RETURNING) with the model call's usage in the same statement (Postgres): the UPDATE as a
     data-modifying CTE that returns the job's row, the token log inserted from what it
@@ -146,8 +165,9 @@ def with_usage(advance, charged: bool):
     (every column of jobs, as `advance … RETURNING` would). Its parameters: `advance`'s,
     `usage_parameters(…)`'s."""
     advanced = advance.returning(*_jobs.c).cte("advanced")
-    given = {name: bindparam(f"log_{name}", type_=_token_logs.c[name].type)
-             for name in _TOKEN_LOG_COLUMNS}
+    given: dict[str, ColumnElement[Any]] = {
+        name: bindparam(f"log_{name}", type_=_token_logs.c[name].type)
+        for name in _TOKEN_LOG_COLUMNS}
     given.update(user_id=advanced.c.user_id, conversation_id=advanced.c.conversation_id,
                  job_id=advanced.c.id)
     logged = insert(_token_logs).from_select(
@@ -163,7 +183,7 @@ def with_usage(advance, charged: bool):
     return statement
 
 
-def usage_parameters(*, iteration: int, reply, cost: float, keep_reply: bool,
+def usage_parameters(*, iteration: int, reply: LLMReply, cost: float, keep_reply: bool,
                      now: datetime) -> dict[str, Any]:
     """The parameters of a `with_usage` statement's log and charge: a model call's tokens
     (the job, its user and conversation come from the job's row)."""
@@ -183,7 +203,7 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
         return []
     now = now or utcnow()
     tokens = [estimate_tokens(content) for _, content, _ in rows]
-    if len(rows) == 1 and session.bind.dialect.name == "postgresql":
+    if len(rows) == 1 and session.get_bind().dialect.name == "postgresql":
         (role, content, model), = rows
         last = first = session.execute(_APPEND_ONE, {
             "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
@@ -210,7 +230,7 @@ def append_with_history(session: Session, conversation_id: uuid.UUID,
     """Append one (role, content, model_used) row as `append_messages` does, and read the
     `limit` messages before it, oldest first: on Postgres in one statement. (The row as
     stored, the history.)"""
-    if session.bind.dialect.name != "postgresql":
+    if session.get_bind().dialect.name != "postgresql":
         stored = append_messages(session, conversation_id, job_id, [row], now)
         return stored, list(reversed(recent_messages(session, conversation_id, limit,
                                                      stored[0].seq - 1)))
@@ -234,7 +254,7 @@ def append_with_history(session: Session, conversation_id: uuid.UUID,
 
 
 def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,
-                 job_id: uuid.UUID | None, iteration: int, reply, cost: float,
+                 job_id: uuid.UUID | None, iteration: int, reply: LLMReply, cost: float,
                  charged: bool = True, keep_reply: bool = False,
                  now: datetime | None = None) -> None:
     """A model call's tokens: its `token_logs` row (with the reply itself when
@@ -248,7 +268,7 @@ def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.
         session.execute(_INSERT_TOKEN_LOG, log)
         return
     charge = {"ident": user_id, "n": reply.input_tokens + reply.output_tokens}
-    if session.bind.dialect.name == "postgresql":
+    if session.get_bind().dialect.name == "postgresql":
         used = session.execute(_LOG_AND_CHARGE, {
             **charge, **{f"log_{name}": value for name, value in log.items()}}).scalar_one()
     else:
@@ -257,7 +277,7 @@ def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.
     sync_loaded(session, User, user_id, tokens_used_this_month=used)
 
 
-def sync_loaded(session: Session, model, ident: uuid.UUID, **values: Any) -> None:
+def sync_loaded(session: Session, model: type[Base], ident: uuid.UUID, **values: Any) -> None:
     """A row this transaction advanced with Core: its object in the session, if loaded,
     shows the new values (as an ORM UPDATE … RETURNING would have made it)."""
     obj = session.identity_map.get(session.identity_key(model, ident))
@@ -297,7 +317,7 @@ def append_events(session: Session, job_id: uuid.UUID,
     if not items:
         return []
     now = now or utcnow()
-    if len(items) == 1 and session.bind.dialect.name == "postgresql":
+    if len(items) == 1 and session.get_bind().dialect.name == "postgresql":
         (type_, data), = items
         last = session.execute(_APPEND_ONE_EVENT, {
             "ident": job_id, "n": 1, "now": now, "event_id": uuid.uuid4(),
@@ -321,7 +341,7 @@ def insert_events(session: Session, job_id: uuid.UUID, first: int,
     return shown(first, items, now)
 
 
-def _insert_given_events():
+def _insert_given_events() -> Insert:
     """The INSERT of a job's events given as one JSON array of {type, data} (Postgres):
     numbered from `event_first` in the array's order, ids made by the server. One form
     for any number of events, so it is compiled once (a multi-row VALUES is compiled on
@@ -342,7 +362,7 @@ _INSERT_GIVEN_EVENTS = _insert_given_events()
 
 
 def events_with_job(job_id: uuid.UUID, first: int, items: list[tuple[str, dict[str, Any]]],
-                    now: datetime) -> tuple[Any, dict[str, Any]]:
+                    now: datetime) -> tuple[Insert, dict[str, Any]]:
     """A job's (type, data) events, numbered from `first`, as the statement and parameters
     `db.write_changes` runs with the job's UPDATE (Postgres). Bound as event_<name>: a
     parameter named as a column of jobs would be SET by the UPDATE."""

@@ -32,9 +32,11 @@ import logging
 import threading
 import uuid
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from types import TracebackType
+from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, cast
 
 from sqlalchemy import update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq import prepared
@@ -87,7 +89,7 @@ def send(effects: Sequence[Effect]) -> bool:
 class UnitOfWork:
     """A transaction with its events and effects (see the module's docstring)."""
 
-    def __init__(self, sessions: sessionmaker | Callable[[], Session], *,
+    def __init__(self, sessions: sessionmaker[Session] | Callable[[], Session], *,
                  durable: bool = True, autoflush: bool = True):
         """`durable=False`: the commit does not wait for its disk flush (a transaction
         whose loss in a database crash is re-done by a redelivery or the sweeper).
@@ -103,7 +105,7 @@ class UnitOfWork:
         """The events written by the last commit, per job (what observers were told)."""
         self.sent: list[Effect] = []
         """The effects handed to the dispatcher after the commit."""
-        self._locked: dict[uuid.UUID, Any] = {}
+        self._locked: dict[uuid.UUID, Job] = {}
 
     @property
     def session(self) -> Session:
@@ -119,7 +121,7 @@ class UnitOfWork:
     def effect(self, *effects: Effect) -> None:
         self.effects.extend(effects)
 
-    def holds(self, job) -> None:
+    def holds(self, job: Job) -> None:
         """This transaction holds `job`'s row lock (taken by an UPDATE … RETURNING of it)
         and its object is current: its events take their numbers from it, written with
         the job's own UPDATE instead of one more."""
@@ -135,7 +137,8 @@ class UnitOfWork:
         _fold_begin(session)  # its BEGIN sent with its first statement (and the SET)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         session = self.session
         try:
             if exc_type is not None:
@@ -217,9 +220,9 @@ class UnitOfWork:
         if session.new or session.deleted:
             return False, written
         dirty = list(session.dirty)
-        if any(self._locked.get(getattr(obj, "id", None)) is not obj for obj in dirty):
+        if not all(self._held(obj) for obj in dirty):
             return False, written
-        together = session.bind.dialect.name == "postgresql"
+        together = session.get_bind().dialect.name == "postgresql"
         for obj in dirty:
             events = together and obj.id in first
             if not write_changes(session, obj, events_with_job(
@@ -228,6 +231,11 @@ class UnitOfWork:
             if events:
                 written.add(obj.id)
         return True, written
+
+    def _held(self, obj: object) -> bool:
+        """`obj` is the object of a job this transaction holds (`holds`)."""
+        ident = getattr(obj, "id", None)
+        return isinstance(ident, uuid.UUID) and self._locked.get(ident) is obj
 
     def announce(self) -> None:
         from agentq.loop.store import notify
@@ -241,14 +249,15 @@ def _fold_begin(session: Session) -> bool:
     two, on agentq's psycopg2 connections (`agentq.prepared.Connection.fold_begin`); its
     commit or rollback ends it as before. False (nothing changed) on another driver or
     dialect, or when the transaction has begun already."""
-    if session.bind.dialect.name != "postgresql":
+    if session.get_bind().dialect.name != "postgresql":
         return False
     dbapi_connection = session.connection().connection.dbapi_connection
     return (isinstance(dbapi_connection, prepared.Connection)
             and dbapi_connection.fold_begin())
 
 
-def due_now(sessions: sessionmaker | Callable[[], Session], job_ids: Iterable[str]) -> int:
+def due_now(sessions: sessionmaker[Session] | Callable[[], Session],
+            job_ids: Iterable[str]) -> int:
     """Jobs whose next step was committed but not sent (the broker was away): due for the
     sweeper's next pass, its re-drive backoff forgotten. A pass whose send fails too marks
     them again, so the first pass after the broker is back sends them (within
@@ -257,15 +266,16 @@ def due_now(sessions: sessionmaker | Callable[[], Session], job_ids: Iterable[st
     overdue = utcnow() - timedelta(seconds=get_settings().step_deadline_s + 1)
     ids = [uuid.UUID(str(i)) for i in job_ids]
     with sessions() as session, session.begin():
-        return session.execute(
+        marked = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(Job).where(Job.id.in_(ids), Job.status.in_(LIVE_STATUSES),
                               Job.waiting_for.is_(None), Job.step_owner.is_(None))
             .values(last_progress_at=overdue, redrive_after=None)
-            .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+            .execution_options(synchronize_session=False)))
+        return marked.rowcount
 
 
-def ride_out(sessions: sessionmaker | Callable[[], Session], deadline_s: float, kept: str,
-             work: Callable[[UnitOfWork], T], *, durable: bool = True,
+def ride_out(sessions: sessionmaker[Session] | Callable[[], Session], deadline_s: float,
+             kept: str, work: Callable[[UnitOfWork], T], *, durable: bool = True,
              autoflush: bool = True, **context: Any) -> tuple[T, UnitOfWork]:
     """`work(uow)` in a unit of work, kept through a database outage: the write of work
     done already (a tool ran, the model answered, a summary was made), tried again in a new
