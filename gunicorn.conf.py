@@ -40,8 +40,8 @@ from agentq.config import Settings
 _settings = Settings.from_env()
 
 worker_class = "api.web_worker.Worker"  # gevent's, the head deadline spread out
-worker_connections = _settings.web_connections
-keepalive = _settings.header_timeout_s
+worker_connections = _settings.front.web_connections
+keepalive = _settings.front.header_timeout_s
 timeout = 30  # a worker whose event loop is blocked this long is restarted (the heartbeat)
 graceful_timeout = 10  # on a stop or restart, open streams are cut after this
 

@@ -25,7 +25,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         g.settings = settings
 
     from api import limits, ratelimit, ui
-    limits.register(app, settings.max_body_bytes, ui.QUERY_PARAMETERS)
+    limits.register(app, settings.front.max_body_bytes, ui.QUERY_PARAMETERS)
     ratelimit.register(app, settings)
 
     from agentq.notify import hub_for

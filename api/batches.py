@@ -59,7 +59,7 @@ def _lines() -> tuple[list[Any], dict[str, Any]]:
             raw = utf8(raw_bytes, f"Line {number}", line=number)
             if not raw.strip():
                 continue
-            lines.append(parse_json(raw, g.settings.max_json_depth, f"Line {number}",
+            lines.append(parse_json(raw, g.settings.front.max_json_depth, f"Line {number}",
                                     line=number))
         return lines, options
     if mimetype != "application/json":

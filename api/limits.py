@@ -104,7 +104,7 @@ def request_text() -> str:
 
 def request_json() -> Any:
     """The request body as JSON, within the limits."""
-    return parse_json(request_text(), g.settings.max_json_depth)
+    return parse_json(request_text(), g.settings.front.max_json_depth)
 
 
 def _allowed_query(rule: str, endpoint: str | None) -> set[str]:
@@ -148,13 +148,13 @@ def check_request() -> None:
     if count > MAX_HEADERS:
         raise TooManyHeaders(count, MAX_HEADERS)
     for name, value in request.headers.items():
-        if len(value) > settings.max_header_bytes:
-            raise HeaderTooLarge(name, len(value), settings.max_header_bytes)
+        if len(value) > settings.front.max_header_bytes:
+            raise HeaderTooLarge(name, len(value), settings.front.max_header_bytes)
     length = request.content_length
-    if length is not None and length > settings.max_body_bytes:
-        raise PayloadTooLarge(length, settings.max_body_bytes)
+    if length is not None and length > settings.front.max_body_bytes:
+        raise PayloadTooLarge(length, settings.front.max_body_bytes)
     if length or request.headers.get("Transfer-Encoding"):
-        read_body_within(settings.body_timeout_s)
+        read_body_within(settings.front.body_timeout_s)
     if request.query_string:  # werkzeug decodes it with replacement: check it first
         query = utf8(unquote_to_bytes(request.query_string), "The query string")
         if "\x00" in query:  # Postgres takes no NUL in a parameter (a 500 otherwise)

@@ -238,8 +238,8 @@ def main(args) -> int:
         "slow": args.slow, "streams": args.streams, "clients": args.clients,
         "seconds": args.seconds, "rounds": args.rounds, "settle_s": args.settle,
         "web": f"gunicorn, {lab.web_workers} gevent workers x "
-               f"{lab.settings().web_connections} connections, header timeout "
-               f"{lab.settings().header_timeout_s} s"}, "rounds": []}
+               f"{lab.settings().front.web_connections} connections, header timeout "
+               f"{lab.settings().front.header_timeout_s} s"}, "rounds": []}
     try:
         for _ in range(WARMUP_JOBS):
             ctx.one_job()

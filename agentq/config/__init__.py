@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from agentq.config import environment
+from agentq.config.front import FrontLimits
 from agentq.config.quotas import Quotas
 from agentq.llm.catalogue import ModelEntry
 
@@ -249,32 +250,11 @@ class Settings:
     """AGENTQ_QUOTA_*: every tenant's quotas and rate limits unless an operator sets its own
     (`agentq.config.quotas.Quotas`, one field per variable)."""
 
-    # --- bad input (api/limits.py) --------------------------------------------------------
-    max_body_bytes: int = 32 * 1024 * 1024
-    """AGENTQ_MAX_BODY_BYTES: a request body larger than this is refused (413) unread."""
-    max_json_depth: int = 32
-    """AGENTQ_MAX_JSON_DEPTH: JSON (a body, a JSONL line) nested deeper than this many
-    arrays/objects is refused (400) before it is parsed."""
-    max_header_bytes: int = 8192
-    """AGENTQ_MAX_HEADER_BYTES: a request header longer than this is refused (431) in the
-    API's error shape; gunicorn is started with a larger limit (`gunicorn.conf.py`), so the
-    app, not gunicorn's HTML page, answers."""
-
-    # --- the web front (gunicorn.conf.py: gevent workers; docs/security.md) -------------
-    header_timeout_s: int = 20
-    """AGENTQ_HEADER_TIMEOUT_S: a connection's request head (the first, or the next on a
-    kept-alive connection) must arrive whole within this many seconds, else the connection
-    is closed. It is gunicorn's `keepalive`, which the gevent worker applies to each request
-    head it reads (each head gets up to half of it again, at random, so that connections
-    opened together do not all close together: api/web_worker.py); at least 1 (0 would turn
-    the bound off)."""
-    body_timeout_s: float = 30.0
-    """AGENTQ_BODY_TIMEOUT_S: a request body must arrive whole within this many seconds of
-    its head, else `408 request_timeout` (gevent workers; api/limits.py)."""
-    web_connections: int = 4096
-    """AGENTQ_WEB_CONNECTIONS: connections one web worker holds at once (gunicorn's
-    `worker_connections`: slow clients, event streams and `?wait` holds included; each costs
-    a greenlet, not a thread). Past it, new connections wait in the listen backlog."""
+    # --- the web front's limits (api/limits.py, gunicorn.conf.py; docs/security.md) ------
+    front: FrontLimits = field(default_factory=FrontLimits)
+    """AGENTQ_MAX_BODY_BYTES, AGENTQ_MAX_JSON_DEPTH, AGENTQ_MAX_HEADER_BYTES,
+    AGENTQ_HEADER_TIMEOUT_S, AGENTQ_BODY_TIMEOUT_S, AGENTQ_WEB_CONNECTIONS: what one request
+    and one web worker may take (`agentq.config.front.FrontLimits`, a field per variable)."""
 
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 1000

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from agentq.config.front import FrontLimits
 from agentq.config.quotas import QUOTA_NAMES, Quotas
 from agentq.config.urls import check_database_url, normalize_database_url, shown_url
 from agentq.errors import ConfigError
@@ -134,14 +135,19 @@ def read(environ: Mapping[str, str] | None, defaults: type[Settings]) -> dict[st
         quotas=Quotas(**{
             name: num(f"AGENTQ_QUOTA_{name.upper()}", getattr(Quotas, name), int, 0)
             for name in QUOTA_NAMES}),
-        max_body_bytes=num("AGENTQ_MAX_BODY_BYTES", defaults.max_body_bytes, int, 1024),
-        max_json_depth=num("AGENTQ_MAX_JSON_DEPTH", defaults.max_json_depth, int, 2, 200),
-        max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", defaults.max_header_bytes, int, 256,
-                             60000),
-        header_timeout_s=num("AGENTQ_HEADER_TIMEOUT_S", defaults.header_timeout_s, int, 1, 3600),
-        body_timeout_s=num("AGENTQ_BODY_TIMEOUT_S", defaults.body_timeout_s, float, 0.1),
-        web_connections=num("AGENTQ_WEB_CONNECTIONS", defaults.web_connections, int, 16,
-                            1_000_000),
+        front=FrontLimits(
+            max_body_bytes=num("AGENTQ_MAX_BODY_BYTES", FrontLimits.max_body_bytes, int,
+                               1024),
+            max_json_depth=num("AGENTQ_MAX_JSON_DEPTH", FrontLimits.max_json_depth, int, 2,
+                               200),
+            max_header_bytes=num("AGENTQ_MAX_HEADER_BYTES", FrontLimits.max_header_bytes,
+                                 int, 256, 60000),
+            header_timeout_s=num("AGENTQ_HEADER_TIMEOUT_S", FrontLimits.header_timeout_s,
+                                 int, 1, 3600),
+            body_timeout_s=num("AGENTQ_BODY_TIMEOUT_S", FrontLimits.body_timeout_s, float,
+                               0.1),
+            web_connections=num("AGENTQ_WEB_CONNECTIONS", FrontLimits.web_connections, int,
+                                16, 1_000_000)),
         slow_modules=names("AGENTQ_SLOW_MODULES", defaults.slow_modules),
         local_modules=_local_modules(env, names("AGENTQ_LOCAL_MODULES",
                                                 defaults.local_modules),

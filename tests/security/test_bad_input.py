@@ -187,7 +187,7 @@ def raw_request(stack, head: str, body: bytes = b"") -> tuple[int, dict, bytes]:
 def test_an_oversize_body_is_refused_unread_with_413(stack, careless):
     client, key_id = careless
     key = client.http.headers["Authorization"]
-    limit = stack.settings().max_body_bytes
+    limit = stack.settings().front.max_body_bytes
     before = written(stack, key_id)
     status, headers, body = raw_request(stack, (
         f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {key}\r\n"
@@ -204,7 +204,7 @@ def test_an_oversize_header_gets_the_error_shape_not_gunicorns_page(stack, carel
     for size in (300, 9_000, 60_000):
         response = client.post("/v1/messages", json=message(),
                                headers={"Idempotency-Key": "k" * size})
-        if size <= stack.settings().max_header_bytes:
+        if size <= stack.settings().front.max_header_bytes:
             assert_refused(response, 422, "validation_error")
         else:
             error = assert_refused(response, 431, "header_too_large")
