@@ -18,7 +18,18 @@ import threading
 import uuid
 from typing import Any, NamedTuple, Sequence
 
-from sqlalchemy import Float, Uuid, bindparam, column, exists, select, text, update
+from sqlalchemy import (
+    Exists,
+    Float,
+    SQLColumnExpression,
+    Uuid,
+    bindparam,
+    column,
+    exists,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
@@ -57,7 +68,7 @@ def has_memories(session: Session, user_id: uuid.UUID) -> bool:
     return bool(session.execute(select(has_memories_clause(user_id))).scalar())
 
 
-def has_memories_clause(user_id):
+def has_memories_clause(user_id: uuid.UUID | SQLColumnExpression[uuid.UUID]) -> Exists:
     """EXISTS (a memory of `user_id`, a value or a column): a step reads it with its user."""
     return exists().where(Memory.user_id == user_id)
 

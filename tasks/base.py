@@ -7,10 +7,11 @@ import logging
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, TypeVar
 
+from billiard.einfo import ExceptionInfo
 from celery import Task
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq import logs
 from agentq.config import Settings, get_settings
@@ -27,7 +28,7 @@ class Services:
     """What this process's tasks work with, built once per process (after a fork too:
     reset_services)."""
     settings: Settings
-    sessions: sessionmaker
+    sessions: sessionmaker[Session]
     registry: ToolRegistry
     router: "LLMRouter"
     stepper: "Stepper"
@@ -63,8 +64,18 @@ def reset_services() -> None:
         _services = None
 
 
-DATABASE_RETRIES = {"autoretry_for": DATABASE_UNREACHABLE, "max_retries": 5, "retry_backoff": 1,
-                    "retry_backoff_max": 30, "retry_jitter": True}
+class Retries(TypedDict):
+    """Celery's retry options of a task (`app.task`'s keywords of the same names)."""
+    autoretry_for: tuple[type[BaseException], ...]
+    max_retries: int
+    retry_backoff: int
+    retry_backoff_max: int
+    retry_jitter: bool
+
+
+DATABASE_RETRIES: Retries = {
+    "autoretry_for": DATABASE_UNREACHABLE, "max_retries": 5, "retry_backoff": 1,
+    "retry_backoff_max": 30, "retry_jitter": True}
 """Celery's own retries of a step or tool task that could not reach the database: again
 within about a second, then 2, 4, 8, 16 s (each a random share of that, so a burst of them
 spreads out); after five, what follows a failed task (the sweeper's re-drive of the job; a
@@ -81,9 +92,10 @@ a started call (agentq.loop.execute)."""
 
 
 MAINTENANCE_RIDE_OUT_S = 10.0
+_Done = TypeVar("_Done")
 
 
-def maintenance_run(task: str, work):
+def maintenance_run(task: str, work: Callable[[], _Done]) -> _Done | Literal[0]:
     """A beat task's work, `work()`, through a database blip: tried again while the database
     is away (`agentq.db.riding_out`, for MAINTENANCE_RIDE_OUT_S), and, past that, left to the task's
     next tick. Its waits and its end are logged in lines, never a traceback: a restart of
@@ -100,21 +112,22 @@ def maintenance_run(task: str, work):
     return done
 
 
-class AgentqTask(Task):
+class AgentqTask(Task[..., Any]):
     """Our defaults for every task. Whether a result is stored is said by each sender
     (`ignore_result`, tasks/names.py), not here."""
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
 
-    def on_retry(self, exc, task_id, args, kwargs, einfo) -> None:
+    def on_retry(self, exc: Exception, task_id: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], einfo: ExceptionInfo) -> None:
         """Celery tells a retry at INFO on a logger heard only from WARNING up
         (agentq.logs.PER_TASK): told here instead, with the task bound as in its own lines."""
         log.warning("task will be tried again", extra={
             "task": self.name, "task_id": task_id, "error": type(exc).__name__,
             "retries": self.request.retries})
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         token = logs.bind(task=self.name, task_id=self.request.id)
         try:
             with one_version_read():

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from agentq import logs, tracing
-from agentq.loop.execute import execute_tool_call
+from agentq.loop.execute import OutcomeRecord, execute_tool_call
 from tasks import names
 from tasks.app import app
 from tasks.base import DATABASE_RETRIES, AgentqTask, services
 
 
 @app.task(base=AgentqTask, name=names.EXECUTE_TOOL, **DATABASE_RETRIES)
-def execute(tool_use_id: str) -> dict:
+def execute(tool_use_id: str) -> OutcomeRecord:
     token = logs.bind(tool_use_id=tool_use_id)
     tracing.annotate(tool_use_id=tool_use_id)
     try:

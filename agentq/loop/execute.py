@@ -19,10 +19,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, assert_never
+from typing import Any, NotRequired, TypedDict, assert_never
 
 from sqlalchemy import bindparam, select, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from agentq import agents
 from agentq.config import Settings
@@ -53,6 +53,14 @@ CANCELLED_RESULT = ToolResult.failed(
     "cancelled", "The job was cancelled before this tool ran.").to_record()
 
 
+class OutcomeRecord(TypedDict):
+    """A `CallOutcome` as the tool task's JSON result."""
+    tool_use_id: str
+    status: str
+    next_step: tuple[str, int] | None
+    child_job_id: NotRequired[str]
+
+
 @dataclass(frozen=True)
 class CallOutcome:
     """What a delivery of a tool call ended with (the tool task's result). `status`: the
@@ -65,10 +73,10 @@ class CallOutcome:
     child_job_id: str | None = None
     """A delegate call's sub-agent."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> OutcomeRecord:
         """The task's JSON result."""
-        out: dict[str, Any] = {"tool_use_id": self.tool_use_id, "status": self.status,
-                               "next_step": self.next_step}
+        out: OutcomeRecord = {"tool_use_id": self.tool_use_id, "status": self.status,
+                              "next_step": self.next_step}
         if self.child_job_id is not None:
             out["child_job_id"] = self.child_job_id
         return out
@@ -105,7 +113,7 @@ call, this one waits for its result."""
 
 
 def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                      sessions: sessionmaker, join: bool = True) -> CallOutcome:
+                      sessions: sessionmaker[Session], join: bool = True) -> CallOutcome:
     """Run one call (its tool task's body). `join=False`: the caller is the step that runs
     its turn's local calls (`agentq.loop.tool_turn`); it goes on with the turn itself, so
     storing the turn's last result sends no next step (`tool_join=database`)."""
@@ -136,7 +144,7 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
 
 def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
             record: dict[str, Any], settings: Settings,
-            sessions: sessionmaker, join_turn: bool = True) -> CallOutcome:
+            sessions: sessionmaker[Session], join_turn: bool = True) -> CallOutcome:
     """Store a call's result and, when it was its turn's last, name the next step."""
     delegate = name == agents.DELEGATE
 
@@ -173,7 +181,7 @@ def _forget_keepers_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_keepers_in_child)
 
 
-def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:
+def tool_leases(settings: Settings, sessions: sessionmaker[Session]) -> ToolLeaseKeeper:
     """This process's keeper of running calls' leases (one per database and deadline)."""
     key = (id(sessions), settings.step_deadline_s)
     with _keepers_lock:
@@ -183,7 +191,7 @@ def tool_leases(settings: Settings, sessions: sessionmaker) -> ToolLeaseKeeper:
 
 
 def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRegistry,
-                          sessions: sessionmaker, join: bool = True) -> CallOutcome:
+                          sessions: sessionmaker[Session], join: bool = True) -> CallOutcome:
     """A copy of a call that a live delivery is running: wait until that one stores the
     result (this copy then answers `duplicate`; the storer joins the turn), or until its
     lease runs out unrenewed (its worker died: this copy decides again, in `_prepare`)."""
@@ -201,14 +209,14 @@ def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRe
         time.sleep(AWAIT_POLL_S)
 
 
-def turn_pending(sessions: sessionmaker, job_id: uuid.UUID, iteration: int) -> bool:
+def turn_pending(sessions: sessionmaker[Session], job_id: uuid.UUID, iteration: int) -> bool:
     """Whether a call of the job's turn `iteration` has no result yet (committed)."""
     with sessions() as session:
         return session.execute(_PENDING_OF_TURN,
                                {"job_id": job_id, "iteration": iteration}).first() is not None
 
 
-def _join_if_last(session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:
+def _join_if_last(session: Session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:
     """With `tool_join=database`: the task that stores a turn's last result names the next
     step. The job row is locked in this transaction, which orders concurrent finishers of
     one job: exactly one of them sees no call pending."""
@@ -263,7 +271,7 @@ them on every call."""
 
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
-             sessions: sessionmaker) -> Prepared:
+             sessions: sessionmaker[Session]) -> Prepared:
     """Load the call and decide whether this delivery runs it (`rules.call_verdict`)."""
     session = uow.session
     query = _LOCK_CALL_BY_ID[session.get_bind().dialect.name == "postgresql"]
@@ -311,7 +319,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
 
 
 def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
-           settings: Settings, registry: ToolRegistry, sessions: sessionmaker,
+           settings: Settings, registry: ToolRegistry, sessions: sessionmaker[Session],
            now: datetime) -> Run | Answered:
     """This delivery starts the call: its attempt counted and its lease taken (the job's
     too); a call that crashed its worker too often is answered `tool_crashed` instead."""
@@ -353,7 +361,7 @@ def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, stat
     """Write the result once: only a pending call takes it. The caller holds the job's row
     (locked first, as every other writer does). Returns the call's turn, or None when
     another delivery stored it already."""
-    iteration = uow.session.execute(_STORE_RESULT, {
+    iteration: int | None = uow.session.execute(_STORE_RESULT, {
         "call_id": tool_use_id, "status_now": status, "record": record,
         "now": utcnow()}).scalar_one_or_none()
     if iteration is None:

@@ -14,7 +14,7 @@ the job with `context_overflow`, as before).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, TypedDict
 
 from agentq.llm.types import ToolSpec
 
@@ -25,8 +25,16 @@ PROJECT_HEADER = "[Active project]"
 MAX_PARAMETERS_SHOWN = 20
 
 
+class Extras(TypedDict):
+    """A turn's layers, rendered: the `context.Layers` fields of the same names."""
+    bootstrap: str | None
+    skills: str | None
+    tool_docs: str | None
+    project: str | None
+
+
 def extras(persona: object, conversation: object, tools: Sequence[ToolSpec],
-           tenant: TenantLayers | None = None) -> dict[str, str | None]:
+           tenant: TenantLayers | None = None) -> Extras:
     """The layers (`context.Layers` fields) of a persona and conversation for a turn that
     offers `tools`, over the tenant's defaults. `persona` and `conversation` are read by
     attribute, each None or anything with the models' fields (a row of the step's query)."""

@@ -53,10 +53,26 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, assert_never
 
-from sqlalchemy import bindparam, false, func, or_, select, text, true, union_all, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    SQLColumnExpression,
+    Update,
+    bindparam,
+    false,
+    func,
+    or_,
+    select,
+    text,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
 from agentq import branches, memory
 from agentq.config import Settings
@@ -133,14 +149,17 @@ PROVIDER_EARLY_TOLERANCE_S = 2.0
 of workers and of the process that parked it differ a little)."""
 
 
-def _param(name: str, column: Any) -> Any:
+_V = TypeVar("_V")
+
+
+def _param(name: str, column: ColumnElement[_V]) -> BindParameter[_V]:
     return bindparam(name, type_=column.type)
 
 
 _jobs = Job.__table__
 
 
-def _loading(core_update):
+def _loading(core_update: Update) -> ExecutableReturnsRows:
     """`core_update` (an `UPDATE … RETURNING` every column of jobs) loading the job it
     changed as the session's Job, current (populate_existing). An ORM-enabled UPDATE
     (`update(Job)…returning(Job)`) does the same through the ORM's bulk-update machinery,
@@ -192,13 +211,15 @@ _ADVANCE_WITH_USAGE = {
 _versions = aliased(ConversationSummary)
 
 
-def _who(job: Any) -> Any:
+def _who(job: type[Job] | None) -> Select[Any]:
     """Who, where, as whom, whether the user has memories, the conversation's current
     summary (its highest version; None before the first) and the tenant's default context
     layers: of the job whose ids are bound (`job` None), or of `job`'s row (an entity),
     which comes first."""
     who = (User, Conversation, Persona, memory.has_memories_clause(User.id),
            ConversationSummary, Tenant.bootstrap, Tenant.skills)
+    conversation_id: SQLColumnExpression[uuid.UUID]
+    persona_id: SQLColumnExpression[uuid.UUID | None]
     if job is None:
         query = (select(*who).select_from(User).where(User.id == bindparam("user_id")))
         conversation_id, persona_id = bindparam("conversation_id"), bindparam("persona_id")
@@ -217,6 +238,21 @@ _WHO = _who(None)
 """Who, where, as whom, whether the user has memories, the conversation's current
 summary and the tenant's default context layers: one round trip (SQLite, after the
 claim)."""
+
+
+class Who(NamedTuple):
+    """`_WHO`'s row: what a step reads with its claim."""
+    user: User
+    conversation: Conversation
+    persona: Persona | None
+    has_memories: bool
+    summary: ConversationSummary | None
+    """The conversation's current summary; None before the first."""
+    bootstrap: str | None
+    """The tenant's default context layers (`agentq.loop.layers.TenantLayers`)."""
+    skills: list[Any] | None
+
+
 _claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
 _CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
 """The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
@@ -229,7 +265,7 @@ _OWN_MESSAGES = (select(*STORED_MESSAGE)
 """The job's question (its first message) and its messages after the summary."""
 
 
-def _own_and_history():
+def _own_and_history() -> Select[Any]:
     """`_OWN_MESSAGES` and the history before the job's question (the `limit` messages
     before it; before the conversation's next seq, `next_seq`, when the job has none), in
     one statement: (own, seq, role, content, token_count) rows, the job's own first, each
@@ -248,6 +284,7 @@ def _own_and_history():
 
 
 _OWN_AND_HISTORY = _own_and_history()
+
 
 class Stepper:
     """Runs one step of a job (the module's contract). Its parts, each a module of its
@@ -361,7 +398,7 @@ class Stepper:
         return claimed[0] if claimed is not None else None
 
     def _claim_who(self, session: Session, job_id: uuid.UUID, iteration: int,
-                   owner: str) -> tuple[Job, tuple[Any, ...]] | None:
+                   owner: str) -> tuple[Job, Who] | None:
         """The claim, and what the step reads with it (`_WHO`'s row): on Postgres one
         statement (`_CLAIM_WHO`), elsewhere the claim, then the read. None: not claimed."""
         now = utcnow()
@@ -369,26 +406,23 @@ class Stepper:
             "job_id": job_id, "at_iteration": iteration, "now": now,
             "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
             "lease_until": now + timedelta(seconds=self.settings.step_deadline_s)}
-        if session.bind.dialect.name == "postgresql":
+        if session.get_bind().dialect.name == "postgresql":
             row = session.execute(_CLAIM_WHO, claim).one_or_none()
-            return None if row is None else (row[0], tuple(row[1:]))
+            return None if row is None else (row[0], Who(*row[1:]))
         job: Job | None = session.execute(_CLAIM, claim).scalar_one_or_none()
         if job is None:
             return None
-        return job, tuple(session.execute(_WHO, {
+        return job, Who(*session.execute(_WHO, {
             "user_id": job.user_id, "conversation_id": job.conversation_id,
             "persona_id": job.persona_id}).one())
 
     # -- 2..5 -------------------------------------------------------------------------
-    def _prepare(self, uow: UnitOfWork, job: Job, who: tuple[Any, ...],
-                 cause: Cause) -> Turn | None:
+    def _prepare(self, uow: UnitOfWork, job: Job, who: Who, cause: Cause) -> Turn | None:
         """The step's first transaction: None when the step ends here (its effects are on
         the unit of work), else the turn for the model call. `who`: `_WHO`'s row, read with
         the claim."""
         session, now = uow.session, utcnow()
-        # who, where, as whom, whether the user has memories, the conversation's summary,
-        # the tenant's default layers
-        user, conversation, persona, has_memories, summary, *tenant_layers = who
+        user, conversation, persona = who.user, who.conversation, who.persona
         # the job's own messages, when this step wrote every one (its first): not read back;
         # the history before them read as the question is written
         asked = (_begin(uow, job, conversation, now, self.settings.history_max_messages)
@@ -444,10 +478,10 @@ class Stepper:
         turn = Turn([], self.registry.specs(offered), model, max_tokens,
                     stream=bool(job.stream or (persona is not None and persona.stream)),
                     turn=job.iteration + 1, resumed=started, approval_tools=approval_tools)
-        turn.extras = context_layers.extras(persona, conversation, turn.tools,
-                                            context_layers.TenantLayers(*tenant_layers))
-        stop = self._build_context(uow, job, conversation, summary, system, turn,
-                                   has_memories, asked)
+        extras = context_layers.extras(persona, conversation, turn.tools,
+                                       context_layers.TenantLayers(who.bootstrap, who.skills))
+        stop = self._build_context(uow, job, conversation, who.summary, system, turn,
+                                   who.has_memories, extras, asked)
         if stop is not None:
             self.endings.stop_turn(uow, job, turn_no, stop)
             return None
@@ -478,7 +512,7 @@ class Stepper:
     # -- 5. context -------------------------------------------------------------------
     def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
                        summary: ConversationSummary | None, system: str, turn: Turn,
-                       has_memories: bool,
+                       has_memories: bool, extras: context_layers.Extras,
                        asked: Asked | None = None) -> Stop | None:
         """The layers of this turn's context; a compaction planned when they pass the
         threshold (the summary itself is asked for outside this transaction). A
@@ -514,7 +548,7 @@ class Stepper:
             system, summary.content if summary else None, history, question, inrun,
             memory_reserve=context.memory_reserve(memory.RECALL_K, memory.MAX_MEMORY_CHARS,
                                                   room) if recalls else 0,
-            backlog=backlog, backlog_more=backlog_more, **turn.extras)
+            backlog=backlog, backlog_more=backlog_more, **extras)
         turn.budget = room
         turn.summary_version = summary.version if summary else 0
         if recalls:
@@ -542,7 +576,7 @@ class Stepper:
             "job_id": job_id, "at_iteration": iteration, "owner": owner, "turn_no": turn_no,
             "now": now, "add_input": reply.input_tokens, "add_output": reply.output_tokens,
             "cost": cost}
-        together = session.bind.dialect.name == "postgresql"
+        together = session.get_bind().dialect.name == "postgresql"
         if together:  # the usage written by the compare-and-set's own statement
             advance.update(usage_parameters(iteration=turn_no, reply=reply, cost=cost,
                                             keep_reply=True, now=now))

@@ -7,7 +7,6 @@ so a test that swaps a Stepper's router, sessions or hooks swaps them for every 
 """
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,8 +64,6 @@ class Turn:
     """Messages up to this seq are left out of the history read: unsummarised, a backlog."""
     rounds: int = 0
     """Compaction rounds (summary calls) made in this step."""
-    extras: dict[str, str | None] = dataclasses.field(default_factory=dict)
-    """The persona's context layers and the active project, rendered (agentq.loop.layers)."""
     compacted_by: str | None = None
     """A custom compaction strategy (AGENTQ_COMPACTION_STRATEGY) compacted this turn: it
     compacts each assembly of it again, and fitting the window is its business."""

@@ -22,6 +22,7 @@ import pkgutil
 import sys
 import threading
 import time
+from collections.abc import KeysView
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Iterable
@@ -118,7 +119,7 @@ class ToolRegistry:
     def tools(self) -> dict[str, ToolDef]:
         return self._current()[1]
 
-    def known_tool_names(self):
+    def known_tool_names(self) -> KeysView[str]:
         """The tools of this process's last view, without looking again (cheap: metrics
         labels use it on every tool result)."""
         return self._state[1].keys()
