@@ -6,16 +6,13 @@ these models by a test.
 """
 from __future__ import annotations
 
-import enum
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -24,15 +21,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     Uuid,
     text,
 )
-from sqlalchemy import Enum as SqlEnum
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from agentq.column_types import TZ, JSONType, enum_column
 from agentq.db import utcnow
 from agentq.loop.states import (
     UNENDED_STATUSES,
@@ -45,40 +40,7 @@ from agentq.loop.states import (
     WaitingFor,
 )
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
-
-
-class UTCDateTime(TypeDecorator):
-    """Timezone-aware UTC in and out, on Postgres (timestamptz) and SQLite (no zones)."""
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value, dialect):
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetimes are not stored; use UTC-aware ones")
-        value = value.astimezone(timezone.utc)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value, dialect):
-        if value is None:
-            return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
-TZ = UTCDateTime()
-
 MESSAGE_ROLES = ("user", "assistant", "tool_call", "tool_result")
-
-
-def enum_column(kind: type[enum.StrEnum]) -> SqlEnum:
-    """A column of `kind`'s members, stored as their values: the VARCHAR(16) the column
-    always was, with no CHECK constraint and no database enum type, so the rows and the
-    schema are those of the string column (no migration); a loaded value is the member."""
-    return SqlEnum(kind, native_enum=False, create_constraint=False, length=16,
-                   values_callable=lambda members: [m.value for m in members])
-
 
 _UNENDED_SQL = f"status IN ({', '.join(repr(s) for s in UNENDED_STATUSES)})"
 _QUOTA_WAIT_SQL = f"waiting_for = '{WaitingFor.QUOTA.value}'"
@@ -553,6 +515,8 @@ class ToolModuleRow(Base):
         ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     """The tenant that registered it; None: global (an operator's, or AGENTQ_TOOL_MODULES)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 SCHEDULE_KINDS = ("once", "cron")
 
 

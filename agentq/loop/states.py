@@ -4,9 +4,9 @@ statuses of what makes jobs, batches and schedules.
 
 A leaf: it imports nothing of agentq, so the models (whose columns are typed by these
 enums), the API's schemas, the CLI and the client all read one spelling. The enums are
-`StrEnum`s stored as their values (`agentq.models.enum_column`), so a member is the string
-that was always in the row: `job.status == "queued"` still holds for a loaded job, and no
-row changed when the columns became enum-typed.
+`StrEnum`s stored as their values (`agentq.column_types.enum_column`), so a member is
+the string that was always in the row: `job.status == "queued"` still holds for a loaded
+job, and no row changed when the columns became enum-typed.
 
 Which value follows which is `agentq.loop.lifecycle`'s table of transitions.
 """
