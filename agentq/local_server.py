@@ -14,9 +14,13 @@ import argparse
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
     from agentq.local_embeddings import Encoder
 
 log = logging.getLogger(__name__)
@@ -43,15 +47,15 @@ class LazyEncoder:
         finally:
             self._ready.set()
 
-    def get(self):
+    def get(self) -> Encoder:
         if not self._ready.wait(LOAD_TIMEOUT_S):
             raise RuntimeError("the embedding model is still loading")
-        if self._error is not None:
+        if self._error is not None or self._encoder is None:
             raise RuntimeError(f"the embedding model failed to load: {self._error}")
         return self._encoder
 
 
-def embeddings_body(encoder, body: dict[str, Any]) -> dict[str, Any]:
+def embeddings_body(encoder: Encoder, body: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI embeddings response for a request body (`input`: a string or a list of
     strings; vectors as floats, or base64 of little-endian float32 when asked)."""
     import base64
@@ -73,7 +77,7 @@ def embeddings_body(encoder, body: dict[str, Any]) -> dict[str, Any]:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def install_embeddings(app) -> bool:
+def install_embeddings(app: Starlette) -> bool:
     """Answer POST /v1/embeddings in `app` (llama.cpp's FastAPI app) with the packaged
     embedding model. False (the app unchanged) when it is not installed."""
     from agentq.local_embeddings import missing
@@ -86,7 +90,7 @@ def install_embeddings(app) -> bool:
     from starlette.routing import Route
     encoder = LazyEncoder()
 
-    async def create_embedding(request):
+    async def create_embedding(request: Request) -> JSONResponse:
         try:
             body = await request.json()
             if not isinstance(body, dict):
@@ -138,9 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if os.environ.get(REPACK_ENV) != "1":
         no_weight_repacking()
-    server = parse_model_from_args(ServerSettings, args)
-    app = create_app(server_settings=server,
-                     model_settings=[parse_model_from_args(ModelSettings, args)])
+    # llama_cpp annotates parse_model_from_args as returning the class it is given; it
+    # returns an instance of it
+    server = cast(ServerSettings, parse_model_from_args(ServerSettings, args))
+    model = cast(ModelSettings, parse_model_from_args(ModelSettings, args))
+    app = create_app(server_settings=server, model_settings=[model])
     install_embeddings(app)
     uvicorn.run(app, host=server.host, port=server.port)
 
