@@ -15,10 +15,13 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, g, jsonify
+from flask.typing import ResponseReturnValue
 from sqlalchemy import delete, update
 
+from agentq.config import Settings
 from agentq.db import session_scope, utcnow
 from agentq.errors import ClientError, ProviderError
 from agentq.llm.pricing import estimate_cost
@@ -31,16 +34,19 @@ from api.errors import error_response
 from api.jobs import json_body
 from api.openapi import json_response, operation
 from api.schemas.common import ErrorSchema
-from api.schemas.embed import EmbedRequestSchema, EmbedResponseSchema
+from api.schemas.embed import EmbedRequest, EmbedRequestSchema, EmbedResponseSchema
+
+if TYPE_CHECKING:  # the router's module imports the provider SDKs
+    from agentq.llm.router import LLMRouter
 
 bp = Blueprint("embed", __name__)
-_router = None
+_router: LLMRouter | None = None
 _lock = threading.Lock()
 KEY_PLATFORM = "api_key"
 """The platform of a key's own user (its platform_user_id is the key's id)."""
 
 
-def router(settings):
+def router(settings: Settings) -> LLMRouter:
     global _router
     with _lock:
         if _router is None:
@@ -54,22 +60,23 @@ class EmbedBudgetExceeded(ClientError):
     status = 429
     code = "budget_exceeded"
 
-    def __init__(self, message: str, retry_after_s: int, **details):
+    def __init__(self, message: str, retry_after_s: int, **details: Any):
         super().__init__(message, **details)
         self.retry_after_s = retry_after_s
 
 
-def _charge(settings, data: dict, model: str, tokens: int):
+def _charge(settings: Settings, data: EmbedRequest, model: str,
+            tokens: int) -> tuple[uuid.UUID, uuid.UUID]:
     """Take `tokens` from the user's budget and log them; EmbedBudgetExceeded when they do
     not fit (the user as resolved is kept). Returns (the token log's id, the user's id)."""
-    platform, who = data.get("platform"), data.get("platform_user_id")
-    if platform is None:
+    platform, who = data["platform"], data["platform_user_id"]
+    if platform is None or who is None:  # the schema lets through both or neither
         platform, who = KEY_PLATFORM, str(g.api_key_id)
     incoming = Incoming(platform=platform, platform_user_id=who, platform_channel_id="embed")
     with session_scope(settings) as session:
         user = resolve_user(session, g.tenant_id, incoming, settings)
         session.flush()
-        user = session.get(User, user.id, with_for_update=True, populate_existing=True)
+        user = session.get_one(User, user.id, with_for_update=True, populate_existing=True)
         now = utcnow()
         roll_period(user, now, settings.budget_period_days)
         budget = user.token_budget_monthly
@@ -91,7 +98,7 @@ def _charge(settings, data: dict, model: str, tokens: int):
     raise refusal  # once the user (made or rolled to a new period) is committed
 
 
-def _refund(settings, log_id, user_id, tokens: int) -> None:
+def _refund(settings: Settings, log_id: uuid.UUID, user_id: uuid.UUID, tokens: int) -> None:
     with session_scope(settings) as session:
         session.execute(update(User).where(User.id == user_id).values(
             tokens_used_this_month=User.tokens_used_this_month - tokens))
@@ -116,8 +123,8 @@ def _refund(settings, log_id, user_id, tokens: int) -> None:
     },
     errors=(401, 403, 415, 422, 502))
 @require_key()
-def embed():
-    data = EmbedRequestSchema().load(json_body())
+def embed() -> ResponseReturnValue:
+    data: EmbedRequest = EmbedRequestSchema().load(json_body())
     settings = g.settings
     model = settings.embedding_model
     tokens = max(1, count_tokens(settings.tokenizer, [data["text"]]))

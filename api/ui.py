@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable, TypeVarTuple, Unpack
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Response, abort, g, redirect, render_template, request, url_for
-from sqlalchemy import and_, or_, select
+from flask.typing import ResponseReturnValue
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session
 
 from agentq.db import session_factory, session_scope, snapshot_scope, utcnow
 from agentq.errors import AgentqError
@@ -51,6 +53,8 @@ from api.auth import can_see
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
+Row = TypeVarTuple("Row")
+"""The column types of a query's rows, kept by `_visible`."""
 COOKIE = "agentq_ui_key"
 PAGE = 50
 STATUSES = JOB_STATUSES
@@ -70,7 +74,7 @@ QUERY_PARAMETERS = {  # what each page takes (api/limits.py refuses any other)
 
 
 @bp.before_request
-def _signed_in():
+def _signed_in() -> ResponseReturnValue | None:
     if request.endpoint in ("ui.sign_in", "ui.static"):
         return None
     if request.method == "POST" and not _same_origin():
@@ -90,13 +94,14 @@ def _same_origin() -> bool:
     return bool(origin) and urlsplit(origin).netloc == request.host
 
 
-def _visible(query, model=Job):
+def _visible(query: Select[Unpack[Row]],
+             model: type[Job] | type[Batch] | type[Schedule] = Job) -> Select[Unpack[Row]]:
     query = query.where(model.tenant_id == g.tenant_id)
     return query if g.is_admin else query.where(model.api_key_id == g.api_key_id)
 
 
 @bp.route("/sign-in", methods=["GET", "POST"])
-def sign_in():
+def sign_in() -> ResponseReturnValue:
     error = None
     target = request.values.get("next") or url_for("ui.jobs")
     if not target.startswith("/ui"):
@@ -118,14 +123,14 @@ def sign_in():
 
 
 @bp.post("/sign-out")
-def sign_out():
+def sign_out() -> ResponseReturnValue:
     response = redirect(url_for("ui.sign_in"))
     response.delete_cookie(COOKIE, path="/ui")
     return response
 
 
 @bp.get("/")
-def home():
+def home() -> ResponseReturnValue:
     return redirect(url_for("ui.jobs"))
 
 
@@ -181,22 +186,22 @@ def _job_rows(filters: dict[str, str], errors: list[str]) -> list[dict[str, Any]
         return out
 
 
-def _models_of(session, job_ids: list) -> dict[Any, list[str]]:
+def _models_of(session: Session, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
     """The models that answered each job (its turns' token logs), in the order they did."""
     if not job_ids:
         return {}
-    out: dict[Any, list[str]] = {}
+    out: dict[uuid.UUID, list[str]] = {}
     for job_id, model in session.execute(
             select(TokenLog.job_id, TokenLog.model)
             .where(TokenLog.job_id.in_(job_ids), TokenLog.iteration > 0)
             .order_by(TokenLog.job_id, TokenLog.iteration)):
-        if model and model not in out.setdefault(job_id, []):
+        if job_id is not None and model and model not in out.setdefault(job_id, []):
             out[job_id].append(model)
     return out
 
 
 @bp.get("/jobs")
-def jobs():
+def jobs() -> ResponseReturnValue:
     filters = {k: (request.args.get(k) or "").strip()
                for k in ("status", "finish_reason", "user", "since", "until")}
     errors: list[str] = []
@@ -207,18 +212,18 @@ def jobs():
                            duration=timeline.duration, live=LIVE)
 
 
-def _load_job(session, job_id: str) -> Job:
+def _load_job(session: Session, job_id: str) -> Job:
     try:
         job = session.get(Job, uuid.UUID(job_id))
     except ValueError:
         job = None
-    if not can_see(job):
+    if job is None or not can_see(job):
         abort(404)
     return job
 
 
 @bp.get("/jobs/<job_id>")
-def job(job_id: str):
+def job(job_id: str) -> ResponseReturnValue:
     # one snapshot: the status, the timeline and the last event number the page's script
     # follows from must be of one moment (tests/unit/test_ui_snapshot.py)
     with snapshot_scope(g.settings) as session:
@@ -259,14 +264,14 @@ def job(job_id: str):
 
 
 @bp.get("/jobs/<job_id>/events")
-def job_events(job_id: str):
+def job_events(job_id: str) -> ResponseReturnValue:
     """The API's event stream of the job (SSE), for the pages."""
     from api.jobs import list_events
     return list_events.__wrapped__(job_id)
 
 
 @bp.post("/jobs/<job_id>/cancel")
-def cancel(job_id: str):
+def cancel(job_id: str) -> ResponseReturnValue:
     from api.jobs import cancel_job
     try:
         cancel_job.__wrapped__(job_id)
@@ -279,7 +284,7 @@ def cancel(job_id: str):
 
 
 @bp.post("/jobs/<job_id>/tool_calls/<tool_use_id>/<decision>")
-def decide(job_id: str, tool_use_id: str, decision: str):
+def decide(job_id: str, tool_use_id: str, decision: str) -> ResponseReturnValue:
     """Approve or deny a call waiting for approval, through the API's own route logic
     (POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny)."""
     from agentq.loop.approvals import MAX_REASON_CHARS, approve, deny
@@ -288,9 +293,9 @@ def decide(job_id: str, tool_use_id: str, decision: str):
     if decision not in ("approve", "deny"):
         abort(404)
     reason = (request.form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
-    registry = get_registry(g.settings) if decision == "approve" else None
     try:
         if decision == "approve":
+            registry = get_registry(g.settings)
             _decide(job_id, lambda uow, ident: approve(uow, ident, tool_use_id, None,
                                                        registry))
             message = "Approved: the call runs now."
@@ -305,7 +310,7 @@ def decide(job_id: str, tool_use_id: str, decision: str):
 
 
 @bp.post("/jobs/<job_id>/replay")
-def replay_job(job_id: str):
+def replay_job(job_id: str) -> ResponseReturnValue:
     mode = request.form.get("mode", ReplayMode.RECORDED)
     if mode not in REPLAY_MODES:
         return redirect(url_for("ui.job", job_id=job_id, message=f"No replay mode {mode!r}."))
@@ -320,7 +325,7 @@ def replay_job(job_id: str):
 
 
 @bp.get("/jobs/<job_id>/compare")
-def compare(job_id: str):
+def compare(job_id: str) -> ResponseReturnValue:
     with session_scope(g.settings) as session:
         row = _load_job(session, job_id)
         if row.replay_of is None:
@@ -330,7 +335,7 @@ def compare(job_id: str):
 
 
 # --- overview ------------------------------------------------------------------------------
-def _overview_scope() -> tuple[Any, str]:
+def _overview_scope() -> tuple[ui_overview.Visible, str]:
     """(what the overview counts, said in words): an operator every tenant's jobs, a tenant
     admin its tenant's, another key its own (as the API shows jobs)."""
     if g.is_operator:
@@ -340,7 +345,7 @@ def _overview_scope() -> tuple[Any, str]:
 
 
 @bp.get("/overview")
-def overview():
+def overview() -> ResponseReturnValue:
     visible, scope = _overview_scope()
     with snapshot_scope(g.settings) as session:
         view = ui_overview.read(session, utcnow(), visible, scope)
@@ -353,7 +358,7 @@ def overview():
 
 # --- batches -------------------------------------------------------------------------------
 @bp.get("/batches")
-def batches():
+def batches() -> ResponseReturnValue:
     with session_scope(g.settings) as session:
         rows = session.execute(_visible(select(Batch), Batch).order_by(Batch.created_at.desc())
                                .limit(PAGE)).scalars().all()
@@ -363,7 +368,7 @@ def batches():
 
 # --- schedules -----------------------------------------------------------------------------
 @bp.get("/schedules")
-def schedules():
+def schedules() -> ResponseReturnValue:
     from agentq.schedules import last_jobs, schedule_object
     with session_scope(g.settings) as session:
         rows = session.execute(_visible(select(Schedule), Schedule)
@@ -377,7 +382,7 @@ def schedules():
 
 
 @bp.post("/schedules/<schedule_id>/cancel")
-def cancel_schedule(schedule_id: str):
+def cancel_schedule(schedule_id: str) -> ResponseReturnValue:
     from agentq.schedules import cancel_schedule as cancel
     from api.schedules import load_schedule
     try:
@@ -392,12 +397,12 @@ def cancel_schedule(schedule_id: str):
 
 
 @bp.errorhandler(404)
-def _absent(_exc):
+def _absent(_exc: Exception) -> ResponseReturnValue:
     return render_template("ui/absent.html"), 404
 
 
 @bp.errorhandler(403)
-def _refused(_exc):
+def _refused(_exc: Exception) -> ResponseReturnValue:
     return Response("This change must come from the dashboard's own pages.", 403,
                     mimetype="text/plain")
 
@@ -417,7 +422,7 @@ def _pretty(value: Any) -> str:
                       default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v))
 
 
-def _used_models(token_logs) -> list[str]:
+def _used_models(token_logs: Iterable[TokenLog]) -> list[str]:
     """The models that answered, in the order they first did (each once)."""
     return list(dict.fromkeys(t.model for t in token_logs if t.model))
 

@@ -16,10 +16,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypeVarTuple, Unpack, cast
 
-from sqlalchemy import Integer, cast, func, literal, select
+from sqlalchemy import ColumnElement, Integer, Select, func, literal, select
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from agentq.config import Settings
 from agentq.loop.states import ENDED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
 from agentq.models import Job, TokenLog
 
@@ -33,6 +36,13 @@ PALETTE = 6
 OTHER = "other"
 BROKER_CACHE_S = 5.0
 """Broker reads are kept this long: several open pages ping the workers once."""
+Row = TypeVarTuple("Row")
+
+
+class Visible(Protocol):
+    """Keeps, of a query's rows, those the page's key may see."""
+
+    def __call__(self, query: Select[Unpack[Row]], /) -> Select[Unpack[Row]]: ...
 
 
 def percentile(ordered: list[float], p: float) -> float | None:
@@ -103,7 +113,7 @@ class Overview:
         return max((sum(m.values()) for m in self.minutes), default=0)
 
 
-def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
+def read(session: Session, now: datetime, visible: Visible, scope: str) -> Overview:
     """The database's part of the overview, at `now`, of the jobs `visible(query)` keeps."""
     since = now - WINDOW
     rows = session.execute(visible(
@@ -115,6 +125,7 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
     minutes = [{status: 0 for status in ENDED_STATUSES} for _ in range(buckets)]
     durations = []
     for status, created_at, finished_at in rows:
+        assert finished_at is not None  # the query compares it: an ended job's
         ended[status] += 1
         durations.append((finished_at - created_at).total_seconds())
         ago = int((now - finished_at) / BUCKET)
@@ -127,11 +138,11 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
     for status, waiting_for, count in session.execute(visible(
             select(Job.status, Job.waiting_for, func.count())
             .where(Job.status.in_(UNENDED_STATUSES)).group_by(Job.status, Job.waiting_for))).all():
-        shown = JobStatus.WAITING if waiting_for in SHOWN_WAITS else status  # as the API shows it
-        live[shown] = live.get(shown, 0) + count
-    ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
+        as_shown = JobStatus.WAITING if waiting_for in SHOWN_WAITS else status  # as the API does
+        live[as_shown] = live.get(as_shown, 0) + count
+    minutes_ago = _minutes_before(session, TokenLog.created_at, now).label("ago")
     usage = session.execute(visible(  # each model's calls and tokens in each minute
-        select(TokenLog.model, ago, func.count(), func.sum(TokenLog.input_tokens),
+        select(TokenLog.model, minutes_ago, func.count(), func.sum(TokenLog.input_tokens),
                func.sum(TokenLog.output_tokens), func.sum(TokenLog.cost_estimate))
         .join(Job, Job.id == TokenLog.job_id)
         .where(TokenLog.created_at >= since, TokenLog.created_at <= now)
@@ -160,12 +171,13 @@ def read(session, now: datetime, visible: Callable, scope: str) -> Overview:
                     tokens_per_minute=tokens_per_minute, model_legend=legend)
 
 
-def _minutes_before(session, column, now: datetime):
+def _minutes_before(session: Session, column: InstrumentedAttribute[datetime],
+                    now: datetime) -> ColumnElement[Any]:
     """Whole minutes from `column` to `now`, in SQL (Postgres or SQLite)."""
     at = literal(now, type_=column.type)
     if session.get_bind().dialect.name == "postgresql":
         return func.floor(func.extract("epoch", at - column) / 60)
-    return cast((func.julianday(at) - func.julianday(column)) * 1440, Integer)
+    return sql_cast((func.julianday(at) - func.julianday(column)) * 1440, Integer)
 
 
 # --- the broker ----------------------------------------------------------------------------
@@ -205,7 +217,7 @@ def _refresh(name: str, compute: Callable[[], Any]) -> None:
             _refreshing.discard(name)
 
 
-def queue_names(settings) -> list[str]:
+def queue_names(settings: Settings) -> list[str]:
     from agentq.tools.registry import get_registry
     from tasks.names import MAINTENANCE_QUEUE, ORCHESTRATOR_QUEUE, WEBHOOKS_QUEUE
     registry = get_registry(settings)
@@ -214,12 +226,12 @@ def queue_names(settings) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def queue_depths(settings) -> list[dict[str, Any]]:
+def queue_depths(settings: Settings) -> list[dict[str, Any]]:
     """[{queue, depth}] (depth None: unreadable) from the broker, kept a few seconds."""
     return _cached("queues", lambda: _read_queue_depths(settings))
 
 
-def _read_queue_depths(settings) -> list[dict[str, Any]]:
+def _read_queue_depths(settings: Settings) -> list[dict[str, Any]]:
     try:
         names = queue_names(settings)
     except Exception:  # noqa: BLE001 - the database or the registry is down: nothing to show
@@ -245,6 +257,19 @@ def _read_queue_depths(settings) -> list[dict[str, Any]]:
                                                              strict=True)]
 
 
+class _DeclareOk(Protocol):
+    message_count: int
+
+
+class _Channel(Protocol):
+    """What each kombu transport's channel has (the stubs type `Connection.channel()` as the
+    base StdChannel, which declares neither)."""
+
+    def queue_declare(self, queue: str, passive: bool) -> _DeclareOk: ...
+
+    def close(self) -> None: ...
+
+
 def _declared_depths(names: list[str]) -> list[int | None]:
     """Any other broker (RabbitMQ, the embedded one): each queue declared passively, which
     answers its message count without changing it."""
@@ -252,9 +277,10 @@ def _declared_depths(names: list[str]) -> list[int | None]:
     out: list[int | None] = []
     try:
         with app.connection_for_read(connect_timeout=BROKER_TIMEOUT_S) as conn:
-            conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
+            # whole seconds: kombu's ensure_connection takes an int
+            conn.ensure_connection(max_retries=1, timeout=math.ceil(BROKER_TIMEOUT_S))
             for name in names:
-                channel = conn.channel()
+                channel = cast(_Channel, conn.channel())
                 try:
                     out.append(int(channel.queue_declare(queue=name, passive=True)
                                    .message_count))
@@ -271,13 +297,13 @@ def _declared_depths(names: list[str]) -> list[int | None]:
     return out
 
 
-def workers(settings) -> dict[str, Any]:
+def workers(settings: Settings) -> dict[str, Any]:
     """{"mode", "alive": [{hostname, kind}], "error"} – the workers that answered a ping
     within BROKER_TIMEOUT_S; in embedded mode the worker thread of this process."""
     return _cached("workers", lambda: _ping(settings))
 
 
-def _ping(settings) -> dict[str, Any]:
+def _ping(settings: Settings) -> dict[str, Any]:
     if settings.embedded_broker:
         running = any(t.name == "agentq-worker" and t.is_alive()
                       for t in threading.enumerate())

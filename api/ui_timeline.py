@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Sequence
+
+from agentq.models import Job, JobEvent, TokenLog, ToolCall
 
 KINDS = {  # kind: (legend, what it is)
     "job": ("Job", "the whole job, submitted to ended"),
@@ -97,7 +99,8 @@ def _at(value: Any) -> datetime | None:
         return None
 
 
-def build(job, events: list, calls: list, token_logs: list, now: datetime) -> Waterfall:
+def build(job: Job, events: Sequence[JobEvent], calls: Sequence[ToolCall],
+          token_logs: Sequence[TokenLog], now: datetime) -> Waterfall:
     """The waterfall of `job` (a Job row) from its JobEvent rows (in seq order), ToolCall rows
     and TokenLog rows, as read at `now`."""
     live = job.finished_at is None
@@ -113,7 +116,8 @@ def build(job, events: list, calls: list, token_logs: list, now: datetime) -> Wa
     bars.append(Bar("queued", "Queued" + (f" ({job.waiting_for})" if job.waiting_for
                                           and started is None else ""),
                     job.created_at, started.created_at if started else end_of_job,
-                    open=started is None and live, raw={"job_start": _event(started)}))
+                    open=started is None and live,
+                    raw={"job_start": _event(started) if started else None}))
     logs = {t.iteration: t for t in token_logs}
 
     def until_next(index: int, skip: str) -> tuple[datetime, bool]:
@@ -123,14 +127,13 @@ def build(job, events: list, calls: list, token_logs: list, now: datetime) -> Wa
                 return later.created_at, False
         return end_of_job, live
 
-    turn_of: dict[str, int] = {}
     opened: dict[tuple[str, Any], tuple[Any, Bar]] = {}
     for index, e in enumerate(events):
         data = e.data or {}
         turn = data.get("turn")
         if e.type == "turn_start":
-            bar = Bar("turn", f"Turn {turn}", e.created_at, end_of_job, open=live, turn=turn,
-                      raw={"turn_start": _event(e)})
+            bar = Bar("turn", f"Turn {turn}", e.created_at, end_of_job, open=live,
+                      turn=turn or 0, raw={"turn_start": _event(e)})
             opened[("turn", turn)] = (e, bar)
             bars.append(bar)
         elif e.type == "turn_end" and ("turn", turn) in opened:
@@ -158,7 +161,7 @@ def build(job, events: list, calls: list, token_logs: list, now: datetime) -> Wa
             bar.label = f"Model call: {bar.model}" if bar.model else "Model call"
             bar.input_tokens = data.get("input_tokens")
             bar.output_tokens = data.get("output_tokens")
-            log = logs.get(turn)
+            log = logs.get(turn) if turn is not None else None
             if log is not None:
                 bar.cost = log.cost_estimate
                 bar.raw["token_log"] = _token_log(log)
@@ -209,7 +212,6 @@ def build(job, events: list, calls: list, token_logs: list, now: datetime) -> Wa
             bar.end, bar.open = e.created_at, False
             bar.status = data.get("decision") or ""
             bar.raw["approval_resolved"] = _event(e)
-            turn_of[data.get("tool_use_id")] = bar.turn
         elif e.type == "child_started":
             child = str(data.get("job_id") or "")
             bar = Bar("child", f"Sub-agent {child[:8]}", e.created_at, end_of_job, depth=2,
@@ -320,13 +322,11 @@ def duration(seconds: float | None) -> str:
     return f"{int(hours)} h {rest / 60:.0f} min" if round(rest / 60) else f"{int(hours)} h"
 
 
-def _event(e) -> dict[str, Any] | None:
-    if e is None:
-        return None
+def _event(e: JobEvent) -> dict[str, Any]:
     return {"seq": e.seq, "type": e.type, "created_at": e.created_at, "data": e.data}
 
 
-def _token_log(t) -> dict[str, Any]:
+def _token_log(t: TokenLog) -> dict[str, Any]:
     return {"model": t.model, "input_tokens": t.input_tokens,
             "output_tokens": t.output_tokens, "cost_estimate": t.cost_estimate,
             "usage_estimated": t.usage_estimated, "created_at": t.created_at}

@@ -1,11 +1,18 @@
 """POST /v1/embed (api/embed.py): the text and the user who pays for it, and the vector."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from api.schemas.common import StrictSchema, not_blank
+
+
+class EmbedRequest(TypedDict):
+    """What `EmbedRequestSchema` loads: the user is named whole or not at all."""
+    text: str
+    platform: str | None
+    platform_user_id: str | None
 
 
 class EmbedRequestSchema(StrictSchema):
