@@ -12,8 +12,8 @@ model calls already made. `run_step(job_id, k)` does, in order:
                 with an error (or, when the sweeper re-drives, dispatched again).
   4. limits     cancel requested → cancelled; k == max_iterations → max_iterations;
                 budget used up → budget_exceeded.
-  5. context    system prompt + a window of the history (`agentq.loop.context`); past the
-                compaction threshold, older turns pruned or summarised
+  5. context    system prompt + a window of the history (`agentq.loop.turn_context`); past
+                the compaction threshold, older turns pruned or summarised
                 (`agentq.loop.compaction`); the user's memories recalled
                 (`agentq.loop.recall`).
      -- commit; no connection is held while the model thinks --
@@ -62,13 +62,9 @@ from sqlalchemy import (
     SQLColumnExpression,
     Update,
     bindparam,
-    false,
     func,
     or_,
     select,
-    text,
-    true,
-    union_all,
     update,
 )
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -114,7 +110,6 @@ from agentq.loop.lifecycle import (
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
 from agentq.loop.store import (
-    STORED_MESSAGE,
     append_messages,
     append_with_history,
     record_usage,
@@ -124,14 +119,14 @@ from agentq.loop.store import (
 from agentq.loop.streaming import delta_publisher
 from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import LocalTurn, ToolTurns
-from agentq.loop.turn import Turn, hook_ctx
+from agentq.loop.turn import Turn
+from agentq.loop.turn_context import Asked, ContextBuilder
 from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import (
     Conversation,
     ConversationSummary,
     Job,
     JobEvent,
-    Message,
     Persona,
     Tenant,
     User,
@@ -258,38 +253,12 @@ _CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
 """The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
 data-modifying CTE returning the job's row, joined to its user, conversation, persona,
 summary and tenant. No row when the claim fails; the job loaded current."""
-_OWN_MESSAGES = (select(*STORED_MESSAGE)
-                 .where(Message.job_id == bindparam("job_id"),
-                        or_(Message.seq > bindparam("through"), Message.role == "user"))
-                 .order_by(Message.seq))
-"""The job's question (its first message) and its messages after the summary."""
-
-
-def _own_and_history() -> Select[Any]:
-    """`_OWN_MESSAGES` and the history before the job's question (the `limit` messages
-    before it; before the conversation's next seq, `next_seq`, when the job has none), in
-    one statement: (own, seq, role, content, token_count) rows, the job's own first, each
-    part in seq order. What `recent_messages` reads bounded by the question's seq, without
-    waiting for the first read's answer to bound the second."""
-    own = _OWN_MESSAGES.order_by(None).cte("own")
-    top = func.coalesce(select(func.min(own.c.seq)).scalar_subquery(),
-                        bindparam("next_seq", type_=Message.seq.type))
-    limit = bindparam("limit", type_=Message.seq.type)
-    history = (select(*STORED_MESSAGE)
-               .where(Message.conversation_id == bindparam("conversation_id"),
-                      Message.seq < top, Message.seq >= top - limit)
-               .order_by(Message.seq.desc()).limit(limit).subquery("history"))
-    parts = union_all(select(true().label("own"), *own.c), select(false(), *history.c))
-    return select(parts.subquery("parts")).order_by(text("own DESC"), text("seq"))
-
-
-_OWN_AND_HISTORY = _own_and_history()
 
 
 class Stepper:
     """Runs one step of a job (the module's contract). Its parts, each a module of its
     own, read its wiring (settings, router, registry, sessions, hooks) from it at each
-    call: compaction, recall, tool turns, endings and provider waits."""
+    call: context, compaction, recall, tool turns, endings and provider waits."""
 
     def __init__(self, settings: Settings, router: LLMRouter, registry: ToolRegistry,
                  sessions: sessionmaker[Session], hooks: Hooks | None = None,
@@ -303,6 +272,7 @@ class Stepper:
         self.cancels = cancels or CancelWatch(sessions)
         self.endings = Endings(self)
         self.compaction = Compactor(self)
+        self.context_builder = ContextBuilder(self, self.compaction)
         self.recall = Recall(self)
         self.tool_turns = ToolTurns(self)
         self.provider = ProviderWaits(self, self.endings)
@@ -480,8 +450,8 @@ class Stepper:
                     turn=job.iteration + 1, resumed=started, approval_tools=approval_tools)
         extras = context_layers.extras(persona, conversation, turn.tools,
                                        context_layers.TenantLayers(who.bootstrap, who.skills))
-        stop = self._build_context(uow, job, conversation, who.summary, system, turn,
-                                   who.has_memories, extras, asked)
+        stop = self.context_builder.build(uow, job, conversation, who.summary, system, turn,
+                                          who.has_memories, extras, asked)
         if stop is not None:
             self.endings.stop_turn(uow, job, turn_no, stop)
             return None
@@ -508,61 +478,6 @@ class Stepper:
             budget_reset_at=user.budget_reset_at,
             tokens_used=job.input_tokens + job.output_tokens, started_at=job.started_at,
             now=now)
-
-    # -- 5. context -------------------------------------------------------------------
-    def _build_context(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                       summary: ConversationSummary | None, system: str, turn: Turn,
-                       has_memories: bool, extras: context_layers.Extras,
-                       asked: Asked | None = None) -> Stop | None:
-        """The layers of this turn's context; a compaction planned when they pass the
-        threshold (the summary itself is asked for outside this transaction). A
-        `before_turn` hook may stop the job here. `asked`: the job's messages, when this
-        transaction wrote all of them (its question, on its first step), and the history
-        before them, read as they were written."""
-        session, settings = uow.session, self.settings
-        through = summary.through_seq if summary else 0
-        # the job's question (its first message) and what this run added since the summary:
-        # one read (the job's user messages come with it; those summarised are dropped)
-        if asked is not None:
-            own, recent = asked
-        else:  # the history before its question read with them, in the same statement
-            own, recent = [], []
-            for mine, *row in session.execute(_OWN_AND_HISTORY, {
-                    "job_id": job.id, "through": through, "conversation_id": conversation.id,
-                    "next_seq": conversation.message_seq + 1,
-                    "limit": settings.history_max_messages}):
-                (own if mine else recent).append(context.StoredMessage(*row))
-        question = own[0] if own else None
-        top = question.seq if question else conversation.message_seq + 1
-        history = [m for m in recent if m.seq > through and m.seq < top]
-        # older messages than that read, not in the summary yet: summarised, never dropped
-        turn.conversation_id = conversation.id
-        turn.backlog_end = top - 1 - settings.history_max_messages
-        backlog, backlog_more = self.compaction.backlog(session, turn, through)
-        inrun = ([m for m in own[1:] if m.seq > through] if question is not None else [])
-        room = context.input_budget(context.context_window(turn.model, settings),
-                                    turn.max_tokens)
-        recalls = question is not None and has_memories
-        # the recall runs later (its embedding is a network call): its room is kept now
-        turn.layers = context.Layers(
-            system, summary.content if summary else None, history, question, inrun,
-            memory_reserve=context.memory_reserve(memory.RECALL_K, memory.MAX_MEMORY_CHARS,
-                                                  room) if recalls else 0,
-            backlog=backlog, backlog_more=backlog_more, **extras)
-        turn.budget = room
-        turn.summary_version = summary.version if summary else 0
-        if recalls:
-            turn.recall_user, turn.recall_key = job.user_id, job.api_key_id
-        # once per turn: not again when its step runs again (after waiting for the
-        # provider, or re-driven), since an earlier run of it already asked the hook
-        if self.hooks.loaded and not turn.resumed:
-            stopped = self.hooks.before_turn({**hook_ctx(job, job.iteration + 1),
-                                              "messages": self.compaction.assemble(turn)})
-            if stopped is not None:
-                hook_name, reason = stopped
-                return Stop(StopReason.HOOK, reason, {"hook": hook_name})
-        self.compaction.plan(uow, job, turn)
-        return None
 
     # -- 7. persist -------------------------------------------------------------------
     def _persist(self, uow: UnitOfWork, job_id: uuid.UUID, iteration: int, owner: str,
@@ -626,10 +541,6 @@ class Stepper:
     def fail(self, job_id: str, exc: BaseException) -> list[Effect]:
         """A bug in this job's step: the job fails (`fail_job`), the hooks hear it."""
         return fail_job(self.sessions, job_id, exc, self.hooks)
-
-
-Asked = tuple[list[context.StoredMessage], list[context.StoredMessage]]
-"""A first step's messages (the job's own, as written) and the history before them."""
 
 
 def _begin(uow: UnitOfWork, job: Job, conversation: Conversation, now: datetime,

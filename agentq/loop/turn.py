@@ -1,6 +1,6 @@
 """A turn in flight: what the step's first transaction hands to the model call, and what
-every part of a step (`agentq.loop.step`, `.compaction`, `.recall`, `.endings`,
-`.provider_wait`) shares.
+every part of a step (`agentq.loop.step`, `.turn_context`, `.compaction`, `.recall`,
+`.endings`, `.provider_wait`) shares.
 
 The parts do not copy the step's wiring: they read it from the step (`Wired`) at each call,
 so a test that swaps a Stepper's router, sessions or hooks swaps them for every part.
