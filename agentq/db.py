@@ -205,7 +205,7 @@ def engine_for(settings: Settings | None = None) -> Engine:
         return engine
 
 
-def session_factory(settings: Settings | None = None) -> sessionmaker:
+def session_factory(settings: Settings | None = None) -> sessionmaker[Session]:
     settings = settings or get_settings()
     with _lock:
         maker = _makers.get(settings.database_url)

@@ -210,7 +210,9 @@ def batch_results(batch_id: str):
             yield from lines
             if len(jobs) < RESULTS_PAGE:
                 return
-            after = jobs[-1].batch_index
+            last = jobs[-1].batch_index
+            assert last is not None  # read by batch_index > after: never NULL
+            after = last
 
     return Response(generate(), mimetype="application/x-ndjson")
 

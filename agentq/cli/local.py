@@ -518,7 +518,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
             due_now(sessions, started)
     with sessions() as session:
         from agentq.models import Job
-        status = session.get(Job, job_id).status
+        status = session.get_one(Job, job_id).status
     if status == JobStatus.CANCELLED:
         return f"job {job_id} cancelled"
     return (f"job {job_id} ({status}) asked to cancel: a process is running its step, "
