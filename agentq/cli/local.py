@@ -500,7 +500,7 @@ def cancel_in_database(settings, job_id: uuid.UUID) -> str:
             raise click.ClickException(f"no job {job_id} in {shown_url(settings.database_url)}")
         if job.status in ENDED:
             return f"job {job_id} already {job.status}"
-        lease = job.step_lease_until  # UTC-aware on SQLite too (models.UTCDateTime)
+        lease = job.step_lease_until  # UTC-aware on SQLite too (column_types.UTCDateTime)
         unheld = job.status == JobStatus.RUNNING and (lease is None or lease <= utcnow())
         if unheld:
             request_cancel(uow, job)
