@@ -3,9 +3,9 @@
 A job advances by steps, each keyed by (job id, iteration), where `iteration` counts the
 model calls already made. `run_step(job_id, k)` does, in order:
 
-  1. claim      compare-and-set on the job row: only if the job is live, still at
-                iteration k, and no other step holds its lease. A duplicated or stale
-                message claims nothing and does nothing.
+  1. claim      compare-and-set on the job row (`agentq.loop.claim`): only if the job is
+                live, still at iteration k, and no other step holds its lease. A
+                duplicated or stale message claims nothing and does nothing.
   2. start      on the first step: status running, `job_start`, the user's message stored.
   3. collect    if the previous turn ran tools: their results (keyed by tool_use_id) become
                 tool_result messages, in call order; a call without a result is answered
@@ -52,25 +52,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, assert_never
+from datetime import datetime
+from typing import TYPE_CHECKING, assert_never
 
-from sqlalchemy import (
-    BindParameter,
-    ColumnElement,
-    Select,
-    SQLColumnExpression,
-    Update,
-    bindparam,
-    func,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.orm import Session, aliased, sessionmaker
-from sqlalchemy.sql.selectable import ExecutableReturnsRows
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from agentq import branches, memory
+from agentq import branches
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import ProviderError
@@ -82,6 +70,7 @@ from agentq.loop import budget, context, replay, rules
 from agentq.loop import layers as context_layers
 from agentq.loop.busy import pending_inputs
 from agentq.loop.cancel_watch import CancelWatch
+from agentq.loop.claim import ADVANCE, ADVANCE_WITH_USAGE, Who, claim
 from agentq.loop.compaction import Compactor
 from agentq.loop.decision import (
     CANCELLED,
@@ -98,7 +87,6 @@ from agentq.loop.effects import Cause, Effect
 from agentq.loop.endings import Endings, fail_job
 from agentq.loop.leases import LeaseKeeper
 from agentq.loop.lifecycle import (
-    LIVE_STATUSES,
     JobStatus,
     Phase,
     ReplayMode,
@@ -109,28 +97,14 @@ from agentq.loop.lifecycle import (
 )
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
-from agentq.loop.store import (
-    append_messages,
-    append_with_history,
-    record_usage,
-    usage_parameters,
-    with_usage,
-)
+from agentq.loop.store import append_messages, append_with_history, record_usage, usage_parameters
 from agentq.loop.streaming import delta_publisher
 from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import LocalTurn, ToolTurns
 from agentq.loop.turn import Turn
 from agentq.loop.turn_context import Asked, ContextBuilder
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import (
-    Conversation,
-    ConversationSummary,
-    Job,
-    JobEvent,
-    Persona,
-    Tenant,
-    User,
-)
+from agentq.models import Conversation, Job, JobEvent, Persona, User
 from agentq.tenants import cached_quotas
 from agentq.tools.registry import ToolRegistry
 
@@ -138,121 +112,6 @@ if TYPE_CHECKING:  # the router is passed in; its module imports the provider SD
     from agentq.llm.router import LLMRouter
 
 log = logging.getLogger(__name__)
-
-PROVIDER_EARLY_TOLERANCE_S = 2.0
-"""A delayed step may claim its job this much before the job's next attempt time (clocks
-of workers and of the process that parked it differ a little)."""
-
-
-_V = TypeVar("_V")
-
-
-def _param(name: str, column: ColumnElement[_V]) -> BindParameter[_V]:
-    return bindparam(name, type_=column.type)
-
-
-_jobs = Job.__table__
-
-
-def _loading(core_update: Update) -> ExecutableReturnsRows:
-    """`core_update` (an `UPDATE … RETURNING` every column of jobs) loading the job it
-    changed as the session's Job, current (populate_existing). An ORM-enabled UPDATE
-    (`update(Job)…returning(Job)`) does the same through the ORM's bulk-update machinery,
-    which cost about twice the CPU (0.24 against 0.11 ms a claim above a bare transaction,
-    1,000 claims each on Postgres: docs/benchmarks.md, the third pass)."""
-    return (select(Job).from_statement(core_update.returning(*_jobs.c))
-            .execution_options(populate_existing=True))
-
-
-_CLAIMING = (
-    update(_jobs).where(
-        _jobs.c.id == bindparam("job_id"), _jobs.c.iteration == bindparam("at_iteration"),
-        _jobs.c.status.in_(LIVE_STATUSES),
-        or_(_jobs.c.step_lease_until.is_(None),
-            _jobs.c.step_lease_until < _param("now", _jobs.c.step_lease_until)),
-        # a job waiting for its provider is not tried before its time (a duplicate or
-        # stray message claims nothing), unless it is to be cancelled
-        or_(_jobs.c.waiting_for.is_distinct_from(WaitingFor.PROVIDER),
-            _jobs.c.provider_next_attempt_at.is_(None),
-            _jobs.c.provider_next_attempt_at <= _param("early", _jobs.c.provider_next_attempt_at),
-            _jobs.c.cancel_requested_at.is_not(None)))
-    .values(step_owner=bindparam("owner"),
-            step_lease_until=_param("lease_until", _jobs.c.step_lease_until),
-            last_progress_at=_param("now", _jobs.c.last_progress_at), redrive_after=None))
-_CLAIM = _loading(_CLAIMING)
-"""Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
-
-_ADVANCING = (
-    update(_jobs).where(_jobs.c.id == bindparam("job_id"),
-                        _jobs.c.iteration == bindparam("at_iteration"),
-                        _jobs.c.step_owner == bindparam("owner"),
-                        _jobs.c.status.in_(LIVE_STATUSES))
-    .values(iteration=bindparam("turn_no"), step_owner=None, step_lease_until=None,
-            last_progress_at=_param("now", _jobs.c.last_progress_at), redrives=0,
-            waiting_for=None, provider_wait_since=None, provider_next_attempt_at=None,
-            provider_attempts=0, claimed_attempts=0, redrive_after=None,
-            input_tokens=_jobs.c.input_tokens + _param("add_input", _jobs.c.input_tokens),
-            output_tokens=_jobs.c.output_tokens + _param("add_output", _jobs.c.output_tokens),
-            cost_estimate=_jobs.c.cost_estimate + _param("cost", _jobs.c.cost_estimate)))
-_ADVANCE = _loading(_ADVANCING)
-"""Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
-call's usage added."""
-_ADVANCE_WITH_USAGE = {
-    charged: select(Job).from_statement(with_usage(_ADVANCING, charged))
-    .execution_options(populate_existing=True) for charged in (True, False)}
-"""`_ADVANCE` with the call's token log and its user's charge in one statement (Postgres;
-`agentq.loop.store.with_usage`): when the compare-and-set fails, nothing is written."""
-
-_versions = aliased(ConversationSummary)
-
-
-def _who(job: type[Job] | None) -> Select[Any]:
-    """Who, where, as whom, whether the user has memories, the conversation's current
-    summary (its highest version; None before the first) and the tenant's default context
-    layers: of the job whose ids are bound (`job` None), or of `job`'s row (an entity),
-    which comes first."""
-    who = (User, Conversation, Persona, memory.has_memories_clause(User.id),
-           ConversationSummary, Tenant.bootstrap, Tenant.skills)
-    conversation_id: SQLColumnExpression[uuid.UUID]
-    persona_id: SQLColumnExpression[uuid.UUID | None]
-    if job is None:
-        query = (select(*who).select_from(User).where(User.id == bindparam("user_id")))
-        conversation_id, persona_id = bindparam("conversation_id"), bindparam("persona_id")
-    else:
-        query = select(job, *who).select_from(job).join(User, User.id == job.user_id)
-        conversation_id, persona_id = job.conversation_id, job.persona_id
-    return (query.join(Tenant, Tenant.id == User.tenant_id)
-            .join(Conversation, Conversation.id == conversation_id)
-            .outerjoin(Persona, Persona.id == persona_id)
-            .outerjoin(ConversationSummary, ConversationSummary.id == (
-                select(_versions.id).where(_versions.conversation_id == Conversation.id)
-                .order_by(_versions.version.desc()).limit(1).scalar_subquery())))
-
-
-_WHO = _who(None)
-"""Who, where, as whom, whether the user has memories, the conversation's current
-summary and the tenant's default context layers: one round trip (SQLite, after the
-claim)."""
-
-
-class Who(NamedTuple):
-    """`_WHO`'s row: what a step reads with its claim."""
-    user: User
-    conversation: Conversation
-    persona: Persona | None
-    has_memories: bool
-    summary: ConversationSummary | None
-    """The conversation's current summary; None before the first."""
-    bootstrap: str | None
-    """The tenant's default context layers (`agentq.loop.layers.TenantLayers`)."""
-    skills: list[Any] | None
-
-
-_claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
-_CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
-"""The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
-data-modifying CTE returning the job's row, joined to its user, conversation, persona,
-summary and tenant. No row when the claim fails; the job loaded current."""
 
 
 class Stepper:
@@ -301,7 +160,8 @@ class Stepper:
         self.registry.look()  # before the transaction: one pooled connection at a time
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
         with UnitOfWork(self.sessions, durable=False, autoflush=False) as uow:
-            claimed = self._claim_who(uow.session, uuid.UUID(job_id), iteration, owner)
+            claimed = claim(uow.session, uuid.UUID(job_id), iteration, owner,
+                            self.settings.step_deadline_s)
             if claimed is None:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
@@ -364,33 +224,16 @@ class Stepper:
     # -- 1. claim ---------------------------------------------------------------------
     def _claim(self, session: Session, job_id: uuid.UUID, iteration: int,
                owner: str) -> Job | None:
-        claimed = self._claim_who(session, job_id, iteration, owner)
+        """The claim alone (`agentq.loop.claim`) under this Stepper's step deadline: the
+        job, or None when not claimed."""
+        claimed = claim(session, job_id, iteration, owner, self.settings.step_deadline_s)
         return claimed[0] if claimed is not None else None
-
-    def _claim_who(self, session: Session, job_id: uuid.UUID, iteration: int,
-                   owner: str) -> tuple[Job, Who] | None:
-        """The claim, and what the step reads with it (`_WHO`'s row): on Postgres one
-        statement (`_CLAIM_WHO`), elsewhere the claim, then the read. None: not claimed."""
-        now = utcnow()
-        claim = {
-            "job_id": job_id, "at_iteration": iteration, "now": now,
-            "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
-            "lease_until": now + timedelta(seconds=self.settings.step_deadline_s)}
-        if session.get_bind().dialect.name == "postgresql":
-            row = session.execute(_CLAIM_WHO, claim).one_or_none()
-            return None if row is None else (row[0], Who(*row[1:]))
-        job: Job | None = session.execute(_CLAIM, claim).scalar_one_or_none()
-        if job is None:
-            return None
-        return job, Who(*session.execute(_WHO, {
-            "user_id": job.user_id, "conversation_id": job.conversation_id,
-            "persona_id": job.persona_id}).one())
 
     # -- 2..5 -------------------------------------------------------------------------
     def _prepare(self, uow: UnitOfWork, job: Job, who: Who, cause: Cause) -> Turn | None:
         """The step's first transaction: None when the step ends here (its effects are on
-        the unit of work), else the turn for the model call. `who`: `_WHO`'s row, read with
-        the claim."""
+        the unit of work), else the turn for the model call. `who`: what the claim read
+        with it."""
         session, now = uow.session, utcnow()
         user, conversation, persona = who.user, who.conversation, who.persona
         # the job's own messages, when this step wrote every one (its first): not read back;
@@ -496,7 +339,7 @@ class Stepper:
             advance.update(usage_parameters(iteration=turn_no, reply=reply, cost=cost,
                                             keep_reply=True, now=now))
         job: Job | None = session.execute(
-            _ADVANCE_WITH_USAGE[charged] if together else _ADVANCE,
+            ADVANCE_WITH_USAGE[charged] if together else ADVANCE,
             advance).scalar_one_or_none()
         if job is None:
             log.warning("step lost its lease; reply discarded",

@@ -1,0 +1,171 @@
+"""A step's compare-and-sets on its job's row (steps 1 and 7 of `agentq.loop.step`), built
+once, their parameters per call.
+
+  claim    the job is live, still at iteration k, and no other step holds its lease (nor,
+           waiting for its provider, is it before its next attempt): this step's lease is
+           taken, and what the step needs is read with it (`Who`): on Postgres in the
+           same statement.
+  advance  iteration k → k+1 under this step's lease, the model call's usage added; on
+           Postgres its token log and its user's charge written by the same statement.
+
+A duplicated or stale message claims nothing; a step whose lease was lost advances nothing.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any, NamedTuple, TypeVar
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    SQLColumnExpression,
+    Update,
+    bindparam,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.selectable import ExecutableReturnsRows
+
+from agentq import memory
+from agentq.db import utcnow
+from agentq.loop.lifecycle import LIVE_STATUSES, WaitingFor
+from agentq.loop.store import with_usage
+from agentq.models import Conversation, ConversationSummary, Job, Persona, Tenant, User
+
+PROVIDER_EARLY_TOLERANCE_S = 2.0
+"""A delayed step may claim its job this much before the job's next attempt time (clocks
+of workers and of the process that parked it differ a little)."""
+_V = TypeVar("_V")
+
+
+def _param(name: str, column: ColumnElement[_V]) -> BindParameter[_V]:
+    return bindparam(name, type_=column.type)
+
+
+_jobs = Job.__table__
+
+
+def _loading(core_update: Update) -> ExecutableReturnsRows:
+    """`core_update` (an `UPDATE … RETURNING` every column of jobs) loading the job it
+    changed as the session's Job, current (populate_existing). An ORM-enabled UPDATE
+    (`update(Job)…returning(Job)`) does the same through the ORM's bulk-update machinery,
+    which cost about twice the CPU (0.24 against 0.11 ms a claim above a bare transaction,
+    1,000 claims each on Postgres: docs/benchmarks.md, the third pass)."""
+    return (select(Job).from_statement(core_update.returning(*_jobs.c))
+            .execution_options(populate_existing=True))
+
+
+_CLAIMING = (
+    update(_jobs).where(
+        _jobs.c.id == bindparam("job_id"), _jobs.c.iteration == bindparam("at_iteration"),
+        _jobs.c.status.in_(LIVE_STATUSES),
+        or_(_jobs.c.step_lease_until.is_(None),
+            _jobs.c.step_lease_until < _param("now", _jobs.c.step_lease_until)),
+        # a job waiting for its provider is not tried before its time (a duplicate or
+        # stray message claims nothing), unless it is to be cancelled
+        or_(_jobs.c.waiting_for.is_distinct_from(WaitingFor.PROVIDER),
+            _jobs.c.provider_next_attempt_at.is_(None),
+            _jobs.c.provider_next_attempt_at <= _param("early", _jobs.c.provider_next_attempt_at),
+            _jobs.c.cancel_requested_at.is_not(None)))
+    .values(step_owner=bindparam("owner"),
+            step_lease_until=_param("lease_until", _jobs.c.step_lease_until),
+            last_progress_at=_param("now", _jobs.c.last_progress_at), redrive_after=None))
+_CLAIM = _loading(_CLAIMING)
+"""Step 1, the claim: compare-and-set on the job row (built once; its parameters per call)."""
+
+_ADVANCING = (
+    update(_jobs).where(_jobs.c.id == bindparam("job_id"),
+                        _jobs.c.iteration == bindparam("at_iteration"),
+                        _jobs.c.step_owner == bindparam("owner"),
+                        _jobs.c.status.in_(LIVE_STATUSES))
+    .values(iteration=bindparam("turn_no"), step_owner=None, step_lease_until=None,
+            last_progress_at=_param("now", _jobs.c.last_progress_at), redrives=0,
+            waiting_for=None, provider_wait_since=None, provider_next_attempt_at=None,
+            provider_attempts=0, claimed_attempts=0, redrive_after=None,
+            input_tokens=_jobs.c.input_tokens + _param("add_input", _jobs.c.input_tokens),
+            output_tokens=_jobs.c.output_tokens + _param("add_output", _jobs.c.output_tokens),
+            cost_estimate=_jobs.c.cost_estimate + _param("cost", _jobs.c.cost_estimate)))
+ADVANCE = _loading(_ADVANCING)
+"""Step 7, the persist's compare-and-set: iteration k → k+1 under this step's lease, the
+call's usage added."""
+ADVANCE_WITH_USAGE = {
+    charged: select(Job).from_statement(with_usage(_ADVANCING, charged))
+    .execution_options(populate_existing=True) for charged in (True, False)}
+"""`ADVANCE` with the call's token log and its user's charge in one statement (Postgres;
+`agentq.loop.store.with_usage`): when the compare-and-set fails, nothing is written."""
+
+_versions = aliased(ConversationSummary)
+
+
+def _who(job: type[Job] | None) -> Select[Any]:
+    """Who, where, as whom, whether the user has memories, the conversation's current
+    summary (its highest version; None before the first) and the tenant's default context
+    layers: of the job whose ids are bound (`job` None), or of `job`'s row (an entity),
+    which comes first."""
+    who = (User, Conversation, Persona, memory.has_memories_clause(User.id),
+           ConversationSummary, Tenant.bootstrap, Tenant.skills)
+    conversation_id: SQLColumnExpression[uuid.UUID]
+    persona_id: SQLColumnExpression[uuid.UUID | None]
+    if job is None:
+        query = (select(*who).select_from(User).where(User.id == bindparam("user_id")))
+        conversation_id, persona_id = bindparam("conversation_id"), bindparam("persona_id")
+    else:
+        query = select(job, *who).select_from(job).join(User, User.id == job.user_id)
+        conversation_id, persona_id = job.conversation_id, job.persona_id
+    return (query.join(Tenant, Tenant.id == User.tenant_id)
+            .join(Conversation, Conversation.id == conversation_id)
+            .outerjoin(Persona, Persona.id == persona_id)
+            .outerjoin(ConversationSummary, ConversationSummary.id == (
+                select(_versions.id).where(_versions.conversation_id == Conversation.id)
+                .order_by(_versions.version.desc()).limit(1).scalar_subquery())))
+
+
+_WHO = _who(None)
+"""Who, where, as whom, whether the user has memories, the conversation's current
+summary and the tenant's default context layers: one round trip (SQLite, after the
+claim)."""
+
+
+class Who(NamedTuple):
+    """`_WHO`'s row: what a step reads with its claim."""
+    user: User
+    conversation: Conversation
+    persona: Persona | None
+    has_memories: bool
+    summary: ConversationSummary | None
+    """The conversation's current summary; None before the first."""
+    bootstrap: str | None
+    """The tenant's default context layers (`agentq.loop.layers.TenantLayers`)."""
+    skills: list[Any] | None
+
+
+_claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
+_CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
+"""The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
+data-modifying CTE returning the job's row, joined to its user, conversation, persona,
+summary and tenant. No row when the claim fails; the job loaded current."""
+
+
+def claim(session: Session, job_id: uuid.UUID, iteration: int, owner: str,
+          lease_s: float) -> tuple[Job, Who] | None:
+    """Step 1: the claim, a lease of `lease_s` for `owner`, and what the step reads with it
+    (`Who`): on Postgres one statement (`_CLAIM_WHO`), elsewhere the claim, then the read.
+    None: not claimed."""
+    now = utcnow()
+    params = {
+        "job_id": job_id, "at_iteration": iteration, "now": now,
+        "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
+        "lease_until": now + timedelta(seconds=lease_s)}
+    if session.get_bind().dialect.name == "postgresql":
+        row = session.execute(_CLAIM_WHO, params).one_or_none()
+        return None if row is None else (row[0], Who(*row[1:]))
+    job: Job | None = session.execute(_CLAIM, params).scalar_one_or_none()
+    if job is None:
+        return None
+    return job, Who(*session.execute(_WHO, {
+        "user_id": job.user_id, "conversation_id": job.conversation_id,
+        "persona_id": job.persona_id}).one())
