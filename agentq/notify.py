@@ -158,13 +158,13 @@ _hub_lock = threading.Lock()
 
 
 def hub_for(settings: Settings) -> Hub:
-    """This process's hub, made once; steps publish to it through the event hook."""
+    """This process's hub, made once. The composition roots (the API's app, the workers'
+    services) register its `publish` as an observer of committed events
+    (`agentq.loop.store.on_events`); the step's streamed pieces go to it directly."""
     global _hub
     with _hub_lock:
         if _hub is None:
             redis_urls = [u for u in (settings.broker_url, settings.result_backend_url)
                           if u.startswith(("redis://", "rediss://"))]
             _hub = RedisHub(redis_urls[0]) if redis_urls else Hub()
-            from agentq.loop.store import on_events
-            on_events(_hub.publish)
         return _hub

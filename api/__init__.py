@@ -28,6 +28,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     limits.register(app, settings.front.max_body_bytes, ui.QUERY_PARAMETERS)
     ratelimit.register(app, settings)
 
+    from agentq.loop.store import on_events
     from agentq.notify import hub_for
     from api import (
         admin,
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         schedules,
         ui,
     )
-    hub_for(settings)
+    on_events(hub_for(settings).publish)  # committed events reach streams and waits
     from tasks import metrics as recording
     recording.install()
     from tasks import tracing

@@ -47,9 +47,10 @@ def services() -> Services:
             from agentq.llm.gate import gate_for
             from agentq.llm.router import LLMRouter
             from agentq.loop.step import Stepper
+            from agentq.loop.store import on_events
             from agentq.notify import hub_for
             settings = get_settings()
-            hub_for(settings)  # steps publish their events to waiting clients
+            on_events(hub_for(settings).publish)  # committed events reach waiting clients
             sessions = session_factory(settings)
             registry = get_registry(settings)
             router = LLMRouter(settings, gates=partial(gate_for, settings))  # per provider

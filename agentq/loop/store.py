@@ -52,7 +52,8 @@ def on_events(hook: EventHook) -> None:
     Observers run after the write, outside the job's logic; a failing one is logged and
     never fails the job.
     """
-    _event_hooks.append(hook)
+    if hook not in _event_hooks:  # a root that starts twice (tests, `agentq dev`) adds it once
+        _event_hooks.append(hook)
 
 
 def notify(job_id: str, events: list[dict[str, Any]]) -> None:
