@@ -32,6 +32,7 @@ from agentq.db import utcnow
 from agentq.loop.states import (
     UNENDED_STATUSES,
     BatchStatus,
+    DeliveryStatus,
     JobStatus,
     Phase,
     ReplayMode,
@@ -468,7 +469,8 @@ class WebhookDelivery(Base):
     batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     url: Mapped[str] = mapped_column(Text)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[DeliveryStatus] = mapped_column(enum_column(DeliveryStatus),
+                                                   default=DeliveryStatus.PENDING)
     """pending → succeeded | failed (will retry) | gave_up."""
     status_code: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[int | None] = mapped_column(Integer)

@@ -98,6 +98,15 @@ class ScheduleStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class DeliveryStatus(enum.StrEnum):
+    """One webhook delivery attempt's row: pending → succeeded | failed (another attempt
+    follows, a row of its own) | gave_up (the retry schedule ran out): `agentq.webhooks`."""
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    GAVE_UP = "gave_up"
+
+
 def values(*members: enum.StrEnum) -> tuple[str, ...]:
     """The plain strings of `members` (for marshmallow's OneOf, click's Choice, SQL)."""
     return tuple(m.value for m in members)

@@ -33,6 +33,7 @@ from agentq.loop.lifecycle import (
     end_job,
     hand_conversation,
 )
+from agentq.loop.states import DeliveryStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, WebhookDelivery
 
@@ -109,7 +110,7 @@ def sweep_deliveries(settings: Settings, sessions: sessionmaker[Session]) -> lis
     overdue = now - timedelta(seconds=settings.webhook_overdue_s)
     with sessions() as session, session.begin():
         query = (select(WebhookDelivery)
-                 .where(WebhookDelivery.status == "pending",
+                 .where(WebhookDelivery.status == DeliveryStatus.PENDING,
                         WebhookDelivery.next_attempt_at < overdue)
                  .order_by(WebhookDelivery.next_attempt_at).limit(SWEEP_BATCH))
         if session.get_bind().dialect.name == "postgresql":

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.errors import AgentqError
+from agentq.loop.states import DeliveryStatus
 from agentq.models import Job, WebhookDelivery
 from agentq.webhooks.signing import new_event_id
 
@@ -30,7 +31,8 @@ APPROVAL_EVENT_TYPE = "job.approval_required"
 TOOL_CALL_KEYS = ("tool_use_id", "name", "arguments")
 EVENT_TYPES = JOB_EVENT_TYPES + BATCH_EVENT_TYPES + (APPROVAL_EVENT_TYPE,)
 
-PENDING, SUCCEEDED, FAILED, GAVE_UP = "pending", "succeeded", "failed", "gave_up"
+PENDING, SUCCEEDED, FAILED, GAVE_UP = (DeliveryStatus.PENDING, DeliveryStatus.SUCCEEDED,
+                                      DeliveryStatus.FAILED, DeliveryStatus.GAVE_UP)
 
 
 def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job_id=None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from marshmallow import Schema, fields, validate
 
+from agentq.loop.states import DeliveryStatus, values
+
 
 class WebhookSecretSchema(Schema):
     secret = fields.String(required=True, metadata={
@@ -17,7 +19,7 @@ class DeliverySchema(Schema):
     url = fields.String(required=True)
     attempt = fields.Integer(required=True)
     status = fields.String(required=True,
-                           validate=validate.OneOf(("pending", "succeeded", "failed", "gave_up")))
+                           validate=validate.OneOf(values(*DeliveryStatus)))
     status_code = fields.Integer(allow_none=True, required=True)
     latency_ms = fields.Integer(allow_none=True, required=True)
     error = fields.String(allow_none=True, required=True)
