@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
+from agentq.loop.states import ToolCallStatus
 from agentq.models import Job, JobEvent, TokenLog, ToolCall
 
 KINDS = {  # kind: (legend, what it is)
@@ -239,13 +240,14 @@ def build(job: Job, events: Sequence[JobEvent], calls: Sequence[ToolCall],
             is_open = call.finished_at is None
         else:  # never ran: rejected, denied, cancelled, or still queued
             start = end = call.finished_at or now
-            is_open = call.finished_at is None and call.status in ("pending", "awaiting")
-            if call.status == "awaiting":
+            is_open = call.finished_at is None and call.status in (ToolCallStatus.PENDING,
+                                                                   ToolCallStatus.AWAITING)
+            if call.status == ToolCallStatus.AWAITING:
                 continue  # its approval bar says it
         ok = (call.result or {}).get("ok")
         bars.append(Bar(
             "tool", f"Tool: {call.name}", start, end, depth=2, open=is_open,
-            status=call.status if ok is None or call.status != "succeeded" else "ok",
+            status=call.status if ok is None or call.status != ToolCallStatus.SUCCEEDED else "ok",
             queued_from=min(queued_from, start), turn=call.iteration,
             raw={"tool_call": {"tool_use_id": call.tool_use_id, "name": call.name,
                                "status": call.status, "arguments": call.arguments,

@@ -17,7 +17,7 @@ import click
 
 from agentq.cli.core import main
 from agentq.cli.remote import _api_client, _api_errors, _api_options
-from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, REPLAY_MODES, ReplayMode
+from agentq.loop.states import BATCH_ENDED, ENDED_STATUSES, REPLAY_MODES, JobStatus, ReplayMode
 
 if TYPE_CHECKING:
     from agentq.client import AgentQ
@@ -148,7 +148,7 @@ def replay(job_id: str | None, mode: str, model: str | None, failed: bool,
             job = client.replay(job_id, mode, model)
             _print_comparison(client, client.wait(job.id, timeout_s=math.inf).id)
             return
-        window = {"status": "failed"}
+        window = {"status": JobStatus.FAILED.value}
         if since:
             window["since"] = parse_since(since).isoformat()
         if until:
