@@ -45,6 +45,7 @@ import threading
 import time
 from typing import Any
 
+from agentq.testing.scripted_http import Request, Response
 from agentq.testing.scripted_llm import ScriptedLLM, _error_body, call, text, tool_calls
 
 TURNS_RE = re.compile(r"turns=(\d+)")
@@ -179,22 +180,23 @@ class BenchLLM(ScriptedLLM):
                                   if self.calls else None)
         return out
 
-    async def _route(self, method: str, path: str, body: bytes):
+    async def _route(self, request: Request) -> Response:
+        path = request.path
         bare = path[3:] if path.startswith("/v1/") else path
-        if method == "POST" and bare == "/reset":
+        if request.method == "POST" and bare == "/reset":
             self.reset_stats()
-            return 200, {"ok": True}, {}
-        if method == "POST" and bare == "/config":
+            return Response(200, {"ok": True})
+        if request.method == "POST" and bare == "/config":
             try:
-                config = json.loads(body or b"{}")
+                config = json.loads(request.body or b"{}")
                 latency_s = float(config.get("latency_s", self.latency_s))
                 storm = self._storm_config(config["storm"]) if "storm" in config \
                     else self.storm
             except (ValueError, TypeError, AttributeError, KeyError):
-                return 400, _error_body("bad config", 400), {}
+                return Response(400, _error_body("bad config", 400))
             self.latency_s, self.storm = latency_s, storm
-            return 200, {"latency_s": self.latency_s, "storm": self._storm_active()}, {}
-        return await super()._route(method, path, body)
+            return Response(200, {"latency_s": self.latency_s, "storm": self._storm_active()})
+        return await super()._route(request)
 
     @staticmethod
     def _storm_config(spec: dict | None) -> dict[str, Any] | None:
@@ -225,7 +227,7 @@ class BenchLLM(ScriptedLLM):
         self.storm_served[kind] = self.storm_served.get(kind, 0) + 1
         return kind
 
-    async def _chat(self, request: dict):
+    async def _chat(self, request: dict) -> Response:
         with self._in_flight():
             tokens = request_tokens(request)
             if is_summary_request(request):
@@ -238,17 +240,17 @@ class BenchLLM(ScriptedLLM):
                 self.tokens_max = max(self.tokens_max, tokens)
             storm, kind = self.storm, self._storm_kind()
             if kind == "429_retry_after":
-                return 429, _error_body("rate limited (storm)", 429), {
-                    "retry-after": f"{storm['retry_after_s']:g}"}
+                return Response(429, _error_body("rate limited (storm)", 429), {
+                    "retry-after": f"{storm['retry_after_s']:g}"})
             if kind in ("429", "500"):
-                return int(kind), _error_body(f"storm {kind}", int(kind)), {}
+                return Response(int(kind), _error_body(f"storm {kind}", int(kind)))
             if kind == "hang":
                 await asyncio.sleep(storm["hang_s"])
             reply = react_reply(request)
             reply.input_tokens = tokens  # usage as a provider would bill it
             if self.latency_s > 0:
                 await asyncio.sleep(self.latency_s)
-            return 200, self._completion(reply, request.get("model") or "scripted"), {}
+            return Response(200, self._completion(reply, request.get("model") or "scripted"))
 
 
 def main(argv: list[str] | None = None) -> None:
