@@ -13,7 +13,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import exists, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
@@ -96,12 +96,3 @@ def create_branch(uow: UnitOfWork, settings: Settings, source: Conversation,
     session.flush()
     sub.incoming, sub.conversation_id = None, branch_id
     return submit(uow, settings, sub)
-
-
-def is_branch_start(session: Session, job: Job, conversation: Conversation) -> bool:
-    """Whether `job` is its branch conversation's first job (its turn is a branch's)."""
-    if conversation.branched_from_conversation_id is None:
-        return False
-    return not session.execute(select(exists().where(
-        Message.conversation_id == conversation.id, Message.job_id.is_not(None),
-        Message.job_id != job.id))).scalar()

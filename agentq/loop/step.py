@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, assert_never
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentq import branches
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import ProviderError
@@ -97,7 +96,13 @@ from agentq.loop.lifecycle import (
 )
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
-from agentq.loop.store import append_messages, append_with_history, record_usage, usage_parameters
+from agentq.loop.store import (
+    append_messages,
+    append_with_history,
+    is_branch_start,
+    record_usage,
+    usage_parameters,
+)
 from agentq.loop.streaming import delta_publisher
 from agentq.loop.submit import describe_attachments
 from agentq.loop.tool_turn import LocalTurn, ToolTurns
@@ -411,7 +416,7 @@ def _steer(uow: UnitOfWork, job: Job, conversation: Conversation, turn_no: int,
     if not started:
         uow.event(job.id, "turn_start", turn=turn_no, triggered_by=rules.turn_trigger(
             iteration=job.iteration, replay=job.replay_of is not None,
-            branch=job.iteration == 0 and branches.is_branch_start(session, job, conversation),
+            branch=job.iteration == 0 and is_branch_start(session, job, conversation),
             sub_agent=job.parent_job_id is not None,
             follow_up=bool((job.meta or {}).get("follow_up_of")), steered=bool(inputs)))
     if not inputs:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Update,
     bindparam,
     column,
+    exists,
     func,
     insert,
     literal,
@@ -384,3 +385,13 @@ def shown(first: int, items: list[tuple[str, dict[str, Any]]],
 def event_dict(event: JobEvent) -> dict[str, Any]:
     return {"seq": event.seq, "type": event.type, "data": event.data,
             "created_at": event.created_at.isoformat()}
+
+
+def is_branch_start(session: Session, job: Job, conversation: Conversation) -> bool:
+    """Whether `job` is its branch conversation's first job (its turn is a branch's:
+    `agentq.branches` makes such conversations)."""
+    if conversation.branched_from_conversation_id is None:
+        return False
+    return not session.execute(select(exists().where(
+        Message.conversation_id == conversation.id, Message.job_id.is_not(None),
+        Message.job_id != job.id))).scalar()
