@@ -31,6 +31,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.db import utcnow
+from agentq.loop.states import ToolCallStatus
 from agentq.models import Job, ToolCall
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class ToolLeaseKeeper(_Keeper):
     def _write(self, session: Session, held: dict[str, uuid.UUID], until: datetime) -> int:
         renewed = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(ToolCall).where(ToolCall.tool_use_id.in_(list(held)),
-                                   ToolCall.status == "pending")
+                                   ToolCall.status == ToolCallStatus.PENDING)
             .values(lease_until=until)
             .execution_options(synchronize_session=False))).rowcount
         session.execute(
