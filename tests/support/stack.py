@@ -285,6 +285,10 @@ class Stack:
             "AGENTQ_PUBLIC_URL": self.base, "PORT": str(self.port),
             "AGENTQ_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore",
         })
+        if os.environ.get("AGENTQ_TEST_COVERAGE_WORKERS") == "1":
+            # coverage starts in each of the stack's processes (coverage's own .pth file
+            # reads this), saving .coverage.<host>.<pid>.* in ROOT for `coverage combine`
+            env["COVERAGE_PROCESS_START"] = str(ROOT / "setup.cfg")
         env.update(extra_env or {})
         self.env = env
         self.workers = tuple(workers)
