@@ -409,6 +409,38 @@ def write_changes(session: Session, obj: ModelWithId,
     return True
 
 
+def insert_new_with(session: Session, obj: Model, changed: ModelWithId) -> bool:
+    """Write a new ORM object's row (as `insert_new`, with no unique key to contend for) in
+    the statement that writes `changed`'s changes (`write_changes`' `together`): one round
+    trip for both, as a new job and the conversation it takes. The INSERT runs as a CTE of
+    the UPDATE, so a foreign key either way is checked once both are written. Postgres only;
+    False, and nothing written, on another dialect or when `write_changes` declines: the
+    caller writes them one by one."""
+    dialect = session.get_bind().dialect.name
+    if dialect != "postgresql":
+        return False
+    columns = _mapped_columns(type(obj))
+    values = {attribute: _column_value(obj, attribute, column)
+              for attribute, column in columns}
+    together = (_row_insert_statement(type(obj)),
+                {f"row_{column.key}": values[attribute] for attribute, column in columns})
+    if not write_changes(session, changed, together):
+        return False
+    _joined_as_written(session, obj, values)
+    return True
+
+
+@functools.cache
+def _row_insert_statement(model: type[Model]) -> Insert:
+    """`INSERT INTO <model's table>` of every column, bound as `row_<column>`: inside
+    another table's UPDATE, a parameter named as a column would be taken for a SET value."""
+    table = model.__table__
+    return insert(table).values({
+        column: bindparam(f"row_{column.key}", type_=(
+            _NONE_AS_SQL_NULL if isinstance(column.type, JSON) else column.type))
+        for column in table.c})
+
+
 @functools.cache
 def _update_statement(model: type[Model], attributes: frozenset[str],
                       together: UpdateBase | None = None) -> Update:

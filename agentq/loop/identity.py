@@ -171,5 +171,26 @@ def _make_conversation(session: Session, user: User, incoming: Incoming,
         platform_thread_id=incoming.platform_thread_id, scope_key=key, message_seq=0,
         started_at=now, last_active_at=now, is_summarized=False, memory_summarized_seq=0)
     if insert_new(session, conversation, ("scope_key",)):
+        _made(session).add(conversation.id)
         return conversation
     return session.execute(_FIND_CONVERSATION, {"scope_key": key}).scalar_one()
+
+
+_MADE = "agentq.conversations_made"
+"""session.info's key: (a transaction, the ids of the conversations it inserted)."""
+
+
+def _made(session: Session) -> set[uuid.UUID]:
+    """The ids of the conversations this session's open transaction inserted."""
+    transaction = session.get_transaction()
+    made = session.info.get(_MADE)
+    if made is None or made[0] is not transaction:  # (a later transaction of the session)
+        made = session.info[_MADE] = (transaction, set())
+    return made[1]
+
+
+def made_here(session: Session, conversation: Conversation) -> bool:
+    """Whether this session's open transaction inserted `conversation`'s row: until it
+    commits no other transaction sees the row (one that inserts its key waits on it), so
+    nobody else can own, lock or change it meanwhile."""
+    return session.get_transaction() is not None and conversation.id in _made(session)

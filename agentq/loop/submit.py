@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import insert_new, utcnow, write_changes
+from agentq.db import insert_new, insert_new_with, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
 from agentq.loop.busy import (
     busy_conflict,
@@ -26,7 +26,7 @@ from agentq.loop.busy import (
 )
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep, RevokeTools
-from agentq.loop.identity import Incoming, resolve
+from agentq.loop.identity import Incoming, made_here, resolve
 from agentq.loop.lifecycle import (
     JobStatus,
     Phase,
@@ -94,12 +94,17 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     user, persona, conversation = _resolve(session, settings, sub, now, cache)
     if batch_id is not None:
         job = _new_job(session, settings, sub, user, persona, conversation, now,
-                       waiting_for=WaitingFor.BATCH, flush=False)
+                       waiting_for=WaitingFor.BATCH)
         job.batch_id = batch_id
+        session.add(job)
         _keep_persona(conversation, persona)
         return Submitted(job, True)
 
-    conversation, owner = lock_owner_then_conversation(session, conversation.id)
+    if made_here(session, conversation):  # nobody else sees it before our commit
+        owner = None
+    else:
+        conversation, owner = lock_owner_then_conversation(session, conversation.id,
+                                                           conversation.active_job_id)
     if owner is not None and sub.on_busy == "reject":
         raise busy_conflict(owner)
     if owner is not None and sub.on_busy == "steer":
@@ -112,7 +117,11 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     _keep_persona(conversation, persona)
     if owner is None:
         take_conversation(conversation, job)
-    write_changes(session, conversation)  # its row is locked: one UPDATE (if any), no flush
+    # the job's INSERT and the conversation's UPDATE (its row is ours: locked or made here)
+    # in one statement on Postgres; else one after the other, no flush
+    if not insert_new_with(session, job, conversation):
+        insert_new(session, job)  # first: its files and the conversation refer to it
+        write_changes(session, conversation)
     if owner is None and may_start(session, job, settings):
         uow.effect(NextStep(str(job.id), 0, "start"))
     elif owner is not None and sub.on_busy == "interrupt":
@@ -178,14 +187,20 @@ _OWNER = (select(Conversation.active_job_id)
           .where(Conversation.id == bindparam("conversation_id")))
 
 
-def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID
+def lock_owner_then_conversation(session: Session, conversation_id: uuid.UUID,
+                                 owner_read: uuid.UUID | None | Literal["unread"] = "unread"
                                  ) -> tuple[Conversation, Job | None]:
     """Lock the conversation's running job, then the conversation (the order a finishing
-    job takes them), retrying if the owner changed in between."""
-    for _ in range(LOCK_ATTEMPTS):
-        owner_id = session.execute(_OWNER, {"conversation_id": conversation_id}).scalar_one()
-        if owner_id is not None:
-            lock_job(session, owner_id)
+    job takes them), retrying if the owner changed in between. `owner_read`: its owner as
+    this transaction read it a moment ago (the first attempt goes by it, as by its own
+    read: the locked row says whether it still holds)."""
+    for attempt in range(LOCK_ATTEMPTS):
+        owner_id = (owner_read if attempt == 0 and owner_read != "unread"
+                    else session.execute(_OWNER, {"conversation_id": conversation_id}
+                                         ).scalar_one())
+        # the locked job kept referenced: the session's identity map holds it only while
+        # it is, and active_job finds it there rather than reading it once more
+        _held = lock_job(session, owner_id) if owner_id is not None else None
         conversation = lock_conversation(session, conversation_id)
         if conversation.active_job_id == owner_id:
             return conversation, active_job(session, conversation)
@@ -232,7 +247,8 @@ def cancel(uow: UnitOfWork, job: Job) -> None:
 
 def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
              persona: Persona | None, conversation: Conversation, now: datetime,
-             waiting_for: WaitingFor | None, flush: bool = True) -> Job:
+             waiting_for: WaitingFor | None) -> Job:
+    """The job's row, not yet written (the caller writes it)."""
     asked = {k: v for k, v in (sub.limits or {}).items() if v is not None}
     job = new_job(tenant_id=sub.tenant_id, conversation_id=conversation.id,
                   user_id=user.id, persona_id=persona.id if persona else None,
@@ -242,10 +258,6 @@ def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
                   limits_applied=applied_limits(settings, persona.limits if persona else None,
                                                 asked))
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
-    if flush:
-        insert_new(session, job)  # written now: its files and the conversation refer to it
-    else:
-        session.add(job)
     return job
 
 

@@ -1,0 +1,86 @@
+"""What a submit sends to Postgres (issue 34: round trips per job), and that the rows a
+client sees are the same: the job, the conversation it takes or waits for."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from agentq.loop.identity import Incoming
+from agentq.loop.submit import Submission, submit
+from agentq.loop.uow import UnitOfWork
+from agentq.models import Conversation, Job
+from tests.support.sql import sql_sent
+
+
+@pytest.fixture
+def make(make_pg):
+    """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the statements are counted on
+    the dialect that folds them."""
+    return make_pg
+
+
+def _submit(h, user: str, channel: str, **fields) -> tuple[Job, list[str]]:
+    with sql_sent(h.sessions.kw["bind"]) as statements:
+        with UnitOfWork(h.sessions) as uow:
+            job = submit(uow, h.settings, Submission(Incoming("test", user, channel),
+                                                     "What is 2+2?", **fields)).job
+    return job, statements
+
+
+def _rows(h, job_id: uuid.UUID) -> tuple[Job, Conversation]:
+    with h.sessions() as session:
+        job = session.get(Job, job_id)
+        return job, session.get(Conversation, job.conversation_id)
+
+
+def test_a_message_to_a_new_place_takes_its_conversation_without_locking_it(make):
+    # given a user and a place never seen (the tenant's quotas read already: a process
+    # keeps them for a few seconds)
+    h = make()
+    _submit(h, "u-earlier", f"c-{uuid.uuid4().hex[:8]}")
+    # when a message comes in
+    job, statements = _submit(h, f"u-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}")
+    # then the user, its link and the conversation are made, and the job is written with
+    # the conversation taking it in one statement; the new conversation (nobody else sees
+    # it before the commit) is neither read again nor locked
+    assert not any("FOR NO KEY UPDATE" in s or "FOR UPDATE" in s for s in statements)
+    written = [s for s in statements if "INSERT INTO jobs" in s]
+    assert len(written) == 1 and "UPDATE conversations" in written[0]
+    assert len(statements) == 6  # find, user, link, conversation, job+conversation, quota
+    # and the rows are as before: the job queued, the conversation its
+    stored, conversation = _rows(h, job.id)
+    assert stored.status == "queued" and stored.waiting_for is None
+    assert conversation.active_job_id == job.id
+
+
+def test_a_message_to_a_free_conversation_locks_it_by_the_owner_it_read(make):
+    # given a conversation whose job has ended
+    h = make()
+    user, channel = f"u-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}"
+    first, _ = _submit(h, user, channel)
+    with UnitOfWork(h.sessions) as uow:
+        uow.session.get(Conversation, first.conversation_id).active_job_id = None
+    # when the next message comes in
+    job, statements = _submit(h, user, channel)
+    # then the owner its lookup read (none) is not read again before the lock
+    assert len(statements) == 4  # find, lock, job+conversation, quota
+    stored, conversation = _rows(h, job.id)
+    assert conversation.id == first.conversation_id and conversation.active_job_id == job.id
+    assert stored.status == "queued" and stored.waiting_for is None
+
+
+def test_a_message_to_a_busy_conversation_waits_for_it(make):
+    # given a conversation that runs a job
+    h = make()
+    user, channel = f"u-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}"
+    first, _ = _submit(h, user, channel)
+    # when the next message comes in (on_busy: queue)
+    job, statements = _submit(h, user, channel)
+    # then its owner is locked, then the conversation (the owner read once: the locked
+    # job is the one answered), and the job is written alone (the conversation's row does
+    # not change)
+    assert len(statements) == 4  # find, lock owner, lock conversation, job
+    stored, conversation = _rows(h, job.id)
+    assert conversation.active_job_id == first.id
+    assert stored.waiting_for == "conversation"
