@@ -228,7 +228,7 @@ def _join_if_last(session: Session, job_id: uuid.UUID, iteration: int) -> tuple[
 _CALL = select(
     _calls.c.name, _calls.c.arguments, _calls.c.status, _calls.c.attempts,
     _calls.c.lease_until, _jobs.c.id.label("job_id"), _jobs.c.tenant_id,
-    _jobs.c.status.label("job_status"), _jobs.c.cancel_requested_at, _jobs.c.redrive_after,
+    _jobs.c.status.label("job_status"), _jobs.c.cancel_requested_at,
     _users.c.id.label("user_id"), _users.c.permission_level,
     _conversations.c.id.label("conversation_id"), _conversations.c.platform,
     _conversations.c.platform_channel_id, _conversations.c.platform_thread_id,
@@ -243,8 +243,6 @@ place and the persona's modules (Core columns: no ORM objects to build)."""
 _CALL_BY_ID = _CALL.where(_calls.c.tool_use_id == bindparam("tool_use_id"))
 _LOCK_CALL_BY_ID = {False: _CALL_BY_ID,
                     True: _CALL_BY_ID.with_for_update(of=_jobs)}  # the job's row first
-_LEASE_JOB = (update(_jobs).where(_jobs.c.id == bindparam("job_id"))
-              .values(redrive_after=bindparam("until", type_=_jobs.c.redrive_after.type)))
 _START_CALL = (update(_calls).where(_calls.c.tool_use_id == bindparam("call_id"))
                .values(attempts=bindparam("attempts_now", type_=_calls.c.attempts.type),
                        started_at=bindparam("now", type_=_calls.c.started_at.type),
@@ -256,12 +254,6 @@ _STORE_RESULT = (update(_calls)
                          result=bindparam("record", type_=_calls.c.result.type),
                          finished_at=bindparam("now", type_=_calls.c.finished_at.type))
                  .returning(_calls.c.iteration))
-_LEASE_AND_START = _START_CALL.add_cte(
-    update(_jobs).where(_jobs.c.id == bindparam("leased_job"))
-    .values(redrive_after=bindparam("until", type_=_jobs.c.redrive_after.type)).cte("leased"))
-"""`_LEASE_JOB` and `_START_CALL` in one statement (Postgres): the job's UPDATE as a
-data-modifying CTE of the call's. Its job is named `leased_job`: a parameter named as a
-column of tool_calls (`job_id`) would also be SET by the call's UPDATE."""
 _PENDING_OF_TURN = (select(_calls.c.id)
                     .where(_calls.c.job_id == bindparam("job_id"),
                            _calls.c.iteration == bindparam("iteration"),
@@ -321,21 +313,15 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
 def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
            settings: Settings, registry: ToolRegistry, sessions: sessionmaker[Session],
            now: datetime) -> Run | Answered:
-    """This delivery starts the call: its attempt counted and its lease taken (the job's
-    too); a call that crashed its worker too often is answered `tool_crashed` instead."""
-    session, job_id = uow.session, call.job_id
+    """This delivery starts the call: its attempt counted and its lease taken; a call that
+    crashed its worker too often is answered `tool_crashed` instead."""
+    job_id = call.job_id
     lease_until = now + timedelta(seconds=settings.step_deadline_s)
-    # the sweeper leaves the job alone while the call runs (a slow tool is not a stall);
-    # the job's row (locked by `_prepare`) is written before the call's, as everywhere
-    row = {"call_id": tool_use_id, "attempts_now": start.attempts, "now": now,
-           "until": lease_until}
-    if call.redrive_after is not None and call.redrive_after >= lease_until:
-        session.execute(_START_CALL, row)
-    elif session.get_bind().dialect.name == "postgresql":
-        session.execute(_LEASE_AND_START, {**row, "leased_job": job_id})
-    else:
-        session.execute(_LEASE_JOB, {"job_id": job_id, "until": lease_until})
-        session.execute(_START_CALL, row)
+    # the lease is the call's alone: the sweeper leaves the job alone while a call of its
+    # turn holds one (a slow tool is not a stall), and the job's row, locked by `_prepare`,
+    # is not written (issue 34: it changes only with the job's state)
+    uow.session.execute(_START_CALL, {"call_id": tool_use_id, "attempts_now": start.attempts,
+                                      "now": now, "until": lease_until})
     if start.crashed:
         _store(uow, job_id, tool_use_id, call.name, ToolCallStatus.FAILED, CRASHED_RESULT)
         return Answered(CallOutcome(tool_use_id, ToolCallStatus.FAILED))

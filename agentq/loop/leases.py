@@ -15,7 +15,9 @@ no longer renewed, and its lease runs out one deadline after the last renewal, a
 A tool call is leased the same way while its tool runs (`ToolLeaseKeeper`): a copy of the
 call delivered meanwhile (the sweeper re-dispatched it, the broker redelivered it) waits
 for the running one's result, and one delivered after the lease ran out knows that worker
-died (agentq.loop.execute).
+died (agentq.loop.execute). That lease is the call's row alone: the sweeper leaves a job
+alone while a call of its turn holds one (agentq.loop.sweeper), and the job's row is not
+written for it.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator, cast
 
-from sqlalchemy import or_, update
+from sqlalchemy import update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -153,18 +155,14 @@ class LeaseKeeper(_Keeper):
 
 class ToolLeaseKeeper(_Keeper):
     """Tool calls: `hold(job_id, tool_use_id)` keeps the call's `lease_until` alive while
-    its tool runs, and its job's `redrive_after` no sooner (a slow tool is no stalled job:
-    the sweeper leaves it alone while the worker running the call lives)."""
+    its tool runs. The job's row is not written: the sweeper reads the leases of the job's
+    turn (a slow tool is no stalled job: it leaves the job alone while the worker running
+    the call lives)."""
 
     def _write(self, session: Session, held: dict[str, uuid.UUID], until: datetime) -> int:
         renewed = cast("CursorResult[Any]", session.execute(  # an UPDATE's: it has rowcount
             update(ToolCall).where(ToolCall.tool_use_id.in_(list(held)),
                                    ToolCall.status == ToolCallStatus.PENDING)
             .values(lease_until=until)
-            .execution_options(synchronize_session=False))).rowcount
-        session.execute(
-            update(Job).where(Job.id.in_(list(set(held.values()))),
-                              or_(Job.redrive_after.is_(None), Job.redrive_after < until))
-            .values(redrive_after=until)
-            .execution_options(synchronize_session=False))
-        return renewed
+            .execution_options(synchronize_session=False)))
+        return renewed.rowcount

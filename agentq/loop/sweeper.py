@@ -1,6 +1,10 @@
 """The sweeper: re-drives, from Postgres, every live job whose step has not advanced within
 the deadline, so a job whose broker message was lost still completes.
 
+A job whose turn's tools run is left alone while a call of that turn holds a live lease
+(`tool_calls.lease_until`, renewed by the worker running it): a tool worker that died stops
+renewing, the lease runs out, and the turn is re-driven (its lost calls dispatched again).
+
 It tells poison from backlog:
   * a step that was CLAIMED (a worker took it: `step_owner` set) and whose lease ran out
     without progress crashed its worker (killed, out of memory, database lost mid-step).
@@ -15,9 +19,9 @@ It tells poison from backlog:
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import Exists, exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
@@ -33,9 +37,9 @@ from agentq.loop.lifecycle import (
     end_job,
     hand_conversation,
 )
-from agentq.loop.states import DeliveryStatus
+from agentq.loop.states import DeliveryStatus, ToolCallStatus
 from agentq.loop.uow import UnitOfWork
-from agentq.models import Job, WebhookDelivery
+from agentq.models import Job, ToolCall, WebhookDelivery
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
@@ -45,6 +49,16 @@ def redrive_delay_s(settings: Settings, unclaimed: int) -> float:
     """The wait before re-driving again a job whose last `unclaimed` re-drives nobody took."""
     return min(settings.step_deadline_s * 2.0 ** min(unclaimed, 20),
                max(settings.redrive_backoff_max_s, settings.step_deadline_s))
+
+
+def _a_tool_runs(now: datetime) -> Exists:
+    """A pending call of the job's current turn whose lease lives: a worker runs its tool
+    and renews it (agentq.loop.leases), so the job is slow, not stalled. Its lease is on
+    the call's row, never the job's (issue 34). A call that ended holds nothing: storing
+    its result was the job's progress (its event stamps `last_progress_at`)."""
+    return exists().where(ToolCall.job_id == Job.id, ToolCall.iteration == Job.iteration,
+                          ToolCall.status == ToolCallStatus.PENDING,
+                          ToolCall.lease_until > now)
 
 
 def sweep(settings: Settings, sessions: sessionmaker[Session]) -> int:
@@ -60,7 +74,8 @@ def sweep(settings: Settings, sessions: sessionmaker[Session]) -> int:
                                    or_(Job.step_lease_until.is_(None),
                                        Job.step_lease_until < now),
                                    or_(Job.redrive_after.is_(None),
-                                       Job.redrive_after <= now))
+                                       Job.redrive_after <= now),
+                                   ~_a_tool_runs(now))
                  .order_by(Job.last_progress_at).limit(SWEEP_BATCH))
         if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)

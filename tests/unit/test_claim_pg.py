@@ -303,7 +303,7 @@ def test_a_persist_logs_and_charges_with_its_compare_and_set_or_writes_nothing(m
         assert session.get(User, user_id).tokens_used_this_month == before + 42
 
 
-def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
+def test_a_tool_call_starts_in_one_statement_that_leaves_its_job_alone(make):
     # given a job whose turn asked for one tool call
 
     from agentq.loop.execute import Run, _prepare
@@ -313,19 +313,23 @@ def test_a_tool_call_starts_and_leases_its_job_in_one_statement(make):
     job_id = h.submit()
     h.stepper.run(job_id, 0, "start")
     (call,) = h.rows(ToolCall, job_id)
+    job = h.job(job_id)
     # when a delivery of it starts it
     with sql_sent(h.sessions.kw["bind"]) as statements:
         with UnitOfWork(h.sessions, durable=False) as unit:
             prepared = _prepare(unit, call.tool_use_id, h.settings, h.registry, h.sessions)
-    # then the call is read with its job locked, and the job's lease and the call's start
-    # are one statement (the transaction's SET LOCAL goes with the first: agentq.db)
-    assert [s.split()[0] for s in statements] == ["SELECT", "WITH"]
+    # then the call is read with its job locked, and started (its lease taken) in one
+    # UPDATE of tool_calls: the job's row is not written (issue 34; the sweeper reads the
+    # call's lease: tests/unit/test_tool_leases_pg.py)
+    assert [s.split()[0] for s in statements] == ["SELECT", "UPDATE"]
+    assert statements[1].startswith("UPDATE tool_calls ")
     assert isinstance(prepared, Run)  # this delivery runs the tool
     lease_until = prepared.lease_until
     (started,) = h.rows(ToolCall, job_id)
     assert (started.attempts, started.lease_until) == (1, lease_until)
     assert started.started_at is not None
-    assert h.job(job_id).redrive_after == lease_until
+    assert (h.job(job_id).redrive_after, h.job(job_id).last_progress_at) == (
+        job.redrive_after, job.last_progress_at)
 
 
 def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
