@@ -228,11 +228,21 @@ def _sandbox_at_start(sender: Any = None, **_kwargs: Any) -> None:
 
 @signals.worker_ready.connect
 def _describe_pool(sender: Any = None, **_kwargs: Any) -> None:
+    """Under gevent, how psycopg2 waits; an orchestrator makes room for a socket per slot and
+    says what it lacks (tasks/pools.py)."""
     import logging
 
     from tasks import pools
-    if sender is not None and pools.is_gevent(sender.controller.pool_cls):
-        logging.getLogger("tasks.pools").info(pools.describe())
+    if sender is None:
+        return
+    log = logging.getLogger("tasks.pools")
+    controller = sender.controller
+    gevent = pools.is_gevent(controller.pool_cls)
+    if gevent:
+        log.info(pools.describe())
+    if str(controller.hostname or "").startswith("orchestrator@"):
+        for line in pools.orchestrator_warnings(gevent, int(controller.concurrency)):
+            log.warning(line)
 
 
 @signals.worker_process_init.connect

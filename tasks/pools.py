@@ -1,5 +1,6 @@
-"""The orchestrator's pool: Celery's thread pool (the default) or gevent's, chosen by
-AGENTQ_ORCHESTRATOR_POOL (`agentq worker orchestrator` passes it to Celery as `-P`).
+"""The orchestrator's pool: gevent's (the default where it is installed) or Celery's thread
+pool, chosen by AGENTQ_ORCHESTRATOR_POOL (`agentq worker orchestrator` passes it to Celery as
+`-P`; which is the default, and what gevent needs installed: agentq.config.pool).
 
 Under `-P gevent` Celery monkey-patches the standard library before it imports anything
 else (`celery.maybe_patch_concurrency`), so what we wait on in Python becomes cooperative
@@ -13,7 +14,6 @@ psycopg2 wait through gevent's hub instead; `cooperate()` applies it at `worker_
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,15 +22,41 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GEVENT_PACKAGES = ("gevent", "psycogreen")
-"""What the gevent pool needs installed (the `prod` and `dev` extras have them)."""
+FILES_BESIDES_SLOTS = 256
+"""Files an orchestrator keeps open besides one socket per slot waiting on a model: its
+database and broker connections, its logs, the interpreter's own."""
 
 
-def missing_for(pool: str) -> list[str]:
-    """The packages `pool` needs that are not installed (none for threads)."""
-    if pool != "gevent":
-        return []
-    return [name for name in GEVENT_PACKAGES if importlib.util.find_spec(name) is None]
+def room_for(slots: int) -> tuple[int, int]:
+    """Raise this process's soft limit of open files (a worker it execs inherits it) to what
+    `slots` model calls in flight need, as far as the hard limit allows: (the soft limit
+    now, what is needed). A service manager's default soft limit is often 1,024, which a
+    gevent orchestrator's thousands of waiting sockets would run past (EMFILE)."""
+    import resource
+    needed = slots + FILES_BESIDES_SLOTS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft, needed
+    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if raised > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    return raised, needed
+
+
+def orchestrator_warnings(gevent: bool, slots: int) -> list[str]:
+    """What an orchestrator says once it is ready, having made room for its slots'
+    sockets (`room_for`): that model waits run on threads because gevent is not installed,
+    and that the open files allowed are fewer than its slots need."""
+    from agentq.config.pool import GEVENT_PACKAGES, missing_for
+    lines = []
+    if not gevent and missing_for("gevent"):
+        lines.append(f"orchestrator pool: threads; gevent, the default for model waits, needs "
+                     f"{' and '.join(GEVENT_PACKAGES)} installed (pip install 'agentq[prod]')")
+    files, needed = room_for(slots)
+    if files < needed:
+        lines.append(f"open files limited to {files}: {slots} slots need {needed} (raise the "
+                     f"hard limit: ulimit -Hn, systemd's LimitNOFILE)")
+    return lines
 
 
 def is_gevent(pool_cls: str | type) -> bool:

@@ -43,7 +43,7 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
     if kind == "orchestrator":
         queues, pool, conc = (["orchestrator"], settings.orchestrator_pool,
                               settings.orchestrator_concurrency)
-        from tasks.pools import missing_for
+        from agentq.config.pool import missing_for
         missing = missing_for(pool)
         if missing:
             raise click.ClickException(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from agentq.config import environment
+from agentq.config import environment, pool
 from agentq.config.front import FrontLimits
 from agentq.config.quotas import Quotas
 from agentq.llm.catalogue import ModelEntry
@@ -258,13 +258,14 @@ class Settings:
 
     # --- processes ------------------------------------------------------------------
     orchestrator_concurrency: int = 1000
-    """AGENTQ_ORCHESTRATOR_CONCURRENCY: threads (or greenlets) per orchestrator process (model
-    calls in flight)."""
-    orchestrator_pool: str = "threads"
-    """AGENTQ_ORCHESTRATOR_POOL: the Celery pool of `agentq worker orchestrator`, `threads`
-    or `gevent` (one thread, a greenlet per task; psycopg2 made cooperative by psycogreen:
-    tasks/pools.py); needs the `prod` (or `dev`) extra's gevent and psycogreen. The
-    embedded worker of `agentq dev`/`run` keeps its threads."""
+    """AGENTQ_ORCHESTRATOR_CONCURRENCY: greenlets (or threads) per orchestrator process (model
+    calls in flight): 1 to 20,000 on gevent, to 5,000 on threads (agentq.config.pool)."""
+    orchestrator_pool: str = field(default_factory=pool.default_pool)
+    """AGENTQ_ORCHESTRATOR_POOL: the Celery pool of `agentq worker orchestrator`, `gevent`
+    (one thread, a greenlet per task; psycopg2 made cooperative by psycogreen:
+    tasks/pools.py) or `threads`. Default: gevent where gevent and psycogreen can be
+    imported (agentq's requirements have them), threads where not, which the worker logs
+    (agentq.config.pool). The embedded worker of `agentq dev`/`run` keeps its threads."""
     tools_concurrency: int = 8
     """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
     slow_tools_concurrency: int = 2

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from agentq.config import pool
 from agentq.config.front import FrontLimits
 from agentq.config.quotas import QUOTA_NAMES, Quotas
 from agentq.config.urls import check_database_url, normalize_database_url, shown_url
@@ -55,6 +56,8 @@ def read(environ: Mapping[str, str] | None, defaults: type[Settings]) -> dict[st
             return default
         return tuple(p.strip() for p in raw.split(",") if p.strip())
 
+    orchestrator_pool = _choice(env, "AGENTQ_ORCHESTRATOR_POOL", pool.POOLS,
+                                default=pool.default_pool())
     tool_join = env.get("AGENTQ_TOOL_JOIN") or (
         "chord" if backend.startswith(("redis://", "rediss://")) else "database")
     if tool_join not in ("chord", "database"):
@@ -188,8 +191,9 @@ def read(environ: Mapping[str, str] | None, defaults: type[Settings]) -> dict[st
         database_ride_out_s=num("AGENTQ_DATABASE_RIDE_OUT_S", defaults.database_ride_out_s,
                                 float, 0, 60),
         orchestrator_concurrency=num("AGENTQ_ORCHESTRATOR_CONCURRENCY",
-                                     defaults.orchestrator_concurrency, int, 1, 5000),
-        orchestrator_pool=_choice(env, "AGENTQ_ORCHESTRATOR_POOL", ("threads", "gevent")),
+                                     defaults.orchestrator_concurrency, int, 1,
+                                     pool.MAX_CONCURRENCY[orchestrator_pool]),
+        orchestrator_pool=orchestrator_pool,
         tools_concurrency=num("AGENTQ_TOOLS_CONCURRENCY", defaults.tools_concurrency, int, 1),
         slow_tools_concurrency=num("AGENTQ_SLOW_TOOLS_CONCURRENCY",
                                    defaults.slow_tools_concurrency, int, 1),
@@ -212,9 +216,10 @@ def typed_database_url(env: Mapping[str, str] | None = None) -> str:
                      or f"sqlite:///{home(dict(env)) / 'agentq.db'}")
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    """`env[name]`, one of `choices` (the first when unset)."""
-    value = (env.get(name) or choices[0]).strip().lower()
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...],
+            default: str | None = None) -> str:
+    """`env[name]`, one of `choices` (`default` when unset, else the first)."""
+    value = (env.get(name) or default or choices[0]).strip().lower()
     if value not in choices:
         raise ConfigError(name, f"expected one of {', '.join(choices)}, got {value!r}")
     return value

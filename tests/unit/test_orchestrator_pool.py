@@ -1,24 +1,52 @@
-"""AGENTQ_ORCHESTRATOR_POOL picks the orchestrator's Celery pool: threads (the default) or
-gevent; only the orchestrator's. The pool itself runs in
+"""AGENTQ_ORCHESTRATOR_POOL picks the orchestrator's Celery pool: gevent (the default where
+it is installed) or threads; only the orchestrator's. The pool itself runs in
 tests/integration/test_orchestrator_gevent.py."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import resource
 
 import pytest
 from click.testing import CliRunner
 
 from agentq import cli
-from agentq.config import Settings, set_settings
+from agentq.config import Settings, pool, set_settings
 from agentq.errors import ConfigError
 from tasks import pools
 
 
-def test_threads_stay_the_default_and_gevent_is_the_other_choice():
-    assert Settings.from_env({}).orchestrator_pool == "threads"
-    assert Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "gevent"}).orchestrator_pool == "gevent"
+def _without_gevent(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "psycogreen" else real(name, *a))
+
+
+def test_gevent_is_the_default_where_installed_and_threads_the_other_choice():
+    assert Settings.from_env({}).orchestrator_pool == "gevent"
+    assert Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "threads"}).orchestrator_pool \
+        == "threads"
     with pytest.raises(ConfigError, match="AGENTQ_ORCHESTRATOR_POOL"):
         Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "eventlet"})
+
+
+def test_threads_are_the_default_where_gevent_cannot_be_imported(monkeypatch):
+    _without_gevent(monkeypatch)
+    assert pool.missing_for("gevent") == ["psycogreen"]
+    assert Settings.from_env({}).orchestrator_pool == "threads"
+
+
+def test_gevent_takes_more_slots_than_threads():
+    # given 10,000 loops to keep waiting on models in one process
+    many = {"AGENTQ_ORCHESTRATOR_CONCURRENCY": "10000"}
+    # then greenlets may have them, threads may not (a stack each)
+    assert Settings.from_env({**many, "AGENTQ_ORCHESTRATOR_POOL": "gevent"}) \
+        .orchestrator_concurrency == 10000
+    with pytest.raises(ConfigError, match="from 1 to 5000"):
+        Settings.from_env({**many, "AGENTQ_ORCHESTRATOR_POOL": "threads"})
+    with pytest.raises(ConfigError, match="from 1 to 20000"):
+        Settings.from_env({"AGENTQ_ORCHESTRATOR_CONCURRENCY": "20001",
+                           "AGENTQ_ORCHESTRATOR_POOL": "gevent"})
 
 
 def _worker_command(monkeypatch, kind: str, pool: str) -> list[str]:
@@ -46,7 +74,7 @@ def test_the_tools_worker_keeps_its_threads(monkeypatch):
 
 
 def test_gevent_without_its_packages_is_refused_with_what_to_install(monkeypatch):
-    monkeypatch.setattr(pools, "missing_for", lambda pool: ["psycogreen"])
+    monkeypatch.setattr(pool, "missing_for", lambda name: ["psycogreen"])
     set_settings(Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "gevent"}))
     try:
         result = CliRunner().invoke(cli.main, ["worker", "orchestrator"])
@@ -59,4 +87,39 @@ def test_gevent_without_its_packages_is_refused_with_what_to_install(monkeypatch
 def test_only_the_gevent_pool_is_taken_for_gevent():
     assert pools.is_gevent("gevent")
     assert not pools.is_gevent("threads") and not pools.is_gevent("prefork")
-    assert pools.missing_for("threads") == []
+    assert pool.missing_for("threads") == []
+
+
+class _Limits:
+    """RLIMIT_NOFILE as a test sets it: what the worker raised it to is kept."""
+
+    def __init__(self, monkeypatch, soft: int, hard: int):
+        self.soft, self.hard = soft, hard
+        monkeypatch.setattr(resource, "getrlimit", lambda _which: (self.soft, self.hard))
+        monkeypatch.setattr(resource, "setrlimit", self._set)
+
+    def _set(self, _which, limits) -> None:
+        self.soft, self.hard = limits
+
+
+def test_an_orchestrator_raises_its_open_files_to_what_its_slots_need(monkeypatch):
+    # given a service manager's soft limit of 1,024 under a hard limit of 65,536
+    limits = _Limits(monkeypatch, 1024, 65536)
+    # when an orchestrator with 10,000 slots is ready, then it has a socket for each
+    assert pools.orchestrator_warnings(True, 10000) == []
+    assert (limits.soft, limits.hard) == (10000 + pools.FILES_BESIDES_SLOTS, 65536)
+
+
+def test_an_orchestrator_says_when_the_hard_limit_leaves_slots_without_a_socket(monkeypatch):
+    limits = _Limits(monkeypatch, 1024, 4096)
+    [line] = pools.orchestrator_warnings(True, 10000)
+    assert limits.soft == 4096
+    assert line.startswith("open files limited to 4096: 10000 slots need 10256")
+
+
+def test_an_orchestrator_on_threads_for_want_of_gevent_says_so(monkeypatch):
+    _Limits(monkeypatch, 65536, 65536)
+    assert pools.orchestrator_warnings(False, 1000) == []  # threads chosen, gevent there
+    _without_gevent(monkeypatch)
+    [line] = pools.orchestrator_warnings(False, 1000)
+    assert "orchestrator pool: threads" in line and "agentq[prod]" in line
