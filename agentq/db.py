@@ -145,6 +145,7 @@ def make_engine(settings: Settings) -> Engine:
         url,
         pool_size=settings.db_pool_size,
         max_overflow=0,
+        pool_timeout=settings.db_pool_timeout_s,
         pool_recycle=1800,
         connect_args={"connection_factory": prepared.connection_class(
             settings.db_prepare_threshold)} if ours else {},

@@ -43,12 +43,15 @@ def worker(kind: str, celery_args: tuple[str, ...]) -> None:
     if kind == "orchestrator":
         queues, pool, conc = (["orchestrator"], settings.orchestrator_pool,
                               settings.orchestrator_concurrency)
-        from agentq.config.pool import missing_for
+        from agentq.config.pool import connection_wait_s, missing_for
         missing = missing_for(pool)
         if missing:
             raise click.ClickException(
                 f"AGENTQ_ORCHESTRATOR_POOL={pool} needs {' and '.join(missing)} installed "
                 f"(pip install 'agentq[prod]')")
+        if not os.environ.get("AGENTQ_DB_POOL_TIMEOUT_S"):  # the worker it execs reads it
+            os.environ["AGENTQ_DB_POOL_TIMEOUT_S"] = str(connection_wait_s(
+                settings.step_deadline_s, settings.db_pool_timeout_s))
     elif kind == "tools":
         queues, pool, conc = (registry.all_queues(slow=False), "threads",
                               settings.tools_concurrency)

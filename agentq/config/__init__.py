@@ -273,6 +273,12 @@ class Settings:
     db_pool_size: int = 30
     """AGENTQ_DB_POOL_SIZE: the most database connections a process holds; each is kept once
     opened (a thread past the limit waits for one)."""
+    db_pool_timeout_s: float = 30.0
+    """AGENTQ_DB_POOL_TIMEOUT_S: how long a unit of work waits for one of those connections
+    before it is taken for the database being unreachable (a step retries, a submit rides
+    it out). `agentq worker orchestrator` sets it, unless given, to half the step deadline
+    (agentq.config.pool.connection_wait_s): its slots outnumber its connections by design,
+    and a step queued on the pool is waiting its turn, not failing."""
     db_prepare_threshold: int = 2
     """AGENTQ_DB_PREPARE_THRESHOLD: on Postgres, a statement a connection runs this many times
     is prepared there (parsed and planned once, agentq/prepared.py); 0 never prepares (set it

@@ -198,6 +198,8 @@ def read(environ: Mapping[str, str] | None, defaults: type[Settings]) -> dict[st
         slow_tools_concurrency=num("AGENTQ_SLOW_TOOLS_CONCURRENCY",
                                    defaults.slow_tools_concurrency, int, 1),
         db_pool_size=num("AGENTQ_DB_POOL_SIZE", defaults.db_pool_size, int, 1),
+        db_pool_timeout_s=num("AGENTQ_DB_POOL_TIMEOUT_S", defaults.db_pool_timeout_s, float,
+                              0.1),
         db_prepare_threshold=num("AGENTQ_DB_PREPARE_THRESHOLD", defaults.db_prepare_threshold,
                                  int, 0),
         public_url=(env.get("AGENTQ_PUBLIC_URL")

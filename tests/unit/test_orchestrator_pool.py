@@ -68,6 +68,25 @@ def test_the_orchestrator_worker_runs_on_the_chosen_pool(monkeypatch, pool):
     assert args[args.index("-P") + 1] == pool and args[args.index("-c") + 1] == "700"
 
 
+def test_the_orchestrator_waits_for_a_pooled_connection_for_half_a_step_deadline(monkeypatch):
+    # given more slots than database connections, and no wait set (empty: unset, and put
+    # back as it was after the test)
+    monkeypatch.setenv("AGENTQ_DB_POOL_TIMEOUT_S", "")
+    # when the orchestrator starts, then its steps queue on the pool for up to 150 s of a
+    # 300 s deadline, not the default 30 s
+    _worker_command(monkeypatch, "orchestrator", "gevent")
+    assert os.environ["AGENTQ_DB_POOL_TIMEOUT_S"] == "150.0"
+    assert Settings.from_env({"AGENTQ_DB_POOL_TIMEOUT_S": "150.0"}).db_pool_timeout_s == 150.0
+    # a wait the operator set is kept; other workers keep the default
+    monkeypatch.setenv("AGENTQ_DB_POOL_TIMEOUT_S", "12")
+    _worker_command(monkeypatch, "orchestrator", "gevent")
+    assert os.environ["AGENTQ_DB_POOL_TIMEOUT_S"] == "12"
+    monkeypatch.setenv("AGENTQ_DB_POOL_TIMEOUT_S", "")
+    _worker_command(monkeypatch, "tools", "gevent")
+    assert os.environ["AGENTQ_DB_POOL_TIMEOUT_S"] == ""
+    assert pool.connection_wait_s(20.0) == 30.0  # never below the default
+
+
 def test_the_tools_worker_keeps_its_threads(monkeypatch):
     args = _worker_command(monkeypatch, "tools", "gevent")
     assert args[args.index("-P") + 1] == "threads"
