@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NotRequired, TypedDict, assert_never
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Select, bindparam, insert, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq import agents
@@ -33,14 +33,15 @@ from agentq.loop.leases import ToolLeaseKeeper
 from agentq.loop.lifecycle import ToolCallStatus
 from agentq.loop.rules import MAX_DELIVERIES
 from agentq.loop.states import ENDED
+from agentq.loop.store import shown
 from agentq.loop.uow import UnitOfWork, ride_out
-from agentq.models import Conversation, Job, Persona, ToolCall, User
+from agentq.models import Conversation, Job, JobEvent, Persona, ToolCall, User
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry
 from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
-_calls, _jobs = ToolCall.__table__, Job.__table__
+_calls, _jobs, _events = ToolCall.__table__, Job.__table__, JobEvent.__table__
 _users, _conversations, _personas = User.__table__, Conversation.__table__, Persona.__table__
 AWAIT_POLL_S = 0.5
 CRASHED_RESULT = ToolResult.failed(
@@ -149,11 +150,15 @@ def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
     delegate = name == agents.DELEGATE
 
     def store(uow: UnitOfWork) -> tuple[int | None, tuple[str, int] | None]:
-        # the job's row before the call's, as everywhere
-        job = lock_row(uow.session, Job, job_id, load=delegate)
-        iteration = _store(uow, job_id, tool_use_id, name, status, record)
-        if delegate and iteration is not None and job is not None:
-            agents.settle(uow, job, iteration)  # its parent may wait for children
+        if not delegate and uow.session.get_bind().dialect.name == "postgresql":
+            iteration = _lock_store_and_announce(uow, job_id, tool_use_id, name, status,
+                                                 record)
+        else:
+            # the job's row before the call's, as everywhere
+            job = lock_row(uow.session, Job, job_id, load=delegate)
+            iteration = _store(uow, job_id, tool_use_id, name, status, record)
+            if delegate and iteration is not None and job is not None:
+                agents.settle(uow, job, iteration)  # its parent may wait for children
         join = (_join_if_last(uow.session, job_id, iteration)
                 if iteration is not None and join_turn and settings.tool_join == "database"
                 else None)
@@ -352,7 +357,61 @@ def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, stat
         "now": utcnow()}).scalar_one_or_none()
     if iteration is None:
         return None
+    type_, data = _end_event(tool_use_id, name, record)
+    uow.event(job_id, type_, **data)
+    return iteration
+
+
+def _end_event(tool_use_id: str, name: str, record: dict[str, Any]
+               ) -> tuple[str, dict[str, Any]]:
+    """The (type, data) of the event a stored result announces."""
     error = (record.get("error") or {}).get("code")
-    uow.event(job_id, "tool_execution_end", tool_use_id=tool_use_id, name=name,
-              ok=record["ok"], error=error, attempts=record.get("attempts", 0))
+    return "tool_execution_end", {"tool_use_id": tool_use_id, "name": name,
+                                  "ok": record["ok"], "error": error,
+                                  "attempts": record.get("attempts", 0)}
+
+
+def _store_with_event() -> Select[tuple[int, int]]:
+    """`lock_row` of the job, `_STORE_RESULT` and the job's event appended, in one
+    statement (Postgres): the job's row locked first (`locked`, which the call's UPDATE
+    joins: it runs before the call's row is taken), the result stored only on a pending
+    call, and only then the job's event counter advanced and its event written. Answers
+    (the call's turn, the event's seq), no row when another delivery stored the result."""
+    locked = (select(_jobs.c.id).where(_jobs.c.id == bindparam("ident"))
+              .with_for_update(key_share=True).cte("locked"))
+    stored = _STORE_RESULT.where(_calls.c.job_id == locked.c.id).cte("stored")
+    advanced = (update(_jobs)
+                .where(_jobs.c.id == bindparam("ident"), select(stored.c.iteration).exists())
+                .values(event_seq=_jobs.c.event_seq + 1,
+                        last_progress_at=bindparam("now", type_=_jobs.c.last_progress_at.type))
+                .returning(_jobs.c.event_seq).cte("advanced"))
+    appended = insert(_events).from_select(
+        ["id", "job_id", "seq", "type", "data", "created_at"],
+        select(bindparam("event_id", type_=_events.c.id.type),
+               bindparam("ident", type_=_events.c.job_id.type), advanced.c.event_seq,
+               bindparam("event_type", type_=_events.c.type.type),
+               bindparam("event_data", type_=_events.c.data.type),
+               bindparam("now", type_=_events.c.created_at.type))).cte("appended")
+    return (select(stored.c.iteration, advanced.c.event_seq)
+            .select_from(stored.join(advanced, true())).add_cte(appended))
+
+
+_STORE_WITH_EVENT = _store_with_event()
+
+
+def _lock_store_and_announce(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
+                             name: str, status: str, record: dict[str, Any]) -> int | None:
+    """`_store` after `lock_row` of the job in one statement (Postgres): its event is
+    written by it and announced after the commit. Returns the call's turn, or None when
+    another delivery stored it already."""
+    now = utcnow()
+    event = _end_event(tool_use_id, name, record)
+    row = uow.session.execute(_STORE_WITH_EVENT, {
+        "ident": job_id, "call_id": tool_use_id, "status_now": status, "record": record,
+        "now": now, "event_id": uuid.uuid4(), "event_type": event[0],
+        "event_data": event[1]}).first()
+    if row is None:
+        return None
+    iteration: int = row.iteration
+    uow.written(job_id, shown(row.event_seq, [event], now))
     return iteration

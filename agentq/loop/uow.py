@@ -121,6 +121,11 @@ class UnitOfWork:
     def effect(self, *effects: Effect) -> None:
         self.effects.extend(effects)
 
+    def written(self, job_id: uuid.UUID, events: list[dict[str, Any]]) -> None:
+        """Events of `job_id` the caller wrote in a statement of its own (as the API shows
+        them, `store.shown`): announced after the commit with those `event` queued."""
+        self.announced.setdefault(str(job_id), []).extend(events)
+
     def holds(self, job: Job) -> None:
         """This transaction holds `job`'s row lock (taken by an UPDATE … RETURNING of it)
         and its object is current: its events take their numbers from it, written with
