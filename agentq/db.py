@@ -28,6 +28,7 @@ from typing import (
 
 from sqlalchemy import (
     JSON,
+    BindParameter,
     Column,
     Insert,
     Select,
@@ -431,15 +432,64 @@ def insert_new_with(session: Session, obj: Model, changed: ModelWithId) -> bool:
     return True
 
 
+def insert_new_after(session: Session, first: Model, unique: tuple[str, ...],
+                     then: Model) -> bool | None:
+    """Write new ORM objects' rows in one statement (Postgres): `first`'s `… ON CONFLICT
+    (unique) DO NOTHING` (as `insert_new`), then `then`'s only when `first`'s was written
+    (its INSERT selects from `first`'s, a data-modifying CTE; a foreign key of `first`'s
+    row to `then`'s is checked at the statement's end). True: both written, both join the
+    session. False: another writer's row holds `first`'s key; nothing written, the caller
+    reads that row. None, nothing written, on another dialect: the caller writes them one
+    by one."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    rows = []
+    params: dict[str, Any] = {}
+    for obj, prefix in ((first, "first"), (then, "row")):
+        columns = _mapped_columns(type(obj))
+        values = {attribute: _column_value(obj, attribute, column)
+                  for attribute, column in columns}
+        params.update({f"{prefix}_{column.key}": values[attribute]
+                       for attribute, column in columns})
+        rows.append(values)
+    result = cast("CursorResult[Any]", session.execute(  # an INSERT's: it has rowcount
+        _insert_after_statement(type(first), unique, type(then)), params))
+    if result.rowcount != 1:
+        return False
+    for obj, values in zip((first, then), rows, strict=True):
+        _joined_as_written(session, obj, values)
+    return True
+
+
+@functools.cache
+def _insert_after_statement(first: type[Model], unique: tuple[str, ...],
+                            then: type[Model]) -> Insert:
+    """`WITH first_written AS (INSERT INTO <first> … ON CONFLICT (unique) DO NOTHING
+    RETURNING id) INSERT INTO <then> SELECT <then's row> FROM first_written`, the rows bound
+    as first_<column> and row_<column>."""
+    written = (postgresql.insert(first.__table__).values(_row_values(first, "first"))
+               .on_conflict_do_nothing(index_elements=list(unique))
+               .returning(first.__table__.c.id).cte("first_written"))
+    table = then.__table__
+    values = _row_values(then, "row")
+    return insert(table).from_select(
+        [column.name for column in table.c],
+        select(*(values[column] for column in table.c)).select_from(written))
+
+
+def _row_values(model: type[Model], prefix: str) -> dict[Column[Any], BindParameter[Any]]:
+    """Each column of `model`'s table bound as <prefix>_<column> (a JSON column's None is
+    SQL NULL, as `insert_new` writes it)."""
+    return {column: bindparam(f"{prefix}_{column.key}", type_=(
+        _NONE_AS_SQL_NULL if isinstance(column.type, JSON) else column.type))
+        for column in model.__table__.c}
+
+
 @functools.cache
 def _row_insert_statement(model: type[Model]) -> Insert:
     """`INSERT INTO <model's table>` of every column, bound as `row_<column>`: inside
     another table's UPDATE, a parameter named as a column would be taken for a SET value."""
-    table = model.__table__
-    return insert(table).values({
-        column: bindparam(f"row_{column.key}", type_=(
-            _NONE_AS_SQL_NULL if isinstance(column.type, JSON) else column.type))
-        for column in table.c})
+    return insert(model.__table__).values(_row_values(model, "row"))
 
 
 @functools.cache

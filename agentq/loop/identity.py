@@ -18,7 +18,7 @@ from sqlalchemy import Select, bindparam, case, delete, false, literal_column, o
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import insert_new, utcnow
+from agentq.db import insert_new, insert_new_after, utcnow
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 
 
@@ -122,6 +122,9 @@ def resolve_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
     return _make_user(session, tenant_id, incoming, settings, find, now)
 
 
+_LINK_KEY = ("tenant_id", "platform", "platform_user_id")
+
+
 def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
                settings: Settings, find: dict[str, Any], now: datetime | None) -> User:
     """A guest for a platform user nobody has linked yet; the winner's user when a
@@ -131,12 +134,16 @@ def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
                 token_budget_monthly=settings.guest_monthly_tokens, tokens_used_this_month=0,
                 budget_reset_at=now + timedelta(days=settings.budget_period_days),
                 created_at=now)
-    insert_new(session, user)  # a new id: nothing to conflict with
     link = UserPlatformLink(id=uuid.uuid4(), tenant_id=tenant_id, user_id=user.id,
                             platform=incoming.platform,
                             platform_user_id=incoming.platform_user_id,
                             platform_username=incoming.platform_user_id, created_at=now)
-    if insert_new(session, link, ("tenant_id", "platform", "platform_user_id")):
+    # Postgres: one statement, the user written only when the link is
+    linked = insert_new_after(session, link, _LINK_KEY, user)
+    if linked is not None:
+        return user if linked else session.execute(_FIND_USER, find).scalar_one()
+    insert_new(session, user)  # a new id: nothing to conflict with
+    if insert_new(session, link, _LINK_KEY):
         return user
     # another request linked this platform user first: ours is nobody's; theirs answers
     session.expunge(user)
