@@ -259,6 +259,33 @@ _STORE_RESULT = (update(_calls)
                          result=bindparam("record", type_=_calls.c.result.type),
                          finished_at=bindparam("now", type_=_calls.c.finished_at.type))
                  .returning(_calls.c.iteration))
+
+
+def _lock_and_start_first() -> Select[Any]:
+    """`_LOCK_CALL_BY_ID` (Postgres) and, when this is the call's first delivery and it is
+    to run (pending, its job live and not cancelling, not a delegate: `rules.call_verdict`
+    answers `Start(1)`), `_START_CALL`, in one statement: the call as read (before the
+    start; `started` 1 when it was started), the job's row locked first (`call`, which the
+    call's UPDATE reads before it takes the call's row). The call's own conditions are the
+    UPDATE's, so a delivery that started it meanwhile leaves it alone. Its id is bound as
+    `call_id`: a parameter named as a column of tool_calls would be SET by the UPDATE."""
+    call = (_CALL.where(_calls.c.tool_use_id == bindparam("call_id"))
+            .with_for_update(of=_jobs).cte("call"))
+    started = (update(_calls)
+               .where(_calls.c.tool_use_id == bindparam("call_id"),
+                      _calls.c.status == ToolCallStatus.PENDING, _calls.c.attempts == 0,
+                      _calls.c.name != agents.DELEGATE,
+                      select(call.c.job_id).where(call.c.job_status.not_in(ENDED),
+                                                  call.c.cancel_requested_at.is_(None))
+                      .exists())
+               .values(attempts=1,
+                       started_at=bindparam("now", type_=_calls.c.started_at.type),
+                       lease_until=bindparam("until", type_=_calls.c.lease_until.type))
+               .returning(_calls.c.attempts.label("started")).cte("started"))
+    return select(call, started.c.started).select_from(call.outerjoin(started, true()))
+
+
+_LOCK_AND_START_FIRST = _lock_and_start_first()
 _PENDING_OF_TURN = (select(_calls.c.id)
                     .where(_calls.c.job_id == bindparam("job_id"),
                            _calls.c.iteration == bindparam("iteration"),
@@ -269,20 +296,32 @@ them on every call."""
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
              sessions: sessionmaker[Session]) -> Prepared:
-    """Load the call and decide whether this delivery runs it (`rules.call_verdict`)."""
-    session = uow.session
-    query = _LOCK_CALL_BY_ID[session.get_bind().dialect.name == "postgresql"]
-    call = session.execute(query, {"tool_use_id": tool_use_id}).first()
+    """Load the call and decide whether this delivery runs it (`rules.call_verdict`). On
+    Postgres the usual delivery, the call's first, is started by the statement that loads
+    it (`_LOCK_AND_START_FIRST`)."""
+    session, now = uow.session, utcnow()
+    postgres = session.get_bind().dialect.name == "postgresql"
+    query = _LOCK_CALL_BY_ID[postgres]
+    if postgres:
+        call = session.execute(_LOCK_AND_START_FIRST, {
+            "call_id": tool_use_id, "now": now,
+            "until": now + timedelta(seconds=settings.step_deadline_s)}).first()
+    else:
+        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
-        log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
-        return Answered(CallOutcome(tool_use_id, "missing"))
-    job_id, now = call.job_id, utcnow()
-    tool = registry.tools.get(call.name)
-    verdict = rules.call_verdict(
-        status=call.status, job_ended=call.job_status in ENDED,
-        cancel_requested=call.cancel_requested_at is not None,
-        delegate=call.name == agents.DELEGATE, attempts=call.attempts,
-        lease_until=call.lease_until, now=now, idempotent=bool(tool and tool.idempotent))
+        return _missing(tool_use_id)
+    verdict = _verdict(call, registry, now)
+    if postgres and isinstance(verdict, rules.Start):
+        if call.started is not None:  # started with the read (the verdict is on the read)
+            return _start(uow, call, verdict, tool_use_id, settings, registry, sessions, now,
+                          started=True)
+        # not started with the read: the call changed while this delivery waited for the
+        # job's row, or it is delivered again; read again, the row held
+        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
+        if call is None:
+            return _missing(tool_use_id)
+        verdict = _verdict(call, registry, now)
+    job_id = call.job_id
     match verdict:
         case rules.Settled(status=status):
             return Answered(CallOutcome(tool_use_id, status))
@@ -315,18 +354,35 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
             assert_never(verdict)
 
 
+def _missing(tool_use_id: str) -> Answered:
+    log.error("unknown tool_use_id", extra={"tool_use_id": tool_use_id})
+    return Answered(CallOutcome(tool_use_id, "missing"))
+
+
+def _verdict(call: Any, registry: ToolRegistry, now: datetime) -> rules.Verdict:
+    tool = registry.tools.get(call.name)
+    return rules.call_verdict(
+        status=call.status, job_ended=call.job_status in ENDED,
+        cancel_requested=call.cancel_requested_at is not None,
+        delegate=call.name == agents.DELEGATE, attempts=call.attempts,
+        lease_until=call.lease_until, now=now, idempotent=bool(tool and tool.idempotent))
+
+
 def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
            settings: Settings, registry: ToolRegistry, sessions: sessionmaker[Session],
-           now: datetime) -> Run | Answered:
-    """This delivery starts the call: its attempt counted and its lease taken; a call that
-    crashed its worker too often is answered `tool_crashed` instead."""
+           now: datetime, started: bool = False) -> Run | Answered:
+    """This delivery starts the call: its attempt counted and its lease taken (`started`:
+    taken already, with the read); a call that crashed its worker too often is answered
+    `tool_crashed` instead."""
     job_id = call.job_id
     lease_until = now + timedelta(seconds=settings.step_deadline_s)
     # the lease is the call's alone: the sweeper leaves the job alone while a call of its
     # turn holds one (a slow tool is not a stall), and the job's row, locked by `_prepare`,
     # is not written (issue 34: it changes only with the job's state)
-    uow.session.execute(_START_CALL, {"call_id": tool_use_id, "attempts_now": start.attempts,
-                                      "now": now, "until": lease_until})
+    if not started:
+        uow.session.execute(_START_CALL, {"call_id": tool_use_id,
+                                          "attempts_now": start.attempts, "now": now,
+                                          "until": lease_until})
     if start.crashed:
         _store(uow, job_id, tool_use_id, call.name, ToolCallStatus.FAILED, CRASHED_RESULT)
         return Answered(CallOutcome(tool_use_id, ToolCallStatus.FAILED))
