@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from agentq.db import utcnow
-from agentq.errors import ValidationFailed
+from agentq.db import insert_new, utcnow
+from agentq.errors import Conflict, ValidationFailed
 from agentq.models import IdempotencyKey
 
 KEY_TTL_S = 24 * 3600
@@ -59,12 +59,23 @@ def find(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str
     return row.job_id or row.batch_id
 
 
-def claim(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str,
-          digest: str) -> IdempotencyKey:
-    """Take the key before anything else is written or locked: a concurrent duplicate
-    waits here on the unique index and then finds this request's job."""
-    row = IdempotencyKey(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id, key=key,
-                         request_hash=digest, created_at=utcnow())
-    session.add(row)
-    session.flush()
-    return row
+_KEY = ("tenant_id", "api_key_id", "key")
+
+
+def take(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str,
+         digest: str, job_id: uuid.UUID) -> tuple[uuid.UUID | None, IdempotencyKey | None]:
+    """Claim the key for the job this request is about to make (`job_id`, its id chosen
+    before it is written), before anything else is written or locked: one INSERT … ON
+    CONFLICT DO NOTHING, which a concurrent duplicate waits on (the unique index) and then
+    finds taken. Returns (None, the claimed row), or (the earlier request's job, None); a
+    mismatch raises; an expired key is taken afresh."""
+    row = IdempotencyKey(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id,
+                         key=key, request_hash=digest, job_id=job_id, created_at=utcnow())
+    for _ in range(2):
+        if insert_new(session, row, _KEY):
+            return None, row
+        earlier = find(session, tenant_id, api_key_id, key, digest)
+        if earlier is not None:
+            return earlier, None
+    raise Conflict(f"Idempotency-Key {key!r} is being taken by another request; try again.")
+

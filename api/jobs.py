@@ -3,6 +3,7 @@ POST /v1/jobs/<id>/cancel, GET /v1/jobs/<id>/events (JSON, or server-sent events
 POST /v1/jobs/<id>/tool_calls/<tool_use_id>/approve|deny (agentq.loop.approvals)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -180,17 +181,16 @@ def _submit(route: str, body: dict, sub: Submission):
     for attempt in range(2):
         try:
             with UnitOfWork(session_factory(g.settings)) as uow:
-                session = uow.session
-                if key is not None:
-                    earlier = idempotency.find(session, g.tenant_id, g.api_key_id, key,
-                                               digest)
+                session, new_id = uow.session, uuid.uuid4()
+                claimed = None
+                if key is not None:  # claimed for the job about to be made, in one INSERT
+                    earlier, claimed = idempotency.take(session, g.tenant_id, g.api_key_id,
+                                                        key, digest, new_id)
                     if earlier is not None:
                         break  # answered below: a `wait` must not hold this connection
-                claimed = (idempotency.claim(session, g.tenant_id, g.api_key_id, key, digest)
-                           if key is not None else None)
-                submitted = submit(uow, g.settings, sub)
-                if claimed is not None:
-                    claimed.job_id = submitted.job.id
+                submitted = submit(uow, g.settings, dataclasses.replace(sub, job_id=new_id))
+                if claimed is not None and claimed.job_id != submitted.job.id:
+                    claimed.job_id = submitted.job.id  # the running job it steered
                 session.flush()
                 job_id, body_now = submitted.job.id, job_object(submitted.job)
                 steering_input = submitted.steering_input_id

@@ -69,6 +69,9 @@ class Submission:
     own_conversations: bool = False
     """A non-admin key's message: the conversation at its place is the key's own
     (`agentq.loop.identity.scope_key`), never another key's."""
+    job_id: uuid.UUID | None = None
+    """The new job's id, chosen by the caller (its Idempotency-Key row names it before the
+    job is written); None: a new one."""
 
 
 Resolved = dict[tuple[Any, ...], tuple[User, Persona | None, Conversation]]
@@ -257,6 +260,8 @@ def _new_job(session: Session, settings: Settings, sub: Submission, user: User,
                   stream=sub.stream, waiting_for=waiting_for, now=now, limits=asked,
                   limits_applied=applied_limits(settings, persona.limits if persona else None,
                                                 asked))
+    if sub.job_id is not None:
+        job.id = sub.job_id
     job.attachments = _register_attachments(session, sub.attachments, user, job.id, now)
     return job
 

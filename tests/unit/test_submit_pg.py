@@ -7,10 +7,12 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from agentq.db import session_scope
+from agentq.keys import create_key
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, submit
 from agentq.loop.uow import UnitOfWork
-from agentq.models import Conversation, Job, User, UserPlatformLink
+from agentq.models import Conversation, IdempotencyKey, Job, User, UserPlatformLink
 from tests.support.sql import sql_sent
 
 
@@ -92,3 +94,34 @@ def test_a_message_to_a_busy_conversation_waits_for_it(make):
     stored, conversation = _rows(h, job.id)
     assert conversation.active_job_id == first.id
     assert stored.waiting_for == "conversation"
+
+
+def test_a_keyed_message_claims_its_key_for_its_job_in_one_statement(make):
+    # given the API in this process, an admin key, and a message with an Idempotency-Key
+    from api import create_app
+    h = make()
+    with session_scope(h.settings) as session:
+        _, secret = create_key(session, "keyed", admin=True)
+    client = create_app(h.settings).test_client()
+    headers = {"Authorization": f"Bearer {secret}", "Idempotency-Key": "k-1"}
+    body = {"platform": "api", "platform_user_id": f"u-{uuid.uuid4().hex[:8]}",
+            "platform_channel_id": "c-1", "content": "What is 2+2?"}
+    # when it is sent
+    with sql_sent(h.sessions.kw["bind"]) as statements:
+        first = client.post("/v1/messages", headers=headers, json=body)
+    # then the key is taken for the new job's id by one INSERT, nothing read or updated
+    assert first.status_code == 202, first.get_data(as_text=True)
+    keyed = [s for s in statements if "idempotency_keys" in s]
+    assert len(keyed) == 1 and keyed[0].startswith("INSERT INTO idempotency_keys")
+    job_id = first.get_json()["id"]
+    with h.sessions() as session:
+        row = session.execute(select(IdempotencyKey).where(IdempotencyKey.key == "k-1")
+                              ).scalar_one()
+        assert str(row.job_id) == job_id and session.get(Job, row.job_id) is not None
+    # and the same request again answers that job, replayed; another body is refused
+    again = client.post("/v1/messages", headers=headers, json=body)
+    assert again.get_json()["id"] == job_id
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = client.post("/v1/messages", headers=headers, json={**body, "content": "2+3?"})
+    assert other.status_code == 422
+    assert other.get_json()["error"]["code"] == "idempotency_key_reused"
