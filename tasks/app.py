@@ -237,11 +237,11 @@ def _describe_pool(sender: Any = None, **_kwargs: Any) -> None:
         return
     log = logging.getLogger("tasks.pools")
     controller = sender.controller
-    gevent = pools.is_gevent(controller.pool_cls)
-    if gevent:
+    if pools.is_gevent(controller.pool_cls):
         log.info(pools.describe())
     if str(controller.hostname or "").startswith("orchestrator@"):
-        for line in pools.orchestrator_warnings(gevent, int(controller.concurrency)):
+        line = pools.open_files_warning(int(controller.concurrency))
+        if line is not None:
             log.warning(line)
 
 

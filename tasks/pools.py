@@ -1,6 +1,6 @@
-"""The orchestrator's pool: gevent's (the default where it is installed) or Celery's thread
-pool, chosen by AGENTQ_ORCHESTRATOR_POOL (`agentq worker orchestrator` passes it to Celery as
-`-P`; which is the default, and what gevent needs installed: agentq.config.pool).
+"""The orchestrator's pool: Celery's thread pool (the default) or gevent's, chosen by
+AGENTQ_ORCHESTRATOR_POOL (`agentq worker orchestrator` passes it to Celery as `-P`; why
+threads are the default, and what gevent needs installed: agentq.config.pool).
 
 Under `-P gevent` Celery monkey-patches the standard library before it imports anything
 else (`celery.maybe_patch_concurrency`), so what we wait on in Python becomes cooperative
@@ -43,20 +43,14 @@ def room_for(slots: int) -> tuple[int, int]:
     return raised, needed
 
 
-def orchestrator_warnings(gevent: bool, slots: int) -> list[str]:
-    """What an orchestrator says once it is ready, having made room for its slots'
-    sockets (`room_for`): that model waits run on threads because gevent is not installed,
-    and that the open files allowed are fewer than its slots need."""
-    from agentq.config.pool import GEVENT_PACKAGES, missing_for
-    lines = []
-    if not gevent and missing_for("gevent"):
-        lines.append(f"orchestrator pool: threads; gevent, the default for model waits, needs "
-                     f"{' and '.join(GEVENT_PACKAGES)} installed (pip install 'agentq[prod]')")
+def open_files_warning(slots: int) -> str | None:
+    """What an orchestrator says once it is ready, having made room for its slots' sockets
+    (`room_for`), when the open files allowed are fewer than they need; else None."""
     files, needed = room_for(slots)
-    if files < needed:
-        lines.append(f"open files limited to {files}: {slots} slots need {needed} (raise the "
-                     f"hard limit: ulimit -Hn, systemd's LimitNOFILE)")
-    return lines
+    if files >= needed:
+        return None
+    return (f"open files limited to {files}: {slots} slots need {needed} (raise the hard "
+            f"limit: ulimit -Hn, systemd's LimitNOFILE)")
 
 
 def is_gevent(pool_cls: str | type) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from agentq.config import environment, pool
+from agentq.config import environment
 from agentq.config.front import FrontLimits
 from agentq.config.quotas import Quotas
 from agentq.llm.catalogue import ModelEntry
@@ -260,12 +260,12 @@ class Settings:
     orchestrator_concurrency: int = 1000
     """AGENTQ_ORCHESTRATOR_CONCURRENCY: greenlets (or threads) per orchestrator process (model
     calls in flight): 1 to 20,000 on gevent, to 5,000 on threads (agentq.config.pool)."""
-    orchestrator_pool: str = field(default_factory=pool.default_pool)
-    """AGENTQ_ORCHESTRATOR_POOL: the Celery pool of `agentq worker orchestrator`, `gevent`
-    (one thread, a greenlet per task; psycopg2 made cooperative by psycogreen:
-    tasks/pools.py) or `threads`. Default: gevent where gevent and psycogreen can be
-    imported (agentq's requirements have them), threads where not, which the worker logs
-    (agentq.config.pool). The embedded worker of `agentq dev`/`run` keeps its threads."""
+    orchestrator_pool: str = "threads"
+    """AGENTQ_ORCHESTRATOR_POOL: the Celery pool of `agentq worker orchestrator`, `threads`
+    or `gevent` (one thread, a greenlet per task; psycopg2 made cooperative by psycogreen:
+    tasks/pools.py; gevent and psycogreen are among agentq's requirements). Why threads stay
+    the default: agentq.config.pool. The embedded worker of `agentq dev`/`run` keeps its
+    threads."""
     tools_concurrency: int = 8
     """AGENTQ_TOOLS_CONCURRENCY: threads per fast tools process."""
     slow_tools_concurrency: int = 2

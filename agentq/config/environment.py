@@ -56,8 +56,7 @@ def read(environ: Mapping[str, str] | None, defaults: type[Settings]) -> dict[st
             return default
         return tuple(p.strip() for p in raw.split(",") if p.strip())
 
-    orchestrator_pool = _choice(env, "AGENTQ_ORCHESTRATOR_POOL", pool.POOLS,
-                                default=pool.default_pool())
+    orchestrator_pool = _choice(env, "AGENTQ_ORCHESTRATOR_POOL", pool.POOLS)
     tool_join = env.get("AGENTQ_TOOL_JOIN") or (
         "chord" if backend.startswith(("redis://", "rediss://")) else "database")
     if tool_join not in ("chord", "database"):
@@ -218,10 +217,9 @@ def typed_database_url(env: Mapping[str, str] | None = None) -> str:
                      or f"sqlite:///{home(dict(env)) / 'agentq.db'}")
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...],
-            default: str | None = None) -> str:
-    """`env[name]`, one of `choices` (`default` when unset, else the first)."""
-    value = (env.get(name) or default or choices[0]).strip().lower()
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """`env[name]`, one of `choices` (the first when unset)."""
+    value = (env.get(name) or choices[0]).strip().lower()
     if value not in choices:
         raise ConfigError(name, f"expected one of {', '.join(choices)}, got {value!r}")
     return value

@@ -1,19 +1,19 @@
-"""The orchestrator's pool (AGENTQ_ORCHESTRATOR_POOL): which one runs model waits by default,
-what gevent's needs installed, and how many slots each may be given.
+"""The orchestrator's pool (AGENTQ_ORCHESTRATOR_POOL): threads (the default) or gevent, what
+gevent's needs installed, how many slots each may be given, and how long a step waits for a
+pooled database connection.
 
-A step spends nearly all its time waiting on the model. Under gevent a waiting step is a
-greenlet parked on its socket, where threads hold a thread each: on the 2-core
-benchmark machine, 1,000 jobs of two 10 s model calls kept 970 first calls waiting at once on
-gevent against 773-888 on threads, for a fifth less orchestrator CPU per job, and 10,000 such
-jobs submitted at once all completed on 5,000 greenlets of one process (docs/benchmarks.md,
-issue 35). So gevent is the default wherever it can be imported; threads where it cannot
-(the orchestrator says so in its log: tasks/pools.py).
+Threads stay the default: at 10,000 jobs of two 10 s model calls submitted at once on the
+2-core benchmark machine (docs/benchmarks.md, issue 35), both pools completed every job
+under 1 GiB, neither kept every model call waiting at once (the machine starts about 30-50
+jobs a second, so about 1,000 calls wait at a time whatever the pool), and threads held
+more jobs/s (28.72, 91% of their run's ideal, against gevent's 17.41 and 23.34).
 """
 from __future__ import annotations
 
 import importlib.util
 
-POOLS = ("gevent", "threads")
+POOLS = ("threads", "gevent")
+"""The choices, the default first."""
 GEVENT_PACKAGES = ("gevent", "psycogreen")
 """What the gevent pool needs installed (agentq's own requirements have them, for the web
 process's workers; the `prod` and `dev` extras name them too)."""
@@ -29,11 +29,6 @@ def missing_for(pool: str) -> list[str]:
     if pool != "gevent":
         return []
     return [name for name in GEVENT_PACKAGES if importlib.util.find_spec(name) is None]
-
-
-def default_pool() -> str:
-    """gevent where its packages are installed, else threads."""
-    return "threads" if missing_for("gevent") else "gevent"
 
 
 def connection_wait_s(step_deadline_s: float, default_s: float = 30.0) -> float:

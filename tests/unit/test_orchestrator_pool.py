@@ -1,9 +1,8 @@
-"""AGENTQ_ORCHESTRATOR_POOL picks the orchestrator's Celery pool: gevent (the default where
-it is installed) or threads; only the orchestrator's. The pool itself runs in
+"""AGENTQ_ORCHESTRATOR_POOL picks the orchestrator's Celery pool: threads (the default) or
+gevent; only the orchestrator's. The pool itself runs in
 tests/integration/test_orchestrator_gevent.py."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 
@@ -16,24 +15,11 @@ from agentq.errors import ConfigError
 from tasks import pools
 
 
-def _without_gevent(monkeypatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "psycogreen" else real(name, *a))
-
-
-def test_gevent_is_the_default_where_installed_and_threads_the_other_choice():
-    assert Settings.from_env({}).orchestrator_pool == "gevent"
-    assert Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "threads"}).orchestrator_pool \
-        == "threads"
+def test_threads_stay_the_default_and_gevent_is_the_other_choice():
+    assert Settings.from_env({}).orchestrator_pool == "threads"
+    assert Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "gevent"}).orchestrator_pool == "gevent"
     with pytest.raises(ConfigError, match="AGENTQ_ORCHESTRATOR_POOL"):
         Settings.from_env({"AGENTQ_ORCHESTRATOR_POOL": "eventlet"})
-
-
-def test_threads_are_the_default_where_gevent_cannot_be_imported(monkeypatch):
-    _without_gevent(monkeypatch)
-    assert pool.missing_for("gevent") == ["psycogreen"]
-    assert Settings.from_env({}).orchestrator_pool == "threads"
 
 
 def test_gevent_takes_more_slots_than_threads():
@@ -125,20 +111,13 @@ def test_an_orchestrator_raises_its_open_files_to_what_its_slots_need(monkeypatc
     # given a service manager's soft limit of 1,024 under a hard limit of 65,536
     limits = _Limits(monkeypatch, 1024, 65536)
     # when an orchestrator with 10,000 slots is ready, then it has a socket for each
-    assert pools.orchestrator_warnings(True, 10000) == []
+    assert pools.open_files_warning(10000) is None
     assert (limits.soft, limits.hard) == (10000 + pools.FILES_BESIDES_SLOTS, 65536)
 
 
 def test_an_orchestrator_says_when_the_hard_limit_leaves_slots_without_a_socket(monkeypatch):
     limits = _Limits(monkeypatch, 1024, 4096)
-    [line] = pools.orchestrator_warnings(True, 10000)
+    line = pools.open_files_warning(10000)
     assert limits.soft == 4096
-    assert line.startswith("open files limited to 4096: 10000 slots need 10256")
-
-
-def test_an_orchestrator_on_threads_for_want_of_gevent_says_so(monkeypatch):
-    _Limits(monkeypatch, 65536, 65536)
-    assert pools.orchestrator_warnings(False, 1000) == []  # threads chosen, gevent there
-    _without_gevent(monkeypatch)
-    [line] = pools.orchestrator_warnings(False, 1000)
-    assert "orchestrator pool: threads" in line and "agentq[prod]" in line
+    assert line is not None and line.startswith("open files limited to 4096: 10000 slots "
+                                                "need 10256")
