@@ -103,8 +103,8 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
         _keep_persona(conversation, persona)
         return Submitted(job, True)
 
-    if made_here(session, conversation):  # nobody else sees it before our commit
-        owner = None
+    if made_here(session, conversation) and conversation.active_job_id is None:
+        owner = None  # nobody else sees it before our commit, and this one gave it no job
     else:
         conversation, owner = lock_owner_then_conversation(session, conversation.id,
                                                            conversation.active_job_id)

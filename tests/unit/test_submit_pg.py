@@ -125,3 +125,18 @@ def test_a_keyed_message_claims_its_key_for_its_job_in_one_statement(make):
     other = client.post("/v1/messages", headers=headers, json={**body, "content": "2+3?"})
     assert other.status_code == 422
     assert other.get_json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_two_messages_to_a_new_place_in_one_transaction_queue_as_before(make):
+    # given a place never seen
+    h = make()
+    user, channel = f"u-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}"
+    # when two messages to it are submitted in one unit of work (the CLI's, a test's)
+    with UnitOfWork(h.sessions) as uow:
+        first, second = (submit(uow, h.settings, Submission(Incoming("test", user, channel),
+                                                           content)).job
+                         for content in ("one", "two"))
+    # then the conversation this transaction made is the first's, and the second waits
+    _, conversation = _rows(h, first.id)
+    assert conversation.active_job_id == first.id
+    assert _rows(h, second.id)[0].waiting_for == "conversation"
