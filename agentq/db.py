@@ -52,6 +52,7 @@ from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
 from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
+from sqlalchemy.sql.selectable import ScalarSelect
 from tenacity import (
     AttemptManager,
     RetryCallState,
@@ -391,45 +392,65 @@ def write_changes(session: Session, obj: ModelWithId,
     in the same statement, as a CTE of the UPDATE, which Postgres runs once whether or not
     the UPDATE reads it (a step's events with its job's row). Written exactly when True is
     returned."""
+    return _write_changes(session, obj, together)[0]
+
+
+def _write_changes(session: Session, obj: ModelWithId,
+                   together: tuple[UpdateBase, dict[str, Any]] | None = None,
+                   read: ScalarSelect[Any] | None = None) -> tuple[bool, Any]:
+    """`write_changes`, and what `read` (a scalar subquery, its parameters among
+    `together`'s) answers as the UPDATE's RETURNING, in the UPDATE's snapshot (before the
+    statement's writes); None when there was no UPDATE (nothing changed)."""
     state = instance_state(obj)
     columns = _columns_of(type(obj))
     if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
-        return False
+        return False, None
     changed = frozenset(key for key in state.committed_state if key in state.dict)
+    answer = None
     # on the connection, not session.execute: the session's autoflush would flush obj
     if changed:
         params = {f"new_{key}": state.dict[key] for key in changed}
         params["ident"] = obj.id
         if together is not None:
             params.update(together[1])
-        session.connection().execute(_update_statement(
-            type(obj), changed, together[0] if together else None), params)
+        result = session.connection().execute(_update_statement(
+            type(obj), changed, together[0] if together else None, read), params)
+        answer = result.scalar_one() if read is not None else None
     elif together is not None:
         session.connection().execute(*together)
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)
     state._commit_all(state.dict, session.identity_map)
-    return True
+    return True, answer
 
 
-def insert_new_with(session: Session, obj: Model, changed: ModelWithId) -> bool:
+def insert_new_with(session: Session, obj: Model, changed: ModelWithId,
+                    read: tuple[ScalarSelect[Any], dict[str, Any]] | None = None
+                    ) -> tuple[bool, Any]:
     """Write a new ORM object's row (as `insert_new`, with no unique key to contend for) in
     the statement that writes `changed`'s changes (`write_changes`' `together`): one round
     trip for both, as a new job and the conversation it takes. The INSERT runs as a CTE of
-    the UPDATE, so a foreign key either way is checked once both are written. Postgres only;
-    False, and nothing written, on another dialect or when `write_changes` declines: the
-    caller writes them one by one."""
+    the UPDATE, so a foreign key either way is checked once both are written. `read` (a
+    scalar subquery and its parameters, named unlike `changed`'s columns): answered by the
+    same statement, in its snapshot (before its writes). Postgres only. (Whether written,
+    what `read` answered: None without it or with nothing changed); not written, nothing
+    written, on another dialect or when `write_changes` declines: the caller writes them
+    one by one."""
     dialect = session.get_bind().dialect.name
     if dialect != "postgresql":
-        return False
+        return False, None
     columns = _mapped_columns(type(obj))
     values = {attribute: _column_value(obj, attribute, column)
               for attribute, column in columns}
-    together = (_row_insert_statement(type(obj)),
-                {f"row_{column.key}": values[attribute] for attribute, column in columns})
-    if not write_changes(session, changed, together):
-        return False
+    params = {f"row_{column.key}": values[attribute] for attribute, column in columns}
+    if read is not None:
+        params.update(read[1])
+    written, answer = _write_changes(session, changed, (_row_insert_statement(type(obj)),
+                                                        params),
+                                     read[0] if read is not None else None)
+    if not written:
+        return False, None
     _joined_as_written(session, obj, values)
-    return True
+    return True, answer
 
 
 def insert_new_after(session: Session, first: Model, unique: tuple[str, ...],
@@ -494,17 +515,20 @@ def _row_insert_statement(model: type[Model]) -> Insert:
 
 @functools.cache
 def _update_statement(model: type[Model], attributes: frozenset[str],
-                      together: UpdateBase | None = None) -> Update:
+                      together: UpdateBase | None = None,
+                      read: ScalarSelect[Any] | None = None) -> Update:
     """`UPDATE … SET <those columns> WHERE id = :ident`, built once per set of attributes
     (a step changes its job in a handful of ways) and statement run with it: a statement
     made per call costs more CPU than running it. Bound as `new_<attribute>`: a parameter
-    named as a column would be taken for a SET value."""
+    named as a column would be taken for a SET value. `together`: a CTE of it; `read`: what
+    it returns."""
     table = model.__table__
     columns = _columns_of(model)
     statement = (update(table).where(table.c.id == bindparam("ident"))
                  .values({columns[a]: bindparam(f"new_{a}", type_=columns[a].type)
                           for a in sorted(attributes)}))
-    return statement if together is None else statement.add_cte(together.cte("together"))
+    statement = statement if together is None else statement.add_cte(together.cte("together"))
+    return statement if read is None else statement.returning(read)
 
 
 def relax_durability(session: Session) -> None:

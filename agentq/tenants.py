@@ -217,6 +217,15 @@ _RUNNING = select(func.count()).select_from(Job).where(
 call cost more of the caller's CPU than Postgres spends running it)."""
 
 
+RUNNING_NOW = (select(func.count()).select_from(Job).where(
+    Job.tenant_id == bindparam("running_tenant", type_=Job.tenant_id.type),
+    Job.status.in_(UNENDED_STATUSES),
+    or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(NOT_ADMITTED))).scalar_subquery())
+"""`_RUNNING` as a subquery of another statement, the tenant bound as `running_tenant`:
+`running_count` as that statement's snapshot sees the jobs (its own writes aside), for a
+writer that changed no other job (a new job taking its conversation)."""
+
+
 def _runs(job) -> bool:
     """`_RUNNING`'s condition, of a job as it is in memory."""
     return job.status in UNENDED_STATUSES and job.waiting_for not in NOT_ADMITTED

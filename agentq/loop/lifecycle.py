@@ -221,12 +221,16 @@ def read_results(job: Job) -> None:
     _move(job, Transition.READ_RESULTS)
 
 
-def may_start(session: Session, job: Job, settings: Settings | None = None) -> bool:
+def may_start(session: Session, job: Job, settings: Settings | None = None,
+              running: int | None = None) -> bool:
     """Whether `job`, about to take its first step, fits in its tenant's running-jobs
     quota; if not it waits for it (`hold_for_quota`; the caller sends no step). Concurrent
-    starts of one tenant may pass the quota by as many as race."""
+    starts of one tenant may pass the quota by as many as race. `running`: the tenant's
+    other running jobs, read by the caller (`tenants.RUNNING_NOW`); None: read here."""
     limit = cached_quotas(session, job.tenant_id, settings).running_jobs
-    if limit and running_count(session, job.tenant_id, besides=job.id) >= limit:
+    if running is None and limit:
+        running = running_count(session, job.tenant_id, besides=job.id)
+    if limit and running is not None and running >= limit:
         hold_for_quota(job)
         return False
     return True

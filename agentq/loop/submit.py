@@ -42,7 +42,7 @@ from agentq.loop.lifecycle import (
 )
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, FileRecord, Job, Persona, User
-from agentq.tenants import DEFAULT_TENANT_ID
+from agentq.tenants import DEFAULT_TENANT_ID, RUNNING_NOW, cached_quotas
 
 
 @dataclass
@@ -121,11 +121,17 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     if owner is None:
         take_conversation(conversation, job)
     # the job's INSERT and the conversation's UPDATE (its row is ours: locked or made here)
-    # in one statement on Postgres; else one after the other, no flush
-    if not insert_new_with(session, job, conversation):
+    # in one statement on Postgres, with the count of the tenant's running jobs when it has
+    # a quota of them; else one after the other, no flush
+    counted = owner is None and bool(cached_quotas(session, job.tenant_id,
+                                                   settings).running_jobs)
+    written, running = insert_new_with(
+        session, job, conversation,
+        (RUNNING_NOW, {"running_tenant": job.tenant_id}) if counted else None)
+    if not written:
         insert_new(session, job)  # first: its files and the conversation refer to it
         write_changes(session, conversation)
-    if owner is None and may_start(session, job, settings):
+    if owner is None and may_start(session, job, settings, running):
         uow.effect(NextStep(str(job.id), 0, "start"))
     elif owner is not None and sub.on_busy == "interrupt":
         interrupt(uow, owner)

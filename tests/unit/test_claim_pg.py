@@ -318,11 +318,11 @@ def test_a_tool_call_starts_in_one_statement_that_leaves_its_job_alone(make):
     with sql_sent(h.sessions.kw["bind"]) as statements:
         with UnitOfWork(h.sessions, durable=False) as unit:
             prepared = _prepare(unit, call.tool_use_id, h.settings, h.registry, h.sessions)
-    # then the call is read with its job locked, and started (its lease taken) in one
-    # UPDATE of tool_calls: the job's row is not written (issue 34; the sweeper reads the
-    # call's lease: tests/unit/test_tool_leases_pg.py)
-    assert [s.split()[0] for s in statements] == ["SELECT", "UPDATE"]
-    assert statements[1].startswith("UPDATE tool_calls ")
+    # then the call is read with its job locked, and started (its lease taken) by an
+    # UPDATE of tool_calls, in one statement (756a6ac): the job's row is not written
+    # (issue 34; the sweeper reads the call's lease: tests/unit/test_tool_leases_pg.py)
+    assert len(statements) == 1 and statements[0].startswith("WITH call AS")
+    assert "UPDATE tool_calls " in statements[0] and "UPDATE jobs " not in statements[0]
     assert isinstance(prepared, Run)  # this delivery runs the tool
     lease_until = prepared.lease_until
     (started,) = h.rows(ToolCall, job_id)

@@ -13,6 +13,7 @@ from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, submit
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, IdempotencyKey, Job, User, UserPlatformLink
+from agentq.tenants import create_tenant, forget_cached_quotas, update_quotas
 from tests.support.sql import sql_sent
 
 
@@ -52,7 +53,7 @@ def test_a_message_to_a_new_place_takes_its_conversation_without_locking_it(make
     assert len(written) == 1 and "UPDATE conversations" in written[0]
     made = [s for s in statements if "INSERT INTO users" in s]
     assert len(made) == 1 and "INSERT INTO user_platform_links" in made[0]
-    assert len(statements) == 5  # find, user+link, conversation, job+conversation, quota
+    assert len(statements) == 4  # find, user+link, conversation, job+conversation+quota
     # and the rows are as before: the job queued, the conversation its
     stored, conversation = _rows(h, job.id)
     assert stored.status == "queued" and stored.waiting_for is None
@@ -74,7 +75,7 @@ def test_a_message_to_a_free_conversation_locks_it_by_the_owner_it_read(make):
     # when the next message comes in
     job, statements = _submit(h, user, channel)
     # then the owner its lookup read (none) is not read again before the lock
-    assert len(statements) == 4  # find, lock, job+conversation, quota
+    assert len(statements) == 3  # find, lock, job+conversation+quota
     stored, conversation = _rows(h, job.id)
     assert conversation.id == first.conversation_id and conversation.active_job_id == job.id
     assert stored.status == "queued" and stored.waiting_for is None
@@ -125,6 +126,25 @@ def test_a_keyed_message_claims_its_key_for_its_job_in_one_statement(make):
     other = client.post("/v1/messages", headers=headers, json={**body, "content": "2+3?"})
     assert other.status_code == 422
     assert other.get_json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_a_message_past_the_running_jobs_quota_waits_for_it(make):
+    # given a tenant whose running-jobs quota one job fills
+    h = make()
+    with session_scope(h.settings) as session:
+        tenant = create_tenant(session, f"busy-{uuid.uuid4().hex[:6]}")
+        update_quotas(session, tenant, {"running_jobs": 1})
+    forget_cached_quotas()
+    first, _ = _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
+    # when a message comes in at another place
+    second, statements = _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
+    # then the count the job's statement read holds it for the quota (one UPDATE more, on
+    # this path only), and the first was let start
+    assert [s for s in statements if "count(*)" in s] == [
+        s for s in statements if "INSERT INTO jobs" in s]
+    assert _rows(h, first.id)[0].waiting_for is None
+    stored, conversation = _rows(h, second.id)
+    assert stored.waiting_for == "quota" and conversation.active_job_id == second.id
 
 
 def test_two_messages_to_a_new_place_in_one_transaction_queue_as_before(make):
