@@ -28,10 +28,10 @@ database and broker connections, its logs, the interpreter's own."""
 
 
 def room_for(slots: int) -> tuple[int, int]:
-    """Raise this process's soft limit of open files (a worker it execs inherits it) to what
-    `slots` model calls in flight need, as far as the hard limit allows: (the soft limit
-    now, what is needed). A service manager's default soft limit is often 1,024, which a
-    gevent orchestrator's thousands of waiting sockets would run past (EMFILE)."""
+    """Raise this process's soft limit of open files to what `slots` model calls in flight
+    need, as far as the hard limit allows: (the soft limit now, what is needed). A service
+    manager's default soft limit is often 1,024, which an orchestrator's thousands of
+    waiting sockets would run past (EMFILE); it calls this once ready (tasks/app.py)."""
     import resource
     needed = slots + FILES_BESIDES_SLOTS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

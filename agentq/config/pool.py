@@ -4,9 +4,10 @@ pooled database connection.
 
 Threads stay the default: at 10,000 jobs of two 10 s model calls submitted at once on the
 2-core benchmark machine (docs/benchmarks.md, issue 35), both pools completed every job
-under 1 GiB, neither kept every model call waiting at once (the machine starts about 30-50
-jobs a second, so about 1,000 calls wait at a time whatever the pool), and threads held
-more jobs/s (28.72, 91% of their run's ideal, against gevent's 17.41 and 23.34).
+under 1 GiB, neither kept every model call waiting at once (one orchestrator starts first
+steps at about its throughput, 17-46 jobs a second there, so at most 959-1,322 calls waited
+together whatever the pool), and threads held more jobs/s (28.72, 91% of their run's ideal,
+against gevent's 17.41 and 23.34).
 """
 from __future__ import annotations
 
