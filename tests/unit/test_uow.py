@@ -18,14 +18,9 @@ from agentq.db import session_factory, utcnow
 from agentq.loop import store
 from agentq.loop import uow as units
 from agentq.loop.effects import (
-    AdmitBatch,
-    BatchEnded,
-    DispatchTools,
     Effect,
-    JobEnded,
     NextStep,
     RevokeTools,
-    SendWebhooks,
 )
 from agentq.loop.identity import Incoming
 from agentq.loop.submit import Submission, create_job
@@ -33,6 +28,7 @@ from agentq.loop.uow import NoDispatcher, UnitOfWork
 from agentq.models import Job, JobEvent
 from agentq.runner import InProcessRunner
 from tests.support import unit_db
+from tests.support.effects import one_of_each
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_LIMIT_S = 120
@@ -125,21 +121,6 @@ def test_effects_committed_with_no_dispatcher_are_a_loud_wiring_bug(settings):
 
 # --- every effect type, every dispatcher ---------------------------------------------------
 
-def one_of_each(job_id: str) -> list[Effect]:
-    batch = str(uuid.uuid4())
-    return [NextStep(job_id, 0, "continue"),
-            DispatchTools(job_id, 1, (("tool_unit_a", "unit-tools", 5.0),
-                                      ("tool_unit_b", "unit-tools", 5.0))),
-            RevokeTools(("tool_unit_c",)), JobEnded(job_id, "completed", "end_turn"),
-            SendWebhooks((str(uuid.uuid4()),)), AdmitBatch(batch),
-            BatchEnded(batch, "completed")]
-
-
-def one_call(job_id: str) -> list[Effect]:
-    """A turn of one tool call."""
-    return [DispatchTools(job_id, 1, (("tool_unit_a", "unit-tools", 5.0),))]
-
-
 def test_the_examples_name_every_effect_type():
     assert {type(e) for e in one_of_each("j")} == set(typing.get_args(Effect))
 
@@ -203,7 +184,7 @@ agentq.db.session_factory = no_sessions
 from tasks import dispatch, embedded_transport
 from tasks.app import app
 assert app.conf.broker_url.startswith(embedded_transport.register()), app.conf.broker_url
-from tests.unit.test_uow import one_call, one_of_each
+from tests.support.effects import one_call, one_of_each
 effects = one_call if sys.argv[1:] == ["one-call"] else one_of_each
 
 
