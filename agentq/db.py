@@ -331,6 +331,12 @@ def _column_value(obj: Model, attribute: str, column: Column[Any]) -> Any:
     return None
 
 
+def _row_of(obj: Model) -> dict[str, Any]:
+    """attribute name → what the ORM's flush would write, of each mapped column of `obj`."""
+    return {attribute: _column_value(obj, attribute, column)
+            for attribute, column in _mapped_columns(type(obj))}
+
+
 def insert_new(session: Session, obj: Model, unique: tuple[str, ...] = ()) -> bool:
     """Write a new ORM object's row with one Core INSERT, the ORM's flush skipped (its
     unit-of-work machinery costs more CPU than the statement); `… ON CONFLICT (unique) DO
@@ -338,8 +344,7 @@ def insert_new(session: Session, obj: Model, unique: tuple[str, ...] = ()) -> bo
     loser of a race keeps its transaction. True: written, and `obj` joins the session as if
     loaded from that row. False: another writer's row holds the key; the caller reads it."""
     columns = _mapped_columns(type(obj))
-    values = {attribute: _column_value(obj, attribute, column)
-              for attribute, column in columns}
+    values = _row_of(obj)
     statement = _insert_statement(session.get_bind().dialect.name, type(obj), unique)
     result = cast("CursorResult[Any]", session.execute(  # an INSERT's: it has rowcount
         statement, {column.key: values[attribute] for attribute, column in columns}))
@@ -366,8 +371,7 @@ def insert_all(session: Session, objects: Sequence[Model]) -> None:
         return
     model = type(objects[0])
     columns = _mapped_columns(model)
-    values = [{attribute: _column_value(obj, attribute, column)
-               for attribute, column in columns} for obj in objects]
+    values = [_row_of(obj) for obj in objects]
     session.execute(_insert_statement(session.get_bind().dialect.name, model, ()),
                     [{column.key: row[attribute] for attribute, column in columns}
                      for row in values])
@@ -439,8 +443,7 @@ def insert_new_with(session: Session, obj: Model, changed: ModelWithId,
     if dialect != "postgresql":
         return False, None
     columns = _mapped_columns(type(obj))
-    values = {attribute: _column_value(obj, attribute, column)
-              for attribute, column in columns}
+    values = _row_of(obj)
     params = {f"row_{column.key}": values[attribute] for attribute, column in columns}
     if read is not None:
         params.update(read[1])
@@ -468,8 +471,7 @@ def insert_new_after(session: Session, first: Model, unique: tuple[str, ...],
     params: dict[str, Any] = {}
     for obj, prefix in ((first, "first"), (then, "row")):
         columns = _mapped_columns(type(obj))
-        values = {attribute: _column_value(obj, attribute, column)
-                  for attribute, column in columns}
+        values = _row_of(obj)
         params.update({f"{prefix}_{column.key}": values[attribute]
                        for attribute, column in columns})
         rows.append(values)
