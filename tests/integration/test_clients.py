@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 
 import pytest
@@ -11,19 +10,10 @@ from sqlalchemy import func, select
 
 from agentq.models import TokenLog, ToolCall
 from agentq.testing.scripted_llm import call, held, text, tool_calls
-from tests.support.api import uid
+from tests.support.api import uid, wait_until
 
 pytestmark = pytest.mark.integration
 
-
-def wait_until(predicate, timeout_s=120, every_s=0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError("condition not met in time")
 
 
 def status_of(client, job_id):
@@ -49,7 +39,7 @@ def test_queue_runs_the_second_message_after_the_first_in_order(client, script, 
     marker = script([text("first answer", hold=gate),
                      text("second answer", check=sees_first_answer)])
     first = client.submit(f"{marker} first", user=user, channel=channel)
-    wait_until(lambda: status_of(client, first["id"]) == "running")
+    wait_until(lambda: status_of(client, first["id"]) == "running", timeout_s=120)
     second = client.submit(f"{marker} second", user=user, channel=channel, on_busy="queue")
     assert second["id"] != first["id"] and second["status"] == "queued"
     assert status_of(client, second["id"]) == "queued"
@@ -114,7 +104,7 @@ def test_reject_answers_409_naming_the_running_job(client, script, gate):
 def test_cancel_mid_llm_call_aborts_it_and_bills_nothing(client, script, stack, gate):
     marker = script([held(tool_calls(call("math.evaluate", {"expression": "1+1"})), gate)])
     job = client.submit(f"{marker} go")
-    wait_until(lambda: status_of(client, job["id"]) == "running")
+    wait_until(lambda: status_of(client, job["id"]) == "running", timeout_s=120)
     assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
     # the call in flight is aborted (issue 31): the job ends while the model still holds it
     ended = client.wait(job["id"])

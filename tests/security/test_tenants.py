@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -16,21 +15,12 @@ from sqlalchemy import select
 
 from agentq.models import ApiKey, Batch, FileRecord, Job, JobInput, Message, WebhookDelivery
 from agentq.testing.scripted_llm import call, text, tool_calls
-from tests.support.api import Client, uid
+from tests.support.api import Client, uid, wait_until
 from tests.support.busy_place import busy_place, count, write_there
 
 pytestmark = pytest.mark.integration
 ENDED = ("completed", "failed", "cancelled")
 
-
-def wait_until(predicate, timeout_s=30, every_s=0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from agentq.loop.execute import CallOutcome
 from agentq.models import Job, JobEvent, ToolCall
 from agentq.testing.harness import calls
 from tests.support.sql import sql_sent
+from tests.support.tool_turns import pending_call
 
 JOIN_S = 60
 """A failure bound for a thread that waits on a row lock, never a measured margin."""
@@ -27,14 +28,6 @@ def make(make_pg):
     """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the statement folded is
     Postgres's."""
     return make_pg
-
-
-def _pending_call(h) -> tuple[uuid.UUID, str]:
-    """A job whose turn asked for one call, not yet run."""
-    job_id = h.submit("write it")
-    [dispatch] = h.stepper.run(job_id, 0, "start")
-    [(tool_use_id, _queue, _limit)] = dispatch.calls
-    return uuid.UUID(job_id), tool_use_id
 
 
 def _finish(h, job_id: uuid.UUID, tool_use_id: str, record: dict) -> CallOutcome:
@@ -54,7 +47,7 @@ def test_a_result_is_stored_with_its_event_in_one_statement_and_announced(make, 
     # given a call of a job's turn (joined by the chord, the default), and an observer of
     # the events committed
     h = make(calls((TOOL, {"title": "A", "content": "a"})), AGENTQ_TOOL_JOIN="chord")
-    job_id, tool_use_id = _pending_call(h)
+    job_id, tool_use_id = pending_call(h)
     heard: list[tuple[str, list[dict]]] = []
     monkeypatch.setattr(store, "_event_hooks", [lambda job, events: heard.append((job, events))])
     # when its result is stored
@@ -81,7 +74,7 @@ def test_a_result_is_stored_with_its_event_in_one_statement_and_announced(make, 
 def test_a_second_result_of_a_call_writes_nothing(make):
     # given a call whose result is stored
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    job_id, tool_use_id = _pending_call(h)
+    job_id, tool_use_id = pending_call(h)
     _finish(h, job_id, tool_use_id, RESULT)
     before = _events(h, job_id)
     # when another delivery stores one too
@@ -99,7 +92,7 @@ def test_a_second_result_of_a_call_writes_nothing(make):
 def test_the_jobs_row_is_locked_before_the_calls(make):
     # given a call, and a writer holding its job's row (a step's claim, a cancel)
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    job_id, tool_use_id = _pending_call(h)
+    job_id, tool_use_id = pending_call(h)
     with h.sessions() as holder, holder.begin():
         lock_row(holder, Job, job_id, load=False)
         # when the result is stored meanwhile

@@ -4,7 +4,6 @@ decided as before, on the call read again under that lock."""
 from __future__ import annotations
 
 import threading
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -16,6 +15,7 @@ from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
 from agentq.testing.harness import calls
 from tests.support.sql import sql_sent
+from tests.support.tool_turns import pending_call
 
 JOIN_S = 60
 """A failure bound for a thread that waits on a row lock, never a measured margin."""
@@ -27,14 +27,6 @@ def make(make_pg):
     """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the statement folded is
     Postgres's."""
     return make_pg
-
-
-def _pending_call(h) -> tuple[uuid.UUID, str]:
-    """A job whose turn asked for one call, not yet run."""
-    job_id = h.submit("write it")
-    [dispatch] = h.stepper.run(job_id, 0, "start")
-    [(tool_use_id, _queue, _limit)] = dispatch.calls
-    return uuid.UUID(job_id), tool_use_id
 
 
 def _prepare(h, tool_use_id: str) -> tuple[execute.Prepared, list[str]]:
@@ -53,7 +45,7 @@ def _call(h, tool_use_id: str) -> ToolCall:
 def test_a_calls_first_delivery_is_loaded_and_started_in_one_statement(make):
     # given a call no delivery has started
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    job_id, tool_use_id = _pending_call(h)
+    job_id, tool_use_id = pending_call(h)
     # when its first delivery comes
     prepared, statements = _prepare(h, tool_use_id)
     # then one statement read it with its job's row locked and started it: its attempt
@@ -69,7 +61,7 @@ def test_a_calls_first_delivery_is_loaded_and_started_in_one_statement(make):
 def test_a_copy_delivered_while_the_call_runs_starts_nothing(make):
     # given a call a live delivery runs (its lease not run out)
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    _job_id, tool_use_id = _pending_call(h)
+    _job_id, tool_use_id = pending_call(h)
     first, _ = _prepare(h, tool_use_id)
     # when a copy is delivered
     prepared, statements = _prepare(h, tool_use_id)
@@ -82,7 +74,7 @@ def test_a_copy_delivered_while_the_call_runs_starts_nothing(make):
 def test_an_idempotent_call_whose_delivery_died_is_started_again_on_a_fresh_read(make):
     # given an idempotent call whose delivery died (its lease ran out, no result)
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    _job_id, tool_use_id = _pending_call(h)
+    _job_id, tool_use_id = pending_call(h)
     long_ago = datetime(2020, 1, 1, tzinfo=timezone.utc)
     with h.sessions() as session, session.begin():
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
@@ -97,7 +89,7 @@ def test_an_idempotent_call_whose_delivery_died_is_started_again_on_a_fresh_read
 def test_the_first_start_waits_for_the_jobs_row_without_holding_the_calls(make):
     # given a call, and a writer holding its job's row (a step, a cancel)
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
-    job_id, tool_use_id = _pending_call(h)
+    job_id, tool_use_id = pending_call(h)
     with h.sessions() as holder, holder.begin():
         lock_row(holder, Job, job_id, load=False)
         # when its first delivery comes meanwhile
