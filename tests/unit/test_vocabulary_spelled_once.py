@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.parsing import parsed, parsed_files
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agentq", "api", "tasks", "tool_workers")
 STATE_FIELDS = frozenset({"status", "phase", "waiting_for", "replay_mode"})
@@ -32,10 +34,10 @@ def _bare(node: ast.expr) -> bool:
     return False
 
 
-def bare_state_strings(source: str) -> list[tuple[int, str]]:
-    """(line, code) of each place `source` compares or writes a state field as a string."""
+def bare_state_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, code) of each place `tree` compares or writes a state field as a string."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_names_a_state_field(s) for s in sides) and any(_bare(s) for s in sides):
@@ -58,11 +60,13 @@ job.status == JobStatus.QUEUED
 response.status_code == 200
 bar.status = "failed"
 """
-    assert [line for line, _ in bare_state_strings(source)] == [2, 3, 4, 5, 6]
+    [tree] = parsed([source])
+    assert [line for line, _ in bare_state_strings(tree)] == [2, 3, 4, 5, 6]
 
 
 def test_no_module_spells_a_state_value_by_hand():
-    found = {str(path.relative_to(ROOT)): hits
-             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-             if (hits := bare_state_strings(path.read_text()))}
+    trees = parsed_files([path for package in PACKAGES
+                          for path in sorted((ROOT / package).rglob("*.py"))])
+    found = {str(path.relative_to(ROOT)): hits for path, tree in trees.items()
+             if (hits := bare_state_strings(tree))}
     assert found == {}
