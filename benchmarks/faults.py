@@ -15,10 +15,11 @@ non-idempotent one then runs twice (docs/faults.md).
 
 Also run by tests/faults/ at a reduced size (AGENTQ_FAULT_JOBS, default 100).
 
-The submitter is a well-behaved client: on a 503 (or a connection cut while `web` is
-killed) it resends the same request with the same Idempotency-Key after `Retry-After`, so a
-job is created exactly once whatever the API went through. A 500 is never retried: it is
-counted and fails the scenario.
+The submitter is a well-behaved client: on a 503 `unavailable`, a 429 `rate_limited` (the
+key's requests a second: the submitters' resends bunch up when the API comes back) or a
+connection cut while `web` is killed, it resends the same request with the same
+Idempotency-Key after `Retry-After`, so a job is created exactly once whatever the API went
+through. A 500 is never retried: it is counted and fails the scenario.
 """
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ FAULT_ENV = {
     "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", "required"),
 }
 SUBMIT_GIVE_UP_S = 300.0
+RETRIED = frozenset({(503, "unavailable"), (429, "rate_limited")})
+"""The answers a well-behaved client resends after `Retry-After` (status, error code)."""
 
 
 @dataclass
@@ -535,11 +538,10 @@ class Submitter:
                 with self.lock:
                     self.job_ids.append(r.json()["id"])
                 return
-            if r.status_code == 503:
-                assert r.json()["error"]["code"] == "unavailable", r.text
+            if (r.status_code, _error_code(r)) in RETRIED:
                 time.sleep(min(float(r.headers.get("Retry-After", "1")), 5.0))
                 continue
-            break  # a 500 or a 4xx: not retried, counted
+            break  # a 500 or another 4xx: not retried, counted
         with self.lock:
             self.lost += 1
 
@@ -556,6 +558,14 @@ class Submitter:
         for f in futures:
             f.result()
         self.pool.shutdown()
+
+
+def _error_code(r: requests.Response) -> str | None:
+    """The API's error code of an answer, None when it is not the API's error shape."""
+    try:
+        return r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def run_scenario(lab: FaultLab, name: str, fault: Callable[[FaultLab], None] | None,
