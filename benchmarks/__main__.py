@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown scenario(s): {', '.join(unknown)}; choose from "
               f"{', '.join(scenarios.SCENARIOS)}", file=sys.stderr)
         return 2
+    if any(n not in scenarios.STANDALONE for n in names):
+        harness.own_postgres(log)  # unless AGENTQ_TEST_PG names one
     missing = harness.services_answer()
     if missing:
         print(f"cannot run: {' and '.join(missing)} not answering", file=sys.stderr)

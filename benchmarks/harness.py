@@ -5,9 +5,12 @@ that sees jobs end, and samplers for memory and CPU.
 Redis: `AGENTQ_BENCH_REDIS` (default: `AGENTQ_TEST_REDIS` when set, else
 `redis://127.0.0.1:6379/11`) — its database is flushed at start and end, so give the benchmark
 a database number nobody else uses.
-Postgres: `AGENTQ_TEST_PG` (an admin URL, default `postgresql://postgres@127.0.0.1:5432/postgres`);
-the benchmark makes `agentq_bench_<pid>` (and one `agentq_bench_peer_<kind>_<pid>` per peer) and
-drops them after.
+Postgres: `AGENTQ_TEST_PG` (an admin URL) when set; else a cluster of the run's own
+(`LabPostgres`: durable as the machine's, room for 1,000 connections, ended with the run), so
+that a lab's ~150 connections (an orchestrator of 1,000 threads, 2 x 8 API threads, workers)
+never meet a machine server's 100 (`sorry, too many clients already`, on a Debian default)
+nor another program's load. The benchmark makes `agentq_bench_<pid>` (and one
+`agentq_bench_peer_<kind>_<pid>` per peer) and drops them after.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from typing import Any, Iterable  # noqa: E402
 import requests  # noqa: E402
 
 from tests.support import stack as stack_mod  # noqa: E402
-from tests.support.services import terminate  # noqa: E402
+from tests.support.services import SuitePostgres, terminate  # noqa: E402
 from tests.support.stack import (  # noqa: E402
     ROOT,
     Stack,
@@ -616,6 +619,34 @@ def write_results(out_dir: Path, kind: str, data: Any, stamp: str) -> Path:
     return path
 
 
+class LabPostgres(SuitePostgres):
+    """The run's own cluster when AGENTQ_TEST_PG is not set: the suite's (a child of this
+    process that does not outlive it), with fsync and full-page writes on as on the machine's
+    server, so figures stay comparable with runs on it."""
+    DURABILITY = ()
+
+
+_own_postgres: LabPostgres | None = None
+
+
+def own_postgres(log) -> None:
+    """Unless AGENTQ_TEST_PG names a server, start the run's own cluster (once per process;
+    stopped and deleted when the process exits) and point AGENTQ_TEST_PG at it: every
+    database the run makes is made there."""
+    global _own_postgres
+    if os.environ.get("AGENTQ_TEST_PG") or _own_postgres is not None:
+        return
+    import atexit
+    import shutil
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-bench-pg-"))
+    _own_postgres = LabPostgres(scratch).start()
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    atexit.register(_own_postgres.stop)  # (run first: atexit runs last-registered first)
+    os.environ["AGENTQ_TEST_PG"] = _own_postgres.admin_url
+    log(f"PostgreSQL of the run's own on 127.0.0.1:{_own_postgres.port} "
+        f"(AGENTQ_TEST_PG unset)")
+
+
 def start_lab(prefix: str, log, what: str = "") -> "Lab | None":
     """A started Lab whose logs go to a new scratch directory; None (said on stderr) when
     the stack did not start."""
@@ -623,6 +654,7 @@ def start_lab(prefix: str, log, what: str = "") -> "Lab | None":
     log(f"{what}starting the stack (logs in {scratch})")
     lab = Lab(scratch)
     try:
+        own_postgres(log)
         lab.start()
     except Exception as exc:  # noqa: BLE001 - reported
         print(f"cannot start the stack: {exc}", file=sys.stderr)

@@ -17,11 +17,13 @@ is in docs/benchmarks-history.md.
 HOW_TO = """\
 ## Running them
 
-PostgreSQL and Redis must answer on 127.0.0.1 (`.ci/run` starts them). Then, from a checkout:
+Redis must answer on 127.0.0.1 (`.ci/run` starts it), and PostgreSQL's server binaries be
+installed (`apt-get install postgresql`): a run starts a cluster of its own unless
+`AGENTQ_TEST_PG` names one (below). Then, from a checkout:
 
 ```
 python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,bench]'
-.venv/bin/python -m benchmarks run            # the full run (about 7 minutes on 2 cores)
+.venv/bin/python -m benchmarks run            # the full run (about 20 minutes on 2 cores)
 .venv/bin/python -m benchmarks run --quick    # smaller sizes, under two minutes
 .venv/bin/python -m benchmarks run --quick --smoke   # tiny sizes: checks the code runs
 .venv/bin/python -m benchmarks run --only overhead --only growth   # some scenarios
@@ -40,7 +42,10 @@ Each run writes `benchmarks/results/<date>-<mode>.json` (and `latest-<mode>.json
 `tests/integration/test_benchmarks_smoke.py` runs `--quick --smoke` and checks the results'
 keys, never the timings.
 
-What it starts, all on loopback: a fresh database `agentq_bench_<pid>` (dropped after), Redis
+What it starts, all on loopback: a PostgreSQL cluster of the run's own (durable as a
+machine's server, room for 1,000 connections, ended with the run: a lab holds ~150, more
+than a Debian default server's 100; `AGENTQ_TEST_PG`, an admin URL, names a server to use
+instead) with a fresh database `agentq_bench_<pid>` (dropped after), Redis
 database 11 (`AGENTQ_BENCH_REDIS`, flushed at start and end: use a number nobody else uses),
 the scripted OpenAI-compatible model server (`benchmarks/llm_server.py`, asyncio, in its own
 process so its CPU is not ours; latency set per scenario), and the Procfile's processes:

@@ -314,6 +314,9 @@ class SuitePostgres(PrivatePostgres):
     (the shared server's 100 connections were not: `sorry, too many clients already`)."""
 
     MAX_CONNECTIONS = 1000
+    DURABILITY = ("-c", "fsync=off", "-c", "full_page_writes=off")
+    """What a crash may lose here (a test's cluster is thrown away); () for a server that
+    flushes as the machine's does (benchmarks.harness.LabPostgres)."""
 
     def __init__(self, scratch: Path, port: int | None = None):
         super().__init__(scratch, port)
@@ -336,8 +339,7 @@ class SuitePostgres(PrivatePostgres):
                  # synchronous_commit stays on, as on a real server: agentq's relaxed units
                  # of work turn it off themselves (tests/unit/test_prepared.py reads it);
                  # with fsync off a flush costs nothing here anyway
-                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                 "-c", "full_page_writes=off",
+                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", *self.DURABILITY,
                  "-c", f"max_connections={self.MAX_CONNECTIONS}"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent, **as_user)
