@@ -214,6 +214,12 @@ class _Prepared:
         if name is not None:
             self.stale.append(name)
 
+    def forget_all(self) -> None:
+        """Every prepared statement forgotten (deallocated with the next PREPARE): one of
+        them failed where it cannot be told which (`_send_writes`)."""
+        self.stale.extend(self.names.values())
+        self.names.clear()
+
     def _prepare(self, cursor, key: tuple[str, tuple[str, ...]], shape: _Shape) -> str | None:
         name = f"{_prefix}{next(_names)}"
         types = key[1]
@@ -249,7 +255,31 @@ class _Prepared:
 _PLAIN_EXECUTE = psycopg2.extensions.cursor.execute
 
 
+def _send_writes(conn: "Connection", cursor, text: str) -> None:
+    """Deferred writes and their transaction's end, in one round trip. A prepared statement
+    among them that can no longer run as prepared fails the commit as `StalePlan` (every
+    statement of the connection is then sent whole until prepared again): the transaction
+    is rolled back, and the caller runs it again as after a database blip."""
+    try:
+        _PLAIN_EXECUTE(cursor, text)
+    except psycopg2.Error as exc:
+        # a write failed before the COMMIT ran: the transaction is left failed, ended here
+        if not conn.closed and conn.get_transaction_status() == _IN_ERROR:
+            try:
+                _PLAIN_EXECUTE(cursor, "ROLLBACK")
+            except psycopg2.Error:
+                pass  # the connection is gone: the pool replaces it
+        if not isinstance(exc, (psycopg2.errors.FeatureNotSupported,  # "cached plan …"
+                                psycopg2.errors.InvalidSqlStatementName)):
+            raise
+        if conn.agentq_prepared is not None:
+            conn.agentq_prepared.forget_all()
+        raise StalePlan(f"{str(exc).strip()} (a deferred write's prepared statement; run "
+                        "again, it goes whole)") from exc
+
+
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+_IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
 
 
 class Cursor(psycopg2.extensions.cursor):
@@ -257,6 +287,8 @@ class Cursor(psycopg2.extensions.cursor):
         if self.name is not None:  # a server-side cursor's DECLARE takes the statement as is
             return _PLAIN_EXECUTE(self, query, vars)
         conn = self.connection
+        if conn.deferring and conn.folded:
+            return self._defer(conn, query, vars)
         ahead, folded = conn.ahead, conn.folded
         opens = conn.get_transaction_status() == _IDLE
         try:
@@ -278,7 +310,7 @@ class Cursor(psycopg2.extensions.cursor):
             sent, values = prepared.rewrite(self, query, vars)
         executes = sent is not query
         if ahead and isinstance(sent, str):
-            sent, conn.ahead = f"{ahead}; {sent}", None
+            sent, conn.ahead, conn.deferred = f"{ahead}; {sent}", None, False
         if not executes:
             return _PLAIN_EXECUTE(self, sent, values)
         try:
@@ -297,11 +329,25 @@ class Cursor(psycopg2.extensions.cursor):
             raise StalePlan(f"{str(exc).strip()} (a statement prepared on this connection; "
                             "run again, it goes whole)") from exc
 
+    def _defer(self, conn, query, vars) -> None:
+        """A write whose answer nobody reads (`Connection.deferring`): quoted here, prepared
+        as any other, and kept to go out with the transaction's next statement or with its
+        COMMIT. Nothing is sent now; the cursor answers no rows."""
+        prepared = conn.agentq_prepared
+        sent, values = (prepared.rewrite(self, query, vars) if prepared is not None
+                        else (query, vars))
+        if prepared is not None:
+            prepared.executing = None  # a later failure is not this statement's to forget
+        text = self.mogrify(sent, values).decode(
+            psycopg2.extensions.encodings.get(conn.encoding, "utf_8"))
+        conn.ahead = f"{conn.ahead}; {text}" if conn.ahead else text
+        conn.deferred = True
+
     def executemany(self, query, vars_list):
         conn = self.connection
         if conn.ahead:
             _PLAIN_EXECUTE(self, conn.ahead)
-            conn.ahead = None
+            conn.ahead, conn.deferred = None, False
         return super().executemany(query, vars_list)
 
 
@@ -316,6 +362,11 @@ class Connection(psycopg2.extensions.connection):
         self.ahead: str | None = None
         self.folded = False
         """The open (or next) transaction's BEGIN is sent by us (`fold_begin`)."""
+        self.deferring = False
+        """Statements executed now, in a folded transaction, are writes whose answer nobody
+        reads: kept in `ahead` rather than sent (`agentq.loop.uow`'s events)."""
+        self.deferred = False
+        """`ahead` holds such writes: the commit sends them with its COMMIT."""
 
     def fold_begin(self) -> bool:
         """The next transaction's BEGIN goes with its first statement, and its end is sent
@@ -328,27 +379,32 @@ class Connection(psycopg2.extensions.connection):
         self.ahead = f"BEGIN; {self.ahead}" if self.ahead else "BEGIN"
         return True
 
-    def _end_folded(self, command: str) -> None:
-        """A folded transaction's end: `command` sent if a statement opened it; the
-        connection back out of autocommit mode, whatever happens."""
+    def _end_folded(self, command: str, writes: str | None = None) -> None:
+        """A folded transaction's end: `command` sent if a statement opened it, after the
+        deferred `writes` (with the BEGIN, if no statement opened it) in the same round
+        trip; the connection back out of autocommit mode, whatever happens."""
         try:
-            if self.get_transaction_status() != _IDLE:
+            if writes is not None:
+                with self.cursor() as cursor:
+                    _send_writes(self, cursor, f"{writes}; {command}")
+            elif self.get_transaction_status() != _IDLE:
                 with self.cursor() as cursor:
                     _PLAIN_EXECUTE(cursor, command)
         finally:
-            self.folded = False
+            self.folded = self.deferring = False
             if not self.closed:
                 self.autocommit = False
 
     def commit(self) -> None:
-        self.ahead = None
+        ahead, deferred = self.ahead, self.deferred
+        self.ahead, self.deferred = None, False
         if self.folded:
-            self._end_folded("COMMIT")
+            self._end_folded("COMMIT", ahead if deferred else None)
         else:
             super().commit()
 
     def rollback(self) -> None:
-        self.ahead = None
+        self.ahead, self.deferred = None, False
         if self.folded:
             self._end_folded("ROLLBACK")
         else:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from agentq import idempotency
 from agentq.agents import cancel_children
-from agentq.db import session_factory, session_scope
+from agentq.db import read_scope, session_factory, session_scope
 from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
 from agentq.loop.identity import Incoming
 from agentq.loop.states import ENDED
@@ -264,6 +264,10 @@ def continue_conversation():
 @require_key()
 def get_job(job_id: str):
     wait = wait_seconds()
+    if not wait:  # a poll: the job and its children read once, no transaction
+        with read_scope(g.settings) as session:
+            body = job_object(load_job(session, job_id))
+        return answer_job(uuid.UUID(body["id"]), None, created=False, body=body)
     with session_scope(g.settings) as session:
         ident = load_job(session, job_id).id
     hold_request(wait)

@@ -31,9 +31,10 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, cast
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar, cast
 
 from sqlalchemy import update
 from sqlalchemy.engine import CursorResult
@@ -207,7 +208,9 @@ class UnitOfWork:
             elif job_id in written:
                 announced = shown(first[job_id], items, now)
             else:
-                announced = insert_events(self.session, job_id, first[job_id], items, now)
+                with deferred_writes(self.session):
+                    announced = insert_events(self.session, job_id, first[job_id], items,
+                                              now)
             self.announced.setdefault(str(job_id), []).extend(announced)
 
     def _write_held_alone(self, by_job: dict[uuid.UUID, list[tuple[str, dict[str, Any]]]],
@@ -230,8 +233,10 @@ class UnitOfWork:
         together = session.get_bind().dialect.name == "postgresql"
         for obj in dirty:
             events = together and obj.id in first
-            if not write_changes(session, obj, events_with_job(
-                    obj.id, first[obj.id], by_job[obj.id], now) if events else None):
+            with deferred_writes(session):
+                done = write_changes(session, obj, events_with_job(
+                    obj.id, first[obj.id], by_job[obj.id], now) if events else None)
+            if not done:
                 return False, written
             if events:
                 written.add(obj.id)
@@ -259,6 +264,25 @@ def _fold_begin(session: Session) -> bool:
     dbapi_connection = session.connection().connection.dbapi_connection
     return (isinstance(dbapi_connection, prepared.Connection)
             and dbapi_connection.fold_begin())
+
+
+@contextmanager
+def deferred_writes(session: Session) -> Iterator[None]:
+    """Writes whose answer nobody reads (the events, the held job's row): on agentq's
+    psycopg2 connections, in a transaction whose BEGIN was folded, sent with the
+    transaction's next statement or with its COMMIT, one round trip fewer
+    (`agentq.prepared.Connection.deferring`); an error in them is raised there. Elsewhere
+    sent at once."""
+    dbapi_connection = (session.connection().connection.dbapi_connection
+                        if session.get_bind().dialect.name == "postgresql" else None)
+    if not isinstance(dbapi_connection, prepared.Connection) or not dbapi_connection.folded:
+        yield
+        return
+    dbapi_connection.deferring = True
+    try:
+        yield
+    finally:
+        dbapi_connection.deferring = False
 
 
 def due_now(sessions: sessionmaker[Session] | Callable[[], Session],

@@ -43,6 +43,20 @@ def engines(tmp_path, pg_url):
         engine.dispose()
 
 
+@pytest.fixture
+def sent(monkeypatch) -> list[str]:
+    """What agentq's connections send from now on, one string a round trip."""
+    strings: list[str] = []
+    plain = prepared._PLAIN_EXECUTE
+
+    def counted(cursor, query, vars=None):
+        strings.append(query if isinstance(query, str) else str(query))
+        return plain(cursor, query, vars)
+
+    monkeypatch.setattr(prepared, "_PLAIN_EXECUTE", counted)
+    return strings
+
+
 def _prepared_here(conn) -> list[str]:
     """The connection's prepared statements, oldest first (read past the engine's events,
     so this read is not prepared itself)."""
@@ -334,20 +348,12 @@ def test_behind_a_transaction_pooler_a_statement_on_another_server_connection_fa
 
 
 def test_a_unit_of_work_sends_its_begin_with_its_first_statement_and_ends_as_before(
-        engines, monkeypatch):
+        engines, sent):
     # given a pool of one connection, and what it sends
     from sqlalchemy.orm import sessionmaker
 
     from agentq.loop.uow import UnitOfWork
     sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
-    sent: list[str] = []
-    plain = prepared._PLAIN_EXECUTE
-
-    def counted(cursor, query, vars=None):
-        sent.append(query if isinstance(query, str) else str(query))
-        return plain(cursor, query, vars)
-
-    monkeypatch.setattr(prepared, "_PLAIN_EXECUTE", counted)
     insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
     count = text("SELECT count(*) FROM probe")
     xid = text("SELECT txid_current()")
@@ -423,3 +429,121 @@ def test_a_stale_plan_in_a_folded_transaction_begins_it_again_only_as_its_first_
     assert isinstance(failed.value.orig, prepared.StalePlan)
     with sessions() as session:
         assert session.execute(text("SELECT label FROM probe")).scalar_one() == "kept"
+
+
+def test_a_unit_of_works_last_writes_go_with_its_commit_in_one_round_trip(engines, sent):
+    # given a pool of one connection that prepares on the first run, and what it sends
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork, deferred_writes
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    insert = text("INSERT INTO probe (id, n, label) VALUES (CAST(:id AS UUID), :n, :label)")
+    count = text("SELECT count(*) FROM probe")
+    for n in range(3):  # sent whole, then prepared
+        sent.clear()
+        # when a unit of work's only writes are deferred
+        with UnitOfWork(sessions) as unit:
+            with deferred_writes(unit.session):
+                unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": n,
+                                              "label": "it's; done"})
+                unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 10 + n,
+                                              "label": None})
+            assert [s for s in sent if not s.startswith("PREPARE")] == []  # nothing yet
+        # then its BEGIN, both writes and its COMMIT went in one round trip
+        statements = [s for s in sent if not s.startswith("PREPARE")]
+        assert len(statements) == 1
+        assert statements[0].startswith("BEGIN; ") and statements[0].endswith("; COMMIT")
+    with sessions() as session:
+        assert session.execute(count).scalar_one() == 6
+        assert session.execute(text("SELECT count(*) FROM probe WHERE label = 'it''s; done'")
+                               ).scalar_one() == 3
+        dbapi = session.connection().connection.dbapi_connection
+        assert (dbapi.autocommit, dbapi.folded, dbapi.deferring, dbapi.deferred) == (
+            False, False, False, False)
+    # when a statement follows a deferred write in the same transaction
+    with UnitOfWork(sessions) as unit:
+        with deferred_writes(unit.session):
+            unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 50, "label": "x"})
+        # then it sees the write (sent before it, in the same round trip)
+        assert unit.session.execute(count).scalar_one() == 7
+    # and a unit of work that fails drops its deferred writes
+    with pytest.raises(RuntimeError), UnitOfWork(sessions) as unit:
+        with deferred_writes(unit.session):
+            unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 60, "label": "x"})
+        raise RuntimeError("after a deferred write")
+    with sessions() as session:
+        assert session.execute(count).scalar_one() == 7
+
+
+def test_a_deferred_write_that_fails_fails_the_commit_and_nothing_of_it_is_kept(engines):
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork, deferred_writes
+    # given a row
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
+    taken = str(uuid.uuid4())
+    with UnitOfWork(sessions) as unit:
+        unit.session.execute(insert, {"id": taken, "n": 1})
+    # when a unit of work writes a row, then a deferred write that breaks a key
+    with pytest.raises(IntegrityError), UnitOfWork(sessions) as unit:
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 2})
+        with deferred_writes(unit.session):
+            unit.session.execute(insert, {"id": taken, "n": 3})
+    # then the commit failed, nothing of the transaction is kept, and the connection (the
+    # pool's only one) is out of its transaction and usable
+    with sessions() as session:
+        assert session.execute(text("SELECT n FROM probe ORDER BY n")).scalars().all() == [1]
+        dbapi = session.connection().connection.dbapi_connection
+        assert (dbapi.autocommit, dbapi.folded, dbapi.deferred) == (False, False, False)
+    with UnitOfWork(sessions) as unit:
+        with deferred_writes(unit.session):
+            unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 4})
+    with sessions() as session:
+        assert session.execute(text("SELECT n FROM probe ORDER BY n")).scalars().all() == [1, 4]
+
+
+def test_writes_outside_a_folded_transaction_are_sent_at_once(engines):
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import deferred_writes
+    # given a plain session (no unit of work: its BEGIN is psycopg2's own)
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    with sessions() as session:
+        # when a write is asked to be deferred
+        with deferred_writes(session):
+            result = session.execute(text("INSERT INTO probe (id, n) VALUES "
+                                          "(CAST(:id AS UUID), 1) RETURNING n"),
+                                     {"id": str(uuid.uuid4())})
+        # then it was sent: its answer is there
+        assert result.scalar_one() == 1
+        session.commit()
+
+
+def test_a_read_scope_sends_no_transaction_and_gives_its_connection_back_as_it_was(
+        engines, sent, tmp_path, pg_url):
+    from agentq import db
+    # given agentq's engine on a pool of one connection, and what it sends
+    settings = Settings.from_env({
+        "AGENTQ_DATABASE_URL": pg_url, "AGENTQ_HOME": str(tmp_path),
+        "AGENTQ_DB_POOL_SIZE": "1", "AGENTQ_DB_PREPARE_THRESHOLD": "1"})
+    engines(threshold=1)  # the table
+    db.dispose_engines()
+    sent.clear()
+    try:
+        # when a read scope reads twice
+        with db.read_scope(settings) as session:
+            first = session.execute(text("SELECT txid_current()")).scalar_one()
+            second = session.execute(text("SELECT txid_current()")).scalar_one()
+        # then each read was its own transaction, and no BEGIN, COMMIT or ROLLBACK was sent
+        assert second != first
+        assert not any(s.split()[0].rstrip(";") in ("BEGIN", "COMMIT", "ROLLBACK")
+                       for s in sent)
+        # and the next session of the pool is a transaction again
+        with db.session_scope(settings) as session:
+            one = session.execute(text("SELECT txid_current()")).scalar_one()
+            assert session.execute(text("SELECT txid_current()")).scalar_one() == one
+            assert session.connection().connection.dbapi_connection.autocommit is False
+    finally:
+        db.dispose_engines()
