@@ -26,6 +26,7 @@ from typing import (
     overload,
 )
 
+import psycopg2.extensions
 from sqlalchemy import (
     JSON,
     BindParameter,
@@ -44,7 +45,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import CursorResult, Dialect, Engine, make_url
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine, make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, InvalidatePoolError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
@@ -73,9 +74,6 @@ stayed busy past the pool's timeout: nothing is wrong with the request, it may b
 again. The API answers it 503 (api/errors.py), a step or tool task retries it
 (tasks/base.py), a tool's result waits it out (agentq/loop/execute.py)."""
 log = logging.getLogger(__name__)
-AUTOCOMMIT = "AUTOCOMMIT"
-"""The isolation level of a connection whose every statement commits alone (SQLAlchemy's
-name, on Postgres and SQLite)."""
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker[Session]] = {}
 
@@ -241,16 +239,41 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
 @contextmanager
 def read_scope(settings: Settings | None = None) -> Iterator[Session]:
     """Reads that need not agree with each other (a poll's job and its children): each
-    statement in its own snapshot, in autocommit mode, so no BEGIN and no COMMIT is sent:
-    one round trip a statement instead of a statement's plus two. Nothing is written here
-    (a write would be committed by itself, at once). Always closed."""
+    statement in its own snapshot, in autocommit mode (`autocommitting`), so no BEGIN and no
+    COMMIT is sent: one round trip a statement instead of a statement's plus two. Nothing is
+    written here (a write would be committed by itself, at once). Always closed."""
     session = session_factory(settings)()
     try:
-        session.connection(execution_options={"isolation_level": AUTOCOMMIT})
-        yield session
+        with autocommitting(session.connection()):
+            yield session
     finally:
-        session.rollback()  # nothing to roll back: no round trip
         session.close()
+
+
+_PG_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
+@contextmanager
+def autocommitting(connection: Connection) -> Iterator[None]:
+    """Statements on `connection` each commit alone for the block: psycopg2's autocommit
+    switched on, and off again before the connection goes back to its pool (a flag of the
+    driver's: no round trip either way). Not SQLAlchemy's `isolation_level="AUTOCOMMIT"`:
+    the pool resets that as it takes the connection back, outside its own error handling, so
+    a server gone at that moment failed the request (a 500 in a Postgres restart, the fault
+    suite). Another driver or dialect, or a connection already in a transaction: as it is."""
+    dbapi_connection = connection.connection.dbapi_connection
+    if (connection.dialect.name != "postgresql"
+            or not isinstance(dbapi_connection, psycopg2.extensions.connection)
+            or dbapi_connection.autocommit
+            or dbapi_connection.get_transaction_status() != _PG_IDLE):
+        yield
+        return
+    dbapi_connection.autocommit = True
+    try:
+        yield
+    finally:
+        if not dbapi_connection.closed:
+            dbapi_connection.autocommit = False
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from typing import Callable
 from flask import g, request
 from sqlalchemy import bindparam, select
 
-from agentq.db import AUTOCOMMIT, engine_for
+from agentq.db import autocommitting, engine_for
 from agentq.errors import Forbidden, Unauthorized
 from agentq.keys import hash_key
 from agentq.models import ApiKey
@@ -33,9 +33,8 @@ def _authenticate() -> None:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
-    with engine_for(g.settings).connect() as connection:  # one statement: no BEGIN/COMMIT
-        row = connection.execution_options(isolation_level=AUTOCOMMIT).execute(
-            _LIVE_KEY, {"key_hash": hash_key(key.strip())}).first()
+    with engine_for(g.settings).connect() as connection, autocommitting(connection):
+        row = connection.execute(_LIVE_KEY, {"key_hash": hash_key(key.strip())}).first()
     if row is None:
         raise Unauthorized("Invalid API key.")
     g.api_key_id, g.is_admin, g.tenant_id = row.id, row.is_admin, row.tenant_id
