@@ -22,7 +22,8 @@ import time
 import uuid
 from typing import Iterator
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Text, Uuid, any_, bindparam, cast, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.llm.cancel import CancelToken
@@ -33,9 +34,16 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 """How often a process with steps waiting for their model looks for their cancels."""
 
-_CANCELLED = (select(Job.id)
-              .where(Job.id.in_(bindparam("ids", expanding=True)),
-                     Job.cancel_requested_at.is_not(None)))
+_CANCELLED = {
+    False: select(Job.id).where(Job.id.in_(bindparam("ids", expanding=True)),
+                                Job.cancel_requested_at.is_not(None)),
+    True: select(Job.id).where(Job.id == any_(cast(bindparam("ids", type_=Text),
+                                                   ARRAY(Uuid))),
+                               Job.cancel_requested_at.is_not(None))}
+"""The watched jobs that were cancelled. On Postgres (True) the ids go as one array literal
+(`{id,id,…}`) rather than a placeholder each: with 5,000 steps waiting, a look took 25.6 ms
+of this process's CPU and 44 ms in all as an IN list, 8.6 ms and 19 ms so (5,000 ids against
+a 25,000-row analysed table, 2-core machine of 2026-11-27), and it runs every `POLL_S`."""
 
 
 class CancelWatch:
@@ -74,9 +82,12 @@ class CancelWatch:
             watched = list(self._watched.values())
         if not watched:
             return 0
+        ids = {job_id for job_id, _ in watched}
         with self._sessions() as session:
-            cancelled = set(session.execute(
-                _CANCELLED, {"ids": list({job_id for job_id, _ in watched})}).scalars())
+            postgres = session.get_bind().dialect.name == "postgresql"
+            cancelled = set(session.execute(_CANCELLED[postgres], {
+                "ids": "{" + ",".join(map(str, ids)) + "}" if postgres else list(ids)
+            }).scalars())
         found = 0
         for job_id, token in watched:
             if job_id in cancelled and not token.is_set():

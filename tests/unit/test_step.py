@@ -3,6 +3,7 @@
 dispatched by hand."""
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from datetime import timedelta
@@ -546,3 +547,25 @@ def test_a_cancel_recorded_while_the_model_thinks_stops_its_call(make):
         kinds = list(session.execute(select(JobEvent.type).where(
             JobEvent.job_id == uuid.UUID(job_id)).order_by(JobEvent.seq)).scalars())
     assert kinds[-3:] == ["cancel_requested", "turn_end", "job_end"]
+
+
+def test_a_cancel_watch_look_sets_the_tokens_of_the_cancelled_jobs_only(make):
+    """One look for every step waiting for its model (the ids as one array on Postgres):
+    the tokens of the jobs cancelled are set, the others' not, and a job watched by two
+    steps has both set."""
+    from agentq.loop.cancel_watch import CancelWatch
+    h = make()
+    jobs = [h.submit() for _ in range(4)]
+    watch = CancelWatch(h.sessions, poll_s=3600)  # looks only when told here
+    with contextlib.ExitStack() as held:
+        tokens = [held.enter_context(watch.watch(job_id)) for job_id in jobs]
+        twice = held.enter_context(watch.watch(jobs[2]))
+        assert watch.look() == 0
+        with h.sessions() as session, session.begin():  # what a cancel of a running job records
+            session.execute(update(Job).where(Job.id.in_([uuid.UUID(jobs[0]),
+                                                          uuid.UUID(jobs[2])]))
+                            .values(cancel_requested_at=utcnow()))
+        assert watch.look() == 3
+        assert [t.is_set() for t in tokens] == [True, False, True, False]
+        assert twice.is_set()
+        assert watch.look() == 0  # a token is set once
