@@ -260,10 +260,9 @@ def autocommitting(connection: Connection) -> Iterator[None]:
     driver's: no round trip either way). Not SQLAlchemy's `isolation_level="AUTOCOMMIT"`:
     the pool resets that as it takes the connection back, outside its own error handling, so
     a server gone at that moment failed the request (a 500 in a Postgres restart, the fault
-    suite). Another driver or dialect, or a connection already in a transaction: as it is."""
+    suite). Another driver (SQLite's), or a connection already in a transaction: as it is."""
     dbapi_connection = connection.connection.dbapi_connection
-    if (connection.dialect.name != "postgresql"
-            or not isinstance(dbapi_connection, psycopg2.extensions.connection)
+    if (not isinstance(dbapi_connection, psycopg2.extensions.connection)
             or dbapi_connection.autocommit
             or dbapi_connection.get_transaction_status() != _PG_IDLE):
         yield

@@ -264,14 +264,11 @@ def continue_conversation():
 @require_key()
 def get_job(job_id: str):
     wait = wait_seconds()
-    if not wait:  # a poll: the job and its children read once, no transaction
-        with read_scope(g.settings) as session:
-            body = job_object(load_job(session, job_id))
-        return answer_job(uuid.UUID(body["id"]), None, created=False, body=body)
-    with session_scope(g.settings) as session:
-        ident = load_job(session, job_id).id
+    with read_scope(g.settings) as session:  # no transaction: one round trip a read
+        job = load_job(session, job_id)
+        body = None if wait else job_object(job)  # a poll: read once, answered as read
     hold_request(wait)
-    return answer_job(ident, wait, created=False)
+    return answer_job(job.id, wait, created=False, body=body)
 
 
 @bp.post("/v1/jobs/<job_id>/cancel")

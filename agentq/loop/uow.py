@@ -254,16 +254,22 @@ class UnitOfWork:
             notify(job_id, written)
 
 
+def _ours(session: Session) -> prepared.Connection | None:
+    """The session's connection when it is agentq's psycopg2 one (`agentq.prepared`);
+    None on another driver or dialect."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    dbapi_connection = session.connection().connection.dbapi_connection
+    return dbapi_connection if isinstance(dbapi_connection, prepared.Connection) else None
+
+
 def _fold_begin(session: Session) -> bool:
     """The transaction's BEGIN goes with its first statement, one round trip instead of
     two, on agentq's psycopg2 connections (`agentq.prepared.Connection.fold_begin`); its
     commit or rollback ends it as before. False (nothing changed) on another driver or
     dialect, or when the transaction has begun already."""
-    if session.get_bind().dialect.name != "postgresql":
-        return False
-    dbapi_connection = session.connection().connection.dbapi_connection
-    return (isinstance(dbapi_connection, prepared.Connection)
-            and dbapi_connection.fold_begin())
+    connection = _ours(session)
+    return connection is not None and connection.fold_begin()
 
 
 @contextmanager
@@ -273,16 +279,15 @@ def deferred_writes(session: Session) -> Iterator[None]:
     transaction's next statement or with its COMMIT, one round trip fewer
     (`agentq.prepared.Connection.deferring`); an error in them is raised there. Elsewhere
     sent at once."""
-    dbapi_connection = (session.connection().connection.dbapi_connection
-                        if session.get_bind().dialect.name == "postgresql" else None)
-    if not isinstance(dbapi_connection, prepared.Connection) or not dbapi_connection.folded:
+    connection = _ours(session)
+    if connection is None or not connection.folded:
         yield
         return
-    dbapi_connection.deferring = True
+    connection.deferring = True
     try:
         yield
     finally:
-        dbapi_connection.deferring = False
+        connection.deferring = False
 
 
 def due_now(sessions: sessionmaker[Session] | Callable[[], Session],
