@@ -47,7 +47,11 @@ alone before a transaction's first statement: the connection is put in autocommi
 that one transaction, "BEGIN" is sent ahead with the first statement, and the commit or
 rollback that ends it is sent as a COMMIT or ROLLBACK statement (nothing when no statement
 was sent), after which the connection is as before. A unit of work folds its BEGIN
-(agentq.loop.uow): one round trip less per transaction."""
+(agentq.loop.uow): one round trip less per transaction. `fold_begin(lone=True)` goes one
+further for a transaction whose first statement does all its writing (a tool call's start
+or result): that statement is sent without the BEGIN, so Postgres runs it (with a SET ahead
+of it) as one implicit transaction and commits it as it ends, and the end sends nothing:
+one round trip for the whole transaction."""
 from __future__ import annotations
 
 import functools
@@ -289,6 +293,8 @@ class Cursor(psycopg2.extensions.cursor):
         conn = self.connection
         if conn.deferring and conn.folded:
             return self._defer(conn, query, vars)
+        if conn.lone:
+            return self._execute_lone(conn, query, vars)
         ahead, folded = conn.ahead, conn.folded
         opens = conn.get_transaction_status() == _IDLE
         try:
@@ -329,6 +335,20 @@ class Cursor(psycopg2.extensions.cursor):
             raise StalePlan(f"{str(exc).strip()} (a statement prepared on this connection; "
                             "run again, it goes whole)") from exc
 
+    def _execute_lone(self, conn, query, vars):
+        """A folded transaction's first statement as a transaction of its own
+        (`Connection.lone`): sent without its BEGIN, in autocommit mode, so Postgres commits
+        it as it ends (a SET sent before it is one implicit transaction with it, so a SET
+        LOCAL holds for it). A statement after it opens a transaction with a BEGIN again."""
+        conn.lone = False
+        if conn.ahead is not None and conn.ahead.startswith("BEGIN"):
+            conn.ahead = conn.ahead[len("BEGIN; "):] or None
+        try:
+            return self.execute(query, vars)
+        finally:
+            if conn.folded and not conn.closed:
+                conn.ahead = f"BEGIN; {conn.ahead}" if conn.ahead else "BEGIN"
+
     def _defer(self, conn, query, vars) -> None:
         """A write whose answer nobody reads (`Connection.deferring`): quoted here, prepared
         as any other, and kept to go out with the transaction's next statement or with its
@@ -345,6 +365,7 @@ class Cursor(psycopg2.extensions.cursor):
 
     def executemany(self, query, vars_list):
         conn = self.connection
+        conn.lone = False  # sent with its BEGIN: a transaction as usual
         if conn.ahead:
             _PLAIN_EXECUTE(self, conn.ahead)
             conn.ahead, conn.deferred = None, False
@@ -367,15 +388,21 @@ class Connection(psycopg2.extensions.connection):
         reads: kept in `ahead` rather than sent (`agentq.loop.uow`'s events)."""
         self.deferred = False
         """`ahead` holds such writes: the commit sends them with its COMMIT."""
+        self.lone = False
+        """The folded transaction's first statement is to be a transaction of its own
+        (`fold_begin(lone=True)`); cleared when it is sent."""
 
-    def fold_begin(self) -> bool:
+    def fold_begin(self, lone: bool = False) -> bool:
         """The next transaction's BEGIN goes with its first statement, and its end is sent
-        as a statement (see the module's notes). False, and nothing changed, when a
-        transaction is open or the connection is in autocommit mode."""
+        as a statement (see the module's notes). `lone`: that first statement goes without
+        the BEGIN, a transaction of its own that Postgres commits as it ends, and the end
+        sends nothing unless statements came after it (they open the transaction as
+        usual): one round trip for a transaction of one statement. False, and nothing
+        changed, when a transaction is open or the connection is in autocommit mode."""
         if self.folded or self.autocommit or self.get_transaction_status() != _IDLE:
             return False
         self.autocommit = True  # psycopg2 sends no BEGIN of its own now
-        self.folded = True
+        self.folded, self.lone = True, lone
         self.ahead = f"BEGIN; {self.ahead}" if self.ahead else "BEGIN"
         return True
 
@@ -391,7 +418,7 @@ class Connection(psycopg2.extensions.connection):
                 with self.cursor() as cursor:
                     _PLAIN_EXECUTE(cursor, command)
         finally:
-            self.folded = self.deferring = False
+            self.folded = self.deferring = self.lone = False
             if not self.closed:
                 self.autocommit = False
 

@@ -108,6 +108,9 @@ class Refused:
     result: ToolResult
 
 
+_WRITES = (rules.CancelCall, rules.Delegate, rules.Interrupted, rules.Start)
+"""The verdicts whose delivery writes (`_prepare`)."""
+
 Prepared = Run | Answered | Refused | rules.Elsewhere
 """What `_prepare` leaves this delivery to do; `rules.Elsewhere`: another delivery runs the
 call, this one waits for its result."""
@@ -119,8 +122,9 @@ def execute_tool_call(tool_use_id: str, settings: Settings, registry: ToolRegist
     its turn's local calls (`agentq.loop.tool_turn`); it goes on with the turn itself, so
     storing the turn's last result sends no next step (`tool_join=database`)."""
     registry.look()  # before the transaction: one pooled connection at a time
-    # a lost start is re-done by the redelivered task
-    with UnitOfWork(sessions, durable=False) as uow:
+    # a lost start is re-done by the redelivered task; the statement that starts the usual
+    # delivery is a transaction of its own (`_prepare`)
+    with UnitOfWork(sessions, durable=False, lone=True) as uow:
         prepared = _prepare(uow, tool_use_id, settings, registry, sessions)
     match prepared:
         case rules.Elsewhere():
@@ -167,9 +171,12 @@ def _finish(tool_use_id: str, job_id: uuid.UUID, name: str, status: str,
         return iteration, join
 
     # the tool ran: its result is kept through a database outage (retried for a step
-    # deadline) rather than lost, which would leave a not idempotent call `interrupted`
+    # deadline) rather than lost, which would leave a not idempotent call `interrupted`.
+    # On Postgres the result and its event are one statement, a transaction of its own,
+    # unless the turn is joined here (that read must hold the job's row with the store)
+    lone = not delegate and not (join_turn and settings.tool_join == "database")
     (iteration, join), _ = ride_out(sessions, settings.step_deadline_s, "tool result", store,
-                                    tool_use_id=tool_use_id)
+                                    lone=lone, tool_use_id=tool_use_id)
     return CallOutcome(tool_use_id, status if iteration is not None else "duplicate", join)
 
 
@@ -298,7 +305,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
              sessions: sessionmaker[Session]) -> Prepared:
     """Load the call and decide whether this delivery runs it (`rules.call_verdict`). On
     Postgres the usual delivery, the call's first, is started by the statement that loads
-    it (`_LOCK_AND_START_FIRST`)."""
+    it (`_LOCK_AND_START_FIRST`): with the unit of work `lone`, one round trip in all."""
     session, now = uow.session, utcnow()
     postgres = session.get_bind().dialect.name == "postgresql"
     query = _LOCK_CALL_BY_ID[postgres]
@@ -306,21 +313,23 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         call = session.execute(_LOCK_AND_START_FIRST, {
             "call_id": tool_use_id, "now": now,
             "until": now + timedelta(seconds=settings.step_deadline_s)}).first()
+        if call is not None and call.started is not None:
+            # started with the read: its UPDATE's conditions are `rules.call_verdict`'s
+            # Start(1) (pending, never delivered, its job live and not cancelling, no
+            # delegate); in a `lone` unit of work that statement is committed already
+            return _start(uow, call, rules.Start(1), tool_use_id, settings, registry,
+                          sessions, now, started=True)
+        if call is not None and isinstance(_verdict(call, registry, now), _WRITES):
+            # not started with the read, and this delivery writes (a delegate, a cancelled
+            # or interrupted call, a start again): that statement wrote nothing; read again,
+            # the job's row held, in the transaction that writes. A verdict that writes
+            # nothing (settled, running elsewhere) stands on the first read.
+            call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     else:
         call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
         return _missing(tool_use_id)
     verdict = _verdict(call, registry, now)
-    if postgres and isinstance(verdict, rules.Start):
-        if call.started is not None:  # started with the read (the verdict is on the read)
-            return _start(uow, call, verdict, tool_use_id, settings, registry, sessions, now,
-                          started=True)
-        # not started with the read: the call changed while this delivery waited for the
-        # job's row, or it is delivered again; read again, the row held
-        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
-        if call is None:
-            return _missing(tool_use_id)
-        verdict = _verdict(call, registry, now)
     job_id = call.job_id
     match verdict:
         case rules.Settled(status=status):

@@ -91,14 +91,20 @@ class UnitOfWork:
     """A transaction with its events and effects (see the module's docstring)."""
 
     def __init__(self, sessions: sessionmaker[Session] | Callable[[], Session], *,
-                 durable: bool = True, autoflush: bool = True):
+                 durable: bool = True, autoflush: bool = True, lone: bool = False):
         """`durable=False`: the commit does not wait for its disk flush (a transaction
         whose loss in a database crash is re-done by a redelivery or the sweeper).
         `autoflush=False`: ORM changes are written once, just before the events, instead
-        of before each query (a step changes its job row many times: one UPDATE)."""
+        of before each query (a step changes its job row many times: one UPDATE).
+        `lone=True`: the first statement is committed as it ends, a transaction of its own
+        with no BEGIN or COMMIT sent (`agentq.prepared`, on Postgres): for a caller whose
+        first statement does all of its writing, or writes nothing and is followed by
+        statements that read again under their own locks (they form a second
+        transaction, committed at the end as usual)."""
         self._sessions = sessions
         self._durable = durable
         self._autoflush = autoflush
+        self._lone = lone
         self._session: Session | None = None
         self.events: list[tuple[uuid.UUID, str, dict[str, Any]]] = []
         self.effects: list[Effect] = []
@@ -140,7 +146,7 @@ class UnitOfWork:
         session.begin()
         if not self._durable:
             relax_durability(session)
-        _fold_begin(session)  # its BEGIN sent with its first statement (and the SET)
+        _fold_begin(session, self._lone)  # its BEGIN sent with its first statement
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -263,13 +269,14 @@ def _ours(session: Session) -> prepared.Connection | None:
     return dbapi_connection if isinstance(dbapi_connection, prepared.Connection) else None
 
 
-def _fold_begin(session: Session) -> bool:
-    """The transaction's BEGIN goes with its first statement, one round trip instead of
-    two, on agentq's psycopg2 connections (`agentq.prepared.Connection.fold_begin`); its
-    commit or rollback ends it as before. False (nothing changed) on another driver or
-    dialect, or when the transaction has begun already."""
+def _fold_begin(session: Session, lone: bool = False) -> bool:
+    """The transaction's BEGIN goes with its first statement (and the SET), one round trip
+    instead of two, on agentq's psycopg2 connections (`agentq.prepared.Connection.
+    fold_begin`); its commit or rollback ends it as before. `lone`: that first statement
+    is a transaction of its own, no BEGIN or COMMIT sent for it. False (nothing changed)
+    on another driver or dialect, or when the transaction has begun already."""
     connection = _ours(session)
-    return connection is not None and connection.fold_begin()
+    return connection is not None and connection.fold_begin(lone)
 
 
 @contextmanager
@@ -310,7 +317,8 @@ def due_now(sessions: sessionmaker[Session] | Callable[[], Session],
 
 def ride_out(sessions: sessionmaker[Session] | Callable[[], Session], deadline_s: float,
              kept: str, work: Callable[[UnitOfWork], T], *, durable: bool = True,
-             autoflush: bool = True, **context: Any) -> tuple[T, UnitOfWork]:
+             autoflush: bool = True, lone: bool = False,
+             **context: Any) -> tuple[T, UnitOfWork]:
     """`work(uow)` in a unit of work, kept through a database outage: the write of work
     done already (a tool ran, the model answered, a summary was made), tried again in a new
     unit of work while the database is away, for `deadline_s`, rather than lost and done
@@ -318,8 +326,9 @@ def ride_out(sessions: sessionmaker[Session] | Callable[[], Session], deadline_s
     in its log lines). Returns what the committed attempt's `work` returned and its unit of
     work (`.sent`: the effects dispatched). `work` may run more than once: it starts from
     what it reads in its own transaction, and a caller that keeps state across attempts
-    resets it in `work`."""
+    resets it in `work`. `durable`, `autoflush`, `lone`: the unit of work's."""
     for attempt in riding_out(deadline_s, kept, **context):
-        with attempt, UnitOfWork(sessions, durable=durable, autoflush=autoflush) as uow:
+        with attempt, UnitOfWork(sessions, durable=durable, autoflush=autoflush,
+                                 lone=lone) as uow:
             done = work(uow)
     return done, uow

@@ -21,3 +21,21 @@ def sql_sent(engine: Engine) -> Iterator[list[str]]:
         yield statements
     finally:
         event.remove(engine, "before_cursor_execute", listener)
+
+
+@contextmanager
+def wire_sent() -> Iterator[list[str]]:
+    """What agentq's psycopg2 connections (`agentq.prepared`) send while the block runs,
+    one string a round trip: BEGIN and COMMIT as they go, folded or alone."""
+    from agentq import prepared
+    strings: list[str] = []
+    plain = prepared._PLAIN_EXECUTE
+
+    def counted(cursor, query, vars=None):
+        strings.append(query if isinstance(query, str) else str(query))
+        return plain(cursor, query, vars)
+    prepared._PLAIN_EXECUTE = counted
+    try:
+        yield strings
+    finally:
+        prepared._PLAIN_EXECUTE = plain

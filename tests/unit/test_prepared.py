@@ -7,13 +7,16 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from typing import Iterator
 
+import psycopg2
 import pytest
 from sqlalchemy import text
 
 from agentq import prepared
 from agentq.config import Settings
 from agentq.db import make_engine
+from tests.support.sql import wire_sent
 
 ROW = text("INSERT INTO probe (id, n, label, at, amount, doc) "
            "VALUES (CAST(:id AS UUID), :n, :label, :at, :amount, CAST(:doc AS JSONB)) "
@@ -44,17 +47,10 @@ def engines(tmp_path, pg_url):
 
 
 @pytest.fixture
-def sent(monkeypatch) -> list[str]:
+def sent() -> Iterator[list[str]]:
     """What agentq's connections send from now on, one string a round trip."""
-    strings: list[str] = []
-    plain = prepared._PLAIN_EXECUTE
-
-    def counted(cursor, query, vars=None):
-        strings.append(query if isinstance(query, str) else str(query))
-        return plain(cursor, query, vars)
-
-    monkeypatch.setattr(prepared, "_PLAIN_EXECUTE", counted)
-    return strings
+    with wire_sent() as strings:
+        yield strings
 
 
 def _prepared_here(conn) -> list[str]:
@@ -199,7 +195,6 @@ def test_a_composed_or_bytes_statement_goes_as_it_is(engines):
 
 def _alter(engine, statement: str) -> None:
     """DDL from another connection, as a migration run beside the workers would."""
-    import psycopg2
     url = engine.url
     other = psycopg2.connect(host=url.host, port=url.port, user=url.username,
                              password=url.password, dbname=url.database)
@@ -390,6 +385,19 @@ def test_a_unit_of_work_sends_its_begin_with_its_first_statement_and_ends_as_bef
     assert sent == []
 
 
+def _row_of_five(sessions, read, lone: bool = False) -> str:
+    """A row of n = 5 written, then `read` (of its n first) run once, in a unit of work
+    (`lone` or not) of its own: prepared from now on. Its id."""
+    from agentq.loop.uow import UnitOfWork
+    ident = str(uuid.uuid4())
+    with UnitOfWork(sessions) as unit:
+        unit.session.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), 5)"),
+                             {"id": ident})
+    with UnitOfWork(sessions, lone=lone) as unit:
+        assert unit.session.execute(read, {"id": ident}).first()[0] == 5
+    return ident
+
+
 def test_a_stale_plan_in_a_folded_transaction_begins_it_again_only_as_its_first_statement(
         engines):
     from sqlalchemy.exc import OperationalError
@@ -400,11 +408,7 @@ def test_a_stale_plan_in_a_folded_transaction_begins_it_again_only_as_its_first_
     engine = engines(threshold=1)
     sessions = sessionmaker(bind=engine, expire_on_commit=False)
     read = text("SELECT n FROM probe WHERE id = CAST(:id AS UUID)")
-    ident = str(uuid.uuid4())
-    with UnitOfWork(sessions) as unit:
-        unit.session.execute(text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), 5)"),
-                             {"id": ident})
-        assert unit.session.execute(read, {"id": ident}).scalar_one() == 5
+    ident = _row_of_five(sessions, read)
     # when a migration changes its type and it is a unit of work's first statement
     _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE text")
     with UnitOfWork(sessions, durable=False) as unit:
@@ -547,3 +551,121 @@ def test_a_read_scope_sends_no_transaction_and_gives_its_connection_back_as_it_w
             assert session.connection().connection.dbapi_connection.autocommit is False
     finally:
         db.dispose_engines()
+
+
+def test_a_lone_unit_of_works_first_statement_is_one_round_trip_and_commits_as_it_ends(
+        engines, sent):
+    # given a pool of one connection that prepares on the first run, and what it sends
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n) "
+                  "RETURNING current_setting('synchronous_commit')")
+    for n in range(3):  # sent whole, then prepared
+        sent.clear()
+        # when a lone, relaxed unit of work writes a row in its one statement
+        with UnitOfWork(sessions, durable=False, lone=True) as unit:
+            setting = unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": n}
+                                           ).scalar_one()
+            conn = unit.session.connection().connection.dbapi_connection
+            assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        # then that statement was the one round trip: no BEGIN, no COMMIT, its SET ahead of
+        # it in force (one implicit transaction)
+        statements = [s for s in sent if not s.startswith("PREPARE")]
+        assert len(statements) == 1 and not statements[0].startswith("BEGIN")
+        assert statements[0].startswith("SET LOCAL synchronous_commit") and setting == "off"
+        assert (conn.autocommit, conn.folded, conn.lone, conn.ahead) == (False, False, False,
+                                                                         None)
+    with sessions() as session:
+        assert session.execute(text("SELECT count(*) FROM probe")).scalar_one() == 3
+        # and the next session is a transaction as usual, durable again
+        assert _setting(session) == "on"
+
+
+def test_statements_after_a_lone_one_are_a_transaction_of_their_own(engines, sent):
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    xid = text("SELECT txid_current()")
+    insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
+    count = text("SELECT count(*) FROM probe")
+    sent.clear()
+    # when a lone unit of work reads after its first statement
+    with UnitOfWork(sessions, lone=True) as unit:
+        first = unit.session.execute(xid).scalar_one()
+        second = unit.session.execute(xid).scalar_one()
+        assert unit.session.execute(xid).scalar_one() == second
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 1})
+    # then the first was a transaction of its own, the rest one more, begun and committed
+    assert second != first
+    statements = [s for s in sent if not s.startswith("PREPARE")]
+    assert not statements[0].startswith("BEGIN") and statements[1].startswith("BEGIN; ")
+    assert statements[-1] == "COMMIT"
+    assert not any(s.startswith("BEGIN") for s in statements[2:])
+    # when one fails after its first statement wrote
+    with pytest.raises(RuntimeError), UnitOfWork(sessions, lone=True) as unit:
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 2})  # committed
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 3})  # rolled back
+        raise RuntimeError("after two writes")
+    # then what its first statement wrote is kept (it was committed as it ended: `lone` is
+    # for a first statement that does all the writing), and the rest is not
+    with sessions() as session:
+        assert session.execute(text("SELECT n FROM probe ORDER BY n")).scalars().all() == [
+            1, 2]
+        assert session.execute(count).scalar_one() == 2
+
+
+def test_a_lone_statement_that_fails_keeps_nothing_and_leaves_its_connection_usable(
+        engines, sent):
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
+    insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
+    taken = str(uuid.uuid4())
+    with UnitOfWork(sessions) as unit:
+        unit.session.execute(insert, {"id": taken, "n": 1})
+    # when a lone unit of work's statement breaks a key
+    sent.clear()
+    with pytest.raises(IntegrityError), UnitOfWork(sessions, lone=True) as unit:
+        unit.session.execute(insert, {"id": taken, "n": 2})
+    # then nothing was sent to end it, nothing is kept, and the pool's one connection is
+    # as before
+    assert not any(s in ("COMMIT", "ROLLBACK") for s in sent)
+    with sessions() as session:
+        assert session.execute(text("SELECT n FROM probe")).scalars().all() == [1]
+        dbapi = session.connection().connection.dbapi_connection
+        assert (dbapi.autocommit, dbapi.folded, dbapi.lone) == (False, False, False)
+    with UnitOfWork(sessions) as unit:
+        unit.session.execute(insert, {"id": str(uuid.uuid4()), "n": 3})
+    with sessions() as session:
+        assert session.execute(text("SELECT n FROM probe ORDER BY n")).scalars().all() == [
+            1, 3]
+
+
+def test_a_lone_statement_a_migration_made_stale_runs_again_whole_and_alone(engines, sent):
+    from sqlalchemy.orm import sessionmaker
+
+    from agentq.loop.uow import UnitOfWork
+    # given a prepared read of a column, on a pool of one connection
+    engine = engines(threshold=1)
+    sessions = sessionmaker(bind=engine, expire_on_commit=False)
+    read = text("SELECT n, txid_current() FROM probe WHERE id = CAST(:id AS UUID)")
+    ident = _row_of_five(sessions, read, lone=True)
+    # when a migration changes its type and it is a lone unit of work's first statement
+    _alter(engine, "ALTER TABLE probe ALTER COLUMN n TYPE text")
+    sent.clear()
+    with UnitOfWork(sessions, durable=False, lone=True) as unit:
+        n, first = unit.session.execute(read, {"id": ident}).one()
+        _, second = unit.session.execute(read, {"id": ident}).one()
+    # then it answers the new type, sent again whole and still alone (no BEGIN, no COMMIT
+    # for it), and the statement after it is a transaction of its own
+    assert n == "5" and second != first
+    statements = [s for s in sent if not s.startswith(("PREPARE", "DEALLOCATE"))]
+    assert [s.split(";")[0] for s in statements] == [
+        "SET LOCAL synchronous_commit = off",  # as prepared: the plan is stale
+        "SET LOCAL synchronous_commit = off",  # whole, and still a transaction of its own
+        "BEGIN", "COMMIT"]

@@ -14,7 +14,7 @@ from agentq.loop import execute, store
 from agentq.loop.execute import CallOutcome
 from agentq.models import Job, JobEvent, ToolCall
 from agentq.testing.harness import calls
-from tests.support.sql import sql_sent
+from tests.support.sql import sql_sent, wire_sent
 from tests.support.tool_turns import pending_call
 
 JOIN_S = 60
@@ -51,11 +51,14 @@ def test_a_result_is_stored_with_its_event_in_one_statement_and_announced(make, 
     heard: list[tuple[str, list[dict]]] = []
     monkeypatch.setattr(store, "_event_hooks", [lambda job, events: heard.append((job, events))])
     # when its result is stored
-    with sql_sent(h.sessions.kw["bind"]) as statements:
+    with sql_sent(h.sessions.kw["bind"]) as statements, wire_sent() as wire:
         outcome = _finish(h, job_id, tool_use_id, RESULT)
-    # then one statement locked the job, stored the result and wrote its event
+    # then one statement locked the job, stored the result and wrote its event, a
+    # transaction of its own: one round trip, no BEGIN or COMMIT sent for it
     assert outcome == CallOutcome(tool_use_id, "succeeded")
     assert len(statements) == 1 and "FOR NO KEY UPDATE" in statements[0]
+    [sent] = [s for s in wire if not s.startswith(("PREPARE", "DEALLOCATE"))]
+    assert not sent.startswith("BEGIN") and not sent.endswith("COMMIT")
     with h.sessions() as session:
         call = session.execute(select(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
                                ).scalar_one()

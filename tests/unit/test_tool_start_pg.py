@@ -14,7 +14,7 @@ from agentq.loop import execute
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Job, ToolCall
 from agentq.testing.harness import calls
-from tests.support.sql import sql_sent
+from tests.support.sql import sql_sent, wire_sent
 from tests.support.tool_turns import pending_call
 
 JOIN_S = 60
@@ -29,10 +29,15 @@ def make(make_pg):
     return make_pg
 
 
-def _prepare(h, tool_use_id: str) -> tuple[execute.Prepared, list[str]]:
-    with sql_sent(h.sessions.kw["bind"]) as statements:
-        with UnitOfWork(h.sessions, durable=False) as uow:
+def _prepare(h, tool_use_id: str, wire: list[str] | None = None
+             ) -> tuple[execute.Prepared, list[str]]:
+    """`execute._prepare` in a unit of work as `execute_tool_call` opens it; the statements
+    sent (and, in `wire`, the round trips)."""
+    with sql_sent(h.sessions.kw["bind"]) as statements, wire_sent() as sent:
+        with UnitOfWork(h.sessions, durable=False, lone=True) as uow:
             prepared = execute._prepare(uow, tool_use_id, h.settings, h.registry, h.sessions)
+    if wire is not None:
+        wire.extend(s for s in sent if not s.startswith(("PREPARE", "DEALLOCATE")))
     return prepared, statements
 
 
@@ -47,10 +52,13 @@ def test_a_calls_first_delivery_is_loaded_and_started_in_one_statement(make):
     h = make(calls((TOOL, {"title": "A", "content": "a"})))
     job_id, tool_use_id = pending_call(h)
     # when its first delivery comes
-    prepared, statements = _prepare(h, tool_use_id)
+    wire: list[str] = []
+    prepared, statements = _prepare(h, tool_use_id, wire)
     # then one statement read it with its job's row locked and started it: its attempt
-    # counted and its lease taken, and the delivery runs it with its caller's context
+    # counted and its lease taken, and the delivery runs it with its caller's context; that
+    # statement was its transaction, one round trip with no BEGIN or COMMIT of its own
     assert len(statements) == 1 and "FOR UPDATE OF jobs" in statements[0]
+    assert len(wire) == 1 and not wire[0].startswith("BEGIN") and "COMMIT" not in wire[0]
     assert isinstance(prepared, execute.Run) and prepared.name == TOOL
     assert prepared.ctx.job_id == str(job_id) and prepared.ctx.tool_use_id == tool_use_id
     call = _call(h, tool_use_id)
@@ -80,10 +88,14 @@ def test_an_idempotent_call_whose_delivery_died_is_started_again_on_a_fresh_read
         session.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id)
                         .values(attempts=1, started_at=long_ago, lease_until=long_ago))
     # when it is delivered again
-    prepared, statements = _prepare(h, tool_use_id)
-    # then it is read again with its job's row held, and started as its second delivery
+    wire: list[str] = []
+    prepared, statements = _prepare(h, tool_use_id, wire)
+    # then it is read again with its job's row held, and started as its second delivery,
+    # in a transaction of its own after the first statement's (which wrote nothing)
     assert isinstance(prepared, execute.Run) and len(statements) == 3
     assert _call(h, tool_use_id).attempts == 2
+    assert len(wire) == 4 and not wire[0].startswith("BEGIN")
+    assert wire[1].startswith("BEGIN; ") and wire[3] == "COMMIT"
 
 
 def test_the_first_start_waits_for_the_jobs_row_without_holding_the_calls(make):
