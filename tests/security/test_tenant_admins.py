@@ -455,8 +455,21 @@ def test_active_schedules_past_the_quota_are_422_and_not_made(stack, quota_tenan
     assert again.status_code == 201, again.text
 
 
+def _fill_schedules(app, conversation: str) -> None:
+    """The tenant's schedules quota (2 active) full, whichever tests ran before on this
+    worker (xdist may run the test that fills it on another, with its own tenant)."""
+    for _ in range(3):
+        response = app.post("/v1/schedules", json={"conversation_id": conversation,
+                                                   "content": "later", "delay_s": 3600})
+        if response.status_code == 422:
+            assert response.json()["error"]["code"] == "quota_exceeded", response.text
+            return
+        assert response.status_code == 201, response.text
+    pytest.fail("the schedules quota of 2 never filled")
+
+
 def test_the_scheduler_tool_past_the_quota_gets_a_tool_error(stack, quota_tenant, script):
-    """The schedules quota is full from the test above (2 active)."""
+    _fill_schedules(quota_tenant["app"], _conversation(quota_tenant["app"], script))
     admin = quota_tenant["admin"]
     assert admin.post("/v1/personas", json={"name": "Planner",
                                             "allowed_modules": ["scheduler", "math"]}
