@@ -32,6 +32,14 @@ function followJob(root) {
   const status = document.getElementById("job-status");
   const url = root.dataset.eventsUrl + "?after=" + encodeURIComponent(root.dataset.lastSeq);
   const source = new EventSource(url);
+  // A form sent from this page (Approve, Deny, Cancel, Replay) navigates to the page's new
+  // state: from then on no event reloads the old one, which would cancel that navigation
+  // and lose its answer (on a slow server the event comes before the form's redirect).
+  let leaving = false;
+  document.addEventListener("submit", () => { leaving = true; source.close(); });
+  const reloadSoon = () => window.setTimeout(() => {
+    if (!leaving) window.location.reload();
+  }, 300);
   let redraw = null;
   const redrawWaterfall = () => {
     // the waterfall is drawn by the server: read it again (that part of the page alone)
@@ -65,12 +73,12 @@ function followJob(root) {
     if (event.type === "approval_required" || event.type === "approval_resolved") {
       // the Approve / Deny buttons are rendered by the server
       source.close();
-      window.setTimeout(() => window.location.reload(), 300);
+      reloadSoon();
     }
     if (event.type === "job_end") {
       source.close();
       status.textContent = event.data.status || "ended";
-      window.setTimeout(() => window.location.reload(), 300);
+      reloadSoon();
     }
   });
   // the stream closes after job_end; EventSource would reconnect: the handler above closes it
