@@ -228,28 +228,35 @@ def scenario_overhead(ctx: Context) -> dict[str, Any]:
 # --- 2. throughput -----------------------------------------------------------------------
 
 def _closed_loop(ctx: Context, clients: int, seconds: float) -> dict[str, Any]:
-    stop_at = time.monotonic() + seconds
+    """`clients` clients, each submitting a job and waiting for it, again and again until
+    `seconds` have passed since the meter started, and at least once whatever the machine's
+    load (a loaded machine may start a client's thread after the time is up)."""
     latencies: list[float] = []
     ends: list[float] = []
     failures = [0]
     lock = threading.Lock()
 
-    def client() -> None:
-        while time.monotonic() < stop_at:
-            try:
-                row = ctx.one_job()
-            except Exception:  # noqa: BLE001 - counted
-                with lock:
-                    failures[0] += 1
-                continue
+    def one() -> None:
+        try:
+            row = ctx.one_job()
+        except Exception:  # noqa: BLE001 - counted
             with lock:
-                if _ok(row):
-                    latencies.append(row["finished"] - row["submitted"])
-                    ends.append(row["finished"])
-                else:
-                    failures[0] += 1
+                failures[0] += 1
+            return
+        with lock:
+            if _ok(row):
+                latencies.append(row["finished"] - row["submitted"])
+                ends.append(row["finished"])
+            else:
+                failures[0] += 1
+
+    def client() -> None:
+        one()
+        while time.monotonic() < stop_at:
+            one()
 
     meter = CpuMeter(ctx.pids()).start()
+    stop_at = time.monotonic() + seconds
     start = time.time()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
