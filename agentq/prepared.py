@@ -282,6 +282,18 @@ def _send_writes(conn: "Connection", cursor, text: str) -> None:
                         "again, it goes whole)") from exc
 
 
+def _with_begin(ahead: str | None) -> str:
+    """`ahead` (what goes with the next statement) opening a transaction."""
+    return f"BEGIN; {ahead}" if ahead else "BEGIN"
+
+
+def _without_begin(ahead: str | None) -> str | None:
+    """`ahead` without the BEGIN `_with_begin` put first."""
+    if ahead is None or not ahead.startswith("BEGIN"):
+        return ahead
+    return ahead[len("BEGIN; "):] or None
+
+
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 _IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
 
@@ -341,13 +353,12 @@ class Cursor(psycopg2.extensions.cursor):
         it as it ends (a SET sent before it is one implicit transaction with it, so a SET
         LOCAL holds for it). A statement after it opens a transaction with a BEGIN again."""
         conn.lone = False
-        if conn.ahead is not None and conn.ahead.startswith("BEGIN"):
-            conn.ahead = conn.ahead[len("BEGIN; "):] or None
+        conn.ahead = _without_begin(conn.ahead)
         try:
             return self.execute(query, vars)
         finally:
             if conn.folded and not conn.closed:
-                conn.ahead = f"BEGIN; {conn.ahead}" if conn.ahead else "BEGIN"
+                conn.ahead = _with_begin(conn.ahead)
 
     def _defer(self, conn, query, vars) -> None:
         """A write whose answer nobody reads (`Connection.deferring`): quoted here, prepared
@@ -403,7 +414,7 @@ class Connection(psycopg2.extensions.connection):
             return False
         self.autocommit = True  # psycopg2 sends no BEGIN of its own now
         self.folded, self.lone = True, lone
-        self.ahead = f"BEGIN; {self.ahead}" if self.ahead else "BEGIN"
+        self.ahead = _with_begin(self.ahead)
         return True
 
     def _end_folded(self, command: str, writes: str | None = None) -> None:

@@ -319,17 +319,20 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
             # delegate); in a `lone` unit of work that statement is committed already
             return _start(uow, call, rules.Start(1), tool_use_id, settings, registry,
                           sessions, now, started=True)
-        if call is not None and isinstance(_verdict(call, registry, now), _WRITES):
-            # not started with the read, and this delivery writes (a delegate, a cancelled
-            # or interrupted call, a start again): that statement wrote nothing; read again,
-            # the job's row held, in the transaction that writes. A verdict that writes
-            # nothing (settled, running elsewhere) stands on the first read.
-            call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     else:
         call = session.execute(query, {"tool_use_id": tool_use_id}).first()
     if call is None:
         return _missing(tool_use_id)
     verdict = _verdict(call, registry, now)
+    if postgres and isinstance(verdict, _WRITES):
+        # not started with the read, and this delivery writes (a delegate, a cancelled or
+        # interrupted call, a start again): that statement wrote nothing; read again, the
+        # job's row held, in the transaction that writes. A verdict that writes nothing
+        # (settled, running elsewhere) stands on the first read.
+        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
+        if call is None:
+            return _missing(tool_use_id)
+        verdict = _verdict(call, registry, now)
     job_id = call.job_id
     match verdict:
         case rules.Settled(status=status):
