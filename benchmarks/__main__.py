@@ -50,6 +50,8 @@ def parse(argv: list[str] | None):
                      help="the markdown file to write (default docs/benchmarks.md)")
     run.add_argument("--no-docs", action="store_true", help="write no markdown")
     run.add_argument("--inflight-jobs", type=int, help="override scenario 3's job count")
+    run.add_argument("--inflight-latency", type=_seconds,
+                     help="override scenario 3's model latency in seconds (default 10)")
     run.add_argument("--orchestrator-pool", choices=("threads", "gevent"),
                      help="the orchestrator's pool (AGENTQ_ORCHESTRATOR_POOL; default: the "
                           "environment's, else agentq's default, threads)")
@@ -188,6 +190,17 @@ def probe_main(args) -> int:
 from benchmarks.observability import loadavg, log  # noqa: E402  (one of each)
 
 
+def _seconds(text: str) -> float:
+    """A duration in seconds, 0 or more (argparse's type for one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.chdir(ROOT)
@@ -227,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"smoke": scenarios.SMOKE, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
     if args.inflight_jobs:
         sizes.inflight_jobs = args.inflight_jobs
+    if args.inflight_latency is not None:
+        sizes.inflight_latency_s = args.inflight_latency
     sizes.recall_backend = args.memory_backend
     from benchmarks.peer import KINDS
     unknown_peers = [k for k in args.peer if k not in KINDS]
