@@ -105,6 +105,7 @@ class RedisHub(Hub):
         self._url = url
         self._listener: threading.Thread | None = None
         self._listening = threading.Event()
+        self._closing = threading.Event()
         self.dropped = 0
 
     def publish(self, job_id: str, events: list[dict[str, Any]]) -> None:
@@ -120,6 +121,8 @@ class RedisHub(Hub):
                                                              "error": repr(exc)})
 
     def close(self) -> None:
+        """Stop listening (within the listener's poll) and close the connections."""
+        self._closing.set()
         self.pool.disconnect()
 
     def _started(self) -> None:
@@ -131,14 +134,19 @@ class RedisHub(Hub):
         self._listening.wait(5)
 
     def _listen(self) -> None:
-        while True:
+        import redis
+        lost = False
+        while not self._closing.is_set():
             try:
                 pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                 try:
                     pubsub.psubscribe(CHANNEL_PREFIX + "*")
                     pubsub.get_message(timeout=1)  # the subscribe confirmation
                     self._listening.set()
-                    while True:
+                    if lost:
+                        log.info("event listener reconnected to Redis")
+                        lost = False
+                    while not self._closing.is_set():
                         # a timeout, not listen(): an idle subscription must not trip the
                         # pool's socket timeout
                         message = pubsub.get_message(timeout=SOCKET_TIMEOUT_S / 2)
@@ -148,9 +156,22 @@ class RedisHub(Hub):
                         self.deliver(job_id, json.loads(message["data"]))
                 finally:
                     pubsub.close()  # its connection goes back to the bounded pool
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                if self._closing.is_set():  # `close()` cut its connection
+                    return
+                # an outage, said once in one line until it ends (no traceback: nothing
+                # of ours failed, and a retry a second must not flood the log)
+                if not lost:
+                    log.warning("event listener lost Redis; reconnecting",
+                                extra={"error": f"{type(exc).__name__}: {exc}",
+                                       "retry_s": LISTENER_RETRY_S})
+                lost = True
+                self._closing.wait(LISTENER_RETRY_S)
             except Exception:
-                log.exception("event listener lost Redis; reconnecting")
-                threading.Event().wait(LISTENER_RETRY_S)
+                if self._closing.is_set():  # closed under it
+                    return
+                log.exception("event listener failed; restarting it")
+                self._closing.wait(LISTENER_RETRY_S)
 
 
 _hub: Hub | None = None

@@ -3,14 +3,16 @@ waits, so 1,000 orchestrator threads never see "Too many connections", and a pus
 raises into its step, even with Redis gone. On a private Redis (its client count is ours)."""
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from agentq.notify import PUBLISH_POOL_SIZE, RedisHub
+from agentq.notify import LISTENER_RETRY_S, PUBLISH_POOL_SIZE, RedisHub
 from tests.support.services import PrivateRedis
 
 THREADS = 400
@@ -87,3 +89,43 @@ def test_a_push_with_redis_gone_is_dropped_not_raised(private_redis):
     hub.publish("job", [{"type": "job_end"}])
     assert hub.dropped == 3
     hub.close()
+
+
+def _records(caplog, message: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == message]
+
+
+def _await_record(caplog, message: str, within_s: float = 60.0) -> logging.LogRecord:
+    deadline = time.monotonic() + within_s
+    while not _records(caplog, message):
+        assert time.monotonic() < deadline, f"never logged: {message!r}"
+        time.sleep(0.05)
+    return _records(caplog, message)[0]
+
+
+def test_the_listener_says_an_outage_once_in_one_line_and_when_it_ends(private_redis,
+                                                                       caplog):
+    # given a hub whose listener is subscribed
+    caplog.set_level(logging.INFO, logger="agentq.notify")
+    hub = RedisHub(private_redis.url)
+    sub = hub.subscribe("job")
+    # when Redis goes away for several of the listener's retries
+    private_redis.kill()
+    lost = _await_record(caplog, "event listener lost Redis; reconnecting")
+    time.sleep(3 * LISTENER_RETRY_S)
+    # then the outage is said once, as a warning naming where Redis was, with no
+    # traceback (3.11's traceback printing parses source: CPython gh-106905, and a
+    # retry a second must not flood the log)
+    assert len(_records(caplog, "event listener lost Redis; reconnecting")) == 1
+    assert lost.levelno == logging.WARNING and lost.exc_info is None
+    assert f":{private_redis.port}" in lost.error
+    # and once Redis is back, the listener says so and events reach their watcher again
+    private_redis.start()
+    _await_record(caplog, "event listener reconnected to Redis")
+    hub.publish("job", [{"type": "job_end"}])
+    assert [e["type"] for e in sub.get(10)] == ["job_end"]
+    sub.close()
+    hub.close()
+    # and a closed hub stops listening
+    hub._listener.join(10)
+    assert not hub._listener.is_alive()
