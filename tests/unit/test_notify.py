@@ -4,6 +4,7 @@ raises into its step, even with Redis gone. On a private Redis (its client count
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -21,9 +22,11 @@ PUSHES = 5
 
 @pytest.fixture
 def private_redis():
-    server = PrivateRedis(Path(tempfile.mkdtemp(prefix="agentq-notify-"))).start()
+    scratch = Path(tempfile.mkdtemp(prefix="agentq-notify-"))
+    server = PrivateRedis(scratch).start()
     yield server
     server.stop()
+    shutil.rmtree(scratch, ignore_errors=True)  # the suite leaves nothing behind
 
 
 def _clients(server: PrivateRedis) -> int:
