@@ -156,21 +156,18 @@ class RedisHub(Hub):
                         self.deliver(job_id, json.loads(message["data"]))
                 finally:
                     pubsub.close()  # its connection goes back to the bounded pool
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except Exception as exc:
                 if self._closing.is_set():  # `close()` cut its connection
                     return
-                # an outage, said once in one line until it ends (no traceback: nothing
-                # of ours failed, and a retry a second must not flood the log)
-                if not lost:
+                if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                    log.exception("event listener failed; restarting it")
+                elif not lost:
+                    # an outage, said once in one line until it ends (no traceback: nothing
+                    # of ours failed, and a retry a second must not flood the log)
                     log.warning("event listener lost Redis; reconnecting",
                                 extra={"error": f"{type(exc).__name__}: {exc}",
                                        "retry_s": LISTENER_RETRY_S})
-                lost = True
-                self._closing.wait(LISTENER_RETRY_S)
-            except Exception:
-                if self._closing.is_set():  # closed under it
-                    return
-                log.exception("event listener failed; restarting it")
+                    lost = True
                 self._closing.wait(LISTENER_RETRY_S)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from agentq.notify import LISTENER_RETRY_S, PUBLISH_POOL_SIZE, RedisHub
+from agentq.notify import PUBLISH_POOL_SIZE, RedisHub
 from tests.support.services import PrivateRedis
 
 THREADS = 400
@@ -112,10 +113,14 @@ def test_the_listener_says_an_outage_once_in_one_line_and_when_it_ends(private_r
     caplog.set_level(logging.INFO, logger="agentq.notify")
     hub = RedisHub(private_redis.url)
     sub = hub.subscribe("job")
-    # when Redis goes away for several of the listener's retries
+    # when Redis goes away for three of the listener's retries at least (its port taken
+    # by a stand-in that closes each connection it accepts, counting them)
     private_redis.kill()
     lost = _await_record(caplog, "event listener lost Redis; reconnecting")
-    time.sleep(3 * LISTENER_RETRY_S)
+    with socket.create_server(("127.0.0.1", private_redis.port)) as stand_in:
+        for _ in range(3):
+            conn, _addr = stand_in.accept()
+            conn.close()
     # then the outage is said once, as a warning naming where Redis was, with no
     # traceback (3.11's traceback printing parses source: CPython gh-106905, and a
     # retry a second must not flood the log)
