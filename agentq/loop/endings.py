@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -57,9 +56,11 @@ class Endings:
                  {"code": stop.reason, "message": stop.message, **stop.details})
 
     def end(self, uow: UnitOfWork, job: Job, reason: StopReason | str, content: str,
-            error: dict[str, Any] | None) -> None:
-        """`end_job`, then the `after_loop` hook: the job ended; the loop's whole usage."""
-        end_job(uow, job, reason, content, error)
+            error: dict[str, Any] | None,
+            last: tuple[str, str, str | None] | None = None) -> None:
+        """`end_job` (`last`: the job's last message, appended as it ends), then the
+        `after_loop` hook: the job ended; the loop's whole usage."""
+        end_job(uow, job, reason, content, error, last)
         hooks = self.step.hooks
         if hooks.loaded:
             hooks.after_loop({**hook_ctx(job, job.iteration), "status": job.status,
@@ -68,27 +69,23 @@ class Endings:
                                         "output_tokens": job.output_tokens,
                                         "cost_estimate": job.cost_estimate}})
 
-    def finish(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply, content: str,
-               now: datetime) -> None:
-        """The model answered without tools: its answer is stored, the job completes."""
-        append_messages(uow.session, job.conversation_id, job.id,
-                        [("assistant", content, reply.model)], now)
+    def finish(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
+               content: str) -> None:
+        """The model answered without tools: the job completes, its answer stored."""
         uow.event(job.id, "turn_end", turn=turn_no, tool_results=[])
         shown, error = rules.final_answer(content, reply.model)
-        self.end(uow, job, StopReason.END_TURN, shown, error)
+        self.end(uow, job, StopReason.END_TURN, shown, error,
+                 last=("assistant", content, reply.model))
 
     def cut_short(self, uow: UnitOfWork, job: Job, turn_no: int, reply: LLMReply,
-                  content: str, not_run: tuple[str, ...], max_tokens: int | None,
-                  now: datetime) -> None:
+                  content: str, not_run: tuple[str, ...], max_tokens: int | None) -> None:
         """The reply was cut at its output limit: the job ends `completed` with
         finish_reason `length` and the text there is; a cut reply's tool calls are not run
         (the last one's arguments are cut short), and the error says which were dropped."""
-        if content:
-            append_messages(uow.session, job.conversation_id, job.id,
-                            [("assistant", content, reply.model)], now)
         error = rules.cut_short_error(reply.model, max_tokens, reply.output_tokens, not_run)
         uow.event(job.id, "turn_end", turn=turn_no, tool_results=[], stopped="length")
-        self.end(uow, job, StopReason.LENGTH, content or error["message"], error)
+        self.end(uow, job, StopReason.LENGTH, content or error["message"], error,
+                 last=("assistant", content, reply.model) if content else None)
 
     def failed_turn(self, uow: UnitOfWork, job: Job, iteration: int,
                     error: dict[str, Any]) -> dict[str, Any]:

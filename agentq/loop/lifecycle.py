@@ -28,15 +28,24 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence, assert_never
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
 
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import IllegalTransition
+from agentq.loop.busy import (
+    CALLS_OF,
+    HAND_ON,
+    NEXT_AND_QUOTA_WAITERS,
+    RELEASE,
+    RELEASE_WITH_MESSAGE,
+    pending_inputs,
+    quota_waits,
+)
 from agentq.loop.effects import AdmitBatch, JobEnded, NextStep, SendWebhooks
 from agentq.loop.response import response_object
 from agentq.loop.states import (
@@ -247,14 +256,17 @@ def hand_conversation(uow: UnitOfWork, conversation: Conversation, job: Job, now
 
 
 def admit_quota_waiters(uow: UnitOfWork, tenant_id: uuid.UUID,
-                        settings: Settings | None = None) -> int:
+                        settings: Settings | None = None, waiters: bool | None = None) -> int:
     """Start the tenant's jobs that wait for its running-jobs quota, oldest first, as many
     as there is room for now (each locked, skipping one another process is starting).
-    Called when a job of the tenant ends, and by the sweeper. Returns how many."""
+    Called when a job of the tenant ends, and by the sweeper. Returns how many.
+    `waiters`: whether any waits, read by the caller in this transaction (None: read
+    here)."""
     session = uow.session
-    waits = (Job.tenant_id == tenant_id, Job.waiting_for == WaitingFor.QUOTA,
-             Job.status == JobStatus.QUEUED)
-    if session.execute(select(Job.id).where(*waits).limit(1)).first() is None:
+    waits = quota_waits(tenant_id)
+    if waiters is None:
+        waiters = session.execute(select(Job.id).where(*waits).limit(1)).first() is not None
+    if not waiters:
         return 0  # the usual case: one probe of a (nearly always empty) partial index
     waiting = select(Job).where(*waits)
     limit = cached_quotas(session, tenant_id, settings).running_jobs
@@ -335,38 +347,22 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
                created_at=now, last_progress_at=now, limits=limits or None, **extra)
 
 
-_conversations = Conversation.__table__
-_CALLS_OF = (select(ToolCall.name, ToolCall.tool_use_id, ToolCall.result,
-                    ToolCall.arguments, ToolCall.status)
-             .where(ToolCall.job_id == bindparam("job_id"))
-             .order_by(ToolCall.iteration, ToolCall.position))
-"""A job's calls: the columns its response needs, not the calls' objects."""
-_RELEASE = (update(_conversations)
-            .where(_conversations.c.id == bindparam("conversation_id"),
-                   _conversations.c.active_job_id == bindparam("job_id"))
-            # idle from now: the memory digest's clock (agentq.memory_digest)
-            .values(active_job_id=None, last_active_at=bindparam(
-                "now", type_=_conversations.c.last_active_at.type))
-            .returning(_conversations.c.id))
-_HAND_ON = (update(_conversations).where(_conversations.c.id == bindparam("conversation_id"))
-            .values(active_job_id=bindparam("next_id")))
-"""Built once, with bind parameters: a job's end runs them on every job."""
 
 
 def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
-            error: dict[str, Any] | None) -> None:
+            error: dict[str, Any] | None,
+            last: tuple[str, str, str | None] | None = None) -> None:
     """End a live job: the one writer of end state. In the caller's unit of work: the
     status `end_status(reason)`, the response, the conversation handed to its next job,
     `job_end`, the webhook's first delivery row; after the commit `JobEnded` (and the
-    batch's `AdmitBatch`) go out."""
+    batch's `AdmitBatch`) go out. `last`: the job's last message (role, content,
+    model_used), appended to its conversation as the job lets it go."""
     from agentq.webhooks.outbox import enqueue_job_event
     session = uow.session
     ended = end_status(reason)
     status, reason = ended.value, StopReason(reason).value
     if any(isinstance(o, ToolCall) for o in (*session.new, *session.dirty)):
         session.flush()  # results stored in this transaction (autoflush may be off)
-    calls = session.execute(_CALLS_OF, {"job_id": job.id}).all()
-    job.response = response_object(content, error, calls)
     _move(job, _END_BY[ended])  # refused for a job that has ended already
     job.finish_reason = reason
     job.finished_at = utcnow()
@@ -376,8 +372,10 @@ def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
     # wait for them. A batch's row is only ever locked first, in its own transaction.
     # The conversation is handed on first, so a follow-up made from late steering is named
     # (`steering_deferred`, the job's `follow_up_job_id`) before `job_end` closes streams.
-    release_conversation(uow, job)
-    admit_quota_waiters(uow, job.tenant_id)  # its place in the tenant's running jobs
+    released = release_conversation(uow, job, last)
+    job.response = response_object(content, error, released.calls)
+    # its place in the tenant's running jobs
+    admit_quota_waiters(uow, job.tenant_id, waiters=released.quota_waiters)
     uow.event(job.id, "job_end", status=status, finish_reason=reason,
               **({"follow_up_job_id": str(job.follow_up_job_id)}
                  if job.follow_up_job_id else {}))
@@ -404,21 +402,47 @@ def end_unstarted(session: Session, where: tuple[ColumnElement[bool], ...],
                     .execution_options(synchronize_session=False))
 
 
-def release_conversation(uow: "UnitOfWork", job: Job) -> None:
+class Released(NamedTuple):
+    """What `release_conversation` read on its way."""
+    calls: Sequence[Any]
+    """The job's calls, the columns its response needs (`CALLS_OF`), in call order."""
+    quota_waiters: bool | None
+    """Whether the tenant has jobs waiting for its running-jobs quota (None: not read)."""
+
+
+def release_conversation(uow: "UnitOfWork", job: Job,
+                         last: tuple[str, str, str | None] | None = None) -> Released:
     """The ended job's conversation goes to the next waiting job; steering that arrived
-    too late for the job's last turn becomes a follow-up job first."""
-    from agentq.loop.busy import next_waiting, pending_inputs
-    from agentq.loop.store import sync_loaded
+    too late for the job's last turn becomes a follow-up job first. `last`: the job's last
+    message (role, content, model_used), appended to the conversation first (on Postgres
+    by the statement that lets the conversation go, `RELEASE_WITH_MESSAGE`)."""
+    from agentq.loop.store import append_messages, message_parameters, sync_loaded
     session = uow.session
     # one statement checks that the job holds its conversation, locks the row and lets go
     # of it (a job that never held it locks nothing)
     now = utcnow()
-    released = session.execute(_RELEASE, {"conversation_id": job.conversation_id,
-                                          "job_id": job.id, "now": now}).scalar_one_or_none()
-    if released is None:
-        return
-    sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
-                last_active_at=now)
+    if last is not None and session.get_bind().dialect.name == "postgresql":
+        rows = session.execute(RELEASE_WITH_MESSAGE, {
+            **message_parameters(job.conversation_id, job.id, last, now),
+            "job_id": job.id}).all()
+        calls: Sequence[Any] = [row for row in rows if row.seq is None]
+        seq = rows[-1].seq if rows else None  # the message's line comes last
+        if seq is None:  # not the conversation's owner: nothing was written
+            append_messages(session, job.conversation_id, job.id, [last], now)
+            return Released(calls, None)
+        sync_loaded(session, Conversation, job.conversation_id, message_seq=seq,
+                    active_job_id=None, last_active_at=now)
+    else:
+        if last is not None:
+            append_messages(session, job.conversation_id, job.id, [last], now)
+        calls = session.execute(CALLS_OF, {"job_id": job.id}).all()
+        released = session.execute(RELEASE, {"conversation_id": job.conversation_id,
+                                              "job_id": job.id, "now": now}
+                                    ).scalar_one_or_none()
+        if released is None:
+            return Released(calls, None)
+        sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
+                    last_active_at=now)
     late = pending_inputs(session, job.id) if job.pending_inputs else []
     if late:
         follow_up = new_job(tenant_id=job.tenant_id, conversation_id=job.conversation_id,
@@ -435,14 +459,18 @@ def release_conversation(uow: "UnitOfWork", job: Job) -> None:
         uow.event(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
                   inputs=len(late), input_ids=[str(i.id) for i in late])
         session.flush()
-    nxt = next_waiting(session, job.conversation_id)
+    # read after the lock on the conversation was taken (by the statement above): a job
+    # queued for it meanwhile is seen
+    nxt, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, {
+        "conversation_id": job.conversation_id, "tenant_id": job.tenant_id}).one()
     if nxt is None:
-        return
+        return Released(calls, quota_waiters)
     admit(nxt, now)
-    session.execute(_HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
+    session.execute(HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
         uow.effect(NextStep(str(nxt.id), 0, "start"))
+    return Released(calls, None)  # read again: the job handed on may wait for the quota
 
 
 # --- a sub-agent's end, on its parent ------------------------------------------------------------

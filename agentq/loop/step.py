@@ -374,9 +374,9 @@ class Stepper:
         match decision:
             case Finish(content=content, cut=True, not_run=not_run):
                 self.endings.cut_short(uow, job, turn_no, reply, content, not_run,
-                                       turn.max_tokens, now)
+                                       turn.max_tokens)
             case Finish(content=content):
-                self.endings.finish(uow, job, turn_no, reply, content, now)
+                self.endings.finish(uow, job, turn_no, reply, content)
             case RunTools(calls=calls, content=content):
                 return self.tool_turns.plan(uow, job, turn_no, reply, calls, content, now,
                                             turn.approval_tools)

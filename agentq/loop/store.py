@@ -118,9 +118,26 @@ def _append_one(advance: ReturningUpdate[Any], table: Table, parent: str, counte
             .add_cte(advanced).returning(table.c.seq))
 
 
-_APPEND_ONE = _append_one(_ADVANCE_MESSAGES, _messages, "conversation_id", "message_seq",
-                          ("id", "job_id", "role", "content", "token_count", "model_used"),
-                          "message")
+def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
+    """One message appended in one statement by `advance`, an UPDATE of its conversation's
+    row that returns the advanced `message_seq` (by `ident`): its parameters,
+    `message_parameters(…)`'s. When the UPDATE matches no row, nothing is appended."""
+    return _append_one(advance, _messages, "conversation_id", "message_seq",
+                       ("id", "job_id", "role", "content", "token_count", "model_used"),
+                       "message")
+
+
+def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
+                       row: tuple[str, str, str | None], now: datetime) -> dict[str, Any]:
+    """The parameters of a `message_appended_by` statement: the (role, content,
+    model_used) row appended to `conversation_id`."""
+    role, content, model = row
+    return {"ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
+            "message_job_id": job_id, "message_role": role, "message_content": content,
+            "message_token_count": estimate_tokens(content), "message_model_used": model}
+
+
+_APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
 _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
                                 ("id", "type", "data"), "event")
 
@@ -206,11 +223,8 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     now = now or utcnow()
     tokens = [estimate_tokens(content) for _, content, _ in rows]
     if len(rows) == 1 and session.get_bind().dialect.name == "postgresql":
-        (role, content, model), = rows
-        last = first = session.execute(_APPEND_ONE, {
-            "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
-            "message_job_id": job_id, "message_role": role, "message_content": content,
-            "message_token_count": tokens[0], "message_model_used": model}).scalar_one()
+        last = first = session.execute(_APPEND_ONE, message_parameters(
+            conversation_id, job_id, rows[0], now)).scalar_one()
     else:
         last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
                                                    "n": len(rows), "now": now}).scalar_one()
