@@ -61,15 +61,19 @@ import os
 import re
 import secrets
 from collections import OrderedDict
+from contextlib import contextmanager
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 from uuid import UUID
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 from psycopg2.extras import Json
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 MAX_PREPARED = 100
@@ -454,3 +458,31 @@ def connection_class(threshold: int) -> type[Connection]:
     """The connection class for `psycopg2.connect(connection_factory=…)`, preparing a
     statement on its `threshold`th run (0: never)."""
     return type("Connection", (Connection,), {"threshold": max(0, threshold)})
+
+
+# --- a session's connection ---------------------------------------------------------------
+
+def connection_of(session: "Session") -> Connection | None:
+    """The session's connection when it is one of ours (psycopg2, this module's class);
+    None on another driver or dialect."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    dbapi_connection = session.connection().connection.dbapi_connection
+    return dbapi_connection if isinstance(dbapi_connection, Connection) else None
+
+
+@contextmanager
+def deferred_writes(session: "Session") -> Iterator[None]:
+    """Writes whose answer nobody reads (the events, the held job's row, a step's new tool
+    calls and messages): on our connections, in a transaction whose BEGIN was folded, sent
+    with the transaction's next statement or with its COMMIT, one round trip fewer
+    (`Connection.deferring`); an error in them is raised there. Elsewhere sent at once."""
+    connection = connection_of(session)
+    if connection is None or not connection.folded:
+        yield
+        return
+    connection.deferring = True
+    try:
+        yield
+    finally:
+        connection.deferring = False

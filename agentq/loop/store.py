@@ -40,6 +40,7 @@ from agentq.db import utcnow
 from agentq.llm.types import LLMReply
 from agentq.loop.context import StoredMessage, estimate_tokens
 from agentq.models import Base, Conversation, Job, JobEvent, Message, TokenLog, User
+from agentq.prepared import deferred_writes
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ _CHARGE_USER = (update(_users).where(_users.c.id == bindparam("ident"))
 
 
 def _append_one(advance: ReturningUpdate[Any], table: Table, parent: str, counter: str,
-                own: tuple[str, ...], prefix: str) -> ReturningInsert[Any]:
+                own: tuple[str, ...], prefix: str) -> Insert:
     """One row appended in one statement (Postgres): `advance` (its parent's counter,
     `UPDATE … RETURNING`) as a data-modifying CTE, the row numbered from what it returns.
     A step appends one message at a time (the question, a reply, a tool result), a tool's
@@ -115,16 +116,21 @@ def _append_one(advance: ReturningUpdate[Any], table: Table, parent: str, counte
                    "created_at": bindparam("now", type_=table.c.created_at.type)})
     columns = list(values)
     return (insert(table).from_select(columns, select(*(values[c] for c in columns)))
-            .add_cte(advanced).returning(table.c.seq))
+            .add_cte(advanced))
+
+
+def _message_appended_by(advance: ReturningUpdate[Any]) -> Insert:
+    return _append_one(advance, _messages, "conversation_id", "message_seq",
+                       ("id", "job_id", "role", "content", "token_count", "model_used"),
+                       "message")
 
 
 def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
     """One message appended in one statement by `advance`, an UPDATE of its conversation's
-    row that returns the advanced `message_seq` (by `ident`): its parameters,
-    `message_parameters(…)`'s. When the UPDATE matches no row, nothing is appended."""
-    return _append_one(advance, _messages, "conversation_id", "message_seq",
-                       ("id", "job_id", "role", "content", "token_count", "model_used"),
-                       "message")
+    row that returns the advanced `message_seq` (by `ident`), returning the message's seq:
+    its parameters, `message_parameters(…)`'s. When the UPDATE matches no row, nothing is
+    appended."""
+    return _message_appended_by(advance).returning(_messages.c.seq)
 
 
 def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
@@ -138,8 +144,10 @@ def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
 
 
 _APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
+_APPEND_ONE_UNREAD = _message_appended_by(_ADVANCE_MESSAGES)
+"""`_APPEND_ONE` returning nothing: a write that may go with the next statement."""
 _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
-                                ("id", "type", "data"), "event")
+                                ("id", "type", "data"), "event").returning(_events.c.seq)
 
 
 
@@ -237,6 +245,24 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     sync_loaded(session, Conversation, conversation_id, message_seq=last)
     return [StoredMessage(first + i, role, content, tokens[i])
             for i, (role, content, _) in enumerate(rows)]
+
+
+def append_unread(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUID | None,
+                  rows: Sequence[tuple[str, str, str | None]],
+                  now: datetime | None = None) -> None:
+    """`append_messages` for a caller that reads nothing of the append: on Postgres one row
+    goes in one statement sent with the transaction's next statement or its COMMIT
+    (`prepared.deferred_writes`), one round trip fewer; the conversation's `message_seq`,
+    if loaded, is expired (read again, after the append, when next asked for)."""
+    if len(rows) != 1 or session.get_bind().dialect.name != "postgresql":
+        append_messages(session, conversation_id, job_id, rows, now)
+        return
+    with deferred_writes(session):
+        session.execute(_APPEND_ONE_UNREAD, message_parameters(
+            conversation_id, job_id, rows[0], now or utcnow()))
+    loaded = session.identity_map.get(session.identity_key(Conversation, conversation_id))
+    if loaded is not None:
+        session.expire(loaded, ["message_seq"])
 
 
 def append_with_history(session: Session, conversation_id: uuid.UUID,

@@ -44,10 +44,11 @@ from agentq.loop.lifecycle import (
     run_tools,
     wait_for_children,
 )
-from agentq.loop.store import append_messages
+from agentq.loop.store import append_unread
 from agentq.loop.turn import Wired
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, ToolCall
+from agentq.prepared import deferred_writes
 from agentq.tools.result import ToolResult
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,11 @@ class ToolTurns:
             rows.append(("tool_call", json.dumps({"name": call.name,
                                                   "arguments": call.arguments,
                                                   "tool_use_id": tool_use_id}), reply.model))
-        insert_all(session, records)  # not flushed: the job's row then goes with its events
-        append_messages(session, job.conversation_id, job.id, rows, now)
+        # not flushed: the job's row then goes with its events; nothing is read from the
+        # INSERT or the messages' append: both go with the commit
+        with deferred_writes(session):
+            insert_all(session, records)
+        append_unread(session, job.conversation_id, job.id, rows, now)
         run_tools(job)
         remote = DispatchTools(str(job.id), turn_no, tuple(dispatch)) if dispatch else None
         if remote is not None and not local:
@@ -217,7 +221,8 @@ class ToolTurns:
             call.result, call.finished_at = record, now
             uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
                       name=call.name, ok=False, error=record["error"]["code"])
-        append_messages(uow.session, conversation.id, job.id, [
+        # sent with the context's read, which reads them back (`ContextBuilder.build`)
+        append_unread(uow.session, conversation.id, job.id, [
             ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
                                         **(c.result or {})}), None)
             for c in calls], now)

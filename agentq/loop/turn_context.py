@@ -40,13 +40,14 @@ _OWN_MESSAGES = (select(*STORED_MESSAGE)
 
 def _own_and_history() -> Select[Any]:
     """`_OWN_MESSAGES` and the history before the job's question (the `limit` messages
-    before it; before the conversation's next seq, `next_seq`, when the job has none), in
+    before it; before the conversation's next seq when the job has none), in
     one statement: (own, seq, role, content, token_count) rows, the job's own first, each
     part in seq order. What `recent_messages` reads bounded by the question's seq, without
     waiting for the first read's answer to bound the second."""
     own = _OWN_MESSAGES.order_by(None).cte("own")
-    top = func.coalesce(select(func.min(own.c.seq)).scalar_subquery(),
-                        bindparam("next_seq", type_=Message.seq.type))
+    next_seq = (select(Conversation.message_seq + 1)
+                .where(Conversation.id == bindparam("conversation_id")).scalar_subquery())
+    top = func.coalesce(select(func.min(own.c.seq)).scalar_subquery(), next_seq)
     limit = bindparam("limit", type_=Message.seq.type)
     history = (select(*STORED_MESSAGE)
                .where(Message.conversation_id == bindparam("conversation_id"),
@@ -85,7 +86,6 @@ class ContextBuilder:
             own, recent = [], []
             for mine, *row in session.execute(_OWN_AND_HISTORY, {
                     "job_id": job.id, "through": through, "conversation_id": conversation.id,
-                    "next_seq": conversation.message_seq + 1,
                     "limit": settings.history_max_messages}):
                 (own if mine else recent).append(context.StoredMessage(*row))
         question = own[0] if own else None

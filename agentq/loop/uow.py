@@ -31,10 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar, cast
+from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, cast
 
 from sqlalchemy import update
 from sqlalchemy.engine import CursorResult
@@ -46,6 +45,7 @@ from agentq.db import relax_durability, riding_out, utcnow, write_changes
 from agentq.loop.effects import Effect
 from agentq.loop.states import LIVE_STATUSES
 from agentq.models import Job
+from agentq.prepared import deferred_writes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -260,41 +260,14 @@ class UnitOfWork:
             notify(job_id, written)
 
 
-def _ours(session: Session) -> prepared.Connection | None:
-    """The session's connection when it is agentq's psycopg2 one (`agentq.prepared`);
-    None on another driver or dialect."""
-    if session.get_bind().dialect.name != "postgresql":
-        return None
-    dbapi_connection = session.connection().connection.dbapi_connection
-    return dbapi_connection if isinstance(dbapi_connection, prepared.Connection) else None
-
-
 def _fold_begin(session: Session, lone: bool = False) -> bool:
     """The transaction's BEGIN goes with its first statement (and the SET), one round trip
     instead of two, on agentq's psycopg2 connections (`agentq.prepared.Connection.
     fold_begin`); its commit or rollback ends it as before. `lone`: that first statement
     is a transaction of its own, no BEGIN or COMMIT sent for it. False (nothing changed)
     on another driver or dialect, or when the transaction has begun already."""
-    connection = _ours(session)
+    connection = prepared.connection_of(session)
     return connection is not None and connection.fold_begin(lone)
-
-
-@contextmanager
-def deferred_writes(session: Session) -> Iterator[None]:
-    """Writes whose answer nobody reads (the events, the held job's row): on agentq's
-    psycopg2 connections, in a transaction whose BEGIN was folded, sent with the
-    transaction's next statement or with its COMMIT, one round trip fewer
-    (`agentq.prepared.Connection.deferring`); an error in them is raised there. Elsewhere
-    sent at once."""
-    connection = _ours(session)
-    if connection is None or not connection.folded:
-        yield
-        return
-    connection.deferring = True
-    try:
-        yield
-    finally:
-        connection.deferring = False
 
 
 def due_now(sessions: sessionmaker[Session] | Callable[[], Session],

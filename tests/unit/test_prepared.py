@@ -439,7 +439,8 @@ def test_a_unit_of_works_last_writes_go_with_its_commit_in_one_round_trip(engine
     # given a pool of one connection that prepares on the first run, and what it sends
     from sqlalchemy.orm import sessionmaker
 
-    from agentq.loop.uow import UnitOfWork, deferred_writes
+    from agentq.loop.uow import UnitOfWork
+    from agentq.prepared import deferred_writes
     sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
     insert = text("INSERT INTO probe (id, n, label) VALUES (CAST(:id AS UUID), :n, :label)")
     count = text("SELECT count(*) FROM probe")
@@ -483,7 +484,8 @@ def test_a_deferred_write_that_fails_fails_the_commit_and_nothing_of_it_is_kept(
     from sqlalchemy.exc import IntegrityError
     from sqlalchemy.orm import sessionmaker
 
-    from agentq.loop.uow import UnitOfWork, deferred_writes
+    from agentq.loop.uow import UnitOfWork
+    from agentq.prepared import deferred_writes
     # given a row
     sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
     insert = text("INSERT INTO probe (id, n) VALUES (CAST(:id AS UUID), :n)")
@@ -511,7 +513,7 @@ def test_a_deferred_write_that_fails_fails_the_commit_and_nothing_of_it_is_kept(
 def test_writes_outside_a_folded_transaction_are_sent_at_once(engines):
     from sqlalchemy.orm import sessionmaker
 
-    from agentq.loop.uow import deferred_writes
+    from agentq.prepared import deferred_writes
     # given a plain session (no unit of work: its BEGIN is psycopg2's own)
     sessions = sessionmaker(bind=engines(threshold=1), expire_on_commit=False)
     with sessions() as session:

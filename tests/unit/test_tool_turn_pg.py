@@ -1,0 +1,88 @@
+"""A tool turn's writes on Postgres (issue 34: round trips per job): the calls and the
+message a reply asks for go with its commit, and the results' messages with the read of
+the next turn's context, which sees them."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import select
+
+from agentq.loop.execute import execute_tool_call
+from agentq.models import Conversation, Message, ToolCall
+from agentq.testing.harness import calls, text
+from tests.support.sql import sql_sent, wire_sent
+
+
+@pytest.fixture
+def make(make_pg):
+    """Harnesses on Postgres, whatever AGENTQ_UNIT_DB says: the writes deferred are
+    Postgres's."""
+    return make_pg
+
+
+def _round_trips(sent: list[str]) -> list[str]:
+    """What went to Postgres, one string a round trip, its statements' preparing aside (a
+    connection prepares a statement once, on its second run)."""
+    return [s for s in sent
+            if not s.startswith(("PREPARE", "DEALLOCATE", "SAVEPOINT agentq_prepare"))]
+
+
+def _messages(h, job_id: str) -> tuple[Conversation, list[tuple[int, str]]]:
+    with h.sessions() as session:
+        conversation = session.get(Conversation, h.job(job_id).conversation_id)
+        rows = session.execute(select(Message.seq, Message.role).where(
+            Message.conversation_id == conversation.id).order_by(Message.seq)).all()
+    return conversation, [tuple(r) for r in rows]
+
+
+def test_a_replys_calls_message_and_events_go_with_its_commit(make):
+    # given a job whose model asks for a tool
+    h = make(calls(("math.evaluate", {"expression": "2+2"})))
+    job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
+    # when its first step runs
+    with sql_sent(h.sessions.kw["bind"]) as statements, wire_sent() as sent:
+        [dispatch] = h.stepper.run(job_id, 0, "start")
+    # then the reply's transaction was its compare-and-set, then one round trip with the
+    # call, the message and the events in it, ended by the COMMIT (the step's first
+    # transaction: the claim, the question with its history, the events with the COMMIT)
+    wire = _round_trips(sent)
+    assert len(wire) == 5 and wire[-1].rstrip().endswith("COMMIT")
+    assert "COMMIT" not in wire[-2]
+    last = statements[-3:]
+    assert last[0].startswith("INSERT INTO tool_calls")
+    assert "INSERT INTO messages" in last[1] and "INSERT INTO job_events" in last[2]
+    # and the rows are as before: the call pending and sent, the message numbered after
+    # the question, the conversation's counter on it
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    with h.sessions() as session:
+        call = session.execute(select(ToolCall).where(
+            ToolCall.tool_use_id == tool_use_id)).scalar_one()
+    assert call.status == "pending" and call.arguments == {"expression": "2+2"}
+    conversation, messages = _messages(h, job_id)
+    assert messages == [(1, "user"), (2, "tool_call")] and conversation.message_seq == 2
+
+
+def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
+    # given a job whose tool has run
+    h = make(calls(("math.evaluate", {"expression": "2+2"})), text("4"))
+    job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    for tool_use_id, _queue, _limit in dispatch.calls:
+        execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions, join=False)
+    # when the step after it runs
+    with wire_sent() as sent:
+        h.stepper.run(job_id, 1, "callback")
+    # then it took eight round trips: the claim, the calls' results, the results' message
+    # with the context's read, the events with the COMMIT; the reply's compare-and-set,
+    # the answer with the conversation let go of, the next job and the quota's waiters,
+    # the events with the COMMIT
+    assert len(_round_trips(sent)) == 8
+    # and the context the model was sent ends with the result the same round trip wrote
+    sent_messages = h.router.requests[-1]["messages"]
+    assert sent_messages[-1]["role"] == "tool"
+    assert sent_messages[-1]["content"] == '{"result": 4, "expression": "2+2"}'
+    assert h.job(job_id).status == "completed"
+    conversation, messages = _messages(h, job_id)
+    assert messages == [(1, "user"), (2, "tool_call"), (3, "tool_result"), (4, "assistant")]
+    assert conversation.message_seq == 4
