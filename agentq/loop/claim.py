@@ -23,18 +23,28 @@ from sqlalchemy import (
     SQLColumnExpression,
     Update,
     bindparam,
+    func,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
 from agentq import memory
 from agentq.db import utcnow
-from agentq.loop.lifecycle import LIVE_STATUSES, WaitingFor
+from agentq.loop.lifecycle import LIVE_STATUSES, Phase, WaitingFor
 from agentq.loop.store import with_usage
-from agentq.models import Conversation, ConversationSummary, Job, Persona, Tenant, User
+from agentq.models import (
+    Conversation,
+    ConversationSummary,
+    Job,
+    Persona,
+    Tenant,
+    ToolCall,
+    User,
+)
 
 PROVIDER_EARLY_TOLERANCE_S = 2.0
 """A delayed step may claim its job this much before the job's next attempt time (clocks
@@ -130,6 +140,18 @@ summary and the tenant's default context layers: one round trip (SQLite, after t
 claim)."""
 
 
+class SeenCall(NamedTuple):
+    """A call of the turn a job's tools ran, as its step's claim read it (`Who.calls`)."""
+    name: str
+    tool_use_id: str
+    result: dict[str, Any] | None
+    status: str
+    position: int
+    iteration: int
+    held: bool
+    """It waited for a person's approval (its `approval_expires_at` set)."""
+
+
 class Who(NamedTuple):
     """`_WHO`'s row: what a step reads with its claim."""
     user: User
@@ -141,13 +163,32 @@ class Who(NamedTuple):
     bootstrap: str | None
     """The tenant's default context layers (`agentq.loop.layers.TenantLayers`)."""
     skills: list[Any] | None
+    calls: list[SeenCall] | None = None
+    """When the job's tools ran (its phase `tools`): the calls of its turn, in call order,
+    as the claim's statement saw them (its snapshot may predate a result committed while
+    it waited for the job's row: a call seen pending is read again). None: not read."""
+
+
+def _turn_calls(job: type[Job]) -> ColumnElement[Any]:
+    """The calls of `job`'s turn, when its tools ran, as one JSON array in call order (a
+    scalar subquery: the claim's one row stays one row)."""
+    call = func.json_build_object(
+        "name", ToolCall.name, "tool_use_id", ToolCall.tool_use_id, "result", ToolCall.result,
+        "status", ToolCall.status, "position", ToolCall.position,
+        "iteration", ToolCall.iteration, "held", ToolCall.approval_expires_at.is_not(None))
+    return (select(func.json_agg(aggregate_order_by(call, ToolCall.position)))
+            .where(ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
+                   job.phase == Phase.TOOLS)
+            .scalar_subquery().label("turn_calls"))
 
 
 _claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
-_CLAIM_WHO = _who(_claimed).execution_options(populate_existing=True)
-"""The claim and `_WHO` in one statement (Postgres): the compare-and-set as a
-data-modifying CTE returning the job's row, joined to its user, conversation, persona,
-summary and tenant. No row when the claim fails; the job loaded current."""
+_CLAIM_WHO = (_who(_claimed).add_columns(_turn_calls(_claimed))
+              .execution_options(populate_existing=True))
+"""The claim, `_WHO` and the turn's calls in one statement (Postgres): the
+compare-and-set as a data-modifying CTE returning the job's row, joined to its user,
+conversation, persona, summary and tenant. No row when the claim fails; the job loaded
+current."""
 
 
 def claim(session: Session, job_id: uuid.UUID, iteration: int, owner: str,
@@ -162,7 +203,11 @@ def claim(session: Session, job_id: uuid.UUID, iteration: int, owner: str,
         "lease_until": now + timedelta(seconds=lease_s)}
     if session.get_bind().dialect.name == "postgresql":
         row = session.execute(_CLAIM_WHO, params).one_or_none()
-        return None if row is None else (row[0], Who(*row[1:]))
+        if row is None:
+            return None
+        calls = row[-1]
+        return row[0], Who._make([*row[1:-1], None if calls is None else [
+            SeenCall(**call) for call in calls]])
     job: Job | None = session.execute(_CLAIM, params).scalar_one_or_none()
     if job is None:
         return None

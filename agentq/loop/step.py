@@ -251,7 +251,8 @@ class Stepper:
             resume_from_provider(job)
 
         if job.phase == Phase.TOOLS and not isinstance(
-                self.tool_turns.collect(uow, job, conversation, cause), rules.Collect):
+                self.tool_turns.collect(uow, job, conversation, cause, who.calls),
+                rules.Collect):
             # the job waits (its sub-agents, another dispatch), or its lost calls went out
             job.step_owner = job.step_lease_until = None
             return None

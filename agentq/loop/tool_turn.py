@@ -34,6 +34,7 @@ from agentq.llm.types import LLMReply
 from agentq.loop import approvals, replay, rules
 from agentq.loop import uow as units
 from agentq.loop.busy import CANCELLED_TOOL_RESULT
+from agentq.loop.claim import SeenCall
 from agentq.loop.decision import PlannedCall
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.execute import execute_tool_call, turn_pending
@@ -182,20 +183,28 @@ class ToolTurns:
 
     # -- step 3: the results collected --------------------------------------------------
     def collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                cause: Cause) -> rules.AfterTools:
+                cause: Cause, seen: list[SeenCall] | None = None) -> rules.AfterTools:
         """Tool results of the last turn → tool_result messages, in call order (`Collect`);
         or the step ends here: the job waits for its sub-agents or another dispatch, or
-        the lost calls of a re-driven turn go out again (a `DispatchTools` effect)."""
+        the lost calls of a re-driven turn go out again (a `DispatchTools` effect).
+        `seen`: the turn's calls as the step's claim read them; used when every result
+        was in (the usual case), else the calls are read here."""
         session = uow.session
-        calls = session.execute(_TURN_CALLS, {"job_id": job.id, "iteration": job.iteration}
-                                ).scalars().all()
-        pending = [c for c in calls if c.status == ToolCallStatus.PENDING]
+        calls: Sequence[ToolCall | SeenCall]
+        if seen and job.replay_mode != ReplayMode.RECORDED and not any(
+                c.status == ToolCallStatus.PENDING for c in seen):
+            calls, pending = seen, []
+        else:
+            calls = session.execute(_TURN_CALLS, {"job_id": job.id,
+                                                  "iteration": job.iteration}).scalars().all()
+            pending = [c for c in calls if c.status == ToolCallStatus.PENDING]
         cancelled = job.cancel_requested_at is not None
         after = rules.after_tools(
             pending=bool(pending), cancelled=cancelled, cause=cause,
             children_running=(bool(pending) and not cancelled
                               and agents.awaits_children(session, pending)),
-            split_turn=any(c.approval_expires_at is not None for c in calls))
+            split_turn=any(c.held if isinstance(c, SeenCall)
+                           else c.approval_expires_at is not None for c in calls))
         match after:
             case rules.AwaitChildren():
                 # its sub-agents still run: the last one's end sends this step again
@@ -212,7 +221,7 @@ class ToolTurns:
         return after
 
     def _collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                 calls: Sequence[ToolCall], pending: Sequence[ToolCall],
+                 calls: Sequence[ToolCall | SeenCall], pending: Sequence[ToolCall],
                  cancelled: bool) -> None:
         now = utcnow()
         for call in pending:
@@ -228,7 +237,8 @@ class ToolTurns:
             for c in calls], now)
         read_results(job)
         if job.replay_mode == ReplayMode.RECORDED:
-            for diverged in replay.divergences(uow.session, job, calls):
+            read = [c for c in calls if isinstance(c, ToolCall)]  # a replay reads its calls
+            for diverged in replay.divergences(uow.session, job, read):
                 uow.event(job.id, "replay_diverged", **diverged)
         uow.event(job.id, "turn_end", turn=job.iteration,
                   tool_results=[{"tool_use_id": c.tool_use_id, "name": c.name,

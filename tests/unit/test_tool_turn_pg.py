@@ -1,16 +1,21 @@
-"""A tool turn's writes on Postgres (issue 34: round trips per job): the calls and the
-message a reply asks for go with its commit, and the results' messages with the read of
-the next turn's context, which sees them."""
+"""A tool turn on Postgres (issue 34: round trips per job): the calls and the message a
+reply asks for go with its commit; the next step's claim reads the results, and their
+messages go with the read of the next turn's context, which sees them."""
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text, update
 
+from agentq.db import utcnow
 from agentq.loop.execute import execute_tool_call
-from agentq.models import Conversation, Message, ToolCall
-from agentq.testing.harness import calls, text
+from agentq.models import Conversation, Job, Message, ToolCall
+from agentq.testing.harness import calls
+from agentq.testing.harness import text as reply
+from agentq.tools.result import ToolResult
 from tests.support.sql import sql_sent, wire_sent
 
 
@@ -65,7 +70,7 @@ def test_a_replys_calls_message_and_events_go_with_its_commit(make):
 
 def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
     # given a job whose tool has run
-    h = make(calls(("math.evaluate", {"expression": "2+2"})), text("4"))
+    h = make(calls(("math.evaluate", {"expression": "2+2"})), reply("4"))
     job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
     [dispatch] = h.stepper.run(job_id, 0, "start")
     for tool_use_id, _queue, _limit in dispatch.calls:
@@ -73,11 +78,11 @@ def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
     # when the step after it runs
     with wire_sent() as sent:
         h.stepper.run(job_id, 1, "callback")
-    # then it took eight round trips: the claim, the calls' results, the results' message
-    # with the context's read, the events with the COMMIT; the reply's compare-and-set,
-    # the answer with the conversation let go of, the next job and the quota's waiters,
-    # the events with the COMMIT
-    assert len(_round_trips(sent)) == 8
+    # then it took seven round trips: the claim with the calls' results, the results'
+    # message with the context's read, the events with the COMMIT; the reply's
+    # compare-and-set, the answer with the conversation let go of, the next job and the
+    # quota's waiters, the events with the COMMIT
+    assert len(_round_trips(sent)) == 7
     # and the context the model was sent ends with the result the same round trip wrote
     sent_messages = h.router.requests[-1]["messages"]
     assert sent_messages[-1]["role"] == "tool"
@@ -86,3 +91,42 @@ def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
     conversation, messages = _messages(h, job_id)
     assert messages == [(1, "user"), (2, "tool_call"), (3, "tool_result"), (4, "assistant")]
     assert conversation.message_seq == 4
+
+
+BLOCKED_WITHIN_S = 60
+"""A failure bound for a step to be seen waiting on a row lock, never a measured margin."""
+
+
+def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make):
+    # given a job whose tool call is pending, and a tool worker storing its result that
+    # holds the job's row (a result's transaction locks it first) and has not committed
+    h = make(calls(("math.evaluate", {"expression": "2+2"})), reply("4"))
+    job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
+    [dispatch] = h.stepper.run(job_id, 0, "start")
+    [(tool_use_id, _queue, _limit)] = dispatch.calls
+    worker = h.sessions()
+    worker.begin()
+    worker.execute(select(Job.id).where(Job.id == uuid.UUID(job_id)).with_for_update())
+    worker.execute(update(ToolCall).where(ToolCall.tool_use_id == tool_use_id).values(
+        status="succeeded", finished_at=utcnow(),
+        result=ToolResult.success({"result": 4, "expression": "2+2"}).to_record()))
+    worker_pid = worker.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    # when the step after the tools claims the job meanwhile (its statement's snapshot is
+    # taken before it waits for the row, so it sees the call pending)
+    step = threading.Thread(target=h.stepper.run, args=(job_id, 1, "callback"), daemon=True)
+    step.start()
+    deadline = time.monotonic() + BLOCKED_WITHIN_S
+    with h.sessions() as probe:
+        while not probe.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
+                "pg_blocking_pids(pid))"), {"pid": worker_pid}).scalar_one():
+            assert time.monotonic() < deadline, "the step never waited for the job's row"
+            time.sleep(0.01)
+    worker.commit()
+    worker.close()
+    step.join(BLOCKED_WITHIN_S)
+    # then the step read the calls again and the model was sent the result, not "lost"
+    assert not step.is_alive()
+    assert h.router.requests[-1]["messages"][-1]["content"] == (
+        '{"result": 4, "expression": "2+2"}')
+    assert h.job(job_id).status == "completed"
