@@ -130,3 +130,19 @@ def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make):
     assert h.router.requests[-1]["messages"][-1]["content"] == (
         '{"result": 4, "expression": "2+2"}')
     assert h.job(job_id).status == "completed"
+
+
+def test_every_statement_of_a_tool_turn_job_is_prepared(make):
+    # given one-tool jobs
+    from agentq import prepared
+    h = make(*(r for _ in range(3) for r in (
+        calls(("math.evaluate", {"expression": "2+2"})), reply("4"))))
+    # when they run from submit to end, each statement several times
+    with sql_sent(h.sessions.kw["bind"]) as statements:
+        for _ in range(3):
+            h.drive(h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}"))
+    # then Postgres refused to prepare none of them: none is planned anew at each run (a
+    # parameter it cannot type, as a JSON key bound as one, made the claim's so, and cost
+    # its planning on every claim)
+    refused = {statement for statement, _types in prepared._refused}
+    assert [s[:80] for s in set(statements) if s in refused] == []
