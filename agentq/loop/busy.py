@@ -21,25 +21,26 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
-    CompoundSelect,
+    Insert,
     Select,
     bindparam,
+    case,
     exists,
+    func,
     literal_column,
     null,
     select,
     true,
-    type_coerce,
-    union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql import ColumnElement
 
 from agentq.db import lock_row, utcnow
 from agentq.errors import Conflict, NotFound
 from agentq.loop.states import JobStatus, ToolCallStatus, WaitingFor
-from agentq.loop.store import message_appended_by
+from agentq.loop.store import json_object, message_appended_unread_by
 from agentq.models import Conversation, Job, JobInput, ToolCall
 from agentq.tools.result import ToolResult
 
@@ -148,45 +149,49 @@ HAND_ON = (update(_conversations).where(_conversations.c.id == bindparam("conver
 """Built once, with bind parameters: a job's end runs them on every job."""
 
 
-def _release_with_message() -> CompoundSelect[Any, Any, Any, Any]:
-    """`RELEASE` that also appends the job's last message, and `CALLS_OF`, in one
-    statement (Postgres): the conversation's row is written once, its counter advanced and
-    its owner let go of together, the message numbered from it (`store.message_appended_by`),
-    and the job's calls read with them. Its rows: the calls (as `CALLS_OF`'s, `seq` NULL),
-    then the message's seq on a line of its own (its `name` NULL), which is missing when the
-    job did not hold the conversation: then nothing was written. The calls are the job's
-    own, finished before its last step and locked with its row: the statement's snapshot
-    sees them as a later one would. Parameters: `store.message_parameters(…)`'s and
-    `job_id`."""
-    released = (update(_conversations)
-                .where(_conversations.c.id == bindparam("ident"),
-                       _conversations.c.active_job_id == bindparam("job_id"))
-                .values(message_seq=_conversations.c.message_seq
-                        + bindparam("n", type_=_conversations.c.message_seq.type),
-                        active_job_id=None,
-                        last_active_at=bindparam("now",
-                                                 type_=_conversations.c.last_active_at.type))
-                .returning(_conversations.c.message_seq))
-    appended = message_appended_by(released).cte("appended")
-    order = (ToolCall.iteration, ToolCall.position)
-    calls = select(*CALL_COLUMNS, *order, null().label("seq")).where(
-        ToolCall.job_id == bindparam("job_id"))
-    message = select(*(type_coerce(null(), column.type).label(column.key)
-                       for column in (*CALL_COLUMNS, *order)), appended.c.seq)
-    # the message's line last: its iteration is NULL
-    return union_all(calls, message).order_by(*(literal_column(c.key) for c in order))
+def _answer_and_release() -> Insert:
+    """A job's last message appended, and its conversation let go of if the job holds it,
+    in one statement whose answer nobody reads (Postgres; it goes with the next statement,
+    `AFTER_ANSWER`): the conversation's row written once, its counter advanced, and its
+    owner and idle clock (`last_active_at` = `now`) moved only when the owner is the job.
+    Parameters: `store.message_parameters(…)`'s and `job_id`."""
+    c = _conversations.c
+    ours = c.active_job_id == bindparam("job_id")
+    advanced = (update(_conversations).where(c.id == bindparam("ident"))
+                .values(message_seq=c.message_seq + bindparam("n", type_=c.message_seq.type),
+                        active_job_id=case((ours, null()), else_=c.active_job_id),
+                        # idle from now: the memory digest's clock (agentq.memory_digest)
+                        last_active_at=case(
+                            (ours, bindparam("now", type_=c.last_active_at.type)),
+                            else_=c.last_active_at))
+                .returning(c.message_seq))
+    return message_appended_unread_by(advanced)
 
 
-def _next_and_quota_waiters() -> Select[Job, bool]:
+def _next_and_quota_waiters(answered: bool = False) -> Select[Any]:
     """The conversation's next waiting job (`next_waiting`, or None) and whether the
     tenant has jobs waiting for its running-jobs quota, in one statement: one row whether
-    or not a job waits. Parameters: `conversation_id`, `tenant_id`."""
+    or not a job waits. Parameters: `conversation_id`, `tenant_id`. `answered`: after
+    `ANSWER_AND_RELEASE`, also whether that let the conversation go (it is nobody's, idle
+    since `now`) and the job's calls (`job_id`), as `CALLS_OF`'s columns in one JSON array
+    in call order."""
     waiting = NEXT_WAITING.subquery("waiting")
     one = select(literal_column("1").label("one")).subquery("one")
     quota = exists().where(*quota_waits(bindparam("tenant_id"))).label("quota_waiters")
-    return (select(aliased(Job, waiting), quota).select_from(one)
-            .outerjoin(waiting, true()))
+    columns: list[Any] = [aliased(Job, waiting), quota]
+    if answered:
+        c = _conversations.c
+        columns.append(exists().where(
+            c.id == bindparam("conversation_id"), c.active_job_id.is_(None),
+            c.last_active_at == bindparam("now", type_=c.last_active_at.type)
+        ).label("released"))
+        calls = json_object(*((column.key, column) for column in CALL_COLUMNS))
+        columns.append(select(func.json_agg(aggregate_order_by(
+            calls, ToolCall.iteration, ToolCall.position)))
+            .where(ToolCall.job_id == bindparam("job_id")).scalar_subquery().label("calls"))
+    return select(*columns).select_from(one).outerjoin(waiting, true())
 
 
-RELEASE_WITH_MESSAGE = _release_with_message()
+ANSWER_AND_RELEASE = _answer_and_release()
 NEXT_AND_QUOTA_WAITERS = _next_and_quota_waiters()
+AFTER_ANSWER = _next_and_quota_waiters(answered=True)

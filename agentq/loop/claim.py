@@ -24,7 +24,6 @@ from sqlalchemy import (
     Update,
     bindparam,
     func,
-    literal_column,
     or_,
     select,
     update,
@@ -36,7 +35,7 @@ from sqlalchemy.sql.selectable import ExecutableReturnsRows
 from agentq import memory
 from agentq.db import utcnow
 from agentq.loop.lifecycle import LIVE_STATUSES, Phase, WaitingFor
-from agentq.loop.store import with_usage
+from agentq.loop.store import json_object, with_usage
 from agentq.models import (
     Conversation,
     ConversationSummary,
@@ -173,15 +172,11 @@ class Who(NamedTuple):
 def _turn_calls(job: type[Job]) -> ColumnElement[Any]:
     """The calls of `job`'s turn, when its tools ran, as one JSON array in call order (a
     scalar subquery: the claim's one row stays one row)."""
-    # the keys are written into the SQL: as parameters, Postgres could not type them, and
-    # the statement could not be prepared (planned anew at each claim)
-    pairs: tuple[tuple[str, SQLColumnExpression[Any]], ...] = (
+    call = json_object(
         ("name", ToolCall.name), ("tool_use_id", ToolCall.tool_use_id),
         ("result", ToolCall.result), ("status", ToolCall.status),
         ("position", ToolCall.position), ("iteration", ToolCall.iteration),
         ("held", ToolCall.approval_expires_at.is_not(None)))
-    call = func.json_build_object(*(part for key, value in pairs
-                                    for part in (literal_column(f"'{key}'"), value)))
     return (select(func.json_agg(aggregate_order_by(call, ToolCall.position)))
             .where(ToolCall.job_id == job.id, ToolCall.iteration == job.iteration,
                    job.phase == Phase.TOOLS)

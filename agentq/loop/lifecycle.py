@@ -38,11 +38,12 @@ from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import IllegalTransition
 from agentq.loop.busy import (
+    AFTER_ANSWER,
+    ANSWER_AND_RELEASE,
     CALLS_OF,
     HAND_ON,
     NEXT_AND_QUOTA_WAITERS,
     RELEASE,
-    RELEASE_WITH_MESSAGE,
     pending_inputs,
     quota_waits,
 )
@@ -60,6 +61,7 @@ from agentq.loop.states import (
     WaitingFor,
 )
 from agentq.models import Conversation, Job, ToolCall
+from agentq.prepared import deferred_writes
 from agentq.tenants import cached_quotas, running_count
 from agentq.tools.result import ToolResult
 
@@ -415,34 +417,43 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     """The ended job's conversation goes to the next waiting job; steering that arrived
     too late for the job's last turn becomes a follow-up job first. `last`: the job's last
     message (role, content, model_used), appended to the conversation first (on Postgres
-    by the statement that lets the conversation go, `RELEASE_WITH_MESSAGE`)."""
-    from agentq.loop.store import append_messages, message_parameters, sync_loaded
+    by the statement that lets the conversation go, `ANSWER_AND_RELEASE`, sent with the
+    read after it: one round trip for both)."""
+    from agentq.loop.store import (
+        append_messages,
+        forget_loaded,
+        message_parameters,
+        sync_loaded,
+    )
     session = uow.session
-    # one statement checks that the job holds its conversation, locks the row and lets go
-    # of it (a job that never held it locks nothing)
     now = utcnow()
+    waits = {"conversation_id": job.conversation_id, "tenant_id": job.tenant_id}
+    nxt: Job | None
     if last is not None and session.get_bind().dialect.name == "postgresql":
-        rows = session.execute(RELEASE_WITH_MESSAGE, {
-            **message_parameters(job.conversation_id, job.id, last, now),
-            "job_id": job.id}).all()
-        calls: Sequence[Any] = [row for row in rows if row.seq is None]
-        seq = rows[-1].seq if rows else None  # the message's line comes last
-        if seq is None:  # not the conversation's owner: nothing was written
-            append_messages(session, job.conversation_id, job.id, [last], now)
+        with deferred_writes(session):
+            session.execute(ANSWER_AND_RELEASE, {
+                **message_parameters(job.conversation_id, job.id, last, now),
+                "job_id": job.id})
+        forget_loaded(session, Conversation, job.conversation_id, "message_seq",
+                      "active_job_id", "last_active_at")
+        nxt, quota_waiters, released, shown = session.execute(AFTER_ANSWER, {
+            **waits, "job_id": job.id, "now": now}).one()
+        calls: Sequence[Any] = [_Call(**call) for call in shown or ()]
+        if not released:  # not the conversation's owner: only its message was written
             return Released(calls, None)
-        sync_loaded(session, Conversation, job.conversation_id, message_seq=seq,
-                    active_job_id=None, last_active_at=now)
     else:
         if last is not None:
             append_messages(session, job.conversation_id, job.id, [last], now)
         calls = session.execute(CALLS_OF, {"job_id": job.id}).all()
-        released = session.execute(RELEASE, {"conversation_id": job.conversation_id,
-                                              "job_id": job.id, "now": now}
-                                    ).scalar_one_or_none()
-        if released is None:
+        # one statement checks that the job holds its conversation, locks the row and
+        # lets go of it (a job that never held it locks nothing)
+        if session.execute(RELEASE, {"conversation_id": job.conversation_id,
+                                     "job_id": job.id, "now": now}
+                           ).scalar_one_or_none() is None:
             return Released(calls, None)
         sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
                     last_active_at=now)
+        nxt = None
     late = pending_inputs(session, job.id) if job.pending_inputs else []
     if late:
         follow_up = new_job(tenant_id=job.tenant_id, conversation_id=job.conversation_id,
@@ -459,10 +470,10 @@ def release_conversation(uow: "UnitOfWork", job: Job,
         uow.event(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
                   inputs=len(late), input_ids=[str(i.id) for i in late])
         session.flush()
-    # read after the lock on the conversation was taken (by the statement above): a job
-    # queued for it meanwhile is seen
-    nxt, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, {
-        "conversation_id": job.conversation_id, "tenant_id": job.tenant_id}).one()
+    if late or last is None or session.get_bind().dialect.name != "postgresql":
+        # read after the lock on the conversation was taken (by the statement that let it
+        # go): a job queued for it meanwhile, or the follow-up just made, is seen
+        nxt, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, waits).one()
     if nxt is None:
         return Released(calls, quota_waiters)
     admit(nxt, now)
@@ -471,6 +482,15 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
         uow.effect(NextStep(str(nxt.id), 0, "start"))
     return Released(calls, None)  # read again: the job handed on may wait for the quota
+
+
+class _Call(NamedTuple):
+    """A job's call as `AFTER_ANSWER` reads it (`CALLS_OF`'s columns)."""
+    name: str
+    tool_use_id: str
+    result: dict[str, Any] | None
+    arguments: Any
+    status: str
 
 
 # --- a sub-agent's end, on its parent ------------------------------------------------------------

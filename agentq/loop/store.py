@@ -18,6 +18,7 @@ from sqlalchemy import (
     CompoundSelect,
     Insert,
     Select,
+    SQLColumnExpression,
     Table,
     Update,
     bindparam,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     null,
     select,
     union_all,
@@ -125,6 +127,20 @@ def _message_appended_by(advance: ReturningUpdate[Any]) -> Insert:
                        "message")
 
 
+def message_appended_unread_by(advance: ReturningUpdate[Any]) -> Insert:
+    """`message_appended_by` returning nothing: a write that may go with the next
+    statement (`prepared.deferred_writes`)."""
+    return _message_appended_by(advance)
+
+
+def json_object(*pairs: tuple[str, SQLColumnExpression[Any]]) -> ColumnElement[Any]:
+    """`json_build_object` of (key, value) pairs, its keys written into the SQL: bound as
+    parameters, Postgres could not type them, and the statement would not be prepared
+    (planned anew at each run, `agentq.prepared`)."""
+    return func.json_build_object(*(part for key, value in pairs
+                                    for part in (literal_column(f"'{key}'"), value)))
+
+
 def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
     """One message appended in one statement by `advance`, an UPDATE of its conversation's
     row that returns the advanced `message_seq` (by `ident`), returning the message's seq:
@@ -144,7 +160,7 @@ def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
 
 
 _APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
-_APPEND_ONE_UNREAD = _message_appended_by(_ADVANCE_MESSAGES)
+_APPEND_ONE_UNREAD = message_appended_unread_by(_ADVANCE_MESSAGES)
 """`_APPEND_ONE` returning nothing: a write that may go with the next statement."""
 _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
                                 ("id", "type", "data"), "event").returning(_events.c.seq)
@@ -260,9 +276,7 @@ def append_unread(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUI
     with deferred_writes(session):
         session.execute(_APPEND_ONE_UNREAD, message_parameters(
             conversation_id, job_id, rows[0], now or utcnow()))
-    loaded = session.identity_map.get(session.identity_key(Conversation, conversation_id))
-    if loaded is not None:
-        session.expire(loaded, ["message_seq"])
+    forget_loaded(session, Conversation, conversation_id, "message_seq")
 
 
 def append_with_history(session: Session, conversation_id: uuid.UUID,
@@ -326,6 +340,14 @@ def sync_loaded(session: Session, model: type[Base], ident: uuid.UUID, **values:
     if obj is not None:
         for name, value in values.items():
             set_committed_value(obj, name, value)
+
+
+def forget_loaded(session: Session, model: type[Base], ident: uuid.UUID, *names: str) -> None:
+    """A row this transaction changed without reading the answer: its object in the
+    session, if loaded, reads those columns again when next asked for (after the change)."""
+    obj = session.identity_map.get(session.identity_key(model, ident))
+    if obj is not None:
+        session.expire(obj, list(names))
 
 
 STORED_MESSAGE = (Message.seq, Message.role, Message.content, Message.token_count)

@@ -1,6 +1,7 @@
 """A job's end on Postgres (issue 34: round trips per job): its answer is stored by the
-statement that lets its conversation go, and the conversation's next job and the tenant's
-quota waiters are read together; the rows a client sees are those of before."""
+statement that lets its conversation go, sent with the read of its calls, the
+conversation's next job and the tenant's quota waiters; the rows a client sees are those
+of before."""
 from __future__ import annotations
 
 import uuid
@@ -38,10 +39,13 @@ def test_the_answer_is_stored_by_the_statement_that_lets_the_conversation_go(mak
     with sql_sent(h.sessions.kw["bind"]) as statements:
         h.drive(job_id)
     # then each write of its conversation's row stored a message (the question, the
-    # turn's, the answer): the last one let the conversation go, reading the calls with it
+    # turn's, the answer): the last one let the conversation go, and the statement after
+    # it read the calls with the next job and the quota's waiters
     written = [s for s in statements if "UPDATE conversations" in s]
     assert all("INSERT INTO messages" in s for s in written)
-    assert "active_job_id=" in written[-1] and "FROM tool_calls" in written[-1]
+    assert "active_job_id=CASE" in written[-1]
+    after = statements[statements.index(written[-1]) + 1]
+    assert "FROM tool_calls" in after and "quota_waiters" in after
     # and the rows are as before: the answer last, numbered gap-free; the conversation
     # free and idle from the answer on; the response lists the call
     job = h.job(job_id)
@@ -121,3 +125,26 @@ def test_a_job_end_with_nobody_behind_it_starts_a_quota_waiter(make):
         (other, 0)]
     h.drive(other)
     assert h.job(other).response["content"] == "two"
+
+
+def test_steering_too_late_for_the_last_turn_becomes_the_next_job_of_the_conversation(make):
+    # given a job whose user steers it while its last model call runs
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+
+    def steered_while_thinking():
+        h.submit("and 3+3?", thread=thread, on_busy="steer")
+        return text("4")
+    h = make(steered_while_thinking, text("6"))
+    first = h.submit("2+2?", thread=thread)
+    # when the job answers without another turn
+    h.stepper.run(first, 0, "start")
+    # then the steering became a follow-up job, which took the conversation and runs
+    follow_up = h.job(first).follow_up_job_id
+    assert h.job(first).status == "completed" and follow_up is not None
+    conversation, messages = _conversation(h, first)
+    assert conversation.active_job_id == follow_up
+    assert [m[1:] for m in messages] == [("user", "2+2?"), ("assistant", "4")]
+    h.drive(str(follow_up))
+    assert h.job(str(follow_up)).response["content"] == "6"
+    _, messages = _conversation(h, first)
+    assert [m[1:] for m in messages][2:] == [("user", "and 3+3?"), ("assistant", "6")]

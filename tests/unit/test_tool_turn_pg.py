@@ -78,11 +78,11 @@ def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
     # when the step after it runs
     with wire_sent() as sent:
         h.stepper.run(job_id, 1, "callback")
-    # then it took seven round trips: the claim with the calls' results, the results'
+    # then it took six round trips: the claim with the calls' results, the results'
     # message with the context's read, the events with the COMMIT; the reply's
-    # compare-and-set, the answer with the conversation let go of, the next job and the
-    # quota's waiters, the events with the COMMIT
-    assert len(_round_trips(sent)) == 7
+    # compare-and-set, the answer with the conversation let go of sent with the read of
+    # the calls, the next job and the quota's waiters, the events with the COMMIT
+    assert len(_round_trips(sent)) == 6
     # and the context the model was sent ends with the result the same round trip wrote
     sent_messages = h.router.requests[-1]["messages"]
     assert sent_messages[-1]["role"] == "tool"
