@@ -349,8 +349,6 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
                created_at=now, last_progress_at=now, limits=limits or None, **extra)
 
 
-
-
 def end_job(uow: "UnitOfWork", job: Job, reason: StopReason | str, content: str,
             error: dict[str, Any] | None,
             last: tuple[str, str, str | None] | None = None) -> None:
@@ -428,11 +426,13 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     session = uow.session
     now = utcnow()
     waits = {"conversation_id": job.conversation_id, "tenant_id": job.tenant_id}
+    # on Postgres, the last message goes with the release, sent with the read after it
+    answered = last if session.get_bind().dialect.name == "postgresql" else None
     nxt: Job | None
-    if last is not None and session.get_bind().dialect.name == "postgresql":
+    if answered is not None:
         with deferred_writes(session):
             session.execute(ANSWER_AND_RELEASE, {
-                **message_parameters(job.conversation_id, job.id, last, now),
+                **message_parameters(job.conversation_id, job.id, answered, now),
                 "job_id": job.id})
         forget_loaded(session, Conversation, job.conversation_id, "message_seq",
                       "active_job_id", "last_active_at")
@@ -470,7 +470,7 @@ def release_conversation(uow: "UnitOfWork", job: Job,
         uow.event(job.id, "steering_deferred", follow_up_job_id=str(follow_up.id),
                   inputs=len(late), input_ids=[str(i.id) for i in late])
         session.flush()
-    if late or last is None or session.get_bind().dialect.name != "postgresql":
+    if late or answered is None:
         # read after the lock on the conversation was taken (by the statement that let it
         # go): a job queued for it meanwhile, or the follow-up just made, is seen
         nxt, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, waits).one()

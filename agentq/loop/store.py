@@ -121,24 +121,12 @@ def _append_one(advance: ReturningUpdate[Any], table: Table, parent: str, counte
             .add_cte(advanced))
 
 
-def _message_appended_by(advance: ReturningUpdate[Any]) -> Insert:
-    return _append_one(advance, _messages, "conversation_id", "message_seq",
-                       ("id", "job_id", "role", "content", "token_count", "model_used"),
-                       "message")
-
-
 def message_appended_unread_by(advance: ReturningUpdate[Any]) -> Insert:
     """`message_appended_by` returning nothing: a write that may go with the next
     statement (`prepared.deferred_writes`)."""
-    return _message_appended_by(advance)
-
-
-def json_object(*pairs: tuple[str, SQLColumnExpression[Any]]) -> ColumnElement[Any]:
-    """`json_build_object` of (key, value) pairs, its keys written into the SQL: bound as
-    parameters, Postgres could not type them, and the statement would not be prepared
-    (planned anew at each run, `agentq.prepared`)."""
-    return func.json_build_object(*(part for key, value in pairs
-                                    for part in (literal_column(f"'{key}'"), value)))
+    return _append_one(advance, _messages, "conversation_id", "message_seq",
+                       ("id", "job_id", "role", "content", "token_count", "model_used"),
+                       "message")
 
 
 def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
@@ -146,7 +134,7 @@ def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
     row that returns the advanced `message_seq` (by `ident`), returning the message's seq:
     its parameters, `message_parameters(…)`'s. When the UPDATE matches no row, nothing is
     appended."""
-    return _message_appended_by(advance).returning(_messages.c.seq)
+    return message_appended_unread_by(advance).returning(_messages.c.seq)
 
 
 def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
@@ -157,6 +145,14 @@ def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
     return {"ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
             "message_job_id": job_id, "message_role": role, "message_content": content,
             "message_token_count": estimate_tokens(content), "message_model_used": model}
+
+
+def json_object(*pairs: tuple[str, SQLColumnExpression[Any]]) -> ColumnElement[Any]:
+    """`json_build_object` of (key, value) pairs, its keys (names of ours, never input)
+    written into the SQL: bound as parameters, Postgres could not type them, and the
+    statement would not be prepared (planned anew at each run, `agentq.prepared`)."""
+    return func.json_build_object(*(part for key, value in pairs
+                                    for part in (literal_column(f"'{key}'"), value)))
 
 
 _APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
