@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from agentq.config import Settings
+from agentq.config.urls import shown_url
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "agentq:job:"
@@ -165,7 +166,8 @@ class RedisHub(Hub):
                     # an outage, said once in one line until it ends (no traceback: nothing
                     # of ours failed, and a retry a second must not flood the log)
                     log.warning("event listener lost Redis; reconnecting",
-                                extra={"error": f"{type(exc).__name__}: {exc}",
+                                extra={"redis": shown_url(self._url),
+                                       "error": f"{type(exc).__name__}: {exc}",
                                        "retry_s": LISTENER_RETRY_S})
                     lost = True
                 self._closing.wait(LISTENER_RETRY_S)
