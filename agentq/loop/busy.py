@@ -27,14 +27,12 @@ from sqlalchemy import (
     case,
     exists,
     func,
-    literal_column,
     null,
     select,
-    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
 
 from agentq.db import lock_row, utcnow
@@ -169,16 +167,15 @@ def _answer_and_release() -> Insert:
 
 
 def _next_and_quota_waiters(answered: bool = False) -> Select[Any]:
-    """The conversation's next waiting job (`next_waiting`, or None) and whether the
-    tenant has jobs waiting for its running-jobs quota, in one statement: one row whether
-    or not a job waits. Parameters: `conversation_id`, `tenant_id`. `answered`: after
-    `ANSWER_AND_RELEASE`, also whether that let the conversation go (it is nobody's, idle
-    since `now`) and the job's calls (`job_id`), as `CALLS_OF`'s columns in one JSON array
-    in call order."""
-    waiting = NEXT_WAITING.subquery("waiting")
-    one = select(literal_column("1").label("one")).subquery("one")
-    quota = exists().where(*quota_waits(bindparam("tenant_id"))).label("quota_waiters")
-    columns: list[Any] = [aliased(Job, waiting), quota]
+    """The id of the conversation's next waiting job (`next_waiting`'s, or None) and
+    whether the tenant has jobs waiting for its running-jobs quota, in one statement of
+    scalar subqueries: one row whether or not a job waits. Parameters: `conversation_id`,
+    `tenant_id`. `answered`: after `ANSWER_AND_RELEASE`, also whether that let the
+    conversation go (it is nobody's, idle since `now`) and the job's calls (`job_id`), as
+    `CALLS_OF`'s columns in one JSON array in call order."""
+    columns: list[Any] = [
+        NEXT_WAITING.with_only_columns(Job.id).scalar_subquery().label("next_id"),
+        exists().where(*quota_waits(bindparam("tenant_id"))).label("quota_waiters")]
     if answered:
         c = _conversations.c
         columns.append(exists().where(
@@ -189,7 +186,7 @@ def _next_and_quota_waiters(answered: bool = False) -> Select[Any]:
         columns.append(select(func.json_agg(aggregate_order_by(
             calls, ToolCall.iteration, ToolCall.position)))
             .where(ToolCall.job_id == bindparam("job_id")).scalar_subquery().label("calls"))
-    return select(*columns).select_from(one).outerjoin(waiting, true())
+    return select(*columns)
 
 
 ANSWER_AND_RELEASE = _answer_and_release()

@@ -428,7 +428,7 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     waits = {"conversation_id": job.conversation_id, "tenant_id": job.tenant_id}
     # on Postgres, the last message goes with the release, sent with the read after it
     answered = last if session.get_bind().dialect.name == "postgresql" else None
-    nxt: Job | None
+    next_id: uuid.UUID | None
     if answered is not None:
         with deferred_writes(session):
             session.execute(ANSWER_AND_RELEASE, {
@@ -436,7 +436,7 @@ def release_conversation(uow: "UnitOfWork", job: Job,
                 "job_id": job.id})
         forget_loaded(session, Conversation, job.conversation_id, "message_seq",
                       "active_job_id", "last_active_at")
-        nxt, quota_waiters, released, shown = session.execute(AFTER_ANSWER, {
+        next_id, quota_waiters, released, shown = session.execute(AFTER_ANSWER, {
             **waits, "job_id": job.id, "now": now}).one()
         calls: Sequence[Any] = [_Call(**call) for call in shown or ()]
         if not released:  # not the conversation's owner: only its message was written
@@ -453,7 +453,7 @@ def release_conversation(uow: "UnitOfWork", job: Job,
             return Released(calls, None)
         sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
                     last_active_at=now)
-        nxt = None
+        next_id = None
     late = pending_inputs(session, job.id) if job.pending_inputs else []
     if late:
         follow_up = new_job(tenant_id=job.tenant_id, conversation_id=job.conversation_id,
@@ -473,7 +473,8 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     if late or answered is None:
         # read after the lock on the conversation was taken (by the statement that let it
         # go): a job queued for it meanwhile, or the follow-up just made, is seen
-        nxt, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, waits).one()
+        next_id, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, waits).one()
+    nxt = session.get(Job, next_id) if next_id is not None else None
     if nxt is None:
         return Released(calls, quota_waiters)
     admit(nxt, now)
