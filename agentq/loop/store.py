@@ -138,13 +138,16 @@ def message_appended_by(advance: ReturningUpdate[Any]) -> ReturningInsert[Any]:
 
 
 def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
-                       row: tuple[str, str, str | None], now: datetime) -> dict[str, Any]:
+                       row: tuple[str, str, str | None], now: datetime,
+                       tokens: int | None = None) -> dict[str, Any]:
     """The parameters of a `message_appended_by` statement: the (role, content,
-    model_used) row appended to `conversation_id`."""
+    model_used) row appended to `conversation_id` (`tokens`: its content's estimate, when
+    the caller made it already)."""
     role, content, model = row
     return {"ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
             "message_job_id": job_id, "message_role": role, "message_content": content,
-            "message_token_count": estimate_tokens(content), "message_model_used": model}
+            "message_token_count": estimate_tokens(content) if tokens is None else tokens,
+            "message_model_used": model}
 
 
 def json_object(*pairs: tuple[str, SQLColumnExpression[Any]]) -> ColumnElement[Any]:
@@ -244,7 +247,7 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     tokens = [estimate_tokens(content) for _, content, _ in rows]
     if len(rows) == 1 and session.get_bind().dialect.name == "postgresql":
         last = first = session.execute(_APPEND_ONE, message_parameters(
-            conversation_id, job_id, rows[0], now)).scalar_one()
+            conversation_id, job_id, rows[0], now, tokens[0])).scalar_one()
     else:
         last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
                                                    "n": len(rows), "now": now}).scalar_one()
@@ -287,13 +290,12 @@ def append_with_history(session: Session, conversation_id: uuid.UUID,
         return stored, list(reversed(recent_messages(session, conversation_id, limit,
                                                      stored[0].seq - 1)))
     now = now or utcnow()
-    role, content, model = row
+    role, content, _model = row
     tokens = estimate_tokens(content)
     seq, history = None, []
     for found in session.execute(_APPEND_ONE_WITH_HISTORY, {
-            "ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
-            "message_job_id": job_id, "message_role": role, "message_content": content,
-            "message_token_count": tokens, "message_model_used": model, "limit": limit}):
+            **message_parameters(conversation_id, job_id, row, now, tokens),
+            "limit": limit}):
         if found[1] is None:
             seq = found[0]
         else:
