@@ -38,6 +38,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     insert,
     inspect,
     select,
@@ -53,7 +54,7 @@ from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.orm.state import InstanceState
 from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
-from sqlalchemy.sql.selectable import ScalarSelect
+from sqlalchemy.sql.selectable import CTE, ScalarSelect
 from tenacity import (
     AttemptManager,
     RetryCallState,
@@ -496,48 +497,49 @@ def insert_new_with(session: Session, obj: Model, changed: ModelWithId,
     return True, answer
 
 
-def insert_new_after(session: Session, first: Model, unique: tuple[str, ...],
-                     then: Model) -> bool | None:
-    """Write new ORM objects' rows in one statement (Postgres): `first`'s `… ON CONFLICT
-    (unique) DO NOTHING` (as `insert_new`), then `then`'s only when `first`'s was written
-    (its INSERT selects from `first`'s, a data-modifying CTE; a foreign key of `first`'s
-    row to `then`'s is checked at the statement's end). True: both written, both join the
-    session. False: another writer's row holds `first`'s key; nothing written, the caller
-    reads that row. None, nothing written, on another dialect: the caller writes them one
-    by one."""
+def insert_new_chain(session: Session, *rows: tuple[Model, tuple[str, ...]]) -> int | None:
+    """Write new ORM objects' rows in one statement (Postgres), each only when the one before
+    it was written: its INSERT selects from the previous one's, a data-modifying CTE
+    returning its id (a foreign key between them is checked at the statement's end). A row
+    given a unique key is `… ON CONFLICT (unique) DO NOTHING` (as `insert_new`): another
+    writer's row holds it, and neither it nor any row after it is written. Answers how
+    many were written, a prefix of `rows`, which join the session; the caller reads the
+    winner's row of the first one not written. None, nothing written, on another dialect:
+    the caller writes them one by one."""
     if session.get_bind().dialect.name != "postgresql":
         return None
-    rows = []
+    values = [_row_of(obj) for obj, _ in rows]
     params: dict[str, Any] = {}
-    for obj, prefix in ((first, "first"), (then, "row")):
-        columns = _mapped_columns(type(obj))
-        values = _row_of(obj)
-        params.update({f"{prefix}_{column.key}": values[attribute]
-                       for attribute, column in columns})
-        rows.append(values)
-    result = cast("CursorResult[Any]", session.execute(  # an INSERT's: it has rowcount
-        _insert_after_statement(type(first), unique, type(then)), params))
-    if result.rowcount != 1:
-        return False
-    for obj, values in zip((first, then), rows, strict=True):
-        _joined_as_written(session, obj, values)
-    return True
+    for at, ((obj, _), row) in enumerate(zip(rows, values, strict=True)):
+        params.update({f"r{at}_{column.key}": row[attribute]
+                       for attribute, column in _mapped_columns(type(obj))})
+    written = sum(session.execute(_chain_statement(tuple(
+        (type(obj), unique) for obj, unique in rows)), params).one())
+    for (obj, _), row in zip(rows[:written], values, strict=False):
+        _joined_as_written(session, obj, row)
+    return written
 
 
 @functools.cache
-def _insert_after_statement(first: type[Model], unique: tuple[str, ...],
-                            then: type[Model]) -> Insert:
-    """`WITH first_written AS (INSERT INTO <first> … ON CONFLICT (unique) DO NOTHING
-    RETURNING id) INSERT INTO <then> SELECT <then's row> FROM first_written`, the rows bound
-    as first_<column> and row_<column>."""
-    written = (postgresql.insert(first.__table__).values(_row_values(first, "first"))
-               .on_conflict_do_nothing(index_elements=list(unique))
-               .returning(first.__table__.c.id).cte("first_written"))
-    table = then.__table__
-    values = _row_values(then, "row")
-    return insert(table).from_select(
-        [column.name for column in table.c],
-        select(*(values[column] for column in table.c)).select_from(written))
+def _chain_statement(rows: tuple[tuple[type[Model], tuple[str, ...]], ...]) -> Select[Any]:
+    """`WITH w0 AS (INSERT INTO <first> … RETURNING id), w1 AS (INSERT INTO <second>
+    SELECT … FROM w0 RETURNING id), … SELECT <rows in w0>, <rows in w1>, …`, each row's
+    columns bound as r<its place>_<column>."""
+    made: list[CTE] = []
+    for at, (model, unique) in enumerate(rows):
+        table = model.__table__
+        values = _row_values(model, f"r{at}")
+        insert_ = postgresql.insert(table)
+        if made:
+            statement = insert_.from_select(
+                [column.name for column in table.c],
+                select(*(values[column] for column in table.c)).select_from(made[-1]))
+        else:
+            statement = insert_.values(values)
+        if unique:
+            statement = statement.on_conflict_do_nothing(index_elements=list(unique))
+        made.append(statement.returning(table.c.id).cte(f"w{at}"))
+    return select(*(select(func.count()).select_from(cte).scalar_subquery() for cte in made))
 
 
 def _row_values(model: type[Model], prefix: str) -> dict[Column[Any], BindParameter[Any]]:

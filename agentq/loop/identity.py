@@ -18,7 +18,7 @@ from sqlalchemy import Select, bindparam, case, delete, false, literal_column, o
 from sqlalchemy.orm import Session
 
 from agentq.config import Settings
-from agentq.db import insert_new, insert_new_after, utcnow
+from agentq.db import insert_new, insert_new_chain, utcnow
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 
 
@@ -103,6 +103,11 @@ def resolve(session: Session, tenant_id: uuid.UUID, incoming: Incoming, settings
     params = _params(tenant_id, incoming, owner)
     user, persona, conversation = session.execute(
         _FIND_ALL[bool(incoming.platform_server_id)], params).one()
+    if user is None and conversation is None:  # a first message from a new place
+        made = _make_user_and_place(session, tenant_id, incoming, settings, params, persona,
+                                    now)
+        if made is not None:
+            return made[0], persona, made[1]
     if user is None:  # not there a moment ago: made now (a racing writer's row wins)
         user = _make_user(session, tenant_id, incoming, settings, params, now)
     if conversation is None:
@@ -125,11 +130,9 @@ def resolve_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
 _LINK_KEY = ("tenant_id", "platform", "platform_user_id")
 
 
-def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
-               settings: Settings, find: dict[str, Any], now: datetime | None) -> User:
-    """A guest for a platform user nobody has linked yet; the winner's user when a
-    concurrent request links it first."""
-    now = now or utcnow()
+def _guest(tenant_id: uuid.UUID, incoming: Incoming, settings: Settings,
+           now: datetime) -> tuple[User, UserPlatformLink]:
+    """A new guest for a platform user, and its link (not written)."""
     user = User(id=uuid.uuid4(), tenant_id=tenant_id, permission_level="guest",
                 token_budget_monthly=settings.guest_monthly_tokens, tokens_used_this_month=0,
                 budget_reset_at=now + timedelta(days=settings.budget_period_days),
@@ -138,8 +141,43 @@ def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
                             platform=incoming.platform,
                             platform_user_id=incoming.platform_user_id,
                             platform_username=incoming.platform_user_id, created_at=now)
+    return user, link
+
+
+def _make_user_and_place(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
+                         settings: Settings, find: dict[str, Any], persona: Persona | None,
+                         now: datetime | None) -> tuple[User, Conversation] | None:
+    """A new platform user's guest and a new place's conversation in one statement
+    (Postgres, `insert_new_chain`): the link, then the user, then the conversation, each
+    written only when the one before it was. A racing writer's link wins as in
+    `_make_user`, and the conversation is then made for its user; a racing writer's
+    conversation wins as in `_make_conversation`. None on another dialect: nothing
+    written."""
+    now = now or utcnow()
+    user, link = _guest(tenant_id, incoming, settings, now)
+    conversation = _new_conversation(user, incoming, persona, find["scope_key"], now)
+    written = insert_new_chain(session, (link, _LINK_KEY), (user, ()),
+                               (conversation, ("scope_key",)))
+    if written is None:
+        return None
+    if written == 0:  # another request linked this platform user first
+        user = session.execute(_FIND_USER, find).scalar_one()
+        return user, _make_conversation(session, user, incoming, persona, find["scope_key"],
+                                        now)
+    if written == 2:  # another request made this place's conversation first
+        return user, session.execute(_FIND_CONVERSATION,
+                                     {"scope_key": find["scope_key"]}).scalar_one()
+    _made(session).add(conversation.id)
+    return user, conversation
+
+
+def _make_user(session: Session, tenant_id: uuid.UUID, incoming: Incoming,
+               settings: Settings, find: dict[str, Any], now: datetime | None) -> User:
+    """A guest for a platform user nobody has linked yet; the winner's user when a
+    concurrent request links it first."""
+    user, link = _guest(tenant_id, incoming, settings, now or utcnow())
     # Postgres: one statement, the user written only when the link is
-    linked = insert_new_after(session, link, _LINK_KEY, user)
+    linked = insert_new_chain(session, (link, _LINK_KEY), (user, ()))
     if linked is not None:
         return user if linked else session.execute(_FIND_USER, find).scalar_one()
     insert_new(session, user)  # a new id: nothing to conflict with
@@ -170,17 +208,22 @@ def _make_conversation(session: Session, user: User, incoming: Incoming,
                        persona: Persona | None, key: str,
                        now: datetime | None) -> Conversation:
     """A new place's conversation; the winner's when a concurrent request makes it first."""
-    now = now or utcnow()
-    conversation = Conversation(
+    conversation = _new_conversation(user, incoming, persona, key, now or utcnow())
+    if insert_new(session, conversation, ("scope_key",)):
+        _made(session).add(conversation.id)
+        return conversation
+    return session.execute(_FIND_CONVERSATION, {"scope_key": key}).scalar_one()
+
+
+def _new_conversation(user: User, incoming: Incoming, persona: Persona | None, key: str,
+                      now: datetime) -> Conversation:
+    """A new place's conversation (not written)."""
+    return Conversation(
         id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
         persona_id=persona.id if persona else None,
         platform=incoming.platform, platform_channel_id=incoming.platform_channel_id,
         platform_thread_id=incoming.platform_thread_id, scope_key=key, message_seq=0,
         started_at=now, last_active_at=now, is_summarized=False, memory_summarized_seq=0)
-    if insert_new(session, conversation, ("scope_key",)):
-        _made(session).add(conversation.id)
-        return conversation
-    return session.execute(_FIND_CONVERSATION, {"scope_key": key}).scalar_one()
 
 
 _MADE = "agentq.conversations_made"

@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 
 from agentq.config import Settings
 from agentq.db import session_factory
-from agentq.loop.identity import Incoming, resolve_conversation, resolve_user
+from agentq.loop.identity import Incoming, resolve, resolve_conversation, resolve_user
 from agentq.models import Conversation, User, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T
 from tests.support.stack import create_database, drop_database
@@ -93,3 +93,45 @@ def test_two_first_messages_in_one_place_make_one_conversation(settings):
     # then there is one conversation, the first's
     assert lost == won
     assert _count(settings, Conversation, Conversation.platform_channel_id == place) == 1
+
+
+def _first_message(settings, user_id: str, place: str):
+    """A first message's resolve (`resolve`: on Postgres the link, the user and the
+    conversation made by one statement): the ids of its user and conversation."""
+    def go(session):
+        user, _persona, conversation = resolve(session, T, Incoming("discord", user_id, place),
+                                               settings)
+        return user.id, conversation.id
+    return go
+
+
+def test_two_first_messages_of_one_new_user_in_one_new_place_make_one_of_each(settings):
+    # given a platform user nobody has seen, in a place nobody has written in
+    place = "race-both"
+    # when two of their first messages are resolved at once (the second's link waits for
+    # the first's, then is taken: it writes neither its user nor its conversation)
+    won, lost = _race(settings, _first_message(settings, "racer-2", place),
+                      _first_message(settings, "racer-2", place))
+    # then both answer the first's user and conversation, and nothing else was left
+    assert lost == won
+    assert _count(settings, Conversation, Conversation.platform_channel_id == place) == 1
+    assert _count(settings, UserPlatformLink,
+                  UserPlatformLink.platform_user_id == "racer-2") == 1
+    assert _count(settings, User, User.id.not_in(
+        select(UserPlatformLink.user_id))) == 0
+
+
+def test_two_new_users_first_messages_in_one_new_place_make_one_conversation(settings):
+    # given a place nobody has written in, and two platform users nobody has seen
+    place = "race-place"
+    # when both write their first message there at once (the second's user is made, its
+    # conversation's key is taken by the first's)
+    won, lost = _race(settings, _first_message(settings, "writer-c", place),
+                      _first_message(settings, "writer-d", place))
+    # then two users, each linked, and one conversation, the first's
+    assert lost[0] != won[0] and lost[1] == won[1]
+    assert _count(settings, Conversation, Conversation.platform_channel_id == place) == 1
+    with session_factory(settings)() as session:
+        linked = set(session.scalars(select(UserPlatformLink.user_id).where(
+            UserPlatformLink.platform_user_id.in_(["writer-c", "writer-d"]))))
+    assert linked == {won[0], lost[0]}

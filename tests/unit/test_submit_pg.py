@@ -45,15 +45,16 @@ def test_a_message_to_a_new_place_takes_its_conversation_without_locking_it(make
     _submit(h, "u-earlier", f"c-{uuid.uuid4().hex[:8]}")
     # when a message comes in
     job, statements = _submit(h, f"u-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}")
-    # then the user and its link are made in one statement, then the conversation, and the
-    # job is written with the conversation taking it in one statement; the new
-    # conversation (nobody else sees it before the commit) is neither read again nor locked
+    # then the user, its link and the conversation are made in one statement, and the job
+    # is written with the conversation taking it in one statement; the new conversation
+    # (nobody else sees it before the commit) is neither read again nor locked
     assert not any("FOR NO KEY UPDATE" in s or "FOR UPDATE" in s for s in statements)
     written = [s for s in statements if "INSERT INTO jobs" in s]
     assert len(written) == 1 and "UPDATE conversations" in written[0]
     made = [s for s in statements if "INSERT INTO users" in s]
     assert len(made) == 1 and "INSERT INTO user_platform_links" in made[0]
-    assert len(statements) == 4  # find, user+link, conversation, job+conversation+quota
+    assert "INSERT INTO conversations" in made[0]
+    assert len(statements) == 3  # find, link+user+conversation, job+conversation+quota
     # and the rows are as before: the job queued, the conversation its
     stored, conversation = _rows(h, job.id)
     assert stored.status == "queued" and stored.waiting_for is None
