@@ -19,11 +19,15 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy import (
     BindParameter,
     ColumnElement,
+    Integer,
     Select,
     SQLColumnExpression,
     Update,
     bindparam,
+    case,
+    cast,
     func,
+    literal_column,
     or_,
     select,
     update,
@@ -34,12 +38,14 @@ from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
 from agentq import memory
 from agentq.db import utcnow
+from agentq.loop.context import StoredMessage, TurnMessages
 from agentq.loop.lifecycle import LIVE_STATUSES, Phase, WaitingFor
 from agentq.loop.store import json_object, with_usage
 from agentq.models import (
     Conversation,
     ConversationSummary,
     Job,
+    Message,
     Persona,
     Tenant,
     ToolCall,
@@ -167,6 +173,11 @@ class Who(NamedTuple):
     """When the job's tools ran (its phase `tools`): the calls of its turn, in call order,
     as the claim's statement saw them (its snapshot may predate a result committed while
     it waited for the job's row: a call seen pending is read again). None: not read."""
+    context: TurnMessages | None = None
+    """The job's messages (its question and those after the conversation's summary) and
+    the history before its question, as the claim read them (`_turn_messages`); on the
+    job's first step no messages of its own and the history before the conversation's next
+    seq. None: not read (another dialect, or the claim was not asked for them)."""
 
 
 def _turn_calls(job: type[Job]) -> ColumnElement[Any]:
@@ -183,32 +194,76 @@ def _turn_calls(job: type[Job]) -> ColumnElement[Any]:
             .scalar_subquery().label("turn_calls"))
 
 
+def _turn_messages(job: type[Job]) -> ColumnElement[Any]:
+    """What a turn's context is built from, read with the claim (`Who.context`): one JSON
+    array of two, `[own, history]`, each of [seq, role, content, token_count] rows oldest
+    first. `own`: the job's question (its first message) and its messages after the
+    conversation's summary (the summary joined by `_who`); `history`: the `history`
+    messages (a bound limit) before its question, or before the conversation's next seq
+    when it has none yet. `agentq.loop.turn_context._OWN_AND_HISTORY` reads the same
+    after the claim. NULL when `history` is bound NULL: not read.
+
+    The claim's snapshot reads them. A conversation's messages are written by the job
+    that holds it, one step at a time under the job's lease, and a step is sent only after
+    the commit of what came before it: nothing this claim could have waited for (a row
+    lock of the job's: a cancel, a lease renewal) writes the conversation's messages."""
+    through = func.coalesce(ConversationSummary.through_seq, 0)
+    mine, first, before = (aliased(Message, name=name) for name in ("mine", "first", "before"))
+    own = (select(func.json_agg(aggregate_order_by(
+        func.json_build_array(mine.seq, mine.role, mine.content, mine.token_count),
+        mine.seq)))
+        .where(mine.job_id == job.id, or_(mine.seq > through, mine.role == "user"))
+        .scalar_subquery())
+    # the history before the question: a range of seqs (a conversation's are gap-free),
+    # read on (conversation_id, seq); its bounds are the claimed row's
+    top = func.coalesce(
+        select(func.min(first.seq)).where(first.job_id == job.id).correlate(job)
+        .scalar_subquery(),
+        Conversation.message_seq + 1)
+    # typed in the SQL: a NULL bound for it is otherwise of no type Postgres can infer,
+    # and the statement could not be prepared (`agentq.prepared`)
+    limit = cast(bindparam("history", type_=Integer), Integer)
+    history = (select(func.json_agg(aggregate_order_by(func.json_build_array(
+        before.seq, before.role, before.content, before.token_count), before.seq)))
+        .where(before.conversation_id == job.conversation_id, before.seq < top,
+               before.seq >= top - limit)
+        .scalar_subquery())
+    empty: ColumnElement[Any] = literal_column("'[]'::json")
+    return case((limit.is_(None), None),
+                else_=func.json_build_array(func.coalesce(own, empty),
+                                            func.coalesce(history, empty))
+                ).label("turn_messages")
+
+
 _claimed = aliased(Job, _CLAIMING.returning(*_jobs.c).cte("claimed"))
-_CLAIM_WHO = (_who(_claimed).add_columns(_turn_calls(_claimed))
+_CLAIM_WHO = (_who(_claimed).add_columns(_turn_calls(_claimed), _turn_messages(_claimed))
               .execution_options(populate_existing=True))
-"""The claim, `_WHO` and the turn's calls in one statement (Postgres): the
+"""The claim, `_WHO`, the turn's calls and its messages in one statement (Postgres): the
 compare-and-set as a data-modifying CTE returning the job's row, joined to its user,
 conversation, persona, summary and tenant. No row when the claim fails; the job loaded
 current."""
 
 
 def claim(session: Session, job_id: uuid.UUID, iteration: int, owner: str,
-          lease_s: float) -> tuple[Job, Who] | None:
+          lease_s: float, history: int | None = None) -> tuple[Job, Who] | None:
     """Step 1: the claim, a lease of `lease_s` for `owner`, and what the step reads with it
     (`Who`): on Postgres one statement (`_CLAIM_WHO`), elsewhere the claim, then the read.
-    None: not claimed."""
+    `history`: the turn's messages are read too, with that many before its question
+    (`Who.context`, Postgres). None: not claimed."""
     now = utcnow()
     params = {
         "job_id": job_id, "at_iteration": iteration, "now": now,
         "early": now + timedelta(seconds=PROVIDER_EARLY_TOLERANCE_S), "owner": owner,
-        "lease_until": now + timedelta(seconds=lease_s)}
+        "lease_until": now + timedelta(seconds=lease_s), "history": history}
     if session.get_bind().dialect.name == "postgresql":
         row = session.execute(_CLAIM_WHO, params).one_or_none()
         if row is None:
             return None
-        calls = row[-1]
-        return row[0], Who._make([*row[1:-1], None if calls is None else [
-            SeenCall(**call) for call in calls]])
+        calls, messages = row[-2:]
+        return row[0], Who._make([
+            *row[1:-2], None if calls is None else [SeenCall(**call) for call in calls],
+            None if messages is None else tuple(
+                [StoredMessage(*m) for m in part] for part in messages)])
     job: Job | None = session.execute(_CLAIM, params).scalar_one_or_none()
     if job is None:
         return None

@@ -33,6 +33,11 @@ class StoredMessage:
     token_count: int
 
 
+TurnMessages = tuple[list[StoredMessage], list[StoredMessage]]
+"""A turn's messages: the job's own (its question first) and the history before them,
+each oldest first."""
+
+
 def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS
 

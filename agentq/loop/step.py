@@ -97,6 +97,7 @@ from agentq.loop.lifecycle import (
 from agentq.loop.provider_wait import ProviderWaits
 from agentq.loop.recall import Recall
 from agentq.loop.store import (
+    append_after,
     append_messages,
     append_with_history,
     is_branch_start,
@@ -166,7 +167,7 @@ class Stepper:
         # a claim lost in a database crash is re-done by the next delivery or the sweeper
         with UnitOfWork(self.sessions, durable=False, autoflush=False) as uow:
             claimed = claim(uow.session, uuid.UUID(job_id), iteration, owner,
-                            self.settings.step_deadline_s)
+                            self.settings.step_deadline_s, self.settings.history_max_messages)
             if claimed is None:
                 log.info("step skipped", extra={"job_id": job_id, "iteration": iteration,
                                                 "cause": cause})
@@ -241,17 +242,19 @@ class Stepper:
         with it."""
         session, now = uow.session, utcnow()
         user, conversation, persona = who.user, who.conversation, who.persona
-        # the job's own messages, when this step wrote every one (its first): not read back;
-        # the history before them read as the question is written
-        asked = (_begin(uow, job, conversation, now, self.settings.history_max_messages)
-                 if job.status == JobStatus.QUEUED else None)
+        # the turn's messages as the claim read them (Postgres), those this transaction
+        # writes added as written; elsewhere the history is read as the question is written
+        asked = who.context
+        if job.status == JobStatus.QUEUED:
+            asked = _begin(uow, job, conversation, now, self.settings.history_max_messages,
+                           asked)
 
         resuming = job.waiting_for == WaitingFor.PROVIDER
         if resuming:  # the provider's turn again: the job runs (its turn began already)
             resume_from_provider(job)
 
         if job.phase == Phase.TOOLS and not isinstance(
-                self.tool_turns.collect(uow, job, conversation, cause, who.calls),
+                self.tool_turns.collect(uow, job, conversation, cause, who.calls, asked),
                 rules.Collect):
             # the job waits (its sub-agents, another dispatch), or its lost calls went out
             job.step_owner = job.step_lease_until = None
@@ -393,15 +396,21 @@ class Stepper:
 
 
 def _begin(uow: UnitOfWork, job: Job, conversation: Conversation, now: datetime,
-           history: int) -> Asked:
+           history: int, read: Asked | None) -> Asked:
     """Step 2, a job's first step: it runs (`job_start`), its question is stored; the
     messages stored (the job's own, not read back) and the `history` messages before them,
-    oldest first (read with the question's write: `store.append_with_history`)."""
+    oldest first: `read`'s, the claim's (the question numbered after them and sent with
+    the next statement, `store.append_after`), else read with the question's write
+    (`store.append_with_history`)."""
     start(job, now)
     uow.event(job.id, "job_start", conversation_id=str(job.conversation_id))
     question = describe_attachments(job.content, job.attachments)
-    asked = append_with_history(uow.session, conversation.id, job.id,
-                                ("user", question, None), history, now)
+    if read is not None:
+        asked = (append_after(uow.session, conversation, job.id, [("user", question, None)],
+                              now), read[1])
+    else:
+        asked = append_with_history(uow.session, conversation.id, job.id,
+                                    ("user", question, None), history, now)
     uow.event(job.id, "message_start", role="user", kind="question", content=question)
     uow.event(job.id, "message_end", role="user", kind="question", content=question)
     return asked

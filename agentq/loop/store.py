@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterable, Sequence, Unpack
 
 from sqlalchemy import (
     ColumnElement,
-    CompoundSelect,
     Insert,
     Select,
     SQLColumnExpression,
@@ -28,9 +27,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
-    null,
     select,
-    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -158,6 +155,27 @@ def json_object(*pairs: tuple[str, SQLColumnExpression[Any]]) -> ColumnElement[A
                                     for part in (literal_column(f"'{key}'"), value)))
 
 
+def _append_after() -> Insert:
+    """One message appended at the seq after `after`, its conversation's counter moved from
+    `after` by a data-modifying CTE in the same statement (Postgres). Its parameters:
+    `message_parameters(…)`'s and `after`. When the counter is no longer `after`, the
+    CTE moves nothing and the INSERT's seq is taken: it fails on
+    uq_messages_conversation_seq, never numbering two messages alike."""
+    after = bindparam("after", type_=_conversations.c.message_seq.type)
+    moved = (update(_conversations)
+             .where(_conversations.c.id == bindparam("ident"),
+                    _conversations.c.message_seq == after)
+             .values(message_seq=after + 1).cte("moved"))
+    return (insert(_messages).values(
+        id=bindparam("message_id"), conversation_id=bindparam("ident"),
+        job_id=bindparam("message_job_id"), seq=after + 1, role=bindparam("message_role"),
+        content=bindparam("message_content"),
+        token_count=bindparam("message_token_count"),
+        model_used=bindparam("message_model_used"), created_at=bindparam("now"))
+        .add_cte(moved))
+
+
+_APPEND_AFTER = _append_after()
 _APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
 _APPEND_ONE_UNREAD = message_appended_unread_by(_ADVANCE_MESSAGES)
 """`_APPEND_ONE` returning nothing: a write that may go with the next statement."""
@@ -165,25 +183,6 @@ _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
                                 ("id", "type", "data"), "event").returning(_events.c.seq)
 
 
-
-def _append_one_with_history() -> CompoundSelect[Any, Any, Any, Any]:
-    """`_APPEND_ONE` and the conversation's history before the row it appends (the `limit`
-    messages below its seq) in one statement (Postgres): the row's seq on a line of its own
-    (its role NULL), then the history's (seq, role, content, token_count), newest first.
-    The read's snapshot is the statement's, before the row: bounded by its seq, as
-    `recent_messages` would be after it."""
-    appended = _APPEND_ONE.cte("appended")
-    top = select(appended.c.seq).scalar_subquery()
-    limit = bindparam("limit", type_=_messages.c.seq.type)
-    history = (select(_messages.c.seq, _messages.c.role, _messages.c.content,
-                      _messages.c.token_count)
-               .where(_messages.c.conversation_id == bindparam("ident"),
-                      _messages.c.seq < top, _messages.c.seq >= top - limit)
-               .order_by(_messages.c.seq.desc()).limit(limit).subquery("history"))
-    return union_all(select(appended.c.seq, null(), null(), null()), select(*history.c))
-
-
-_APPEND_ONE_WITH_HISTORY = _append_one_with_history()
 
 _TOKEN_LOG_COLUMNS = ("id", "user_id", "conversation_id", "job_id", "iteration", "model",
                       "input_tokens", "output_tokens", "cost_estimate", "usage_estimated",
@@ -278,33 +277,37 @@ def append_unread(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUI
     forget_loaded(session, Conversation, conversation_id, "message_seq")
 
 
+def append_after(session: Session, conversation: Conversation, job_id: uuid.UUID | None,
+                 rows: Sequence[tuple[str, str, str | None]],
+                 now: datetime | None = None) -> list[StoredMessage]:
+    """`append_messages` by the job that holds `conversation`, whose row this transaction
+    read: nobody else appends to a conversation its job holds, so its `message_seq` is
+    current and the rows are numbered after it without asking. On Postgres one row goes
+    with the transaction's next statement or its COMMIT (`prepared.deferred_writes`): one
+    round trip fewer, and a seq taken meanwhile fails the write (`_APPEND_AFTER`) rather
+    than the rows' numbers being other than those returned. Returns them as stored."""
+    if len(rows) != 1 or session.get_bind().dialect.name != "postgresql":
+        return append_messages(session, conversation.id, job_id, rows, now)
+    role, content, _model = rows[0]
+    tokens, after = estimate_tokens(content), conversation.message_seq
+    with deferred_writes(session):
+        session.execute(_APPEND_AFTER, {**message_parameters(
+            conversation.id, job_id, rows[0], now or utcnow(), tokens), "after": after})
+    set_committed_value(conversation, "message_seq", after + 1)
+    return [StoredMessage(after + 1, role, content, tokens)]
+
+
 def append_with_history(session: Session, conversation_id: uuid.UUID,
                         job_id: uuid.UUID | None, row: tuple[str, str, str | None],
                         limit: int, now: datetime | None = None
                         ) -> tuple[list[StoredMessage], list[StoredMessage]]:
     """Append one (role, content, model_used) row as `append_messages` does, and read the
-    `limit` messages before it, oldest first: on Postgres in one statement. (The row as
-    stored, the history.)"""
-    if session.get_bind().dialect.name != "postgresql":
-        stored = append_messages(session, conversation_id, job_id, [row], now)
-        return stored, list(reversed(recent_messages(session, conversation_id, limit,
-                                                     stored[0].seq - 1)))
-    now = now or utcnow()
-    role, content, _model = row
-    tokens = estimate_tokens(content)
-    seq, history = None, []
-    for found in session.execute(_APPEND_ONE_WITH_HISTORY, {
-            **message_parameters(conversation_id, job_id, row, now, tokens),
-            "limit": limit}):
-        if found[1] is None:
-            seq = found[0]
-        else:
-            history.append(StoredMessage(*found))
-    if seq is None:
-        raise RuntimeError(f"conversation {conversation_id} not found")
-    sync_loaded(session, Conversation, conversation_id, message_seq=seq)
-    history.sort(key=lambda m: m.seq)
-    return [StoredMessage(seq, role, content, tokens)], history
+    `limit` messages before it, oldest first. (The row as stored, the history.) On
+    Postgres a step's claim reads the history (`agentq.loop.claim`) and its question goes
+    by `append_after`."""
+    stored = append_messages(session, conversation_id, job_id, [row], now)
+    return stored, list(reversed(recent_messages(session, conversation_id, limit,
+                                                 stored[0].seq - 1)))
 
 
 def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.UUID | None,

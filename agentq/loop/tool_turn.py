@@ -35,6 +35,7 @@ from agentq.loop import approvals, replay, rules
 from agentq.loop import uow as units
 from agentq.loop.busy import CANCELLED_TOOL_RESULT
 from agentq.loop.claim import SeenCall
+from agentq.loop.context import StoredMessage, TurnMessages
 from agentq.loop.decision import PlannedCall
 from agentq.loop.effects import Cause, DispatchTools, Effect, NextStep
 from agentq.loop.execute import execute_tool_call, turn_pending
@@ -45,7 +46,7 @@ from agentq.loop.lifecycle import (
     run_tools,
     wait_for_children,
 )
-from agentq.loop.store import append_unread
+from agentq.loop.store import append_after, append_unread
 from agentq.loop.turn import Wired
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, ToolCall
@@ -183,12 +184,14 @@ class ToolTurns:
 
     # -- step 3: the results collected --------------------------------------------------
     def collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
-                cause: Cause, seen: list[SeenCall] | None = None) -> rules.AfterTools:
+                cause: Cause, seen: list[SeenCall] | None = None,
+                messages: TurnMessages | None = None) -> rules.AfterTools:
         """Tool results of the last turn → tool_result messages, in call order (`Collect`);
         or the step ends here: the job waits for its sub-agents or another dispatch, or
         the lost calls of a re-driven turn go out again (a `DispatchTools` effect).
         `seen`: the turn's calls as the step's claim read them; used when every result
-        was in (the usual case), else the calls are read here."""
+        was in (the usual case), else the calls are read here. `messages`: the turn's
+        messages as the claim read them; the results' are added to the job's own."""
         session = uow.session
         calls: Sequence[ToolCall | SeenCall]
         if seen and job.replay_mode != ReplayMode.RECORDED and not any(
@@ -217,12 +220,16 @@ class ToolTurns:
                 uow.effect(DispatchTools(str(job.id), job.iteration, tuple(
                     (c.tool_use_id, self.queue_now(c), self.limit(c.name)) for c in pending)))
             case rules.Collect():
-                self._collect(uow, job, conversation, calls, pending, after.cancelled)
+                written = self._collect(uow, job, conversation, calls, pending,
+                                        after.cancelled)
+                if messages is not None:
+                    messages[0].extend(written)
         return after
 
     def _collect(self, uow: UnitOfWork, job: Job, conversation: Conversation,
                  calls: Sequence[ToolCall | SeenCall], pending: Sequence[ToolCall],
-                 cancelled: bool) -> None:
+                 cancelled: bool) -> list[StoredMessage]:
+        """The results' messages, as written."""
         now = utcnow()
         for call in pending:
             record: dict[str, Any] = CANCELLED_TOOL_RESULT if cancelled else TOOL_LOST_RESULT
@@ -230,8 +237,8 @@ class ToolTurns:
             call.result, call.finished_at = record, now
             uow.event(job.id, "tool_execution_end", tool_use_id=call.tool_use_id,
                       name=call.name, ok=False, error=record["error"]["code"])
-        # sent with the context's read, which reads them back (`ContextBuilder.build`)
-        append_unread(uow.session, conversation.id, job.id, [
+        # sent with the transaction's next statement (`store.append_after`)
+        written = append_after(uow.session, conversation, job.id, [
             ("tool_result", json.dumps({"name": c.name, "tool_use_id": c.tool_use_id,
                                         **(c.result or {})}), None)
             for c in calls], now)
@@ -243,6 +250,7 @@ class ToolTurns:
         uow.event(job.id, "turn_end", turn=job.iteration,
                   tool_results=[{"tool_use_id": c.tool_use_id, "name": c.name,
                                  "ok": bool((c.result or {}).get("ok"))} for c in calls])
+        return written
 
 
 def tool_use_id_of(job_id: uuid.UUID, turn: int, position: int) -> str:

@@ -8,8 +8,10 @@ memories will take is kept (the recall runs outside the transaction: `agentq.loo
 a `before_turn` hook may stop the job, and past the threshold a compaction is planned
 (`agentq.loop.compaction`).
 
-The job's own messages and the history before its question are one read
-(`_OWN_AND_HISTORY`); on a job's first step, none: the question's write returned them.
+The job's own messages and the history before its question are one read: on Postgres the
+step's claim's (`agentq.loop.claim`, `Who.context`), the messages the step writes before
+the context is built (the question, the tools' results) added as written; elsewhere
+`_OWN_AND_HISTORY` here, or on a job's first step the question's write.
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ from agentq.loop.turn import Turn, Wired, hook_ctx
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, ConversationSummary, Job, Message
 
-Asked = tuple[list[context.StoredMessage], list[context.StoredMessage]]
-"""A first step's messages (the job's own, as written) and the history before them."""
+Asked = context.TurnMessages
+"""A turn's messages known before its context is built (the claim read them, and those
+this transaction wrote were added as written), or a first step's as its question's write
+returned them."""
 
 _OWN_MESSAGES = (select(*STORED_MESSAGE)
                  .where(Message.job_id == bindparam("job_id"),

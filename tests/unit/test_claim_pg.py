@@ -347,10 +347,14 @@ def test_a_first_step_sends_the_history_and_the_question_it_wrote(make):
     assert [(m["role"], m["content"]) for m in messages[1:]] == [
         ("user", "first question"), ("assistant", "first answer"),
         ("user", "second question")]
-    # and the history was read by the statement that wrote the question, and only there
-    (wrote,) = [s for s in statements if "INSERT INTO messages" in s and "history" in s]
-    assert not [s for s in statements if "FROM messages" in s and s is not wrote
-                and "INSERT INTO messages" not in s]
+    # and the history was read by the claim, and only there; the question's write (sent
+    # with the transaction's COMMIT) read nothing back
+    (read,) = [s for s in statements if "FROM messages" in s]
+    assert "turn_messages" in read and "UPDATE jobs" in read
+    (wrote,) = [s for s in statements if "INSERT INTO messages" in s and "history" not in s
+                and "UPDATE jobs" not in s and "UPDATE conversations" in s
+                and "active_job_id" not in s]
+    assert "RETURNING" not in wrote
 
 
 def _hot_updates(session, table: str) -> tuple[int, int]:

@@ -50,9 +50,11 @@ def test_a_replys_calls_message_and_events_go_with_its_commit(make):
         [dispatch] = h.stepper.run(job_id, 0, "start")
     # then the reply's transaction was its compare-and-set, then one round trip with the
     # call, the message and the events in it, ended by the COMMIT (the step's first
-    # transaction: the claim, the question with its history, the events with the COMMIT)
+    # transaction: the claim with the history, the question and the events with the COMMIT)
     wire = _round_trips(sent)
-    assert len(wire) == 5 and wire[-1].rstrip().endswith("COMMIT")
+    assert len(wire) == 4 and wire[-1].rstrip().endswith("COMMIT")
+    assert wire[1].rstrip().endswith("COMMIT")
+    assert "INSERT INTO messages" in statements[1] and statements[1].startswith("WITH moved")
     assert "COMMIT" not in wire[-2]
     last = statements[-3:]
     assert last[0].startswith("INSERT INTO tool_calls")
@@ -76,13 +78,15 @@ def test_a_turns_results_are_appended_with_the_read_of_the_next_context(make):
     for tool_use_id, _queue, _limit in dispatch.calls:
         execute_tool_call(tool_use_id, h.settings, h.registry, h.sessions, join=False)
     # when the step after it runs
-    with wire_sent() as sent:
+    with sql_sent(h.sessions.kw["bind"]) as statements, wire_sent() as sent:
         h.stepper.run(job_id, 1, "callback")
-    # then it took six round trips: the claim with the calls' results, the results'
-    # message with the context's read, the events with the COMMIT; the reply's
+    # then it took five round trips: the claim with the calls' results and the turn's
+    # messages, the results' message and the events with the COMMIT; the reply's
     # compare-and-set, the answer with the conversation let go of sent with the read of
     # the calls, the next job and the quota's waiters, the events with the COMMIT
-    assert len(_round_trips(sent)) == 6
+    wire = _round_trips(sent)
+    assert len(wire) == 5 and wire[1].rstrip().endswith("COMMIT")
+    assert "INSERT INTO messages" in statements[1] and statements[1].startswith("WITH moved")
     # and the context the model was sent ends with the result the same round trip wrote
     sent_messages = h.router.requests[-1]["messages"]
     assert sent_messages[-1]["role"] == "tool"
@@ -146,3 +150,50 @@ def test_every_statement_of_a_tool_turn_job_is_prepared(make):
     # its planning on every claim)
     refused = {statement for statement, _types in prepared._refused}
     assert [s[:80] for s in set(statements) if s in refused] == []
+
+
+def test_a_first_step_reads_the_conversations_history_with_its_claim(make):
+    # given a conversation with an earlier job's question and answer
+    h = make(reply("4"), reply("5"))
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    h.drive(h.submit("2+2?", thread=thread))
+    job_id = h.submit("and 2+3?", thread=thread)
+    # when the next job's first step runs
+    with wire_sent() as sent:
+        h.stepper.run(job_id, 0, "start")
+    # then its first transaction took two round trips, the claim (which read the history)
+    # and the question with the events and the COMMIT (then the reply's three: the
+    # compare-and-set, the answer with the read after it, the events with the COMMIT), and
+    # the model was sent the history then the question
+    assert len(_round_trips(sent)) == 5
+    assert [(m["role"], m["content"]) for m in h.router.requests[-1]["messages"][1:]] == [
+        ("user", "2+2?"), ("assistant", "4"), ("user", "and 2+3?")]
+    conversation, messages = _messages(h, job_id)
+    assert messages == [(1, "user"), (2, "assistant"), (3, "user"), (4, "assistant")]
+    assert conversation.message_seq == 4
+
+
+def test_a_message_numbered_after_a_seq_taken_meanwhile_is_refused_not_misnumbered(make):
+    # given a conversation as one transaction read it, and a message another appended
+    # since (a conversation its job holds has no other writer: this breaks that)
+    from sqlalchemy.exc import IntegrityError
+
+    from agentq.loop.store import append_after, append_messages
+    h = make(reply("4"))
+    job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
+    h.drive(job_id)
+    conversation_id = h.job(job_id).conversation_id
+    with h.sessions() as stale, h.sessions() as other:
+        conversation = stale.get(Conversation, conversation_id)
+        assert conversation.message_seq == 2
+        append_messages(other, conversation_id, None, [("user", "meanwhile", None)])
+        other.commit()
+        # when the first appends after the seq it read, and commits
+        # then the write fails (at once, or with the statement it was deferred to), and
+        # neither its message nor its count is written
+        with pytest.raises(IntegrityError):
+            append_after(stale, conversation, None, [("user", "late", None)])
+            stale.commit()
+    conversation, messages = _messages(h, job_id)
+    assert messages == [(1, "user"), (2, "assistant"), (3, "user")]
+    assert conversation.message_seq == 3
