@@ -22,6 +22,7 @@ import collections
 import json
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -54,14 +55,26 @@ class _FakeLab:
         return self._settings
 
 
+BACKGROUND_THREADS = ("agentq-cancel-watch", "agentq-LeaseKeeper")
+"""A worker's threads that poll for all its jobs at once, each second or so
+(`agentq.loop.cancel_watch`, `agentq.loop.leases`): what they send is a cost per second,
+counted apart from the job's."""
+ONE_TIME = ("SAVEPOINT agentq_prepare", "PREPARE", "DEALLOCATE")
+"""What a pooled connection sends once per statement (`agentq.prepared`), counted apart."""
+
+
 class _Wire:
     """What agentq's psycopg2 connections (agentq.prepared) send, one entry a round trip:
     each string executed (a statement, an EXECUTE, a PREPARE; statements sent ahead with the
     next count with it), each row of an executemany, the BEGIN psycopg2 sends before the
-    first statement of a transaction, the COMMIT or ROLLBACK of an open one."""
+    first statement of a transaction, the COMMIT or ROLLBACK of an open one. The job's
+    round trips are the entries sent by neither a background poller (`BACKGROUND_THREADS`)
+    nor a connection preparing a statement (`ONE_TIME`)."""
 
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.background = 0
+        self.one_time = 0
         self._undo: list[Any] = []
 
     def __enter__(self) -> "_Wire":
@@ -71,8 +84,21 @@ class _Wire:
         idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
         sent = self.sent
 
+        wire = self
+
+        def apart(text: str) -> bool:
+            """Counted apart from the job's round trips (and said so)."""
+            if threading.current_thread().name.startswith(BACKGROUND_THREADS):
+                wire.background += 1
+                return True
+            if text.lstrip().startswith(ONE_TIME):
+                wire.one_time += 1
+                return True
+            return False
+
         def opens(conn) -> None:
-            if not conn.autocommit and conn.get_transaction_status() == idle:
+            if not conn.autocommit and conn.get_transaction_status() == idle \
+                    and not apart("BEGIN"):
                 sent.append("BEGIN")
 
         plain = prepared._PLAIN_EXECUTE
@@ -80,7 +106,9 @@ class _Wire:
         def execute(cursor, query, vars=None):
             opens(cursor.connection)
             text = query if isinstance(query, str) else str(query)
-            sent.append(text.split(None, 1)[0].rstrip(";").upper() if text.strip() else "?")
+            if not apart(text):
+                sent.append(text.split(None, 1)[0].rstrip(";").upper() if text.strip()
+                            else "?")
             return plain(cursor, query, vars)
 
         many = prepared.Cursor.executemany
@@ -88,13 +116,15 @@ class _Wire:
         def executemany(cursor, query, vars_list):
             vars_list = list(vars_list)
             opens(cursor.connection)
-            sent.extend(["EXECUTEMANY"] * len(vars_list))
+            if not apart("EXECUTEMANY"):
+                sent.extend(["EXECUTEMANY"] * len(vars_list))
             return many(cursor, query, vars_list)
 
         def ending(name: str, method):
             def end(conn) -> None:
                 # (a folded transaction's end is a statement: counted as one)
-                if not getattr(conn, "folded", False) and conn.get_transaction_status() != idle:
+                if not getattr(conn, "folded", False) and conn.get_transaction_status() != idle \
+                        and not apart(name):
                     sent.append(name)
                 return method(conn)
             return end
@@ -116,7 +146,8 @@ class _Wire:
     def counts(self) -> dict[str, Any]:
         kinds = collections.Counter(self.sent)
         return {"round_trips": len(self.sent), "transactions": kinds["BEGIN"],
-                "wire": dict(kinds.most_common())}
+                "wire": dict(kinds.most_common()), "background_round_trips": self.background,
+                "one_time_round_trips": self.one_time}
 
 
 _TUPLES = ("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
