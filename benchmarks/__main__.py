@@ -110,6 +110,8 @@ def parse(argv: list[str] | None):
     nodes.add_argument("--jobs-per-node", type=int, default=150,
                        help="jobs submitted at once per node in each measured run")
     nodes.add_argument("--rounds", type=int, default=2, help="measured runs per node count")
+    nodes.add_argument("--idle-s", type=float, default=15.0,
+                       help="seconds of the shared tier's idle CPU measured before the runs")
     nodes.add_argument("--broker", choices=("redis", "amqp"), default="redis")
     nodes.add_argument("--kill-jobs", type=int, default=300,
                        help="jobs of the node-kill run (on the largest node count)")

@@ -15,9 +15,12 @@ cpuacct, its time waiting for quota), and the shared tier's: Postgres (the postm
 every backend, moved into a counting cgroup, so backends that ended count too), the broker
 (and Redis beside RabbitMQ, the result backend), the API, the model server.
 
-Scale efficiency at N nodes: jobs/s(N) / (N x jobs/s(1)). The shared tier's CPU per job
-projects the ceiling: a Postgres of C cores runs out at C / (its CPU seconds per job)
-jobs/s.
+Scale efficiency at N nodes: jobs/s(N) / (N x jobs/s(1)), of the best run and of the runs'
+mean. The shared tier's CPU per job projects the ceiling: a Postgres of C cores runs out at
+C / (its CPU seconds per job) jobs/s. Part of that CPU is spent whatever the load (beat, the
+sweeper, heartbeats, the workers' polls): each server's idle CPU per second is measured
+after the warm-up (`--idle-s`) and its CPU per job also shown net of it over each burst's
+window.
 
 Then, on the largest lab, a node is killed (SIGKILL to every process in its cgroup, not
 restarted) while jobs flow (`--kill-jobs` of the fault suite's mix at 2/3 of the measured
@@ -82,8 +85,24 @@ def wait_ended(lab: FaultLab, job_ids: list[str], timeout_s: float) -> dict[str,
     return statuses
 
 
-def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float) -> dict:
-    """`jobs` one-tool jobs at once; jobs/s and CPU per job of each node and server."""
+def idle_rates(groups: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Each shared-tier group's CPU per second with no job running (ms/s): what it spends
+    whatever the load (beat, the sweeper, the broker's heartbeats, pooled connections'
+    checks, the workers' polls), measured over `seconds` once the warm-up's jobs ended."""
+    cpu0 = {name: g.cpu_s() for name, g in groups.items()}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    return {name: round((g.cpu_s() - cpu0[name]) * 1000 / elapsed, 3)
+            for name, g in groups.items()}
+
+
+def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float,
+          idle: dict[str, float] | None = None) -> dict:
+    """`jobs` one-tool jobs at once; jobs/s and CPU per job of each node and server. With
+    `idle` (`idle_rates`): each server's CPU per job net of what it spends idle over the
+    burst's window too (`net_cpu_ms_per_job`)."""
+    window0 = time.monotonic()
     cpu0 = {name: g.cpu_s() for name, g in groups.items()}
     node0 = {node.name: (node.cpu.cpu_s(), node.cpu.throttled_s()) for node in lab.nodes}
     sub = Submitter(lab.stack.base, lab.key, None, threads=16, content=plain_job)
@@ -92,6 +111,7 @@ def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float) ->
     submitted_s = time.monotonic() - t0
     statuses = wait_ended(lab, sub.job_ids, timeout_s)
     cpu = {name: g.cpu_s() - cpu0[name] for name, g in groups.items()}
+    window = time.monotonic() - window0
     nodes = {node.name: (node.cpu.cpu_s() - node0[node.name][0],
                          node.cpu.throttled_s() - node0[node.name][1]) for node in lab.nodes}
     ids = ",".join(f"'{j}'" for j in sub.job_ids) or "NULL"
@@ -104,6 +124,10 @@ def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float) ->
         "seconds": round(float(span or 0), 2), "submitted_in_s": round(submitted_s, 2),
         "jobs_per_s": round(done / float(span), 2) if span else None,
         "cpu_ms_per_job": {name: per_job(s) for name, s in cpu.items()},
+        "window_s": round(window, 2),
+        **({"net_cpu_ms_per_job": {
+            name: per_job(max(0.0, s - idle[name] * window / 1000))
+            for name, s in cpu.items()}} if idle is not None else {}),
         "node_cpu_ms_per_job": {name: per_job(c) for name, (c, _) in nodes.items()},
         "node_cpu_share": {name: round(c / float(span), 3) if span else None
                            for name, (c, _) in nodes.items()},
@@ -134,8 +158,11 @@ def one_size(nodes: int, args, scratch: Path, kill: bool) -> dict:
         groups = counting_groups(lab)
         warm = burst(lab, 10 * nodes, groups, args.timeout)
         log(f"warm-up: {warm['completed']}/{warm['jobs']}")
-        result: dict[str, Any] = {"nodes": nodes, "loadavg_before": loadavg()}
-        result["runs"] = [burst(lab, args.jobs_per_node * nodes, groups, args.timeout)
+        idle = idle_rates(groups, args.idle_s)
+        log(f"idle CPU ms/s: {idle}")
+        result: dict[str, Any] = {"nodes": nodes, "loadavg_before": loadavg(),
+                                  "idle_cpu_ms_per_s": idle}
+        result["runs"] = [burst(lab, args.jobs_per_node * nodes, groups, args.timeout, idle)
                           for _ in range(args.rounds)]
         result["loadavg_after"] = loadavg()
         best = max(result["runs"], key=lambda r: r["jobs_per_s"] or 0)
@@ -187,9 +214,13 @@ def main(args) -> int:
         print("python -m benchmarks nodes: no node count ran", file=sys.stderr)
         return 1
     base = next((s["jobs_per_s"] for s in results["sizes"] if s["nodes"] == 1), None)
+    mean = {s["nodes"]: sum(r["jobs_per_s"] or 0 for r in s["runs"]) / len(s["runs"])
+            for s in results["sizes"]}
     for size in results["sizes"]:
         size["efficiency"] = (round(size["jobs_per_s"] / (size["nodes"] * base), 3)
                               if base and size["jobs_per_s"] else None)
+        size["efficiency_mean"] = (round(mean[size["nodes"]] / (size["nodes"] * mean[1]), 3)
+                                   if mean.get(1) else None)
     path = write_results(Path(args.results_dir), "nodes", results,
                          stamp.strftime("%Y%m%dT%H%M%SZ"))
     log(f"results: {path}")
@@ -198,26 +229,34 @@ def main(args) -> int:
     return 0 if all(k["ok"] for k in kills) and not failed else 1
 
 
+def _gross_net(run: dict, name: str) -> str:
+    """A server's CPU per job in a run, and in brackets net of its idle CPU."""
+    gross, net = run["cpu_ms_per_job"], run.get("net_cpu_ms_per_job") or {}
+    return f"{gross[name]} ({net[name]})" if name in net else str(gross[name])
+
+
 def render(results: dict) -> str:
     """The figures as markdown tables."""
     meta = results["meta"]
     lines = [f"`{meta['command']}` ({meta['date']}, broker {meta['broker']}, "
              f"{meta['cpus_per_node']} CPU per node, load average {meta['loadavg_start']} "
              f"at the start, {meta['loadavg_end']} at the end)", "",
-             "| nodes | jobs/s (best of runs) | runs | efficiency | node CPU ms/job | "
-             "Postgres CPU ms/job | broker CPU ms/job | API CPU ms/job | load before/after |",
+             "| nodes | jobs/s (best of runs) | runs | efficiency, best / mean | "
+             "node CPU ms/job | Postgres CPU ms/job (net of idle) | broker CPU ms/job "
+             "(net) | API CPU ms/job (net) | load before/after |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size in results["sizes"]:
         best = max(size["runs"], key=lambda r: r["jobs_per_s"] or 0)
-        cpu = best["cpu_ms_per_job"]
-        broker = cpu.get("rabbitmq", cpu.get("redis"))
-        if "rabbitmq" in cpu:
-            broker = f"{cpu['rabbitmq']} (+ Redis {cpu['redis']})"
+        gross = best["cpu_ms_per_job"]
+        broker = _gross_net(best, "rabbitmq" if "rabbitmq" in gross else "redis")
+        if "rabbitmq" in gross:
+            broker += f" + Redis {_gross_net(best, 'redis')}"
         node_ms = round(sum(best["node_cpu_ms_per_job"].values()), 2)
         lines.append(
             f"| {size['nodes']} | {size['jobs_per_s']} | "
             f"{', '.join(str(r['jobs_per_s']) for r in size['runs'])} | "
-            f"{size['efficiency']} | {node_ms} | {cpu['postgres']} | {broker} | {cpu['api']} | "
+            f"{size['efficiency']} / {size.get('efficiency_mean')} | {node_ms} | "
+            f"{_gross_net(best, 'postgres')} | {broker} | {_gross_net(best, 'api')} | "
             f"{size['loadavg_before']} / {size['loadavg_after']} |")
     largest = results["sizes"][-1]
     best = max(largest["runs"], key=lambda r: r["jobs_per_s"] or 0)
