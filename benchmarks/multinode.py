@@ -9,7 +9,8 @@ For each node count a lab of its own (benchmarks/faults.py FaultLab: a private P
 Redis, RabbitMQ with `--broker amqp`, the model server answering at once; on the host the
 API (gunicorn 2 x 8), beat, `webhooks` and `tools-slow`, which the one-tool jobs do not
 use) is warmed up, then `jobs-per-node x nodes` one-tool jobs (two model calls, one
-`math.evaluate`) are submitted at once through the API; jobs/s is the jobs over the time
+`math.evaluate`) are submitted at once through the API, once to warm up and then for each
+measured run; jobs/s is the jobs over the time
 from the first one's creation to the last one's end. Per job: each node's CPU (its cgroup's
 cpuacct, its time waiting for quota), and the shared tier's: Postgres (the postmaster and
 every backend, moved into a counting cgroup, so backends that ended count too), the broker
@@ -85,6 +86,14 @@ def wait_ended(lab: FaultLab, job_ids: list[str], timeout_s: float) -> dict[str,
     return statuses
 
 
+def _sessions(lab: FaultLab) -> int:
+    """Connections Postgres has accepted so far (`pg_stat_database.sessions`, every
+    database): a burst that opens some pays their backends' first statements' cost (the
+    catalog caches filled, each statement prepared anew)."""
+    [(sessions,)] = lab.sql("SELECT coalesce(sum(sessions), 0) FROM pg_stat_database")
+    return int(sessions)
+
+
 def idle_rates(groups: dict[str, Any], seconds: float) -> dict[str, float]:
     """Each shared-tier group's CPU per second with no job running (ms/s): what it spends
     whatever the load (beat, the sweeper, the broker's heartbeats, pooled connections'
@@ -102,6 +111,7 @@ def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float,
     """`jobs` one-tool jobs at once; jobs/s and CPU per job of each node and server. With
     `idle` (`idle_rates`): each server's CPU per job net of what it spends idle over the
     burst's window too (`net_cpu_ms_per_job`)."""
+    sessions0 = _sessions(lab)
     window0 = time.monotonic()
     cpu0 = {name: g.cpu_s() for name, g in groups.items()}
     node0 = {node.name: (node.cpu.cpu_s(), node.cpu.throttled_s()) for node in lab.nodes}
@@ -112,6 +122,7 @@ def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float,
     statuses = wait_ended(lab, sub.job_ids, timeout_s)
     cpu = {name: g.cpu_s() - cpu0[name] for name, g in groups.items()}
     window = time.monotonic() - window0
+    opened = _sessions(lab) - sessions0
     nodes = {node.name: (node.cpu.cpu_s() - node0[node.name][0],
                          node.cpu.throttled_s() - node0[node.name][1]) for node in lab.nodes}
     ids = ",".join(f"'{j}'" for j in sub.job_ids) or "NULL"
@@ -124,7 +135,7 @@ def burst(lab: FaultLab, jobs: int, groups: dict[str, Any], timeout_s: float,
         "seconds": round(float(span or 0), 2), "submitted_in_s": round(submitted_s, 2),
         "jobs_per_s": round(done / float(span), 2) if span else None,
         "cpu_ms_per_job": {name: per_job(s) for name, s in cpu.items()},
-        "window_s": round(window, 2),
+        "window_s": round(window, 2), "postgres_sessions_opened": opened,
         **({"net_cpu_ms_per_job": {
             name: per_job(max(0.0, s - idle[name] * window / 1000))
             for name, s in cpu.items()}} if idle is not None else {}),
@@ -156,8 +167,13 @@ def one_size(nodes: int, args, scratch: Path, kill: bool) -> dict:
         log(f"{nodes} node(s) of {args.cpus} CPU up in {time.monotonic() - t0:.1f} s "
             f"(load {loadavg()})")
         groups = counting_groups(lab)
-        warm = burst(lab, 10 * nodes, groups, args.timeout)
-        log(f"warm-up: {warm['completed']}/{warm['jobs']}")
+        # warmed up by a burst of the measured size: each process's pool opens the
+        # connections such a burst needs, and each prepares its statements, before any
+        # measured run (a smaller warm-up left that cost in the first runs: Postgres's CPU
+        # per job fell run after run)
+        warm = burst(lab, args.jobs_per_node * nodes, groups, args.timeout)
+        log(f"warm-up: {warm['completed']}/{warm['jobs']}, "
+            f"{warm['postgres_sessions_opened']} Postgres sessions opened")
         idle = idle_rates(groups, args.idle_s)
         log(f"idle CPU ms/s: {idle}")
         result: dict[str, Any] = {"nodes": nodes, "loadavg_before": loadavg(),
@@ -167,8 +183,9 @@ def one_size(nodes: int, args, scratch: Path, kill: bool) -> dict:
         result["loadavg_after"] = loadavg()
         best = max(result["runs"], key=lambda r: r["jobs_per_s"] or 0)
         result["jobs_per_s"] = best["jobs_per_s"]
-        log(f"{nodes} node(s): " + ", ".join(f"{r['jobs_per_s']} jobs/s" for r in
-                                               result["runs"]) + f" (load {loadavg()})")
+        log(f"{nodes} node(s): " + ", ".join(
+            f"{r['jobs_per_s']} jobs/s ({r['postgres_sessions_opened']} sessions opened)"
+            for r in result["runs"]) + f" (load {loadavg()})")
         if kill and nodes > 1:
             rate = max(1.0, round((best["jobs_per_s"] or 3) * 2 / 3, 1))
             log(f"killing a node of {nodes} while {args.kill_jobs} jobs flow at {rate}/s")
