@@ -76,20 +76,35 @@ def counting_groups(lab: FaultLab) -> dict[str, Any]:
 
 
 def wait_ended(lab: FaultLab, job_ids: list[str], timeout_s: float) -> dict[str, str]:
+    """The jobs' statuses once all ended (or at `timeout_s`), read each second on one
+    connection: a connection a read (`FaultLab.sql`'s) made Postgres start a backend
+    twice a second, which the shared tier's CPU counted (a cost per second of the
+    measurement, borne by fewer jobs the fewer the nodes)."""
+    import psycopg2
     deadline = time.monotonic() + timeout_s
     statuses: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        statuses = lab.statuses(job_ids)
-        if len(statuses) == len(job_ids) and all(s in TERMINAL for s in statuses.values()):
-            break
-        time.sleep(0.5)
+    conn = psycopg2.connect(lab.database_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT id, status FROM jobs WHERE id = ANY(%s::uuid[])",
+                               (job_ids,))
+                statuses = {str(i): s for i, s in cursor.fetchall()}
+                if len(statuses) == len(job_ids) and all(
+                        s in TERMINAL for s in statuses.values()):
+                    break
+                time.sleep(1.0)
+    finally:
+        conn.close()
     return statuses
 
 
 def _sessions(lab: FaultLab) -> int:
     """Connections Postgres has accepted so far (`pg_stat_database.sessions`, every
     database): a burst that opens some pays their backends' first statements' cost (the
-    catalog caches filled, each statement prepared anew)."""
+    catalog caches filled, each statement prepared anew); the harness's own reads
+    open one (`wait_ended`) and the span query one more."""
     [(sessions,)] = lab.sql("SELECT coalesce(sum(sessions), 0) FROM pg_stat_database")
     return int(sessions)
 
