@@ -101,10 +101,14 @@ BLOCKED_WITHIN_S = 60
 """A failure bound for a step to be seen waiting on a row lock, never a measured margin."""
 
 
-def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make):
+def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make, pg_url):
     # given a job whose tool call is pending, and a tool worker storing its result that
     # holds the job's row (a result's transaction locks it first) and has not committed
-    h = make(calls(("math.evaluate", {"expression": "2+2"})), reply("4"))
+    # (on an engine of its own: the step's connection never waits behind other tests'
+    # checked-out ones in a shared pool)
+    own = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name=agentq_claim_waits"
+    h = make(calls(("math.evaluate", {"expression": "2+2"})), reply("4"),
+             AGENTQ_DATABASE_URL=own)
     job_id = h.submit("2+2?", thread=f"t-{uuid.uuid4().hex[:8]}")
     [dispatch] = h.stepper.run(job_id, 0, "start")
     [(tool_use_id, _queue, _limit)] = dispatch.calls
@@ -124,7 +128,12 @@ def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make):
         while not probe.execute(text(
                 "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
                 "pg_blocking_pids(pid))"), {"pid": worker_pid}).scalar_one():
-            assert time.monotonic() < deadline, "the step never waited for the job's row"
+            if time.monotonic() > deadline:  # what the step and the database were doing
+                activity = probe.execute(text(
+                    "SELECT pid, state, wait_event_type, wait_event, left(query, 80) "
+                    "FROM pg_stat_activity WHERE datname = current_database()")).all()
+                pytest.fail(f"the step never waited for the job's row (its thread alive: "
+                            f"{step.is_alive()}; worker {worker_pid}; backends: {activity})")
             time.sleep(0.01)
     worker.commit()
     worker.close()
