@@ -56,6 +56,11 @@ def _race(settings, first, second):
     return won, lost["value"]
 
 
+def _unlinked_users(settings) -> int:
+    """Users no link points at: a race's loser left its guest behind."""
+    return _count(settings, User, User.id.not_in(select(UserPlatformLink.user_id)))
+
+
 def _count(settings, model, *where) -> int:
     with session_factory(settings)() as session:
         return session.scalar(select(func.count()).select_from(model).where(*where))
@@ -73,8 +78,7 @@ def test_two_first_messages_of_one_user_make_one_user(settings):
     assert lost == won
     assert _count(settings, UserPlatformLink,
                   UserPlatformLink.platform_user_id == "racer-1") == 1
-    assert _count(settings, User, User.id.not_in(
-        select(UserPlatformLink.user_id))) == 0
+    assert _unlinked_users(settings) == 0
 
 
 def test_two_first_messages_in_one_place_make_one_conversation(settings):
@@ -117,8 +121,7 @@ def test_two_first_messages_of_one_new_user_in_one_new_place_make_one_of_each(se
     assert _count(settings, Conversation, Conversation.platform_channel_id == place) == 1
     assert _count(settings, UserPlatformLink,
                   UserPlatformLink.platform_user_id == "racer-2") == 1
-    assert _count(settings, User, User.id.not_in(
-        select(UserPlatformLink.user_id))) == 0
+    assert _unlinked_users(settings) == 0
 
 
 def test_two_new_users_first_messages_in_one_new_place_make_one_conversation(settings):
