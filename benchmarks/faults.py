@@ -63,6 +63,14 @@ def job_content(n: int) -> tuple[str, str]:
     return f"u{n % 50}", ONE_TOOL_JOB
 
 
+
+def sandbox_cgroup_mode() -> str:
+    """`required` where this machine can delegate cgroup v2 to the sandbox's runs, else `off`
+    (a hybrid cgroup v1 host: docs/security.md)."""
+    from agentq.tools import cgroups
+    return "required" if cgroups.check() is None else "off"
+
+
 FAULT_ENV = {
     "AGENTQ_MODEL": "gpt-4o-mini",
     "AGENTQ_GUEST_MONTHLY_TOKENS": "1000000000",
@@ -88,9 +96,10 @@ FAULT_ENV = {
     "AGENTQ_WEBHOOK_TIMEOUT_S": "5",
     "AGENTQ_WEBHOOK_RETRY_SCHEDULE_S": "1,2,4,8,15" + ",30" * 40,
     "AGENTQ_WEBHOOK_OVERDUE_S": "10",
-    # the code sandbox's per-run cgroups as this machine allows (tests/conftest.py: `off`
-    # on a host that cannot delegate cgroup v2, where `required` runs no code at all)
-    "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", "required"),
+    # the code sandbox's per-run cgroups as this machine allows (as tests/conftest.py does:
+    # `off` on a host that cannot delegate cgroup v2, where `required` runs no code at all
+    # and every code call of the mix would fail before its tool ran)
+    "AGENTQ_SANDBOX_CGROUP": os.environ.get("AGENTQ_SANDBOX_CGROUP", sandbox_cgroup_mode()),
 }
 SUBMIT_GIVE_UP_S = 300.0
 RETRIED = frozenset({(503, "unavailable"), (429, "rate_limited")})
