@@ -123,26 +123,39 @@ def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make, p
     # taken before it waits for the row, so it sees the call pending)
     step = threading.Thread(target=h.stepper.run, args=(job_id, 1, "callback"), daemon=True)
     step.start()
-    deadline = time.monotonic() + BLOCKED_WITHIN_S
-    with h.sessions() as probe:
-        while not probe.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
-                "pg_blocking_pids(pid))"), {"pid": worker_pid}).scalar_one():
-            if time.monotonic() > deadline:  # what the step and the database were doing
-                activity = probe.execute(text(
-                    "SELECT pid, state, wait_event_type, wait_event, left(query, 80) "
-                    "FROM pg_stat_activity WHERE datname = current_database()")).all()
-                pytest.fail(f"the step never waited for the job's row (its thread alive: "
-                            f"{step.is_alive()}; worker {worker_pid}; backends: {activity})")
-            time.sleep(0.01)
-    worker.commit()
-    worker.close()
+    try:
+        _wait_until_blocked_by(h, worker_pid, step)
+    finally:  # never leave the row locked: every later test on this database would wait
+        worker.commit()
+        worker.close()
     step.join(BLOCKED_WITHIN_S)
     # then the step read the calls again and the model was sent the result, not "lost"
     assert not step.is_alive()
     assert h.router.requests[-1]["messages"][-1]["content"] == (
         '{"result": 4, "expression": "2+2"}')
     assert h.job(job_id).status == "completed"
+
+
+def _wait_until_blocked_by(h, pid: int, step: threading.Thread) -> None:
+    """Until some backend waits for one of `pid`'s locks. Each look is a transaction of its
+    own: Postgres keeps one snapshot of pg_stat_activity for a whole transaction, so a
+    step's backend opened after the first look would never be seen in a longer one (this
+    test failed so, the step waiting, and left the row locked)."""
+    deadline = time.monotonic() + BLOCKED_WITHIN_S
+    with h.sessions() as probe:
+        while True:
+            with probe.begin():
+                if probe.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
+                        "pg_blocking_pids(pid))"), {"pid": pid}).scalar_one():
+                    return
+                if time.monotonic() > deadline:  # what the step and the database were doing
+                    activity = probe.execute(text(
+                        "SELECT pid, state, wait_event_type, wait_event, left(query, 80) "
+                        "FROM pg_stat_activity WHERE datname = current_database()")).all()
+                    pytest.fail(f"the step never waited for the job's row (its thread alive: "
+                                f"{step.is_alive()}; worker {pid}; backends: {activity})")
+            time.sleep(0.01)
 
 
 def test_every_statement_of_a_tool_turn_job_is_prepared(make):
