@@ -46,14 +46,24 @@ def _race(settings, first, second):
     thread.start()
     deadline = time.monotonic() + WAIT_FOR_BLOCK_S
     with sessions() as probe:
-        while time.monotonic() < deadline and thread.is_alive() and not probe.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
-                "pg_blocking_pids(pid))"), {"pid": winner_pid}).scalar_one():
+        # each look a transaction of its own: Postgres keeps one snapshot of
+        # pg_stat_activity per transaction, where a backend opened later never shows
+        while time.monotonic() < deadline and thread.is_alive() and not _blocked_by(
+                probe, winner_pid):
             time.sleep(0.01)
     winner.commit()
     winner.close()
     thread.join()
     return won, lost["value"]
+
+
+def _blocked_by(probe, pid: int) -> bool:
+    """Whether some backend waits for one of `pid`'s locks, looked at in a transaction of
+    its own."""
+    with probe.begin():
+        return bool(probe.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"),
+            {"pid": pid}).scalar_one())
 
 
 def _unlinked_users(settings) -> int:

@@ -153,10 +153,8 @@ def test_a_step_waiting_on_a_row_lock_does_not_stop_the_others(green, script, ga
         locker.execute(select(Job.id).where(Job.id == uuid.UUID(first["id"]))
                        .with_for_update())
         gate.set()
-        wait_until(lambda: locker.execute(sql(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'")).scalar_one() > 0,
-            what="the first job's step waiting on the lock")
+        wait_until(lambda: _lock_waits(stack) > 0,
+                   what="the first job's step waiting on the lock")
         # when another job runs meanwhile, then it completes: the waiting greenlet holds
         # neither the process nor the others (psycopg2 waits through gevent)
         second = client.wait(client.submit(f"{marker} two")["id"])
@@ -167,3 +165,13 @@ def test_a_step_waiting_on_a_row_lock_does_not_stop_the_others(green, script, ga
         locker.close()
     done = client.wait(first["id"])
     assert done["status"] == "completed" and done["response"]["content"] == "first"
+
+
+def _lock_waits(stack) -> int:
+    """Backends of the stack's database waiting on a lock, looked at in a transaction of its
+    own (Postgres keeps one snapshot of pg_stat_activity per transaction: the locker's own
+    would never show a backend opened after its first look)."""
+    with stack.sessions()() as session:
+        return session.execute(sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).scalar_one()
