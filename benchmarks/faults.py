@@ -63,7 +63,6 @@ def job_content(n: int) -> tuple[str, str]:
     return f"u{n % 50}", ONE_TOOL_JOB
 
 
-
 def sandbox_cgroup_mode() -> str:
     """`required` where this machine can delegate cgroup v2 to the sandbox's runs, else `off`
     (a hybrid cgroup v1 host: docs/security.md)."""

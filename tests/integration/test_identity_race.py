@@ -14,6 +14,7 @@ from agentq.db import session_factory
 from agentq.loop.identity import Incoming, resolve, resolve_conversation, resolve_user
 from agentq.models import Conversation, User, UserPlatformLink
 from agentq.tenants import DEFAULT_TENANT_ID as T
+from tests.support.sql import blocked_by
 from tests.support.stack import create_database, drop_database
 
 pytestmark = pytest.mark.integration
@@ -46,24 +47,13 @@ def _race(settings, first, second):
     thread.start()
     deadline = time.monotonic() + WAIT_FOR_BLOCK_S
     with sessions() as probe:
-        # each look a transaction of its own: Postgres keeps one snapshot of
-        # pg_stat_activity per transaction, where a backend opened later never shows
-        while time.monotonic() < deadline and thread.is_alive() and not _blocked_by(
+        while time.monotonic() < deadline and thread.is_alive() and not blocked_by(
                 probe, winner_pid):
             time.sleep(0.01)
     winner.commit()
     winner.close()
     thread.join()
     return won, lost["value"]
-
-
-def _blocked_by(probe, pid: int) -> bool:
-    """Whether some backend waits for one of `pid`'s locks, looked at in a transaction of
-    its own."""
-    with probe.begin():
-        return bool(probe.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"),
-            {"pid": pid}).scalar_one())
 
 
 def _unlinked_users(settings) -> int:

@@ -39,3 +39,14 @@ def wire_sent() -> Iterator[list[str]]:
         yield strings
     finally:
         prepared._PLAIN_EXECUTE = plain
+
+
+def blocked_by(session, pid: int) -> bool:
+    """Whether some backend waits for one of backend `pid`'s locks, looked at in a
+    transaction of its own: Postgres keeps one snapshot of pg_stat_activity per
+    transaction, so a longer one never shows a backend opened after its first look."""
+    from sqlalchemy import text
+    with session.begin():
+        return bool(session.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"),
+            {"pid": pid}).scalar_one())

@@ -16,7 +16,7 @@ from agentq.models import Conversation, Job, Message, ToolCall
 from agentq.testing.harness import calls
 from agentq.testing.harness import text as reply
 from agentq.tools.result import ToolResult
-from tests.support.sql import sql_sent, wire_sent
+from tests.support.sql import blocked_by, sql_sent, wire_sent
 
 
 @pytest.fixture
@@ -137,24 +137,19 @@ def test_a_result_committed_while_the_claim_waits_is_read_again_not_lost(make, p
 
 
 def _wait_until_blocked_by(h, pid: int, step: threading.Thread) -> None:
-    """Until some backend waits for one of `pid`'s locks. Each look is a transaction of its
-    own: Postgres keeps one snapshot of pg_stat_activity for a whole transaction, so a
-    step's backend opened after the first look would never be seen in a longer one (this
-    test failed so, the step waiting, and left the row locked)."""
+    """Until some backend waits for one of `pid`'s locks (each look a transaction of its
+    own: `blocked_by`; looked at in one long one, this test failed with the step waiting,
+    and left the row locked)."""
     deadline = time.monotonic() + BLOCKED_WITHIN_S
     with h.sessions() as probe:
-        while True:
-            with probe.begin():
-                if probe.execute(text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY("
-                        "pg_blocking_pids(pid))"), {"pid": pid}).scalar_one():
-                    return
-                if time.monotonic() > deadline:  # what the step and the database were doing
+        while not blocked_by(probe, pid):
+            if time.monotonic() > deadline:  # what the step and the database were doing
+                with probe.begin():
                     activity = probe.execute(text(
                         "SELECT pid, state, wait_event_type, wait_event, left(query, 80) "
                         "FROM pg_stat_activity WHERE datname = current_database()")).all()
-                    pytest.fail(f"the step never waited for the job's row (its thread alive: "
-                                f"{step.is_alive()}; worker {pid}; backends: {activity})")
+                pytest.fail(f"the step never waited for the job's row (its thread alive: "
+                            f"{step.is_alive()}; worker {pid}; backends: {activity})")
             time.sleep(0.01)
 
 
