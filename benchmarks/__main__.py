@@ -55,6 +55,9 @@ def parse(argv: list[str] | None):
     run.add_argument("--orchestrator-pool", choices=("threads", "gevent"),
                      help="the orchestrator's pool (AGENTQ_ORCHESTRATOR_POOL; default: the "
                           "environment's, else agentq's default, threads)")
+    run.add_argument("--orchestrators", type=_processes,
+                     help="orchestrator processes in the stack (default 1): each with the "
+                          "pool and AGENTQ_ORCHESTRATOR_CONCURRENCY of the first")
     probe = sub.add_parser("probe", help="the small measurements behind the suggested "
                                          "changes (Postgres and the model server only)")
     probe.add_argument("--only", action="append", default=[],
@@ -203,6 +206,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _processes(text: str) -> int:
+    """A count of processes, 1 or more (argparse's type for one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.chdir(ROOT)
@@ -275,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.orchestrator_pool:
         os.environ["AGENTQ_ORCHESTRATOR_POOL"] = args.orchestrator_pool  # the lab passes it on
+    if args.orchestrators is not None:
+        os.environ[harness.ORCHESTRATORS_ENV] = str(args.orchestrators)  # the lab reads it
     # A TERM ends the run through the finally blocks below, so the stack is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()

@@ -285,12 +285,34 @@ class ModelServer(ModelServerClient):
 
 # --- the stack --------------------------------------------------------------------------
 
-class BenchStack(Stack):
-    """tests.support.stack.Stack with the Procfile's web sizing (workers × threads)."""
+ORCHESTRATORS_ENV = "AGENTQ_BENCH_ORCHESTRATORS"
+"""How many orchestrator processes the bench stack runs (`run --orchestrators N`; 1 unless
+set): the second and later are `agentq worker orchestrator -n orchestrator-<i>@%h`, each
+with the pool and concurrency of the first, all consuming the one orchestrator queue, as
+docs/deploying.md advises past one process's rate."""
 
-    def __init__(self, *args, web_workers: int = 2, **kw):
+
+def orchestrator_names(count: int) -> list[str]:
+    """The stack's names of `count` orchestrator processes: orchestrator, orchestrator-2, …"""
+    return ["orchestrator"] + [f"orchestrator-{i}" for i in range(2, count + 1)]
+
+
+class BenchStack(Stack):
+    """tests.support.stack.Stack with the Procfile's web sizing (workers × threads), and
+    as many orchestrator processes as ORCHESTRATORS_ENV asks."""
+
+    def __init__(self, *args, web_workers: int = 2, orchestrators: int = 1, **kw):
         super().__init__(*args, **kw)
         self.web_workers = web_workers
+        self.orchestrators = orchestrator_names(orchestrators)
+        self.workers = (*self.workers, *self.orchestrators[1:])
+
+    def commands(self) -> dict[str, list[str]]:
+        commands = super().commands()
+        for name in self.orchestrators[1:]:
+            # `agentq worker` passes what follows the kind to Celery; its last -n wins
+            commands[name] = [self.agentq_bin(), "worker", "orchestrator", "-n", f"{name}@%h"]
+        return commands
 
     def web_command(self) -> list[str]:
         return [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
@@ -338,6 +360,9 @@ class Lab:
     """Everything one benchmark run needs, started once and stopped at the end."""
 
     def __init__(self, scratch: Path, web_workers: int = 2, web_threads: int = 8):
+        self.orchestrators = int(os.environ.get(ORCHESTRATORS_ENV) or 1)
+        if self.orchestrators < 1:
+            raise ValueError(f"{ORCHESTRATORS_ENV} must be 1 or more, not {self.orchestrators}")
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.db_name = f"agentq_bench_{os.getpid()}"
@@ -362,7 +387,8 @@ class Lab:
         self.server = ModelServer()
         self.stack = BenchStack(self.database_url, self.server.base_url, self.scratch,
                                 self.env(), web_workers=self.web_workers,
-                                web_threads=self.web_threads)
+                                web_threads=self.web_threads,
+                                orchestrators=self.orchestrators)
         try:
             self.stack.start()
         except StackError:

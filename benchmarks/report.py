@@ -94,10 +94,24 @@ def _lat(summary: dict[str, Any] | None) -> str:
 
 
 def _in_flight_cpu(cpu: dict[str, float]) -> str:
-    """web / orchestrator / tools, and their sum with the other agentq processes."""
+    """web / orchestrator / tools, and their sum with the other agentq processes; the
+    orchestrator's is every orchestrator process's (`run --orchestrators N`) together."""
     own = sum(v for k, v in cpu.items() if k not in ("model_server", "bench_client"))
-    return (" / ".join(str(cpu.get(k, "–")) for k in ("web", "orchestrator", "tools"))
-            + f" (all agentq's processes: {own:.1f})")
+    orchestrators = [v for k, v in cpu.items() if k.startswith("orchestrator")]
+    parts = (cpu.get("web", "–"),
+             round(sum(orchestrators), 1) if orchestrators else "–", cpu.get("tools", "–"))
+    return " / ".join(str(v) for v in parts) + f" (all agentq's processes: {own:.1f})"
+
+
+def _in_flight_rss(f: dict[str, Any]) -> str:
+    """The orchestrator's resident memory at its peak (each process's, when several)."""
+    several = f.get("orchestrators_rss_mib") or {}
+    if len(several) > 1:
+        return (" + ".join(f"{m['peak_mib']}" for m in several.values())
+                + f" MiB ({len(several)} processes; before "
+                + " + ".join(f"{m['before_mib']}" for m in several.values()) + ")")
+    rss = f["orchestrator_rss_mib"]
+    return f"{rss['peak_mib']} MiB (before {rss['before_mib']})"
 
 
 def _pool_unit(pool: str) -> str:
@@ -212,14 +226,18 @@ def figures(results: dict[str, Any], fair: bool = True) -> str:
                 f"{_yes(targets['ninety_percent_of_ideal'])} |",
                 f"| latency median / p95 ms | {_lat(f['latency'])} | (floor: "
                 f"{2 * f['model_latency_s'] * 1000:,.0f}) |",
-                f"| orchestrator RSS peak | {f['orchestrator_rss_mib']['peak_mib']} MiB "
-                f"(before {f['orchestrator_rss_mib']['before_mib']}) | < 1 GiB: "
+                f"| orchestrator RSS peak | {_in_flight_rss(f)} | < 1 GiB: "
                 f"{_yes(targets['under_1_gib'])} |",
                 f"| submitting all took | {f['submit_s']} s | |",
+                *([f"| a submit's POST, median / p95 ms | {_lat(f['submit_latency'])} | |"]
+                  if f.get("submit_latency") else []),
                 *([f"| CPU ms per job (web / orchestrator / tools) | "
                    f"{_in_flight_cpu(f['cpu_ms_per_job'])} | |"]
                   if f.get("cpu_ms_per_job") else []),
-                f"| orchestrator pool | {f['orchestrator_concurrency']} "
+                "| orchestrator pool | "
+                + (f"{f['orchestrators']} processes x " if f.get("orchestrators", 1) > 1
+                   else "")
+                + f"{f['orchestrator_concurrency']} "
                 f"{_pool_unit(f.get('orchestrator_pool', 'threads'))} | |", "",
                 f"Ideal = {f['ideal_basis']}. Completed {f['completed']}, failed "
                 f"{f['failed']}.", ""]

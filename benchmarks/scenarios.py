@@ -288,7 +288,9 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
             "knee_clients": knee["clients"], "knee_jobs_per_s": knee["jobs_per_s"],
             "knee_latency": knee["latency"],
             "processes": "web: gunicorn 2 gevent workers; orchestrator: "
-                         f"{ctx.lab.settings().orchestrator_pool} x "
+                         + (f"{len(ctx.lab.stack.orchestrators)} processes, each "
+                            if len(ctx.lab.stack.orchestrators) > 1 else "")
+                         + f"{ctx.lab.settings().orchestrator_pool} x "
                          f"{ctx.lab.settings().orchestrator_concurrency}; tools: threads x "
                          f"{ctx.lab.settings().tools_concurrency}; tools-slow, webhooks, beat",
             "knee_rule": "the fewest clients reaching 90% of the best jobs/s"}
@@ -301,18 +303,23 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
     n, latency = sizes.inflight_jobs, sizes.inflight_latency_s
     lab.server.set_latency(latency)
     lab.server.reset()
-    sampler = RssSampler(lab.stack.pids()["orchestrator"])
-    sampler.start()
+    pids = lab.stack.pids()
+    samplers = {name: RssSampler(pids[name]) for name in lab.stack.orchestrators}
+    for sampler in samplers.values():
+        sampler.start()
     waiting = WaitingSampler(lab.server)
     waiting.start()
     meter = CpuMeter(ctx.pids()).start()
     submitted: dict[str, float] = {}
+    answered: list[tuple[float, float]] = []  # (when the 202 came, how long the POST took)
     lock = threading.Lock()
 
     def submit(_i: int) -> None:
         job_id, t0 = ctx.client.submit(ONE_TOOL_TURN)
+        t1 = time.time()
         with lock:
             submitted[job_id] = t0
+            answered.append((t1, t1 - t0))
 
     start = time.time()
     try:
@@ -321,7 +328,8 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
         submit_s = time.time() - start
         rows = ctx.watcher.wait_all(list(submitted), JOB_TIMEOUT_S + 4 * latency + n * 0.2)
     finally:
-        memory = sampler.stop()
+        memories = {name: sampler.stop() for name, sampler in samplers.items()}
+        memory = memories["orchestrator"]
         timeline = waiting.stop()
         cpu = meter.stop()
         model = lab.server.stats()
@@ -347,13 +355,28 @@ def scenario_inflight(ctx: Context) -> dict[str, Any]:
         "fraction_of_ideal": round(jobs_per_s / ideal, 3) if ideal else None,
         "latency": summary(r["finished"] - submitted[r["id"]] for r in ok),
         "orchestrator_rss_mib": memory,
+        "orchestrators": len(memories),
+        "orchestrators_rss_mib": memories,
         "cpu_s": cpu["cpu_s"], "machine_busy": cpu["machine_busy"],
         "cpu_ms_per_job": {k: round(1000 * v / n, 1) for k, v in cpu["cpu_s"].items()},
         "waiting_timeline": timeline,
+        "submit_latency": summary(took for _at, took in answered),
+        "submit_timeline": submit_timeline([at - start for at, _took in answered]),
         "targets": {"all_waiting_at_once": model.get("max_in_flight") == n,
                     "ninety_percent_of_ideal": bool(ideal and jobs_per_s >= 0.9 * ideal),
-                    "under_1_gib": memory["peak_mib"] < 1024},
+                    "under_1_gib": all(m["peak_mib"] < 1024 for m in memories.values())},
     }
+
+
+def submit_timeline(offsets: list[float], bucket_s: float = 5.0) -> list[list[float]]:
+    """Submits answered per `bucket_s` of the run: [bucket's start, s since start; count],
+    every bucket up to the last answer's (a stall shows as a bucket of few or none)."""
+    if not offsets:
+        return []
+    counts = [0] * (int(max(offsets) // bucket_s) + 1)
+    for offset in offsets:
+        counts[int(offset // bucket_s)] += 1
+    return [[round(i * bucket_s, 1), n] for i, n in enumerate(counts)]
 
 
 class WaitingSampler(threading.Thread):
