@@ -1,4 +1,5 @@
-"""`python -m benchmarks run`'s options that size scenario 3 (in flight)."""
+"""`python -m benchmarks run`'s options that size scenario 3 (in flight) and the stack's
+orchestrators, and what the in-flight scenario reports of them."""
 from __future__ import annotations
 
 import pytest
@@ -13,25 +14,19 @@ def test_the_in_flight_models_latency_can_be_set():
     assert parse(["run"]).inflight_latency is None  # the scenario's own 10 s
 
 
-@pytest.mark.parametrize("value", ["-1", "x", "nan"])
-def test_a_latency_that_is_no_duration_is_refused_by_name(value, capsys):
+@pytest.mark.parametrize(("option", "value"), [
+    ("--inflight-latency", "-1"), ("--inflight-latency", "x"), ("--inflight-latency", "nan"),
+    ("--orchestrators", "0"), ("--orchestrators", "-2"), ("--orchestrators", "two")])
+def test_a_value_the_option_cannot_take_is_refused_by_name(option, value, capsys):
     with pytest.raises(SystemExit) as exited:
-        parse(["run", "--inflight-latency", value])
+        parse(["run", option, value])
     assert exited.value.code == 2
-    assert "--inflight-latency" in capsys.readouterr().err
+    assert option in capsys.readouterr().err
 
 
 def test_the_stack_can_run_more_than_one_orchestrator():
     assert parse(["run", "--orchestrators", "2"]).orchestrators == 2
     assert parse(["run"]).orchestrators is None  # the lab's one
-
-
-@pytest.mark.parametrize("value", ["0", "-2", "two"])
-def test_a_count_of_orchestrators_that_is_none_is_refused_by_name(value, capsys):
-    with pytest.raises(SystemExit) as exited:
-        parse(["run", "--orchestrators", value])
-    assert exited.value.code == 2
-    assert "--orchestrators" in capsys.readouterr().err
 
 
 def test_each_further_orchestrator_consumes_the_same_queue_under_a_name_of_its_own(tmp_path):
