@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
+from agentq.ids import new_id
 from agentq.keys import create_key, find_key, hand_over
 from agentq.models import ApiKey, Job, Persona, TokenLog, User, UserPlatformLink
 from agentq.tools.manifest import PERMISSION_LEVELS
@@ -122,7 +123,7 @@ def create_persona(session: Session, tenant_id: uuid.UUID, data: dict[str, Any])
     if make_default is None:  # unsaid: the tenant's first persona is its default
         make_default = session.execute(select(Persona.id).where(
             Persona.tenant_id == tenant_id).limit(1)).first() is None
-    persona = Persona(id=uuid.uuid4(), tenant_id=tenant_id, created_at=utcnow(),
+    persona = Persona(id=new_id(), tenant_id=tenant_id, created_at=utcnow(),
                       **_columns(data), is_default=False)
     session.add(persona)
     session.flush()
@@ -278,7 +279,7 @@ def link_identity(session: Session, user: User, platform: str, platform_user_id:
         UserPlatformLink.platform_user_id == platform_user_id)).scalar_one_or_none()
     created = False
     if existing is None:
-        link = UserPlatformLink(id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
+        link = UserPlatformLink(id=new_id(), tenant_id=user.tenant_id, user_id=user.id,
                                 platform=platform, platform_user_id=platform_user_id,
                                 platform_username=platform_username or platform_user_id,
                                 created_at=utcnow())

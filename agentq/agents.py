@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import ToolError
+from agentq.ids import new_id
 from agentq.loop.effects import DispatchTools, NextStep
 from agentq.loop.lifecycle import (
     DELEGATE,
@@ -112,7 +113,7 @@ def start_child(uow, call, tool_use_id: str, settings: Settings,
     if left is not None:  # the parent's max_tokens counts its children's tokens
         asked["max_tokens"] = max(1, min(asked.get("max_tokens", left), left))
     from agentq.loop.decision import applied_limits
-    child = new_job(tenant_id=parent.tenant_id, conversation_id=uuid.uuid4(),
+    child = new_job(tenant_id=parent.tenant_id, conversation_id=new_id(),
                     user_id=parent.user_id, persona_id=persona.id if persona else None,
                     api_key_id=parent.api_key_id, content=arguments["task"],
                     meta={"sub_agent_of": str(parent.id), "tool_use_id": tool_use_id},

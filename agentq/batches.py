@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
+from agentq.ids import new_id
 from agentq.loop.effects import BatchEnded, SendWebhooks
 from agentq.loop.lifecycle import (
     LIVE_STATUSES,
@@ -149,7 +150,7 @@ def create(uow: UnitOfWork, *, kind: str, tenant_id: uuid.UUID,
            callback_url: str | None, meta: dict[str, Any]) -> Batch:
     """The batch's row; the caller adds its jobs (`add_messages`, `add_replays`), then
     `admit`s the first ones in the same unit of work."""
-    batch = Batch(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id, kind=kind,
+    batch = Batch(id=new_id(), tenant_id=tenant_id, api_key_id=api_key_id, kind=kind,
                   status=BatchStatus.QUEUED, total=total, max_concurrency=max_concurrency,
                   callback_url=callback_url, meta=meta)
     uow.session.add(batch)

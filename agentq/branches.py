@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import NotFound
+from agentq.ids import new_id
 from agentq.loop.submit import Submission, Submitted, submit
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, ConversationSummary, Job, Message
@@ -58,7 +59,7 @@ def create_branch(uow: UnitOfWork, settings: Settings, source: Conversation,
     """The branch conversation and its first job (`sub` without a conversation: it gets
     the new one). A non-admin key's branch is that key's own conversation."""
     session, now = uow.session, utcnow()
-    branch_id = uuid.uuid4()
+    branch_id = new_id()
     owner = str(sub.api_key_id) if sub.own_conversations and sub.api_key_id else None
     conversation = Conversation(
         id=branch_id, tenant_id=source.tenant_id, user_id=source.user_id,
@@ -78,7 +79,7 @@ def create_branch(uow: UnitOfWork, settings: Settings, source: Conversation,
         query = query.where(Message.created_at < point.before_time)
     copied = session.execute(query.order_by(Message.seq)).scalars().all()
     for m in copied:  # the same seq numbers: a copied summary's through_seq still holds
-        session.add(Message(id=uuid.uuid4(), conversation_id=branch_id, job_id=None,
+        session.add(Message(id=new_id(), conversation_id=branch_id, job_id=None,
                             seq=m.seq, role=m.role, content=m.content,
                             token_count=m.token_count, model_used=m.model_used,
                             created_at=m.created_at))

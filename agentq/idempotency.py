@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from agentq.db import insert_new, utcnow
 from agentq.errors import Conflict, ValidationFailed
+from agentq.ids import new_id
 from agentq.models import IdempotencyKey
 
 KEY_TTL_S = 24 * 3600
@@ -69,7 +70,7 @@ def take(session: Session, tenant_id: uuid.UUID, api_key_id: uuid.UUID, key: str
     CONFLICT DO NOTHING, which a concurrent duplicate waits on (the unique index) and then
     finds taken. Returns (None, the claimed row), or (the earlier request's job, None); a
     mismatch raises; an expired key is taken afresh."""
-    row = IdempotencyKey(id=uuid.uuid4(), tenant_id=tenant_id, api_key_id=api_key_id,
+    row = IdempotencyKey(id=new_id(), tenant_id=tenant_id, api_key_id=api_key_id,
                          key=key, request_hash=digest, job_id=job_id, created_at=utcnow())
     for _ in range(2):
         if insert_new(session, row, _KEY):

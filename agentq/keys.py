@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.errors import Forbidden, NotFound
+from agentq.ids import new_id
 from agentq.loop.states import ScheduleStatus
 from agentq.models import ApiKey, Conversation, Schedule
 from agentq.tenants import DEFAULT_TENANT_ID
@@ -38,7 +39,7 @@ def create_key(session: Session, name: str, admin: bool = False,
     if not name.strip():
         raise ValueError("a key needs a name")
     key = KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
-    row = ApiKey(id=uuid.uuid4(), tenant_id=tenant_id, name=name.strip()[:MAX_NAME_CHARS],
+    row = ApiKey(id=new_id(), tenant_id=tenant_id, name=name.strip()[:MAX_NAME_CHARS],
                  key_hash=hash_key(key), prefix=key[:10], is_admin=admin or operator,
                  is_operator=operator,
                  created_at=utcnow())

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import utcnow
+from agentq.ids import new_id
 from agentq.models import ApiKey, Job, Memory
 
 RECALL_K = 5
@@ -77,7 +78,7 @@ def remember(session: Session, *, tenant_id: uuid.UUID, user_id: uuid.UUID, cont
              embedding: list[float], model: str, source: str,
              conversation_id: uuid.UUID | None = None,
              job_id: uuid.UUID | None = None) -> Memory:
-    memory = Memory(id=uuid.uuid4(), tenant_id=tenant_id, user_id=user_id,
+    memory = Memory(id=new_id(), tenant_id=tenant_id, user_id=user_id,
                     content=content[:MAX_MEMORY_CHARS], embedding=list(embedding),
                     embedding_model=model, source=source, conversation_id=conversation_id,
                     job_id=job_id, created_at=utcnow())

@@ -29,6 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from agentq.column_types import TZ, JSONType, enum_column
 from agentq.db import utcnow
+from agentq.ids import new_id
 from agentq.loop.states import (
     UNENDED_STATUSES,
     BatchStatus,
@@ -55,7 +56,7 @@ class Base(DeclarativeBase):
 
 
 def _id() -> Mapped[uuid.UUID]:
-    return mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    return mapped_column(Uuid, primary_key=True, default=new_id)
 
 
 class Tenant(Base):
@@ -352,11 +353,12 @@ class Memory(Base):
 
 
 class JobEvent(Base):
+    """A job's event, named by its job and its number there (`jobs.event_seq` counts them):
+    an append-only row with no id of its own, one index (its key) to write."""
     __tablename__ = "job_events"
-    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
-    id: Mapped[uuid.UUID] = _id()
-    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(BigInteger)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                              primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     type: Mapped[str] = mapped_column(String(64))
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

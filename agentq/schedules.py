@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import Conflict, NotFound, ValidationFailed
+from agentq.ids import new_id
 from agentq.loop.states import SCHEDULE_SHOWN, ScheduleStatus
 from agentq.loop.uow import UnitOfWork
 from agentq.models import ApiKey, Conversation, Schedule, ScheduleFiring
@@ -165,7 +166,7 @@ def create_schedule(session: Session, conversation: Conversation, content: str, 
     active schedules already (`agentq.tenants.Quotas.schedules`)."""
     check_schedule_quota(session, conversation.tenant_id, settings)
     now = utcnow()
-    schedule = Schedule(id=uuid.uuid4(), tenant_id=conversation.tenant_id,
+    schedule = Schedule(id=new_id(), tenant_id=conversation.tenant_id,
                         api_key_id=api_key_id, conversation_id=conversation.id,
                         user_id=conversation.user_id, content=content, kind=when.kind,
                         run_at=when.run_at, cron=when.cron, timezone=when.timezone,
@@ -331,7 +332,7 @@ def _fire_one(uow: UnitOfWork, settings: Settings, schedule_id: uuid.UUID,
         api_key_id=schedule.api_key_id, tenant_id=schedule.tenant_id))
     insert = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)
     made = session.execute(
-        insert(ScheduleFiring).values(id=uuid.uuid4(), schedule_id=schedule.id,
+        insert(ScheduleFiring).values(id=new_id(), schedule_id=schedule.id,
                                       fire_at=fire_at, job_id=submitted.job.id,
                                       missed=missed, created_at=utcnow())
         .on_conflict_do_nothing(index_elements=["schedule_id", "fire_at"])

@@ -32,6 +32,7 @@ from agentq.config import Settings, get_settings
 from agentq.config.quotas import QUOTA_NAMES, Quotas
 from agentq.db import lock_row, utcnow
 from agentq.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
+from agentq.ids import new_id
 from agentq.loop.states import NOT_ADMITTED, UNENDED_STATUSES, JobStatus, WaitingFor
 from agentq.models import Job, Tenant
 
@@ -45,7 +46,7 @@ def create_tenant(session: Session, name: str) -> Tenant:
     name = (name or "").strip()
     if not name or len(name) > MAX_NAME_CHARS:
         raise ValidationFailed({"name": [f"Must be 1..{MAX_NAME_CHARS} characters."]})
-    tenant = Tenant(id=uuid.uuid4(), name=name, created_at=utcnow())
+    tenant = Tenant(id=new_id(), name=name, created_at=utcnow())
     try:
         with session.begin_nested():
             session.add(tenant)

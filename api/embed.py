@@ -24,6 +24,7 @@ from sqlalchemy import delete, update
 from agentq.config import Settings
 from agentq.db import session_scope, utcnow
 from agentq.errors import ClientError, ProviderError
+from agentq.ids import new_id
 from agentq.llm.pricing import estimate_cost
 from agentq.llm.tokens import count_tokens
 from agentq.loop.budget import roll_period
@@ -82,7 +83,7 @@ def _charge(settings: Settings, data: EmbedRequest, model: str,
         budget = user.token_budget_monthly
         if budget is None or user.tokens_used_this_month + tokens <= budget:
             user.tokens_used_this_month += tokens
-            log = TokenLog(id=uuid.uuid4(), user_id=user.id, conversation_id=None,
+            log = TokenLog(id=new_id(), user_id=user.id, conversation_id=None,
                            job_id=None, iteration=0, model=model, input_tokens=tokens,
                            output_tokens=0, cost_estimate=estimate_cost(model, tokens, 0),
                            usage_estimated=True, created_at=now)

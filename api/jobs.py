@@ -18,6 +18,7 @@ from agentq import idempotency
 from agentq.agents import cancel_children
 from agentq.db import read_scope, session_factory, session_scope
 from agentq.errors import Conflict, NotFound, UnsupportedMediaType, ValidationFailed
+from agentq.ids import new_id
 from agentq.loop.identity import Incoming
 from agentq.loop.states import ENDED
 from agentq.loop.store import event_dict
@@ -181,14 +182,14 @@ def _submit(route: str, body: dict, sub: Submission):
     for attempt in range(2):
         try:
             with UnitOfWork(session_factory(g.settings)) as uow:
-                session, new_id = uow.session, uuid.uuid4()
+                session, job_id = uow.session, new_id()
                 claimed = None
                 if key is not None:  # claimed for the job about to be made, in one INSERT
                     earlier, claimed = idempotency.take(session, g.tenant_id, g.api_key_id,
-                                                        key, digest, new_id)
+                                                        key, digest, job_id)
                     if earlier is not None:
                         break  # answered below: a `wait` must not hold this connection
-                submitted = submit(uow, g.settings, dataclasses.replace(sub, job_id=new_id))
+                submitted = submit(uow, g.settings, dataclasses.replace(sub, job_id=job_id))
                 if claimed is not None and claimed.job_id != submitted.job.id:
                     claimed.job_id = submitted.job.id  # the running job it steered
                 session.flush()

@@ -55,6 +55,15 @@ bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
 Row = TypeVarTuple("Row")
 """The column types of a query's rows, kept by `_visible`."""
+SHORT_ID_CHARS = 8
+
+
+@bp.app_template_filter("short_id")
+def short_id(ident: object) -> str:
+    """An id as the pages show it: its last 8 hex digits. Row ids are time-ordered
+    (agentq.ids, UUIDv7): their first digits are the time they were made, the same for
+    rows made within a minute; their last are random."""
+    return str(ident)[-SHORT_ID_CHARS:]
 COOKIE = "agentq_ui_key"
 PAGE = 50
 STATUSES = JOB_STATUSES
@@ -388,7 +397,7 @@ def cancel_schedule(schedule_id: str) -> ResponseReturnValue:
     try:
         with session_scope(g.settings) as session:
             cancel(session, load_schedule(session, schedule_id))
-        message = f"Schedule {schedule_id[:8]} cancelled: it will not run again."
+        message = f"Schedule {short_id(schedule_id)} cancelled: it will not run again."
     except AgentqError as exc:
         if getattr(exc, "status", None) == 404:
             abort(404)

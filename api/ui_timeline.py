@@ -215,7 +215,7 @@ def build(job: Job, events: Sequence[JobEvent], calls: Sequence[ToolCall],
             bar.raw["approval_resolved"] = _event(e)
         elif e.type == "child_started":
             child = str(data.get("job_id") or "")
-            bar = Bar("child", f"Sub-agent {child[:8]}", e.created_at, end_of_job, depth=2,
+            bar = Bar("child", f"Sub-agent {child[-8:]}", e.created_at, end_of_job, depth=2,
                       open=live, link=child or None, raw={"child_started": _event(e)})
             bar.turn = max((b.turn for b in bars if b.kind == "turn"), default=0)
             opened[("child", child)] = (e, bar)

@@ -37,6 +37,7 @@ from sqlalchemy.sql import ColumnElement
 
 from agentq.db import lock_row, utcnow
 from agentq.errors import Conflict, NotFound
+from agentq.ids import new_id
 from agentq.loop.states import JobStatus, ToolCallStatus, WaitingFor
 from agentq.loop.store import json_object, message_appended_unread_by
 from agentq.models import Conversation, Job, JobInput, ToolCall
@@ -86,7 +87,7 @@ def request_cancel(uow: UnitOfWork, job: Job, now: datetime | None = None) -> li
 
 def steer(uow: UnitOfWork, job: Job, content: str, metadata: dict[str, Any] | None,
           now: datetime | None = None) -> JobInput:
-    entry = JobInput(id=uuid.uuid4(), job_id=job.id, content=content, meta=metadata or {},
+    entry = JobInput(id=new_id(), job_id=job.id, content=content, meta=metadata or {},
                      created_at=now or utcnow())
     uow.session.add(entry)
     job.pending_inputs = (job.pending_inputs or 0) + 1

@@ -454,9 +454,8 @@ def _store_with_event() -> Select[tuple[int, int]]:
                         last_progress_at=bindparam("now", type_=_jobs.c.last_progress_at.type))
                 .returning(_jobs.c.event_seq).cte("advanced"))
     appended = insert(_events).from_select(
-        ["id", "job_id", "seq", "type", "data", "created_at"],
-        select(bindparam("event_id", type_=_events.c.id.type),
-               bindparam("ident", type_=_events.c.job_id.type), advanced.c.event_seq,
+        ["job_id", "seq", "type", "data", "created_at"],
+        select(bindparam("ident", type_=_events.c.job_id.type), advanced.c.event_seq,
                bindparam("event_type", type_=_events.c.type.type),
                bindparam("event_data", type_=_events.c.data.type),
                bindparam("now", type_=_events.c.created_at.type))).cte("appended")
@@ -476,7 +475,7 @@ def _lock_store_and_announce(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: st
     event = _end_event(tool_use_id, name, record)
     row = uow.session.execute(_STORE_WITH_EVENT, {
         "ident": job_id, "call_id": tool_use_id, "status_now": status, "record": record,
-        "now": now, "event_id": uuid.uuid4(), "event_type": event[0],
+        "now": now, "event_type": event[0],
         "event_data": event[1]}).first()
     if row is None:
         return None

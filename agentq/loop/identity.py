@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from agentq.config import Settings
 from agentq.db import insert_new, insert_new_chain, utcnow
+from agentq.ids import new_id
 from agentq.models import Conversation, Persona, User, UserPlatformLink
 
 
@@ -133,11 +134,11 @@ _LINK_KEY = ("tenant_id", "platform", "platform_user_id")
 def _guest(tenant_id: uuid.UUID, incoming: Incoming, settings: Settings,
            now: datetime) -> tuple[User, UserPlatformLink]:
     """A new guest for a platform user, and its link (not written)."""
-    user = User(id=uuid.uuid4(), tenant_id=tenant_id, permission_level="guest",
+    user = User(id=new_id(), tenant_id=tenant_id, permission_level="guest",
                 token_budget_monthly=settings.guest_monthly_tokens, tokens_used_this_month=0,
                 budget_reset_at=now + timedelta(days=settings.budget_period_days),
                 created_at=now)
-    link = UserPlatformLink(id=uuid.uuid4(), tenant_id=tenant_id, user_id=user.id,
+    link = UserPlatformLink(id=new_id(), tenant_id=tenant_id, user_id=user.id,
                             platform=incoming.platform,
                             platform_user_id=incoming.platform_user_id,
                             platform_username=incoming.platform_user_id, created_at=now)
@@ -219,7 +220,7 @@ def _new_conversation(user: User, incoming: Incoming, persona: Persona | None, k
                       now: datetime) -> Conversation:
     """A new place's conversation (not written)."""
     return Conversation(
-        id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
+        id=new_id(), tenant_id=user.tenant_id, user_id=user.id,
         persona_id=persona.id if persona else None,
         platform=incoming.platform, platform_channel_id=incoming.platform_channel_id,
         platform_thread_id=incoming.platform_thread_id, scope_key=key, message_seq=0,

@@ -37,6 +37,7 @@ from sqlalchemy.sql import ColumnElement
 from agentq.config import Settings
 from agentq.db import lock_row, utcnow
 from agentq.errors import IllegalTransition
+from agentq.ids import new_id
 from agentq.loop.busy import (
     AFTER_ANSWER,
     ANSWER_AND_RELEASE,
@@ -340,7 +341,7 @@ def new_job(*, tenant_id: uuid.UUID, conversation_id: uuid.UUID, user_id: uuid.U
             waiting_for: WaitingFor | None = None, **extra: Any) -> Job:
     """A queued job's row with every counter at its start (the caller adds it)."""
     waiting = WaitingFor(waiting_for) if waiting_for is not None else None
-    return Job(id=uuid.uuid4(), tenant_id=tenant_id, status=JobStatus.QUEUED,
+    return Job(id=new_id(), tenant_id=tenant_id, status=JobStatus.QUEUED,
                conversation_id=conversation_id, user_id=user_id, persona_id=persona_id,
                api_key_id=api_key_id, content=content, attachments=attachments or [],
                meta=meta or {}, callback_url=callback_url, on_busy=on_busy, model=model,

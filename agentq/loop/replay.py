@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import utcnow
 from agentq.errors import NotFound, ValidationFailed
+from agentq.ids import new_id
 from agentq.llm.types import LLMReply
 from agentq.loop.decision import applied_limits
 from agentq.loop.effects import NextStep
@@ -78,7 +79,7 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
         raise NotFound("conversation", str(original.conversation_id))
     answers_as = persona or (session.get(Persona, original.persona_id)
                              if original.persona_id else None)
-    job = new_job(tenant_id=original.tenant_id, conversation_id=uuid.uuid4(),
+    job = new_job(tenant_id=original.tenant_id, conversation_id=new_id(),
                   user_id=original.user_id, persona_id=persona_id or original.persona_id,
                   api_key_id=api_key_id, content=original.content,
                   attachments=original.attachments, meta=dict(original.meta or {}),
@@ -98,7 +99,7 @@ def create_replay(uow: UnitOfWork, settings: Settings, original: Job, mode: str,
     session.add(conversation)
     history = _history_before(session, original, settings.history_max_messages)
     for seq, (role, content, tokens, model_used, created_at) in enumerate(history, start=1):
-        session.add(Message(id=uuid.uuid4(), conversation_id=conversation.id, job_id=None,
+        session.add(Message(id=new_id(), conversation_id=conversation.id, job_id=None,
                             seq=seq, role=role, content=content, token_count=tokens,
                             model_used=model_used, created_at=created_at))
     conversation.message_seq = len(history)

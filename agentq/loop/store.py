@@ -36,6 +36,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
 from agentq.db import utcnow
+from agentq.ids import new_id
 from agentq.llm.types import LLMReply
 from agentq.loop.context import StoredMessage, estimate_tokens
 from agentq.models import Base, Conversation, Job, JobEvent, Message, TokenLog, User
@@ -141,7 +142,7 @@ def message_parameters(conversation_id: uuid.UUID, job_id: uuid.UUID | None,
     model_used) row appended to `conversation_id` (`tokens`: its content's estimate, when
     the caller made it already)."""
     role, content, model = row
-    return {"ident": conversation_id, "n": 1, "now": now, "message_id": uuid.uuid4(),
+    return {"ident": conversation_id, "n": 1, "now": now, "message_id": new_id(),
             "message_job_id": job_id, "message_role": role, "message_content": content,
             "message_token_count": estimate_tokens(content) if tokens is None else tokens,
             "message_model_used": model}
@@ -180,7 +181,7 @@ _APPEND_ONE = message_appended_by(_ADVANCE_MESSAGES)
 _APPEND_ONE_UNREAD = message_appended_unread_by(_ADVANCE_MESSAGES)
 """`_APPEND_ONE` returning nothing: a write that may go with the next statement."""
 _APPEND_ONE_EVENT = _append_one(_ADVANCE_EVENTS, _events, "job_id", "event_seq",
-                                ("id", "type", "data"), "event").returning(_events.c.seq)
+                                ("type", "data"), "event").returning(_events.c.seq)
 
 
 
@@ -228,7 +229,7 @@ def usage_parameters(*, iteration: int, reply: LLMReply, cost: float, keep_reply
                      now: datetime) -> dict[str, Any]:
     """The parameters of a `with_usage` statement's log and charge: a model call's tokens
     (the job, its user and conversation come from the job's row)."""
-    return {"log_id": uuid.uuid4(), "log_iteration": iteration, "log_model": reply.model,
+    return {"log_id": new_id(), "log_iteration": iteration, "log_model": reply.model,
             "log_input_tokens": reply.input_tokens, "log_output_tokens": reply.output_tokens,
             "log_cost_estimate": cost, "log_usage_estimated": reply.usage_estimated,
             "log_reply": reply.to_record() if keep_reply else None, "log_created_at": now,
@@ -252,7 +253,7 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
                                                    "n": len(rows), "now": now}).scalar_one()
         first = last - len(rows) + 1
         session.execute(_INSERT_MESSAGES, [
-            {"id": uuid.uuid4(), "conversation_id": conversation_id, "job_id": job_id,
+            {"id": new_id(), "conversation_id": conversation_id, "job_id": job_id,
              "seq": first + i, "role": role, "content": content,
              "token_count": tokens[i], "model_used": model, "created_at": now}
             for i, (role, content, model) in enumerate(rows)])
@@ -316,7 +317,7 @@ def record_usage(session: Session, *, user_id: uuid.UUID, conversation_id: uuid.
                  now: datetime | None = None) -> None:
     """A model call's tokens: its `token_logs` row (with the reply itself when
     `keep_reply`, for recorded replays) and, when `charged`, the user's monthly count."""
-    log = {"id": uuid.uuid4(), "user_id": user_id, "conversation_id": conversation_id,
+    log = {"id": new_id(), "user_id": user_id, "conversation_id": conversation_id,
            "job_id": job_id, "iteration": iteration, "model": reply.model,
            "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
            "cost_estimate": cost, "usage_estimated": reply.usage_estimated,
@@ -385,7 +386,7 @@ def append_events(session: Session, job_id: uuid.UUID,
     if len(items) == 1 and session.get_bind().dialect.name == "postgresql":
         (type_, data), = items
         last = session.execute(_APPEND_ONE_EVENT, {
-            "ident": job_id, "n": 1, "now": now, "event_id": uuid.uuid4(),
+            "ident": job_id, "n": 1, "now": now,
             "event_type": type_, "event_data": data}).scalar_one()
         written = shown(last, items, now)
     else:
@@ -401,22 +402,22 @@ def insert_events(session: Session, job_id: uuid.UUID, first: int,
                   now: datetime) -> list[dict[str, Any]]:
     """The event rows, numbered from `first` (the caller advanced the job's counter)."""
     session.execute(_INSERT_EVENTS, [
-        {"id": uuid.uuid4(), "job_id": job_id, "seq": first + i, "type": type_,
+        {"job_id": job_id, "seq": first + i, "type": type_,
          "data": data, "created_at": now} for i, (type_, data) in enumerate(items)])
     return shown(first, items, now)
 
 
 def _insert_given_events() -> Insert:
     """The INSERT of a job's events given as one JSON array of {type, data} (Postgres):
-    numbered from `event_first` in the array's order, ids made by the server. One form
+    numbered from `event_first` in the array's order. One form
     for any number of events, so it is compiled once (a multi-row VALUES is compiled on
     every run); it goes with its job's UPDATE (`events_with_job`)."""
     given = (func.jsonb_array_elements(bindparam("event_rows", type_=JSONB))
              .table_valued(column("value", JSONB), with_ordinality="ord").render_derived())
     value = given.c.value
     return insert(_events).from_select(
-        ["id", "job_id", "seq", "type", "data", "created_at"],
-        select(func.gen_random_uuid(), bindparam("event_job", type_=_events.c.job_id.type),
+        ["job_id", "seq", "type", "data", "created_at"],
+        select(bindparam("event_job", type_=_events.c.job_id.type),
                bindparam("event_first", type_=_events.c.seq.type) + given.c.ord - 1,
                value.op("->>", return_type=_events.c.type.type)(literal("type")),
                value.op("->", return_type=JSONB)(literal("data")),

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from agentq.config import Settings
 from agentq.db import insert_new, insert_new_with, utcnow, write_changes
 from agentq.errors import Conflict, NotFound
+from agentq.ids import new_id
 from agentq.loop.busy import (
     busy_conflict,
     lock_conversation,
@@ -276,7 +277,7 @@ def _register_attachments(session: Session, attachments: list[dict[str, Any]], u
                           job_id: uuid.UUID | None, now: datetime) -> list[dict[str, Any]]:
     registered = []
     for att in attachments:
-        record = FileRecord(id=uuid.uuid4(), tenant_id=user.tenant_id, user_id=user.id,
+        record = FileRecord(id=new_id(), tenant_id=user.tenant_id, user_id=user.id,
                             job_id=job_id,
                             filename=att.get("filename") or "file",
                             mime_type=att.get("mime_type"), size_bytes=att.get("size_bytes"),

@@ -9,7 +9,6 @@ with it, below the modules that send them.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from agentq.db import utcnow
 from agentq.errors import AgentqError
+from agentq.ids import new_id
 from agentq.loop.states import DeliveryStatus
 from agentq.models import Job, WebhookDelivery
 from agentq.webhooks.signing import new_event_id
@@ -53,7 +53,7 @@ def enqueue_event(session: Session, *, tenant_id, event_type: str, url: str, job
         raise AgentqError("a webhook event needs a url")
     now = utcnow()
     delivery = WebhookDelivery(
-        id=uuid.uuid4(), tenant_id=tenant_id, event_id=event_id or new_event_id(),
+        id=new_id(), tenant_id=tenant_id, event_id=event_id or new_event_id(),
         event_type=event_type,
         job_id=job_id, batch_id=batch_id, url=url, attempt=attempt, status=PENDING,
         created_at=now, next_attempt_at=due or now, data=data)
