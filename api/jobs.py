@@ -26,6 +26,7 @@ from agentq.loop.submit import Submission, cancel, submit
 from agentq.loop.uow import UnitOfWork
 from agentq.models import Conversation, Job, JobEvent
 from agentq.notify import hub_for
+from agentq.views import read_job
 from agentq.waiting import wait_for_end
 from api.auth import can_see, require_key
 from api.limits import request_json
@@ -87,6 +88,14 @@ def load_job(session, job_id: str) -> Job:
     if not can_see(job):
         raise NotFound("job", job_id)
     return job
+
+
+def read_visible_job(session: Session, job_id: str) -> tuple[Job, list[str] | None]:
+    """`load_job`, with the job's children read in the same statement (`read_job`)."""
+    read = read_job(session, parse_uuid(job_id, "job"))
+    if read is None or not can_see(read[0]):
+        raise NotFound("job", job_id)
+    return read
 
 
 def _get_job(session: Session, job_id: uuid.UUID) -> Job:
@@ -266,8 +275,11 @@ def continue_conversation():
 def get_job(job_id: str):
     wait = wait_seconds()
     with read_scope(g.settings) as session:  # no transaction: one round trip a read
-        job = load_job(session, job_id)
-        body = None if wait else job_object(job)  # a poll: read once, answered as read
+        if wait:
+            job, body = load_job(session, job_id), None
+        else:  # a poll: the job and its children read once, in one statement, answered as read
+            job, children = read_visible_job(session, job_id)
+            body = job_object(job, children)
     hold_request(wait)
     return answer_job(job.id, wait, created=False, body=body)
 
