@@ -50,20 +50,13 @@ from agentq.views import SHOWN_WAITS, batch_counts, batch_object, delivery_objec
 from api import ui_overview
 from api import ui_timeline as timeline
 from api.auth import can_see
+from api.views import short_id
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
 Row = TypeVarTuple("Row")
 """The column types of a query's rows, kept by `_visible`."""
-SHORT_ID_CHARS = 8
-
-
-@bp.app_template_filter("short_id")
-def short_id(ident: object) -> str:
-    """An id as the pages show it: its last 8 hex digits. Row ids are time-ordered
-    (agentq.ids, UUIDv7): their first digits are the time they were made, the same for
-    rows made within a minute; their last are random."""
-    return str(ident)[-SHORT_ID_CHARS:]
+bp.add_app_template_filter(short_id, "short_id")
 COOKIE = "agentq_ui_key"
 PAGE = 50
 STATUSES = JOB_STATUSES

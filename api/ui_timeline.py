@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from agentq.loop.states import ToolCallStatus
 from agentq.models import Job, JobEvent, TokenLog, ToolCall
+from api.views import short_id
 
 KINDS = {  # kind: (legend, what it is)
     "job": ("Job", "the whole job, submitted to ended"),
@@ -215,7 +216,7 @@ def build(job: Job, events: Sequence[JobEvent], calls: Sequence[ToolCall],
             bar.raw["approval_resolved"] = _event(e)
         elif e.type == "child_started":
             child = str(data.get("job_id") or "")
-            bar = Bar("child", f"Sub-agent {child[-8:]}", e.created_at, end_of_job, depth=2,
+            bar = Bar("child", f"Sub-agent {short_id(child)}", e.created_at, end_of_job, depth=2,
                       open=live, link=child or None, raw={"child_started": _event(e)})
             bar.turn = max((b.turn for b in bars if b.kind == "turn"), default=0)
             opened[("child", child)] = (e, bar)

@@ -10,6 +10,15 @@ from agentq.models import Message
 # job_object lives in the library (webhook payloads carry it too); re-exported here.
 from agentq.views import _id, _iso, job_object  # noqa: F401
 
+SHORT_ID_CHARS = 8
+
+
+def short_id(ident: object) -> str:
+    """An id as the dashboard shows it: its last 8 hex digits. Row ids are time-ordered
+    (agentq.ids, UUIDv7): their first digits are the time they were made, the same for
+    rows made within a minute; their last are random."""
+    return str(ident)[-SHORT_ID_CHARS:]
+
 
 def message_object(message: Message) -> dict[str, Any]:
     return {"id": str(message.id), "seq": message.seq, "role": message.role,

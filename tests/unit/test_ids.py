@@ -62,7 +62,7 @@ def test_a_jobs_events_are_named_by_the_job_and_their_number(make):
 
 
 def test_the_dashboard_tells_apart_ids_made_in_the_same_minute():
-    from api.ui import short_id
+    from api.views import short_id
     made = [new_id() for _ in range(1000)]
     assert len({str(i)[:8] for i in made}) <= 2  # a v7's head is its time (a new one each 65 s)
     shown = {short_id(i) for i in made}
