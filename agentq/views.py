@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, select
+from sqlalchemy import Select, Text, bindparam, cast, func, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session, aliased, object_session
 
@@ -72,21 +72,28 @@ def _children(job: Job) -> list[str]:
     return children_of(session, job.id)
 
 
+_CALL_ORDER = (ToolCall.iteration, ToolCall.position)
+"""A parent's children in the order of the delegate calls that made them."""
+
+
+def _children_of(child: type[Job], parent: Any) -> Select[Any]:
+    """The children (`child`, Job or an alias of it) of `parent` (an id or a column), each
+    joined to the call that made it: the one query of `children_of` and `read_job`."""
+    return (select(child.id).join(ToolCall, ToolCall.tool_use_id == child.parent_tool_use_id)
+            .where(child.parent_job_id == parent))
+
+
 def children_of(session: Session, job_id: uuid.UUID) -> list[str]:
     """A job's children, in the order of the calls that made them."""
     return [str(i) for i in session.execute(
-        select(Job.id).join(ToolCall, ToolCall.tool_use_id == Job.parent_tool_use_id)
-        .where(Job.parent_job_id == job_id)
-        .order_by(ToolCall.iteration, ToolCall.position)).scalars()]
+        _children_of(Job, job_id).order_by(*_CALL_ORDER)).scalars()]
 
 
 _child = aliased(Job)
 _JOB_WITH_CHILDREN = (
-    select(Job, select(func.array_agg(aggregate_order_by(
-        cast(_child.id, Text), ToolCall.iteration, ToolCall.position)))
-        .select_from(_child)
-        .join(ToolCall, ToolCall.tool_use_id == _child.parent_tool_use_id)
-        .where(_child.parent_job_id == Job.id).scalar_subquery())
+    select(Job, _children_of(_child, Job.id).with_only_columns(
+        func.array_agg(aggregate_order_by(cast(_child.id, Text), *_CALL_ORDER)))
+        .scalar_subquery())
     .where(Job.id == bindparam("job_id")))
 """A job and its children's ids in call order (`children_of`), in one statement
 (Postgres): the children an index lookup of the same round trip."""

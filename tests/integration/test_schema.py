@@ -11,16 +11,13 @@ from sqlalchemy import create_engine
 from agentq import migrate
 from agentq.config import Settings
 from agentq.models import Base
-from tests.support.stack import create_database, drop_database
+from tests.support.stack import scratch_database
 
 pytestmark = pytest.mark.integration
 
 
 def test_migrations_match_the_models_and_round_trip(servers_up):
-    name = f"agentq_schema_{os.getpid()}"
-    url = create_database(name)
-    try:
-        settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
+    with scratch_database(f"agentq_schema_{os.getpid()}") as settings:
         migrate.downgrade(settings, "base")
         migrate.upgrade(settings)
         engine = create_engine(settings.database_url)
@@ -29,8 +26,6 @@ def test_migrations_match_the_models_and_round_trip(servers_up):
                 conn, opts={"compare_type": True}), Base.metadata)
         engine.dispose()
         assert diff == []
-    finally:
-        drop_database(name)
 
 
 def test_sqlite_embedded_schema_round_trips(tmp_path):
@@ -69,15 +64,9 @@ def _events_across_0024(settings: Settings, disable_keys: str, job_id: str) -> N
 
 
 def test_job_events_keep_their_rows_across_the_natural_key_migration(servers_up):
-    name = f"agentq_schema_events_{os.getpid()}"
-    url = create_database(name)
-    try:
-        settings = Settings.from_env({"AGENTQ_DATABASE_URL": url})
-        migrate.downgrade(settings, "base")
+    with scratch_database(f"agentq_schema_events_{os.getpid()}", migrated=False) as settings:
         _events_across_0024(settings, "SET session_replication_role = replica",
                             "a8f3c5a0-0000-4000-8000-000000000001")
-    finally:
-        drop_database(name)
 
 
 def test_job_events_keep_their_rows_across_the_natural_key_migration_on_sqlite(tmp_path):

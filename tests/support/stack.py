@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import requests
+
+if TYPE_CHECKING:
+    from agentq.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -253,6 +256,18 @@ def drop_database(name: str) -> None:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.close()
+
+
+@contextlib.contextmanager
+def scratch_database(name: str, migrated: bool = True) -> Iterator["Settings"]:
+    """A database of the block's own (`create_database`, or empty with `migrated=False`),
+    as the settings that name it; dropped after the block, whatever it raised."""
+    from agentq.config import Settings
+    url = create_database(name) if migrated else create_empty_database(name)
+    try:
+        yield Settings.from_env({"AGENTQ_DATABASE_URL": url})
+    finally:
+        drop_database(name)
 
 
 def flush_redis(url: str | None = None) -> None:

@@ -40,11 +40,11 @@ def _children_by_call_order(h, parent: str) -> list[str]:
         return children_of(session, uuid.UUID(parent))
 
 
-@pytest.fixture(params=["default", "postgres"])
-def any_db(request, make, make_pg):
+@pytest.fixture(params=["make", "make_pg"])
+def any_db(request):
     """The harness factory on the suite's database (SQLite unless AGENTQ_UNIT_DB) and on
-    Postgres: the poll answers the same on both."""
-    return make if request.param == "default" else make_pg
+    Postgres: the poll answers the same on both (each case sets up only its own)."""
+    return request.getfixturevalue(request.param)
 
 
 def test_a_poll_lists_the_jobs_children_in_call_order(any_db):
