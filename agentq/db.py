@@ -66,6 +66,7 @@ from tenacity import (
 
 from agentq import prepared
 from agentq.config import Settings, get_settings
+from agentq.prebuilt import prebuilt
 
 _lock = threading.Lock()
 RELAXED = "SET LOCAL synchronous_commit = off"
@@ -452,17 +453,15 @@ def _write_changes(session: Session, obj: ModelWithId,
         return False, None
     changed = frozenset(key for key in state.committed_state if key in state.dict)
     answer = None
-    # on the connection, not session.execute: the session's autoflush would flush obj
+    # on the session's cursor (agentq.prebuilt), which never autoflushes: that would flush obj
     if changed:
         params = {f"new_{key}": state.dict[key] for key in changed}
-        params["ident"] = obj.id
-        if together is not None:
-            params.update(together[1])
-        result = session.connection().execute(_update_statement(
-            type(obj), changed, together[0] if together else None, read), params)
-        answer = result.scalar_one() if read is not None else None
+        params.update(ident=obj.id, **(together[1] if together is not None else {}))
+        rows = prebuilt(_update_statement(
+            type(obj), changed, together[0] if together else None, read)).rows(session, params)
+        answer = rows[0][0] if read is not None else None  # an UPDATE of the held row by id
     elif together is not None:
-        session.connection().execute(*together)
+        prebuilt(together[0]).execute(session, together[1])
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)
     state._commit_all(state.dict, session.identity_map)
     return True, answer

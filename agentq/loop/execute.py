@@ -36,6 +36,7 @@ from agentq.loop.states import ENDED
 from agentq.loop.store import shown
 from agentq.loop.uow import UnitOfWork, ride_out
 from agentq.models import Conversation, Job, JobEvent, Persona, ToolCall, User
+from agentq.prebuilt import Prebuilt, literal_in
 from agentq.tools.manifest import ToolContext
 from agentq.tools.registry import ToolRegistry
 from agentq.tools.result import ToolResult
@@ -224,16 +225,15 @@ def _await_other_delivery(tool_use_id: str, settings: Settings, registry: ToolRe
 def turn_pending(sessions: sessionmaker[Session], job_id: uuid.UUID, iteration: int) -> bool:
     """Whether a call of the job's turn `iteration` has no result yet (committed)."""
     with sessions() as session:
-        return session.execute(_PENDING_OF_TURN,
-                               {"job_id": job_id, "iteration": iteration}).first() is not None
+        return _PENDING_OF_TURN.first(session,
+                                      {"job_id": job_id, "iteration": iteration}) is not None
 
 
 def _join_if_last(session: Session, job_id: uuid.UUID, iteration: int) -> tuple[str, int] | None:
     """With `tool_join=database`: the task that stores a turn's last result names the next
     step. The job row is locked in this transaction, which orders concurrent finishers of
     one job: exactly one of them sees no call pending."""
-    pending = session.execute(_PENDING_OF_TURN,
-                              {"job_id": job_id, "iteration": iteration}).first()
+    pending = _PENDING_OF_TURN.first(session, {"job_id": job_id, "iteration": iteration})
     return None if pending else (str(job_id), iteration)
 
 
@@ -253,19 +253,20 @@ _CALL = select(
 """A call with what running it needs, in one statement: its job's state, the caller, the
 place and the persona's modules (Core columns: no ORM objects to build)."""
 _CALL_BY_ID = _CALL.where(_calls.c.tool_use_id == bindparam("tool_use_id"))
-_LOCK_CALL_BY_ID = {False: _CALL_BY_ID,
-                    True: _CALL_BY_ID.with_for_update(of=_jobs)}  # the job's row first
-_START_CALL = (update(_calls).where(_calls.c.tool_use_id == bindparam("call_id"))
+_LOCK_CALL_BY_ID = {False: Prebuilt(_CALL_BY_ID),
+                    True: Prebuilt(_CALL_BY_ID.with_for_update(of=_jobs))}  # the job's row first
+_START_CALL = Prebuilt(update(_calls).where(_calls.c.tool_use_id == bindparam("call_id"))
                .values(attempts=bindparam("attempts_now", type_=_calls.c.attempts.type),
                        started_at=bindparam("now", type_=_calls.c.started_at.type),
                        lease_until=bindparam("until", type_=_calls.c.lease_until.type)))
-_STORE_RESULT = (update(_calls)
+_STORE = (update(_calls)
                  .where(_calls.c.tool_use_id == bindparam("call_id"),
                         _calls.c.status == ToolCallStatus.PENDING)
                  .values(status=bindparam("status_now", type_=_calls.c.status.type),
                          result=bindparam("record", type_=_calls.c.result.type),
                          finished_at=bindparam("now", type_=_calls.c.finished_at.type))
                  .returning(_calls.c.iteration))
+_STORE_RESULT = Prebuilt(_STORE)
 
 
 def _lock_and_start_first() -> Select[Any]:
@@ -282,7 +283,7 @@ def _lock_and_start_first() -> Select[Any]:
                .where(_calls.c.tool_use_id == bindparam("call_id"),
                       _calls.c.status == ToolCallStatus.PENDING, _calls.c.attempts == 0,
                       _calls.c.name != agents.DELEGATE,
-                      select(call.c.job_id).where(call.c.job_status.not_in(ENDED),
+                      select(call.c.job_id).where(~literal_in(call.c.job_status, ENDED),
                                                   call.c.cancel_requested_at.is_(None))
                       .exists())
                .values(attempts=1,
@@ -292,13 +293,13 @@ def _lock_and_start_first() -> Select[Any]:
     return select(call, started.c.started).select_from(call.outerjoin(started, true()))
 
 
-_LOCK_AND_START_FIRST = _lock_and_start_first()
-_PENDING_OF_TURN = (select(_calls.c.id)
+_LOCK_AND_START_FIRST = Prebuilt(_lock_and_start_first())
+_PENDING_OF_TURN = Prebuilt(select(_calls.c.id)
                     .where(_calls.c.job_id == bindparam("job_id"),
                            _calls.c.iteration == bindparam("iteration"),
                            _calls.c.status == ToolCallStatus.PENDING).limit(1))
-"""Built once, with bind parameters (named unlike the columns they set): a tool call runs
-them on every call."""
+"""Built once, with bind parameters (named unlike the columns they set), and run on the
+session's cursor (`agentq.prebuilt`): a tool call runs them on every call."""
 
 
 def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: ToolRegistry,
@@ -310,9 +311,9 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
     postgres = session.get_bind().dialect.name == "postgresql"
     query = _LOCK_CALL_BY_ID[postgres]
     if postgres:
-        call = session.execute(_LOCK_AND_START_FIRST, {
+        call = _LOCK_AND_START_FIRST.first(session, {
             "call_id": tool_use_id, "now": now,
-            "until": now + timedelta(seconds=settings.step_deadline_s)}).first()
+            "until": now + timedelta(seconds=settings.step_deadline_s)})
         if call is not None and call.started is not None:
             # started with the read: its UPDATE's conditions are `rules.call_verdict`'s
             # Start(1) (pending, never delivered, its job live and not cancelling, no
@@ -320,7 +321,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
             return _start(uow, call, rules.Start(1), tool_use_id, settings, registry,
                           sessions, now, started=True)
     else:
-        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
+        call = query.first(session, {"tool_use_id": tool_use_id})
     if call is None:
         return _missing(tool_use_id)
     verdict = _verdict(call, registry, now)
@@ -329,7 +330,7 @@ def _prepare(uow: UnitOfWork, tool_use_id: str, settings: Settings, registry: To
         # interrupted call, a start again): that statement wrote nothing; read again, the
         # job's row held, in the transaction that writes. A verdict that writes nothing
         # (settled, running elsewhere) stands on the first read.
-        call = session.execute(query, {"tool_use_id": tool_use_id}).first()
+        call = query.first(session, {"tool_use_id": tool_use_id})
         if call is None:
             return _missing(tool_use_id)
         verdict = _verdict(call, registry, now)
@@ -392,7 +393,7 @@ def _start(uow: UnitOfWork, call: Any, start: rules.Start, tool_use_id: str,
     # turn holds one (a slow tool is not a stall), and the job's row, locked by `_prepare`,
     # is not written (issue 34: it changes only with the job's state)
     if not started:
-        uow.session.execute(_START_CALL, {"call_id": tool_use_id,
+        _START_CALL.execute(uow.session, {"call_id": tool_use_id,
                                           "attempts_now": start.attempts, "now": now,
                                           "until": lease_until})
     if start.crashed:
@@ -420,9 +421,9 @@ def _store(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str, name: str, stat
     """Write the result once: only a pending call takes it. The caller holds the job's row
     (locked first, as every other writer does). Returns the call's turn, or None when
     another delivery stored it already."""
-    iteration: int | None = uow.session.execute(_STORE_RESULT, {
+    iteration: int | None = _STORE_RESULT.scalar(uow.session, {
         "call_id": tool_use_id, "status_now": status, "record": record,
-        "now": utcnow()}).scalar_one_or_none()
+        "now": utcnow()})
     if iteration is None:
         return None
     type_, data = _end_event(tool_use_id, name, record)
@@ -447,7 +448,7 @@ def _store_with_event() -> Select[tuple[int, int]]:
     (the call's turn, the event's seq), no row when another delivery stored the result."""
     locked = (select(_jobs.c.id).where(_jobs.c.id == bindparam("ident"))
               .with_for_update(key_share=True).cte("locked"))
-    stored = _STORE_RESULT.where(_calls.c.job_id == locked.c.id).cte("stored")
+    stored = _STORE.where(_calls.c.job_id == locked.c.id).cte("stored")
     advanced = (update(_jobs)
                 .where(_jobs.c.id == bindparam("ident"), select(stored.c.iteration).exists())
                 .values(event_seq=_jobs.c.event_seq + 1,
@@ -463,7 +464,7 @@ def _store_with_event() -> Select[tuple[int, int]]:
             .select_from(stored.join(advanced, true())).add_cte(appended))
 
 
-_STORE_WITH_EVENT = _store_with_event()
+_STORE_WITH_EVENT = Prebuilt(_store_with_event())
 
 
 def _lock_store_and_announce(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: str,
@@ -473,10 +474,9 @@ def _lock_store_and_announce(uow: UnitOfWork, job_id: uuid.UUID, tool_use_id: st
     another delivery stored it already."""
     now = utcnow()
     event = _end_event(tool_use_id, name, record)
-    row = uow.session.execute(_STORE_WITH_EVENT, {
+    row = _STORE_WITH_EVENT.first(uow.session, {
         "ident": job_id, "call_id": tool_use_id, "status_now": status, "record": record,
-        "now": now, "event_type": event[0],
-        "event_data": event[1]}).first()
+        "now": now, "event_type": event[0], "event_data": event[1]})
     if row is None:
         return None
     iteration: int = row.iteration
