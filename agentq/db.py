@@ -512,8 +512,8 @@ def insert_new_chain(session: Session, *rows: tuple[Model, tuple[str, ...]]) -> 
     for at, ((obj, _), row) in enumerate(zip(rows, values, strict=True)):
         params.update({f"r{at}_{column.key}": row[attribute]
                        for attribute, column in _mapped_columns(type(obj))})
-    written = sum(session.execute(_chain_statement(tuple(
-        (type(obj), unique) for obj, unique in rows)), params).one())
+    written = sum(prebuilt(_chain_statement(tuple(
+        (type(obj), unique) for obj, unique in rows))).one(session, params))
     for (obj, _), row in zip(rows[:written], values, strict=False):
         _joined_as_written(session, obj, row)
     return written

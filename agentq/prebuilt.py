@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence,
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import literal_column
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.expression import Executable, Select, UpdateBase
 
@@ -93,42 +94,49 @@ class Prebuilt:
         self._lock = threading.Lock()
 
     # -- running ----------------------------------------------------------------------------
-    def rows(self, session: "Session", params: dict[str, Any] | None = None) -> list[Any]:
-        """Every row the statement answers (named tuples; [] for a statement with none)."""
-        dialect = session.get_bind().dialect
+    def rows(self, on: "Session | Connection", params: dict[str, Any] | None = None
+             ) -> list[Any]:
+        """Every row the statement answers (named tuples; [] for a statement with none), run
+        in the session's transaction (begun if none is), or on the connection."""
+        if isinstance(on, Connection):
+            connection = on
+            if not connection.in_transaction():
+                connection.begin()  # as its execute would autobegin: its commit is this one's
+        else:
+            connection = on.connection()
+        dialect = connection.dialect
         plan = self._plans.get(dialect.name) if dialect.name == "postgresql" else None
         if plan is None and dialect.name == "postgresql":
             plan = self._plan(dialect)
         if plan is None:  # another dialect, or a statement that expands a list
-            result = cast("CursorResult[Any]", session.connection().execute(
-                self.statement, params or {}))
+            result = cast("CursorResult[Any]", connection.execute(self.statement, params or {}))
             return list(result) if result.returns_rows else []
-        return self._run(session, dialect, plan, params or {})
+        return self._run(connection, dialect, plan, params or {})
 
-    def first(self, session: "Session", params: dict[str, Any] | None = None) -> Any:
+    def first(self, on: "Session | Connection", params: dict[str, Any] | None = None) -> Any:
         """The first row, or None."""
-        rows = self.rows(session, params)
+        rows = self.rows(on, params)
         return rows[0] if rows else None
 
-    def one(self, session: "Session", params: dict[str, Any] | None = None) -> Any:
+    def one(self, on: "Session | Connection", params: dict[str, Any] | None = None) -> Any:
         """The one row: SQLAlchemy's NoResultFound or MultipleResultsFound otherwise."""
-        rows = self.rows(session, params)
+        rows = self.rows(on, params)
         if len(rows) != 1:
             raise (sa_exc.NoResultFound if not rows else sa_exc.MultipleResultsFound)(
                 "no row was found when one was required" if not rows
                 else "more than one row was found when one was required")
         return rows[0]
 
-    def scalar(self, session: "Session", params: dict[str, Any] | None = None) -> Any:
+    def scalar(self, on: "Session | Connection", params: dict[str, Any] | None = None) -> Any:
         """The first column of the first row, or None when there is no row."""
-        row = self.first(session, params)
+        row = self.first(on, params)
         return None if row is None else row[0]
 
-    def execute(self, session: "Session", params: dict[str, Any] | None = None) -> None:
+    def execute(self, on: "Session | Connection", params: dict[str, Any] | None = None) -> None:
         """Run it, its rows (if any) not read."""
-        self.rows(session, params)
+        self.rows(on, params)
 
-    def _run(self, session: "Session", dialect: "Dialect", plan: _Plan,
+    def _run(self, connection: Connection, dialect: "Dialect", plan: _Plan,
              params: dict[str, Any]) -> list[Any]:
         values = dict(plan.fixed)
         processors = plan.processors
@@ -143,7 +151,6 @@ class Prebuilt:
         if not plan.required <= values.keys():
             raise sa_exc.ArgumentError(
                 f"a value is required for {sorted(plan.required - values.keys())}")
-        connection = session.connection()
         dbapi_connection = connection.connection.dbapi_connection
         cursor = dbapi_connection.cursor()  # type: ignore[union-attr]
         try:

@@ -62,6 +62,7 @@ from agentq.loop.states import (
     WaitingFor,
 )
 from agentq.models import Conversation, Job, ToolCall
+from agentq.prebuilt import prebuilt
 from agentq.prepared import deferred_writes
 from agentq.tenants import cached_quotas, running_count
 from agentq.tools.result import ToolResult
@@ -432,25 +433,24 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     next_id: uuid.UUID | None
     if answered is not None:
         with deferred_writes(session):
-            session.execute(ANSWER_AND_RELEASE, {
+            prebuilt(ANSWER_AND_RELEASE).execute(session, {
                 **message_parameters(job.conversation_id, job.id, answered, now),
                 "job_id": job.id})
         forget_loaded(session, Conversation, job.conversation_id, "message_seq",
                       "active_job_id", "last_active_at")
-        next_id, quota_waiters, released, shown = session.execute(AFTER_ANSWER, {
-            **waits, "job_id": job.id, "now": now}).one()
+        next_id, quota_waiters, released, shown = prebuilt(AFTER_ANSWER).one(session, {
+            **waits, "job_id": job.id, "now": now})
         calls: Sequence[Any] = [_Call(**call) for call in shown or ()]
         if not released:  # not the conversation's owner: only its message was written
             return Released(calls, None)
     else:
         if last is not None:
             append_messages(session, job.conversation_id, job.id, [last], now)
-        calls = session.execute(CALLS_OF, {"job_id": job.id}).all()
+        calls = prebuilt(CALLS_OF).rows(session, {"job_id": job.id})
         # one statement checks that the job holds its conversation, locks the row and
         # lets go of it (a job that never held it locks nothing)
-        if session.execute(RELEASE, {"conversation_id": job.conversation_id,
-                                     "job_id": job.id, "now": now}
-                           ).scalar_one_or_none() is None:
+        if prebuilt(RELEASE).first(session, {"conversation_id": job.conversation_id,
+                                             "job_id": job.id, "now": now}) is None:
             return Released(calls, None)
         sync_loaded(session, Conversation, job.conversation_id, active_job_id=None,
                     last_active_at=now)
@@ -474,12 +474,13 @@ def release_conversation(uow: "UnitOfWork", job: Job,
     if late or answered is None:
         # read after the lock on the conversation was taken (by the statement that let it
         # go): a job queued for it meanwhile, or the follow-up just made, is seen
-        next_id, quota_waiters = session.execute(NEXT_AND_QUOTA_WAITERS, waits).one()
+        next_id, quota_waiters = prebuilt(NEXT_AND_QUOTA_WAITERS).one(session, waits)
     nxt = session.get(Job, next_id) if next_id is not None else None
     if nxt is None:
         return Released(calls, quota_waiters)
     admit(nxt, now)
-    session.execute(HAND_ON, {"conversation_id": job.conversation_id, "next_id": nxt.id})
+    prebuilt(HAND_ON).execute(session, {"conversation_id": job.conversation_id,
+                                        "next_id": nxt.id})
     sync_loaded(session, Conversation, job.conversation_id, active_job_id=nxt.id)
     if may_start(session, nxt):  # else it holds the conversation, waiting for the quota
         uow.effect(NextStep(str(nxt.id), 0, "start"))

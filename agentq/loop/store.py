@@ -40,6 +40,7 @@ from agentq.ids import new_id
 from agentq.llm.types import LLMReply
 from agentq.loop.context import StoredMessage, estimate_tokens
 from agentq.models import Base, Conversation, Job, JobEvent, Message, TokenLog, User
+from agentq.prebuilt import prebuilt
 from agentq.prepared import deferred_writes
 
 log = logging.getLogger(__name__)
@@ -246,11 +247,11 @@ def append_messages(session: Session, conversation_id: uuid.UUID, job_id: uuid.U
     now = now or utcnow()
     tokens = [estimate_tokens(content) for _, content, _ in rows]
     if len(rows) == 1 and session.get_bind().dialect.name == "postgresql":
-        last = first = session.execute(_APPEND_ONE, message_parameters(
-            conversation_id, job_id, rows[0], now, tokens[0])).scalar_one()
+        last = first = prebuilt(_APPEND_ONE).one(session, message_parameters(
+            conversation_id, job_id, rows[0], now, tokens[0]))[0]
     else:
-        last = session.execute(_ADVANCE_MESSAGES, {"ident": conversation_id,
-                                                   "n": len(rows), "now": now}).scalar_one()
+        last = prebuilt(_ADVANCE_MESSAGES).one(session, {"ident": conversation_id,
+                                                         "n": len(rows), "now": now})[0]
         first = last - len(rows) + 1
         session.execute(_INSERT_MESSAGES, [
             {"id": new_id(), "conversation_id": conversation_id, "job_id": job_id,
@@ -273,7 +274,7 @@ def append_unread(session: Session, conversation_id: uuid.UUID, job_id: uuid.UUI
         append_messages(session, conversation_id, job_id, rows, now)
         return
     with deferred_writes(session):
-        session.execute(_APPEND_ONE_UNREAD, message_parameters(
+        prebuilt(_APPEND_ONE_UNREAD).execute(session, message_parameters(
             conversation_id, job_id, rows[0], now or utcnow()))
     forget_loaded(session, Conversation, conversation_id, "message_seq")
 
@@ -292,7 +293,7 @@ def append_after(session: Session, conversation: Conversation, job_id: uuid.UUID
     role, content, _model = rows[0]
     tokens, after = estimate_tokens(content), conversation.message_seq
     with deferred_writes(session):
-        session.execute(_APPEND_AFTER, {**message_parameters(
+        prebuilt(_APPEND_AFTER).execute(session, {**message_parameters(
             conversation.id, job_id, rows[0], now or utcnow(), tokens), "after": after})
     set_committed_value(conversation, "message_seq", after + 1)
     return [StoredMessage(after + 1, role, content, tokens)]
@@ -385,13 +386,13 @@ def append_events(session: Session, job_id: uuid.UUID,
     now = now or utcnow()
     if len(items) == 1 and session.get_bind().dialect.name == "postgresql":
         (type_, data), = items
-        last = session.execute(_APPEND_ONE_EVENT, {
+        last = prebuilt(_APPEND_ONE_EVENT).one(session, {
             "ident": job_id, "n": 1, "now": now,
-            "event_type": type_, "event_data": data}).scalar_one()
+            "event_type": type_, "event_data": data})[0]
         written = shown(last, items, now)
     else:
-        last = session.execute(_ADVANCE_EVENTS, {"ident": job_id, "n": len(items),
-                                                 "now": now}).scalar_one()
+        last = prebuilt(_ADVANCE_EVENTS).one(session, {"ident": job_id, "n": len(items),
+                                                       "now": now})[0]
         written = insert_events(session, job_id, last - len(items) + 1, items, now)
     sync_loaded(session, Job, job_id, event_seq=last, last_progress_at=now)
     return written

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import bindparam, exc, insert, select, text, update
 
 from agentq.db import DATABASE_UNREACHABLE
-from agentq.models import Job, JobEvent, ToolCall
+from agentq.models import Job, JobEvent
 from agentq.prebuilt import Prebuilt, literal_in
 from agentq.testing.harness import text as answer
 from tests.support.sql import sql_sent
