@@ -68,8 +68,11 @@ class _Plan(NamedTuple):
     computed in Python, as SQLAlchemy computes it for each execution when not given."""
     row: type | None
     """The named tuple of a row (None: the statement answers no rows)."""
-    results: tuple[tuple[int, _Processor], ...]
-    """(column index, processor) of each result column that has one."""
+    types: tuple[Any, ...]
+    """Each result column's type, for this dialect."""
+    results: list[tuple[tuple[int, _Processor], ...] | None]
+    """[(column index, processor) of each result column that has one]: made on the first
+    run, from the driver's type of each column (a numeric's processor depends on it)."""
 
 
 def literal_in(column: ColumnElement[Any], values: Iterable[str]) -> ColumnElement[bool]:
@@ -160,11 +163,15 @@ class Prebuilt:
             if plan.row is None or cursor.description is None:
                 return []
             fetched = cursor.fetchall()
+            results = plan.results[0]
+            if results is None:
+                results = plan.results[0] = _result_processors(plan.types, dialect,
+                                                               cursor.description)
         except dialect.loaded_dbapi.Error as error:
             raise _translated(connection, dialect, error, plan.sql, values, cursor) from error
         finally:
             cursor.close()
-        return _rows(plan, fetched)
+        return _rows(plan.row, results, fetched)
 
     # -- compiling --------------------------------------------------------------------------
     def _plan(self, dialect: "Dialect") -> _Plan | None:
@@ -181,14 +188,25 @@ def prebuilt(statement: Executable) -> Prebuilt:
     return Prebuilt(statement)
 
 
-def _rows(plan: _Plan, fetched: Sequence[tuple[Any, ...]]) -> list[Any]:
-    make = plan.row._make  # type: ignore[union-attr]
-    if not plan.results:
-        return [make(row) for row in fetched]
+def _result_processors(types: tuple[Any, ...], dialect: "Dialect", description: Any
+                       ) -> tuple[tuple[int, _Processor], ...]:
     out = []
-    for row in fetched:
-        values = list(row)
-        for index, processor in plan.results:
+    for index, (type_, column) in enumerate(zip(types, description, strict=True)):
+        processor = type_.result_processor(dialect, column[1])
+        if processor is not None:
+            out.append((index, processor))
+    return tuple(out)
+
+
+def _rows(row: Any, results: tuple[tuple[int, _Processor], ...],
+          fetched: Sequence[tuple[Any, ...]]) -> list[Any]:
+    make = row._make
+    if not results:
+        return [make(values) for values in fetched]
+    out = []
+    for fetched_row in fetched:
+        values = list(fetched_row)
+        for index, processor in results:
             values[index] = processor(values[index])
         out.append(make(values))
     return out
@@ -224,17 +242,13 @@ def _compile(statement: Executable, dialect: "Dialect") -> _Plan | None:
                              default.arg, processors.get(column.key)))
     columns = _answered(statement)
     row: type | None = None
-    results: list[tuple[int, _Processor]] = []
     if columns:
         keys = [getattr(column, "key", None) or getattr(column, "name", None) or f"c{index}"
                 for index, column in enumerate(columns)]
         row = namedtuple("Row", keys, rename=True)  # type: ignore[misc,no-redef]
-        for index, column in enumerate(columns):
-            processor = column.type.dialect_impl(dialect).result_processor(dialect, None)
-            if processor is not None:
-                results.append((index, processor))
     return _Plan(compiled.string, fixed, processors, frozenset(compiled.bind_names.values()),
-                 frozenset(required), tuple(defaults), row, tuple(results))
+                 frozenset(required), tuple(defaults), row,
+                 tuple(column.type.dialect_impl(dialect) for column in columns), [None])
 
 
 def _answered(statement: Executable) -> list[Any]:

@@ -7,11 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, Text, bindparam, cast, func, select
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session, aliased, object_session
 
 from agentq.loop.states import COUNTED_STATUSES, SHOWN_WAITS, UNENDED_STATUSES, JobStatus
 from agentq.models import Batch, Conversation, Job, ToolCall, WebhookDelivery
+from agentq.prebuilt import Prebuilt
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -35,7 +37,8 @@ def job_status(job: Job) -> tuple[str, str | None]:
 
 
 def job_object(job: Job, children: list[str] | None = None) -> dict[str, Any]:
-    """`children`: the job's children as read with it (`read_job`); None: read now."""
+    """`job`: a Job, or a row of its columns named as its attributes (`read_job`).
+    `children`: the job's children as read with it (`read_job`); None: read now."""
     status, waiting_for = job_status(job)
     return {
         "id": str(job.id),
@@ -90,27 +93,30 @@ def children_of(session: Session, job_id: uuid.UUID) -> list[str]:
 
 
 _child = aliased(Job)
-_JOB_WITH_CHILDREN = (
-    select(Job, _children_of(_child, Job.id).with_only_columns(
-        func.array_agg(aggregate_order_by(cast(_child.id, Text), *_CALL_ORDER)))
-        .scalar_subquery())
+_JOB_WITH_CHILDREN = Prebuilt(
+    select(*(attribute.columns[0].label(attribute.key)
+             for attribute in sa_inspect(Job).column_attrs),
+           _children_of(_child, Job.id).with_only_columns(
+               func.array_agg(aggregate_order_by(cast(_child.id, Text), *_CALL_ORDER)))
+           .scalar_subquery().label("children_read"))
     .where(Job.id == bindparam("job_id")))
-"""A job and its children's ids in call order (`children_of`), in one statement
-(Postgres): the children an index lookup of the same round trip."""
+"""A job's columns, each named as its Job attribute, and its children's ids in call order
+(`children_of`), in one prebuilt statement (Postgres, agentq.prebuilt): no ORM object
+made, the children an index lookup of the same round trip."""
 
 
-def read_job(session: Session, job_id: uuid.UUID) -> tuple[Job, list[str] | None] | None:
-    """The job and its children for `job_object`: on Postgres in one statement (a poll's
-    one read of the job, no second round trip for its children), elsewhere the job alone
-    (its children read by `job_object`, None). None: no such job."""
+def read_job(session: Session, job_id: uuid.UUID) -> tuple[Any, list[str] | None] | None:
+    """The job and its children for `job_object`: on Postgres in one statement, the job a
+    row read as its Job's attributes (a poll's one read of the job: no ORM object, no
+    second round trip for its children), elsewhere the Job alone (its children read by
+    `job_object`, None). None: no such job."""
     if session.get_bind().dialect.name != "postgresql":
         job = session.get(Job, job_id)
         return None if job is None else (job, None)
-    row = session.execute(_JOB_WITH_CHILDREN, {"job_id": job_id}).first()
+    row = _JOB_WITH_CHILDREN.first(session, {"job_id": job_id})
     if row is None:
         return None
-    job, children = row
-    return job, list(children or ())
+    return row, list(row.children_read or ())
 
 
 def conversation_object(conversation: Conversation) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from typing import Iterator
+from typing import Any, Iterator
 
 from flask import Blueprint, Response, g, jsonify, request
 from sqlalchemy import select
@@ -90,8 +90,9 @@ def load_job(session, job_id: str) -> Job:
     return job
 
 
-def read_visible_job(session: Session, job_id: str) -> tuple[Job, list[str] | None]:
-    """`load_job`, with the job's children read in the same statement (`read_job`)."""
+def read_visible_job(session: Session, job_id: str) -> tuple[Any, list[str] | None]:
+    """`load_job`, with the job's children read in the same statement (`read_job`: on
+    Postgres the job a row of its columns, for `job_object`)."""
     read = read_job(session, parse_uuid(job_id, "job"))
     if read is None or not can_see(read[0]):
         raise NotFound("job", job_id)

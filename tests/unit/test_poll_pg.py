@@ -82,3 +82,24 @@ def test_a_poll_of_a_job_the_key_may_not_see_is_404_as_if_absent(make_pg):
     body = answer.get_json()
     assert body["error"]["code"] == absent.get_json()["error"]["code"]
     assert "children" not in answer.get_data(as_text=True)
+
+
+def test_a_polls_job_object_is_the_orm_jobs(make_pg):
+    # given a job that ended with usage, a response and metadata (every kind of column the
+    # job object shows: timestamps, a float, JSON, enums as text)
+    from agentq.models import Job
+    from agentq.testing.harness import text
+    from agentq.views import job_object, read_job
+    h = make_pg(text("4", input_tokens=12, output_tokens=3))
+    job_id = h.submit("What is 2+2?", thread=f"poll-{uuid.uuid4().hex}")
+    h.drive(job_id)
+    # when the poll reads it as a row of its columns, and the ORM loads it
+    with h.sessions() as session:
+        row, children = read_job(session, uuid.UUID(job_id))
+        polled = job_object(row, children)
+    with h.sessions() as session:
+        loaded = job_object(session.get(Job, uuid.UUID(job_id)))
+    # then both make the same job object
+    assert polled == loaded
+    assert polled["status"] == "completed" and polled["usage"]["input_tokens"] == 12
+    assert isinstance(polled["usage"]["cost_estimate"], float)
