@@ -28,10 +28,11 @@ What a run keeps of SQLAlchemy's behaviour:
 On another dialect (SQLite) a run is the same statement on `session.connection()`: one code
 path for the callers, the same rows (attribute and index access).
 
-A statement whose SQL changes from run to run (an `in_` of a list bound per call: SQLAlchemy
-expands the list into the SQL) runs through SQLAlchemy's connection as before; fixed lists
-are written as literals (`literal_in`) so that the statements run on every step are
-prebuilt. tests/unit/test_prebuilt.py lists those."""
+A statement whose SQL changes from run to run runs through SQLAlchemy's connection as before:
+an `in_` of a list bound per call (SQLAlchemy expands the list into the SQL; fixed lists are
+written as literals, `literal_in`), or a run of an INSERT or UPDATE given a parameter named
+as a column of a table it writes (SQLAlchemy then writes that column too). The statements
+run on every step are prebuilt: tests/unit/test_prebuilt.py lists them."""
 from __future__ import annotations
 
 import functools
@@ -40,9 +41,9 @@ from collections import namedtuple
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence, cast
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import literal_column
+from sqlalchemy import Table, literal_column
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, visitors
 from sqlalchemy.sql.expression import Executable, Select, UpdateBase
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ class _Plan(NamedTuple):
     """The processor of each parameter a caller passes that has one."""
     names: frozenset[str]
     """Every parameter of the statement."""
+    columns: frozenset[str]
+    """The columns of the tables it writes (none for a statement that writes nothing) that
+    are not among its parameters: SQLAlchemy writes a run's parameter named as one of them
+    too (it compiles an INSERT or UPDATE for the keys it is given), so such a run goes
+    through SQLAlchemy."""
     required: frozenset[str]
     """The parameters a caller must pass."""
     defaults: tuple[tuple[str, Callable[[Any], Any] | None, Any, _Processor | None], ...]
@@ -111,7 +117,9 @@ class Prebuilt:
         plan = self._plans.get(dialect.name) if dialect.name == "postgresql" else None
         if plan is None and dialect.name == "postgresql":
             plan = self._plan(dialect)
-        if plan is None:  # another dialect, or a statement that expands a list
+        if plan is None or (params and not plan.columns.isdisjoint(params)):
+            # another dialect, a statement that expands a list, or a run that names a
+            # column to write: as SQLAlchemy runs it
             result = cast("CursorResult[Any]", connection.execute(self.statement, params or {}))
             return list(result) if result.returns_rows else []
         return self._run(connection, dialect, plan, params or {})
@@ -246,7 +254,12 @@ def _compile(statement: Executable, dialect: "Dialect") -> _Plan | None:
         keys = [getattr(column, "key", None) or getattr(column, "name", None) or f"c{index}"
                 for index, column in enumerate(columns)]
         row = namedtuple("Row", keys, rename=True)  # type: ignore[misc,no-redef]
-    return _Plan(compiled.string, fixed, processors, frozenset(compiled.bind_names.values()),
+    names = frozenset(compiled.bind_names.values())
+    elements = list(visitors.iterate(statement))
+    written = frozenset(column.key for element in elements if isinstance(element, Table)
+                        for column in element.c) - names if any(
+        isinstance(element, UpdateBase) for element in elements) else frozenset()
+    return _Plan(compiled.string, fixed, processors, names, written,
                  frozenset(required), tuple(defaults), row,
                  tuple(column.type.dialect_impl(dialect) for column in columns), [None])
 

@@ -166,3 +166,47 @@ def test_a_dead_connection_is_unreachable_and_never_handed_out_again(make_pg):
     with h.sessions() as session:
         assert _EVENTS_OF.rows(session, {"job_id": job_id})
         assert session.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+
+
+def test_a_run_naming_a_column_to_write_runs_through_sqlalchemy(any_db):
+    # given an UPDATE, and a run given a parameter named as a column of its table (which
+    # SQLAlchemy writes too: it compiles an UPDATE for the keys it is given)
+    h = any_db()
+    job_id = uuid.UUID(h.submit(thread=f"prebuilt-{uuid.uuid4().hex}"))
+    with h.sessions() as session, session.begin():
+        _TOUCH.execute(session, {"ident": job_id, "model": "named-by-the-run"})
+    # then the column is written, as SQLAlchemy writes it
+    with h.sessions() as session:
+        assert session.execute(select(_jobs.c.model).where(
+            _jobs.c.id == job_id)).scalar_one() == "named-by-the-run"
+
+
+def test_the_statements_every_job_runs_are_compiled_once():
+    # the tool call's start and result, the messages and events appended, the job's end
+    # and its conversation's release, the key check and the poll's read: none of them
+    # falls back to SQLAlchemy's execution (an expanding list, columns from parameters)
+    from sqlalchemy.dialects import postgresql
+
+    from agentq.loop import busy, execute, store
+    from agentq.prebuilt import prebuilt
+    from agentq.views import _JOB_WITH_CHILDREN
+    from api.auth import _LIVE_KEY
+    dialect = postgresql.psycopg2.dialect()
+    statements = {
+        "tool start": execute._LOCK_AND_START_FIRST,
+        "tool call read": execute._LOCK_CALL_BY_ID[True],
+        "tool start again": execute._START_CALL, "tool result": execute._STORE_RESULT,
+        "tool result and event": execute._STORE_WITH_EVENT,
+        "turn pending": execute._PENDING_OF_TURN,
+        "message": prebuilt(store._APPEND_ONE),
+        "message unread": prebuilt(store._APPEND_ONE_UNREAD),
+        "message after": prebuilt(store._APPEND_AFTER),
+        "event": prebuilt(store._APPEND_ONE_EVENT),
+        "answer and release": prebuilt(busy.ANSWER_AND_RELEASE),
+        "after answer": prebuilt(busy.AFTER_ANSWER),
+        "next and quota waiters": prebuilt(busy.NEXT_AND_QUOTA_WAITERS),
+        "calls": prebuilt(busy.CALLS_OF), "release": prebuilt(busy.RELEASE),
+        "hand on": prebuilt(busy.HAND_ON), "poll": _JOB_WITH_CHILDREN, "key": _LIVE_KEY}
+    fallen_back = [name for name, statement in statements.items()
+                   if statement._plan(dialect) is None]
+    assert fallen_back == []
