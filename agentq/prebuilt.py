@@ -40,8 +40,8 @@ import threading
 from collections import namedtuple
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence, cast
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy import Table, literal_column
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement, visitors
 from sqlalchemy.sql.expression import Executable, Select, UpdateBase
