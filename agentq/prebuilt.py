@@ -48,6 +48,7 @@ from sqlalchemy.sql.expression import Executable, Select, UpdateBase
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult, Dialect
+    from sqlalchemy.sql.elements import ClauseElement
     from sqlalchemy.orm import Session
 
 _Processor = Callable[[Any], Any]
@@ -255,7 +256,7 @@ def _compile(statement: Executable, dialect: "Dialect") -> _Plan | None:
                 for index, column in enumerate(columns)]
         row = namedtuple("Row", keys, rename=True)  # type: ignore[misc,no-redef]
     names = frozenset(compiled.bind_names.values())
-    elements = list(visitors.iterate(statement))
+    elements = list(visitors.iterate(cast("ClauseElement", statement)))
     written = frozenset(column.key for element in elements if isinstance(element, Table)
                         for column in element.c) - names if any(
         isinstance(element, UpdateBase) for element in elements) else frozenset()
