@@ -48,8 +48,8 @@ from sqlalchemy.sql.expression import Executable, Select, UpdateBase
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult, Dialect
-    from sqlalchemy.sql.elements import ClauseElement
     from sqlalchemy.orm import Session
+    from sqlalchemy.sql.elements import ClauseElement
 
 _Processor = Callable[[Any], Any]
 
