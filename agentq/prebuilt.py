@@ -4,8 +4,9 @@ cursor, SQLAlchemy's per-execution work skipped.
 SQLAlchemy runs each Core statement through its execution machinery: the statement's cache
 key (a walk of the whole statement), the compiled cache's lookup, every parameter
 constructed and processed, an execution context, a result with its metadata, each row
-processed column by column. For the statements a job runs on every step and tool call that
-was about half of the in-process floor's CPU (docs/benchmarks.md, issue 34's eighth pass).
+processed column by column. SQLAlchemy's own code was 41% of the in-process floor's samples
+(py-spy over 400 one-tool jobs: docs/benchmarks.md, issue 34's eighth pass), most of it in
+the statements every step, tool call and poll runs.
 A `Prebuilt` does that work once, on its first run against a dialect: the SQL string, which
 parameters take a processor (a JSON column's serializer, say) and which hold a value fixed
 in the statement, and each result column's processor. A run then builds its parameters,
