@@ -46,6 +46,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement, visitors
 from sqlalchemy.sql.expression import Executable, Select, UpdateBase
+from sqlalchemy.sql.operators import ColumnOperators
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult, Dialect
@@ -83,7 +84,7 @@ class _Plan(NamedTuple):
     run, from the driver's type of each column (a numeric's processor depends on it)."""
 
 
-def literal_in(column: ColumnElement[Any], values: Iterable[str]) -> ColumnElement[bool]:
+def literal_in(column: ColumnOperators, values: Iterable[str]) -> ColumnElement[bool]:
     """`column IN ('a', 'b')` with the values written into the SQL: for fixed sets of
     known strings (statuses), which a prebuilt statement cannot bind as a list."""
     quoted: list[ColumnElement[Any]] = []
@@ -92,7 +93,7 @@ def literal_in(column: ColumnElement[Any], values: Iterable[str]) -> ColumnEleme
         if "'" in text or "\\" in text:
             raise ValueError(f"not a plain literal: {text!r}")
         quoted.append(literal_column(f"'{text}'"))
-    return column.in_(quoted)
+    return cast("ColumnElement[bool]", column.in_(quoted))
 
 
 class Prebuilt:

@@ -24,7 +24,7 @@ import uuid
 from collections import Counter
 from typing import Any, Mapping
 
-from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy import Integer, bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -35,6 +35,7 @@ from agentq.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from agentq.ids import new_id
 from agentq.loop.states import NOT_ADMITTED, UNENDED_STATUSES, JobStatus, WaitingFor
 from agentq.models import Job, Tenant
+from agentq.prebuilt import literal_in
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000001")
 """Made by the migration that introduced tenants; the rows and keys from before it."""
@@ -218,13 +219,19 @@ _RUNNING = select(func.count()).select_from(Job).where(
 call cost more of the caller's CPU than Postgres spends running it)."""
 
 
-RUNNING_NOW = (select(func.count()).select_from(Job).where(
-    Job.tenant_id == bindparam("running_tenant", type_=Job.tenant_id.type),
-    Job.status.in_(UNENDED_STATUSES),
-    or_(Job.waiting_for.is_(None), Job.waiting_for.not_in(NOT_ADMITTED))).scalar_subquery())
+RUNNING_NOW = select(func.count()).select_from(
+    select(Job.id).where(
+        Job.tenant_id == bindparam("running_tenant", type_=Job.tenant_id.type),
+        literal_in(Job.status, UNENDED_STATUSES),
+        or_(Job.waiting_for.is_(None), ~literal_in(Job.waiting_for, NOT_ADMITTED)))
+    .limit(bindparam("running_cap", type_=Integer)).subquery()).scalar_subquery()
 """`_RUNNING` as a subquery of another statement, the tenant bound as `running_tenant`:
 `running_count` as that statement's snapshot sees the jobs (its own writes aside), for a
-writer that changed no other job (a new job taking its conversation)."""
+writer that changed no other job (a new job taking its conversation). It counts no further
+than `running_cap`, the tenant's quota: whether the quota is full is all its reader asks,
+and a tenant with a backlog far past its quota would otherwise have every submit count it
+all. Its statuses are written into the SQL (`prebuilt.literal_in`), so the statement that
+carries it is compiled once (agentq.prebuilt)."""
 
 
 def _runs(job) -> bool:

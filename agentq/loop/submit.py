@@ -124,11 +124,12 @@ def submit(uow: UnitOfWork, settings: Settings, sub: Submission,
     # the job's INSERT and the conversation's UPDATE (its row is ours: locked or made here)
     # in one statement on Postgres, with the count of the tenant's running jobs when it has
     # a quota of them; else one after the other, no flush
-    counted = owner is None and bool(cached_quotas(session, job.tenant_id,
-                                                   settings).running_jobs)
+    quota = cached_quotas(session, job.tenant_id, settings).running_jobs
+    counted = owner is None and bool(quota)
     written, running = insert_new_with(
         session, job, conversation,
-        (RUNNING_NOW, {"running_tenant": job.tenant_id}) if counted else None)
+        (RUNNING_NOW, {"running_tenant": job.tenant_id, "running_cap": quota})
+        if counted else None)
     if not written:
         insert_new(session, job)  # first: its files and the conversation refer to it
         write_changes(session, conversation)

@@ -189,6 +189,7 @@ def test_the_statements_every_job_runs_are_compiled_once():
 
     from agentq.loop import busy, execute, store
     from agentq.prebuilt import prebuilt
+    from agentq.tenants import RUNNING_NOW
     from agentq.views import _JOB_WITH_CHILDREN
     from api.auth import _LIVE_KEY
     dialect = postgresql.psycopg2.dialect()
@@ -206,7 +207,8 @@ def test_the_statements_every_job_runs_are_compiled_once():
         "after answer": prebuilt(busy.AFTER_ANSWER),
         "next and quota waiters": prebuilt(busy.NEXT_AND_QUOTA_WAITERS),
         "calls": prebuilt(busy.CALLS_OF), "release": prebuilt(busy.RELEASE),
-        "hand on": prebuilt(busy.HAND_ON), "poll": _JOB_WITH_CHILDREN, "key": _LIVE_KEY}
+        "hand on": prebuilt(busy.HAND_ON), "poll": _JOB_WITH_CHILDREN, "key": _LIVE_KEY,
+        "submit's running count": prebuilt(select(RUNNING_NOW))}
     fallen_back = [name for name, statement in statements.items()
                    if statement._plan(dialect) is None]
     assert fallen_back == []

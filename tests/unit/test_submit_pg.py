@@ -148,6 +148,31 @@ def test_a_message_past_the_running_jobs_quota_waits_for_it(make):
     assert stored.waiting_for == "quota" and conversation.active_job_id == second.id
 
 
+def test_a_submits_running_count_stops_at_the_quota(make):
+    # given a tenant with a quota of three running jobs, all three running
+    from sqlalchemy import select
+
+    from agentq.tenants import RUNNING_NOW
+    h = make()
+    with session_scope(h.settings) as session:
+        tenant = create_tenant(session, f"backlog-{uuid.uuid4().hex[:6]}")
+        update_quotas(session, tenant, {"running_jobs": 3})
+    forget_cached_quotas()
+    for _ in range(3):
+        _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
+    # when the submit's count reads them with a cap below, at and above them
+    with h.sessions() as session:
+        def count(cap):
+            return session.execute(select(RUNNING_NOW), {
+                "running_tenant": tenant.id, "running_cap": cap}).scalar_one()
+        counted = [count(cap) for cap in (2, 3, 10)]
+    # then it stops at the cap (whether the quota is full is all a submit asks)
+    assert counted == [2, 3, 3]
+    # and the next message, the quota full, waits for it
+    held, _ = _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
+    assert _rows(h, held.id)[0].waiting_for == "quota"
+
+
 def test_two_messages_to_a_new_place_in_one_transaction_queue_as_before(make):
     # given a place never seen
     h = make()
