@@ -26,8 +26,8 @@ What a run keeps of SQLAlchemy's behaviour:
   * its events: `before_cursor_execute` listeners hear the statement as SQLAlchemy would
     hand it to the driver (tests/support/sql.py counts statements so).
 
-On another dialect (SQLite) a run is the same statement on `session.connection()`: one code
-path for the callers, the same rows (attribute and index access).
+On another dialect or driver (SQLite) a run is the same statement on `session.connection()`:
+one code path for the callers, the same rows (attribute and index access).
 
 A statement whose SQL changes from run to run runs through SQLAlchemy's connection as before:
 an `in_` of a list bound per call (SQLAlchemy expands the list into the SQL; fixed lists are
@@ -117,11 +117,12 @@ class Prebuilt:
         else:
             connection = on.connection()
         dialect = connection.dialect
-        plan = self._plans.get(dialect.name) if dialect.name == "postgresql" else None
-        if plan is None and dialect.name == "postgresql":
+        ours = dialect.driver == "psycopg2"  # the driver agentq installs (agentq.config)
+        plan = self._plans.get(dialect.name) if ours else None
+        if plan is None and ours:
             plan = self._plan(dialect)
         if plan is None or (params and not plan.columns.isdisjoint(params)):
-            # another dialect, a statement that expands a list, or a run that names a
+            # another driver, a statement that expands a list, or a run that names a
             # column to write: as SQLAlchemy runs it
             result = cast("CursorResult[Any]", connection.execute(self.statement, params or {}))
             return list(result) if result.returns_rows else []
