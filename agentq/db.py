@@ -452,14 +452,14 @@ def _write_changes(session: Session, obj: ModelWithId,
     if not _MARKS_FLUSHED or any(key not in columns for key in state.committed_state):
         return False, None
     changed = frozenset(key for key in state.committed_state if key in state.dict)
-    answer = None
-    # on the session's cursor (agentq.prebuilt), which never autoflushes: that would flush obj
+    answer = None  # on the cursor (agentq.prebuilt), which never autoflushes (it would flush obj)
     if changed:
         params = {f"new_{key}": state.dict[key] for key in changed}
         params.update(ident=obj.id, **(together[1] if together is not None else {}))
-        rows = prebuilt(_update_statement(
-            type(obj), changed, together[0] if together else None, read)).rows(session, params)
-        answer = rows[0][0] if read is not None else None  # an UPDATE of the held row by id
+        statement = prebuilt(_update_statement(
+            type(obj), changed, together[0] if together else None, read))
+        rows = statement.rows(session, params)  # an UPDATE of the held row by its id: one
+        answer = rows[0][0] if read is not None else None
     elif together is not None:
         prebuilt(together[0]).execute(session, together[1])
     # what the flush does to the objects it wrote (SQLAlchemy's own, not public API)

@@ -117,10 +117,8 @@ class Prebuilt:
         else:
             connection = on.connection()
         dialect = connection.dialect
-        ours = dialect.driver == "psycopg2"  # the driver agentq installs (agentq.config)
-        plan = self._plans.get(dialect.name) if ours else None
-        if plan is None and ours:
-            plan = self._plan(dialect)
+        # on the driver agentq installs (agentq.config); any other through SQLAlchemy
+        plan = self._plan(dialect) if dialect.driver == "psycopg2" else None
         if plan is None or (params and not plan.columns.isdisjoint(params)):
             # another driver, a statement that expands a list, or a run that names a
             # column to write: as SQLAlchemy runs it
@@ -187,6 +185,10 @@ class Prebuilt:
 
     # -- compiling --------------------------------------------------------------------------
     def _plan(self, dialect: "Dialect") -> _Plan | None:
+        """The statement's plan for `dialect`, compiled on its first run (under a lock; a
+        compiled one read without it)."""
+        if dialect.name in self._plans:
+            return self._plans[dialect.name]
         with self._lock:
             if dialect.name not in self._plans:
                 self._plans[dialect.name] = _compile(self.statement, dialect)

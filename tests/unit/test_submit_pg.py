@@ -24,6 +24,16 @@ def make(make_pg):
     return make_pg
 
 
+def _tenant_with_running_quota(h, name: str, running_jobs: int):
+    """A new tenant whose running-jobs quota is `running_jobs`, this process's cache of
+    quotas forgotten."""
+    with session_scope(h.settings) as session:
+        tenant = create_tenant(session, f"{name}-{uuid.uuid4().hex[:6]}")
+        update_quotas(session, tenant, {"running_jobs": running_jobs})
+    forget_cached_quotas()
+    return tenant
+
+
 def _submit(h, user: str, channel: str, **fields) -> tuple[Job, list[str]]:
     with sql_sent(h.sessions.kw["bind"]) as statements:
         with UnitOfWork(h.sessions) as uow:
@@ -132,10 +142,7 @@ def test_a_keyed_message_claims_its_key_for_its_job_in_one_statement(make):
 def test_a_message_past_the_running_jobs_quota_waits_for_it(make):
     # given a tenant whose running-jobs quota one job fills
     h = make()
-    with session_scope(h.settings) as session:
-        tenant = create_tenant(session, f"busy-{uuid.uuid4().hex[:6]}")
-        update_quotas(session, tenant, {"running_jobs": 1})
-    forget_cached_quotas()
+    tenant = _tenant_with_running_quota(h, "busy", 1)
     first, _ = _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
     # when a message comes in at another place
     second, statements = _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
@@ -154,10 +161,7 @@ def test_a_submits_running_count_stops_at_the_quota(make):
 
     from agentq.tenants import RUNNING_NOW
     h = make()
-    with session_scope(h.settings) as session:
-        tenant = create_tenant(session, f"backlog-{uuid.uuid4().hex[:6]}")
-        update_quotas(session, tenant, {"running_jobs": 3})
-    forget_cached_quotas()
+    tenant = _tenant_with_running_quota(h, "backlog", 3)
     for _ in range(3):
         _submit(h, "u-1", f"c-{uuid.uuid4().hex[:8]}", tenant_id=tenant.id)
     # when the submit's count reads them with a cap below, at and above them
